@@ -1,0 +1,31 @@
+"""cuvil: ONNX models compiled ahead of time into native, pip-installable Python wheels."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cuvil.errors import CuvilError
+
+__version__ = "0.1.0"
+__all__ = ["CuvilError", "compile", "__version__"]
+
+if TYPE_CHECKING:
+    from cuvil.runtime._loader import Model
+
+
+def compile(  # noqa: A001 - the public name is fixed by the design
+    model: Any,
+    inputs: dict[str, list[int | str]] | None = None,
+    target: str | None = None,
+    quantize: str | None = None,
+    *,
+    name: str | None = None,
+) -> Model:
+    """Compile an ONNX model (path or ModelProto) in-process and return a callable model.
+
+    The object behaves like a model of a generated package: call it with arrays, or use
+    `.run({...})`, `.inputs` and `.outputs`. Only host targets can be loaded and called.
+    """
+    from cuvil.compiler.driver import compile_in_process
+
+    return compile_in_process(model, inputs=inputs, target=target, quantize=quantize, name=name)
