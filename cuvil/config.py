@@ -1,0 +1,622 @@
+"""The `[tool.cuvil]` settings model.
+
+Every option is declared once, as a dataclass field whose metadata holds its kind, default,
+help and an example. The same declarations fill the settings from pyproject.toml, from PEP 517
+`-C key=value` config settings and from `CUVIL_*` environment variables (precedence:
+-C > environment > pyproject.toml > default), and scripts/gen_config_docs.py renders them
+into docs/config.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import keyword
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+from cuvil.errors import ConfigError
+
+__all__ = [
+    "BuildSettings",
+    "ModelConfig",
+    "Option",
+    "ProjectConfig",
+    "iter_options",
+    "load_project",
+    "normalize_package_name",
+    "read_pyproject",
+]
+
+# ASCII only: model names become C symbols, package names become file names in the wheel.
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_IDENTIFIER_RULE = "ASCII letters, digits and _, not starting with a digit, not a Python keyword"
+_BOOLS = {
+    "true": True,
+    "yes": True,
+    "on": True,
+    "1": True,
+    "false": False,
+    "no": False,
+    "off": False,
+    "0": False,
+}
+# The scalar kinds: what a value must be, for messages, and a check of a TOML value.
+_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "string": ("a string", lambda v: isinstance(v, str)),
+    "file": ("a path relative to the project root", lambda v: isinstance(v, str) and v != ""),
+    "path": ("a path", lambda v: isinstance(v, str) and v != ""),
+    "integer": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "boolean": ("a boolean", lambda v: isinstance(v, bool)),
+    "array of strings": (
+        "an array of strings",
+        lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    ),
+}
+
+
+def _help(text: str) -> dict[str, Any]:
+    """Metadata of a field cuvil fills in itself."""
+    return {"help": text}
+
+
+def _option(
+    kind: str,
+    help: str,
+    example: Any,
+    *,
+    default: Any = MISSING,
+    default_doc: str = "",
+    choices: tuple[Any, ...] = (),
+    settable: bool = False,
+) -> dict[str, Any]:
+    """Metadata of a field users set; `settable` ones also come from -C and CUVIL_* variables."""
+    return {
+        "kind": kind,
+        "help": help,
+        "example": example,
+        "default": default,
+        "default_doc": default_doc,
+        "choices": choices,
+        "settable": settable,
+    }
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One `[tool.cuvil.models.<name>]` table."""
+
+    name: str = field(metadata=_help("The table's key; exported symbols are cuvil_<name>_*."))
+    source: Path = field(
+        metadata=_option(
+            "file",
+            "ONNX model file, relative to the project root and inside it (the sdist carries it).",
+            "models/classifier.onnx",
+        )
+    )
+    inputs: dict[str, tuple[int | str, ...]] = field(
+        metadata=_option(
+            "inputs",
+            "Pins or names input dims: input name -> list of dims, each an integer >= 1 or an "
+            'identifier string (a symbolic dim such as "batch").',
+            {"image": ["batch", 1, 8, 8]},
+            default={},
+        )
+    )
+    quantize: str = field(
+        metadata=_option(
+            "string", "Weight quantization.", "int8", default="none", choices=("none", "int8")
+        )
+    )
+    calibration: Path | None = field(
+        metadata=_option(
+            "file",
+            'Calibration inputs (.npz, one array per model input); required by quantize = "int8".',
+            "data/calibration.npz",
+            default=None,
+        )
+    )
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """How to build; each is also settable with -C key=value and CUVIL_* variables."""
+
+    target: str | None = field(
+        metadata=_option(
+            "string",
+            "Target to build for, e.g. aarch64-linux (see `cuvil targets`).",
+            "aarch64-linux",
+            default=None,
+            default_doc="the host",
+            settable=True,
+        )
+    )
+    cpu: str | None = field(
+        metadata=_option(
+            "string",
+            'CPU to tune for and take features from; "native" (this machine\'s CPU) only when '
+            "target is unset.",
+            "native",
+            default=None,
+            default_doc="the target's baseline",
+            settable=True,
+        )
+    )
+    opt_level: int = field(
+        metadata=_option(
+            "integer", "Optimization level.", 2, default=3, choices=(0, 1, 2, 3), settable=True
+        )
+    )
+    verbose: bool = field(
+        metadata=_option(
+            "boolean",
+            "Print each build step and the commands it runs.",
+            True,
+            default=False,
+            settable=True,
+        )
+    )
+    build_dir: Path = field(
+        metadata=_option(
+            "path",
+            "Directory for intermediate files, relative to the project root.",
+            "build/cuvil",
+            default="build/cuvil",
+            settable=True,
+        )
+    )
+
+
+@dataclass(frozen=True)
+class ProjectConfig:
+    """A model project: pyproject.toml's `[project]` and `[tool.cuvil]`, plus the build settings."""
+
+    root: Path = field(metadata=_help("Absolute project directory."))
+    pyproject: Path = field(metadata=_help("Absolute path of pyproject.toml."))
+    project: dict[str, Any] = field(metadata=_help("The raw [project] table."))
+    name: str = field(metadata=_help("[project].name as written."))
+    package: str = field(
+        metadata=_option(
+            "string",
+            "Import name of the generated package. The default is [project].name lowercased, each "
+            'run of other characters than letters, digits and "_" replaced by "_", and a '
+            'trailing "_cuvil" dropped: digits-cuvil gives digits.',
+            "digits",
+            default=None,
+            default_doc="from [project].name",
+        )
+    )
+    targets: tuple[str, ...] = field(
+        metadata=_option(
+            "array of strings",
+            "Targets that `cuvil build --all-targets` builds.",
+            ["x86_64-linux", "aarch64-linux"],
+            default=[],
+        )
+    )
+    models: tuple[ModelConfig, ...] = field(
+        metadata=_option(
+            "models", "One [tool.cuvil.models.<name>] table per model; at least one.", None
+        )
+    )
+    settings: BuildSettings = field(metadata=_help("The build settings."))
+
+
+@dataclass(frozen=True)
+class Option:
+    """One user-facing option, as declared in the dataclasses above."""
+
+    table: str  # the TOML table holding it
+    key: str  # its key there; also the -C key of settable options
+    attr: str  # the dataclass field
+    kind: str
+    help: str
+    example: Any
+    default: Any
+    default_doc: str
+    choices: tuple[Any, ...]
+    settable: bool
+
+    @property
+    def env(self) -> str:
+        return "CUVIL_" + self.attr.upper()
+
+    @property
+    def type_text(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(map(_toml, self.choices))
+        names = {"file": "path to a file", "inputs": "table of arrays", "models": "tables"}
+        return names.get(self.kind, self.kind)
+
+    @property
+    def default_text(self) -> str:
+        if self.default_doc:
+            return self.default_doc
+        if self.default is MISSING:
+            return "required"
+        return "unset" if self.default is None else _toml(self.default)
+
+
+def _options(cls: type, table: str) -> tuple[Option, ...]:
+    return tuple(
+        Option(table=table, key=f.name.replace("_", "-"), attr=f.name, **f.metadata)
+        for f in dataclasses.fields(cls)
+        if "kind" in f.metadata
+    )
+
+
+_PROJECT_OPTIONS = _options(ProjectConfig, "tool.cuvil")
+_MODEL_OPTIONS = _options(ModelConfig, "tool.cuvil.models.<name>")
+_SETTINGS_OPTIONS = _options(BuildSettings, "tool.cuvil")
+
+
+def iter_options() -> tuple[Option, ...]:
+    """Every option, in documentation order."""
+    return _PROJECT_OPTIONS + _MODEL_OPTIONS + _SETTINGS_OPTIONS
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where a value came from (`where`), and a `hint` that shows a valid setting."""
+
+    where: str
+    hint: str
+
+
+@dataclass(frozen=True)
+class _Context:
+    file: str  # pyproject.toml as the caller named it, for messages
+    root: Path  # resolved
+
+
+def _fail(where: str, problem: str, fix: str) -> NoReturn:
+    raise ConfigError(f"{where}: {problem}. {fix}")
+
+
+def _toml(value: Any) -> str:
+    """`value` written as TOML, for messages and docs."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_toml, value)) + "]"
+    if isinstance(value, dict) and value:
+        return "{ " + ", ".join(f"{_bare(k)} = {_toml(v)}" for k, v in value.items()) + " }"
+    return "{}" if value == {} else str(value)
+
+
+def _got(value: Any) -> str:
+    kinds = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a float",
+        str: "a string",
+        list: "an array",
+        dict: "a table",
+    }
+    return f"got {_toml(value)} ({kinds.get(type(value), 'a date/time')})"
+
+
+def _bare(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+def _reject_unknown(keys: Any, known: list[str], where: str, prefix: str) -> None:
+    for key in keys:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            guess = f"; did you mean {close[0]!r}?" if close else "."
+            raise ConfigError(
+                f"{where}: unknown key {prefix}{_bare(key)}{guess} "
+                f"Valid keys there: {', '.join(known)}."
+            )
+
+
+def _is_identifier(name: str) -> bool:
+    return bool(_IDENTIFIER.match(name)) and not keyword.iskeyword(name)
+
+
+def read_pyproject(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The parsed TOML file; a ConfigError names the file (and line and column) on failure."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        _fail(
+            str(path),
+            "not found",
+            "Run cuvil in the project directory, or create the file with `cuvil init`.",
+        )
+    except OSError as exc:
+        _fail(str(path), f"cannot be read ({exc.strerror})", "Check the file's permissions.")
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        _fail(
+            str(path),
+            f"invalid TOML: {exc}",
+            "Fix the syntax there; note that a key or a table such as "
+            "[tool.cuvil.models.<name>] may appear only once.",
+        )
+
+
+def normalize_package_name(project_name: str) -> str:
+    """The default import name for a project name: "digits-cuvil" -> "digits"."""
+    name = re.sub(r"[^a-z0-9_]+", "_", project_name.lower())
+    if name.endswith("_cuvil") and len(name) > len("_cuvil"):
+        name = name[: -len("_cuvil")]
+    if not _is_identifier(name):
+        raise ConfigError(
+            f"project.name {_toml(project_name)} gives no valid import name ({_toml(name)}; "
+            f'expected {_IDENTIFIER_RULE}). Set tool.cuvil.package, e.g. package = "digits".'
+        )
+    return name
+
+
+def load_project(
+    root: str | os.PathLike[str],
+    config_settings: Mapping[str, str | list[str]] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ProjectConfig:
+    """Read and check the project in `root`, with -C `config_settings` and `environ` on top."""
+    ctx = _Context(file=str(Path(root) / "pyproject.toml"), root=Path(root).resolve())
+    data = read_pyproject(ctx.file)
+    name, project = _check_project(data.get("project"), ctx)
+    tool = data.get("tool")
+    tool = tool.get("cuvil") if isinstance(tool, dict) else None
+    if not isinstance(tool, dict):
+        _fail(
+            ctx.file,
+            "no [tool.cuvil] table",
+            "Add [tool.cuvil] and one [tool.cuvil.models.<name>] table per model, with "
+            'source = "models/<name>.onnx".',
+        )
+    known = [o.key for o in _PROJECT_OPTIONS + _SETTINGS_OPTIONS]
+    _reject_unknown(tool, known, ctx.file, "tool.cuvil.")
+    if not tool.get("models"):
+        _fail(
+            f"{ctx.file}: tool.cuvil.models",
+            "no models",
+            "Add one [tool.cuvil.models.<name>] table per model, e.g. "
+            '[tool.cuvil.models.classifier] with source = "models/classifier.onnx".',
+        )
+    values = _read(_PROJECT_OPTIONS, tool, "tool.cuvil", ctx)
+
+    if values["package"] is None:
+        try:
+            values["package"] = normalize_package_name(name)
+        except ConfigError as exc:
+            raise ConfigError(f"{ctx.file}: {exc}") from None
+    elif not _is_identifier(values["package"]):
+        _fail(
+            f"{ctx.file}: tool.cuvil.package",
+            f"{_toml(values['package'])} is not a valid import name (expected {_IDENTIFIER_RULE})",
+            'Write e.g. package = "digits".',
+        )
+
+    settings = _settings(
+        tool, config_settings or {}, os.environ if environ is None else environ, ctx
+    )
+    return ProjectConfig(
+        root=ctx.root,
+        pyproject=ctx.root / "pyproject.toml",
+        project=project,
+        name=name,
+        settings=settings,
+        **values,
+    )
+
+
+def _check_project(project: Any, ctx: _Context) -> tuple[str, dict[str, Any]]:
+    if not isinstance(project, dict):
+        _fail(
+            ctx.file,
+            "no [project] table",
+            'Add [project] with name = "digits-cuvil" and version = "1.0.0".',
+        )
+    name = project.get("name")
+    if not isinstance(name, str) or not name:
+        _fail(
+            f"{ctx.file}: project.name",
+            "missing" if name is None else _got(name),
+            'Add name = "digits-cuvil" to [project].',
+        )
+    if "version" not in project and "version" not in project.get("dynamic", []):
+        _fail(
+            f"{ctx.file}: project.version",
+            "missing and not listed in project.dynamic",
+            'Add version = "1.0.0" to [project], or dynamic = ["version"] if the build sets it.',
+        )
+    return name, project
+
+
+def _read(
+    options: tuple[Option, ...], table: dict[str, Any], dotted: str, ctx: _Context
+) -> dict[str, Any]:
+    """Values of the pyproject-only `options` in `table`, with defaults filled in."""
+    values = {}
+    for opt in options:
+        src = _Source(
+            f"{ctx.file}: {dotted}.{opt.key}", f"Write e.g. {opt.key} = {_toml(opt.example)}."
+        )
+        if opt.key not in table and opt.default is MISSING:
+            _fail(src.where, "missing", src.hint.replace("Write", "Add", 1))
+        values[opt.attr] = _convert(opt, table.get(opt.key, opt.default), src, ctx)
+    return values
+
+
+def _settings(
+    tool: dict[str, Any],
+    config_settings: Mapping[str, str | list[str]],
+    environ: Mapping[str, str],
+    ctx: _Context,
+) -> BuildSettings:
+    """The build settings, from -C, then the environment, then [tool.cuvil], then defaults."""
+    _reject_unknown(config_settings, [o.key for o in _SETTINGS_OPTIONS], "-C config settings", "")
+    values, sources = {}, {}
+    for opt in _SETTINGS_OPTIONS:
+        # An empty -C value or variable counts as not given, so a blank CI variable is harmless.
+        text = config_settings.get(opt.key)
+        if isinstance(text, list):
+            if len(text) != 1:
+                _fail(f"-C {opt.key}", f"given {len(text)} times", "Pass it once.")
+            text = text[0]
+        example = _toml(opt.example).strip('"')
+        if text:
+            src = _Source(f"-C {opt.key}={text}", f"Pass e.g. -C {opt.key}={example}.")
+        elif environ.get(opt.env):
+            text = environ[opt.env]
+            src = _Source(
+                f"environment variable {opt.env}={text}", f"Set e.g. {opt.env}={example}."
+            )
+        else:
+            src = _Source(
+                f"{ctx.file}: tool.cuvil.{opt.key}", f"Write e.g. {opt.key} = {_toml(opt.example)}."
+            )
+        raw = _from_text(opt, text, src) if text else tool.get(opt.key, opt.default)
+        values[opt.attr], sources[opt.attr] = _convert(opt, raw, src, ctx), src
+    if values["cpu"] == "native" and values["target"] is not None:
+        _fail(
+            sources["cpu"].where,
+            f'"native" means this machine\'s CPU, but the build is for target '
+            f"{_toml(values['target'])} ({sources['target'].where})",
+            "Unset target for a host build, or name a CPU of that target.",
+        )
+    return BuildSettings(**values)
+
+
+def _from_text(opt: Option, text: str, src: _Source) -> Any:
+    """A -C or environment string as a value of the option's kind."""
+    if opt.kind == "integer":
+        try:
+            return int(text)
+        except ValueError:
+            _fail(src.where, f"{text!r} is not an integer", src.hint)
+    if opt.kind == "boolean":
+        if text.strip().lower() not in _BOOLS:
+            _fail(
+                src.where, f"{text!r} is not a boolean (true/false, yes/no, on/off, 1/0)", src.hint
+            )
+        return _BOOLS[text.strip().lower()]
+    return text
+
+
+def _convert(opt: Option, value: Any, src: _Source, ctx: _Context) -> Any:
+    """`value` checked against the option and turned into the field's type."""
+    if value is None:  # only defaults are None: TOML and -C have no null
+        return None
+    if opt.kind == "models":
+        return _models(value, ctx)
+    if opt.kind == "inputs":
+        return _inputs(value, src)
+    expected, check = _KINDS[opt.kind]
+    if not check(value) or (opt.choices and value not in opt.choices):
+        expected = opt.type_text if opt.choices else expected
+        _fail(src.where, f"{_got(value)}, expected {expected}", src.hint)
+    if opt.kind == "array of strings":
+        return tuple(value)
+    if opt.kind == "path":
+        return ctx.root / value
+    if opt.kind == "file":
+        return _project_file(value, src, ctx)
+    return value
+
+
+def _project_file(value: str, src: _Source, ctx: _Context) -> Path:
+    path = (ctx.root / value).resolve()
+    if ctx.root not in path.parents:
+        _fail(
+            src.where,
+            f"{_toml(value)} is {path}, outside the project root {ctx.root}",
+            "Move the file into the project, so that the sdist can carry it, and give its path "
+            "relative to the project root.",
+        )
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        _fail(
+            src.where,
+            f"cannot read {path} ({exc.strerror}); the path is relative to the project root "
+            f"{ctx.root}",
+            "Fix the path or add the file.",
+        )
+    return path
+
+
+def _inputs(value: Any, src: _Source) -> dict[str, tuple[int | str, ...]]:
+    if not isinstance(value, dict):
+        _fail(src.where, f"{_got(value)}, expected a table of input name -> list of dims", src.hint)
+    inputs = {}
+    for name, dims in value.items():
+        where = f"{src.where}.{_bare(name)}"
+        if not isinstance(dims, list):
+            _fail(where, f"{_got(dims)}, expected an array of dims", src.hint)
+        for i, dim in enumerate(dims):
+            fixed = isinstance(dim, int) and not isinstance(dim, bool) and dim >= 1
+            if not fixed and not (isinstance(dim, str) and _IDENTIFIER.match(dim)):
+                _fail(
+                    f"{where}[{i}]",
+                    f"{_got(dim)}, expected an integer >= 1 (a fixed size) "
+                    'or an identifier string (a symbolic dim such as "batch")',
+                    src.hint,
+                )
+        inputs[name] = tuple(dims)
+    return inputs
+
+
+def _models(value: Any, ctx: _Context) -> tuple[ModelConfig, ...]:
+    if not isinstance(value, dict):
+        _fail(
+            f"{ctx.file}: tool.cuvil.models",
+            f"{_got(value)}, expected a table of tables",
+            "Write one table per model, e.g. [tool.cuvil.models.classifier] with source = "
+            '"models/classifier.onnx".',
+        )
+    models: list[ModelConfig] = []
+    for name, table in value.items():
+        dotted = f"tool.cuvil.models.{_bare(name)}"
+        where = f"{ctx.file}: {dotted}"
+        if not _is_identifier(name):
+            _fail(
+                where,
+                f"the model name {_toml(name)} is not valid (expected {_IDENTIFIER_RULE})",
+                "Rename the table, e.g. [tool.cuvil.models.classifier]; the name becomes the C "
+                "symbols cuvil_<name>_* and an attribute of the package.",
+            )
+        clash = next((m.name for m in models if m.name.lower() == name.lower()), None)
+        if clash is not None:
+            _fail(
+                where,
+                f"differs from tool.cuvil.models.{clash} only in case, so their files "
+                "would clash on case-insensitive file systems",
+                "Rename one of them.",
+            )
+        if not isinstance(table, dict):
+            _fail(
+                where,
+                f"{_got(table)}, expected a table",
+                f'Write [{dotted}] with source = "models/{name}.onnx".',
+            )
+        _reject_unknown(table, [o.key for o in _MODEL_OPTIONS], ctx.file, dotted + ".")
+        model = ModelConfig(name=name, **_read(_MODEL_OPTIONS, table, dotted, ctx))
+        if model.quantize == "int8" and model.calibration is None:
+            _fail(
+                f"{where}.calibration",
+                'missing; quantize = "int8" needs calibration data',
+                'Add calibration = "data/calibration.npz" (one array per model input), or set '
+                'quantize = "none".',
+            )
+        models.append(model)
+    return tuple(models)
