@@ -1,0 +1,286 @@
+"""The building blocks op lowerings write code with: views of tensors, loops, loads, math.
+
+A lowering gets an `Emitter` positioned inside the node's own LLVM function. It asks for
+`view(value)` of its inputs and outputs (pointer + dims + strides as LLVM values), opens
+loops, and loads/stores elements by multi-dimensional index. Symbolic dims are computed from
+the run-time dim array once per function. Loops are plain counted loops with phi nodes so
+that LLVM's vectorizer recognises them.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+from llvmlite import ir
+
+from cuvil.compiler.ir import Dim, Value
+from cuvil.compiler.symbolic import lower_dim
+
+I1 = ir.IntType(1)
+I8 = ir.IntType(8)
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+PTR = ir.PointerType()
+
+_LLVM_TYPES: dict[str, ir.Type] = {
+    "float32": ir.FloatType(),
+    "float64": ir.DoubleType(),
+    "float16": ir.HalfType(),
+    "int8": I8,
+    "uint8": I8,
+    "bool": I8,
+    "int16": ir.IntType(16),
+    "int32": I32,
+    "int64": I64,
+}
+
+#: fast-math flags for reductions: reassociation lets LLVM vectorize sums. Results stay
+#: within the tolerance the tests hold against onnxruntime (which reassociates too).
+REDUCE_FLAGS = ("reassoc", "contract")
+
+
+def llvm_type(dtype: np.dtype | str) -> ir.Type:
+    return _LLVM_TYPES[np.dtype(dtype).name]
+
+
+@dataclass(frozen=True)
+class View:
+    """A tensor as seen by generated code: element pointer, dims and strides (in elements)."""
+
+    ptr: ir.Value
+    dtype: np.dtype
+    dims: tuple[ir.Value, ...]
+    strides: tuple[ir.Value, ...]
+    shape: tuple[Dim, ...]  # the IR dims, for decisions taken at compile time
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    @property
+    def elem(self) -> ir.Type:
+        return llvm_type(self.dtype)
+
+
+class _LLVMIntOps:
+    def __init__(self, k: Emitter) -> None:
+        self.k = k
+
+    def const(self, value: int) -> ir.Value:
+        return ir.Constant(I64, value)
+
+    def sym(self, name: str) -> ir.Value:
+        return self.k.symbol_value(name)
+
+    def add(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self.k.b.add(a, b)
+
+    def mul(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self.k.b.mul(a, b)
+
+    def floordiv(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self.k.floordiv(a, b)
+
+    def mod(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        q = self.k.floordiv(a, b)
+        return self.k.b.sub(a, self.k.b.mul(q, b))
+
+    def max(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self.k.b.select(self.k.b.icmp_signed(">", a, b), a, b)
+
+    def min(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self.k.b.select(self.k.b.icmp_signed("<", a, b), a, b)
+
+
+class Emitter:
+    """Writes one function's body. `buffers` maps the IR values it reads/writes to pointers."""
+
+    def __init__(
+        self,
+        module: ir.Module,
+        function: ir.Function,
+        dims_ptr: ir.Value,
+        symbols: Sequence[str],
+        buffers: dict[Value, ir.Value],
+    ) -> None:
+        self.module = module
+        self.function = function
+        self.b = ir.IRBuilder(function.append_basic_block("entry"))
+        self._dims_ptr = dims_ptr
+        self._symbol_index = {name: i for i, name in enumerate(symbols)}
+        self._symbol_values: dict[str, ir.Value] = {}
+        self.buffers = buffers
+
+    # -- constants and dims -------------------------------------------------------------
+    @staticmethod
+    def i64(n: int) -> ir.Constant:
+        return ir.Constant(I64, int(n))
+
+    def const(self, dtype: np.dtype | str, value: float | int) -> ir.Constant:
+        dtype = np.dtype(dtype)
+        if dtype.kind == "f":
+            return ir.Constant(llvm_type(dtype), float(value))
+        return ir.Constant(llvm_type(dtype), int(value))
+
+    def symbol_value(self, name: str) -> ir.Value:
+        if name not in self._symbol_values:
+            # loaded in the entry block so every later block can use it
+            with self.b.goto_entry_block():
+                if self.b.block.terminator is not None:
+                    self.b.position_before(self.b.block.terminator)
+                p = self.b.gep(self._dims_ptr, [self.i64(self._symbol_index[name])],
+                               source_etype=I64, inbounds=True)
+                self._symbol_values[name] = self.b.load(p, typ=I64, name=name)
+        return self._symbol_values[name]
+
+    def dim(self, d: Dim | ir.Value) -> ir.Value:
+        """An i64 LLVM value for an IR dim (int or symbolic expression)."""
+        if isinstance(d, ir.Value):
+            return d
+        if isinstance(d, (int, np.integer)):
+            return self.i64(int(d))
+        return lower_dim(d, _LLVMIntOps(self))
+
+    def floordiv(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        """Python-style floor division of i64 values (sdiv rounds toward zero)."""
+        if isinstance(b, ir.Constant) and isinstance(a, ir.Value) and int(b.constant) > 0:
+            # common case: positive constant divisor
+            q = self.b.sdiv(a, b)
+            r = self.b.srem(a, b)
+            neg = self.b.icmp_signed("<", r, self.i64(0))
+            return self.b.select(neg, self.b.sub(q, self.i64(1)), q)
+        q = self.b.sdiv(a, b)
+        r = self.b.srem(a, b)
+        signs_differ = self.b.icmp_signed("<", self.b.xor(r, b), self.i64(0))
+        nonzero = self.b.icmp_signed("!=", r, self.i64(0))
+        adjust = self.b.and_(signs_differ, nonzero)
+        return self.b.select(adjust, self.b.sub(q, self.i64(1)), q)
+
+    # -- views --------------------------------------------------------------------------
+    def view(self, value: Value) -> View:
+        """A contiguous row-major view of an IR value's buffer."""
+        return self.contiguous(self.buffers[value], value.type.dtype, value.type.shape)
+
+    def contiguous(self, ptr: ir.Value, dtype: np.dtype, shape: Sequence[Dim]) -> View:
+        """A row-major view of `shape` starting at `ptr`."""
+        dims = tuple(self.dim(d) for d in shape)
+        strides: list[ir.Value] = []
+        acc: Dim = 1
+        for d in reversed(shape):
+            strides.append(self.dim(acc))
+            acc = acc * d
+        return View(ptr, np.dtype(dtype), dims, tuple(reversed(strides)), tuple(shape))
+
+    def broadcast_to(self, view: View, shape: Sequence[Dim]) -> View:
+        """`view` read as if broadcast to `shape` (numpy rules): stride 0 on broadcast axes."""
+        pad = len(shape) - view.rank
+        zero = self.i64(0)
+        dims = list(self.dim(d) for d in shape)
+        strides = [zero] * pad
+        for axis in range(view.rank):
+            src = view.shape[axis]
+            strides.append(zero if (isinstance(src, int) and src == 1) else view.strides[axis])
+        return replace(view, dims=tuple(dims), strides=tuple(strides), shape=tuple(shape))
+
+    def offset(self, view: View, index: Sequence[ir.Value]) -> ir.Value:
+        off: ir.Value | None = None
+        for i, s in zip(index, view.strides):
+            if isinstance(s, ir.Constant) and int(s.constant) == 0:
+                continue
+            term = i if isinstance(s, ir.Constant) and int(s.constant) == 1 else self.b.mul(i, s)
+            off = term if off is None else self.b.add(off, term)
+        return off if off is not None else self.i64(0)
+
+    def element_ptr(self, view: View, offset: ir.Value) -> ir.Value:
+        return self.b.gep(view.ptr, [offset], source_etype=view.elem, inbounds=True)
+
+    def load(self, view: View, index: Sequence[ir.Value]) -> ir.Value:
+        return self.load_at(view, self.offset(view, index))
+
+    def store(self, view: View, index: Sequence[ir.Value], value: ir.Value) -> None:
+        self.store_at(view, self.offset(view, index), value)
+
+    def load_at(self, view: View, offset: ir.Value) -> ir.Value:
+        return self.b.load(self.element_ptr(view, offset), typ=view.elem)
+
+    def store_at(self, view: View, offset: ir.Value, value: ir.Value) -> None:
+        self.b.store(value, self.element_ptr(view, offset))
+
+    # -- control flow -------------------------------------------------------------------
+    @contextmanager
+    def loop(self, stop: Dim | ir.Value, start: Dim | ir.Value = 0, step: int = 1,
+             name: str = "i") -> Iterator[ir.Value]:
+        """`for i in range(start, stop, step)` with a positive step."""
+        b = self.b
+        start_v, stop_v = self.dim(start), self.dim(stop)
+        pre = b.block
+        header = self.function.append_basic_block(f"{name}.head")
+        body = self.function.append_basic_block(f"{name}.body")
+        done = self.function.append_basic_block(f"{name}.done")
+        b.branch(header)
+        b.position_at_end(header)
+        i = b.phi(I64, name=name)
+        i.add_incoming(start_v, pre)
+        b.cbranch(b.icmp_signed("<", i, stop_v), body, done)
+        b.position_at_end(body)
+        yield i
+        nxt = b.add(i, self.i64(step))
+        nxt.flags.append("nsw")
+        i.add_incoming(nxt, b.block)
+        b.branch(header)
+        b.position_at_end(done)
+
+    @contextmanager
+    def loops(self, dims: Sequence[Dim | ir.Value], name: str = "i") -> Iterator[list[ir.Value]]:
+        """A nest of loops over `dims`, outermost first; yields the index list."""
+        with self._nest(list(dims), [], name) as idx:
+            yield idx
+
+    @contextmanager
+    def _nest(self, dims: list[Any], acc: list[ir.Value], name: str) -> Iterator[list[ir.Value]]:
+        if not dims:
+            yield acc
+            return
+        with self.loop(dims[0], name=f"{name}{len(acc)}") as i, \
+                self._nest(dims[1:], [*acc, i], name) as idx:
+            yield idx
+
+    @contextmanager
+    def if_then(self, cond: ir.Value) -> Iterator[None]:
+        with self.b.if_then(cond):
+            yield
+
+    # -- math ---------------------------------------------------------------------------
+    def intrinsic(self, name: str, args: Sequence[ir.Value], ty: ir.Type | None = None) -> ir.Value:
+        ty = ty or args[0].type
+        fn = self.module.declare_intrinsic(name, [ty])
+        return self.b.call(fn, list(args))
+
+    def fmax(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        # llvm.maxnum would drop a NaN in `a`; compare-and-select keeps it, as onnxruntime does
+        return self.b.select(self.b.fcmp_ordered("<", a, b), b, a)
+
+    def fmin(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self.b.select(self.b.fcmp_ordered(">", a, b), b, a)
+
+    def fadd_reduce(self, a: ir.Value, b: ir.Value) -> ir.Value:
+        v = self.b.fadd(a, b)
+        v.flags.extend(REDUCE_FLAGS)
+        return v
+
+    def fmul_add(self, a: ir.Value, b: ir.Value, acc: ir.Value) -> ir.Value:
+        """acc + a*b, allowed to fuse into one FMA and to be reassociated across a loop."""
+        m = self.b.fmul(a, b)
+        m.flags.extend(REDUCE_FLAGS)
+        return self.fadd_reduce(acc, m)
+
+    def memcpy(self, dst: ir.Value, src: ir.Value, nbytes: ir.Value) -> None:
+        fn = self.module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
+        self.b.call(fn, [dst, src, nbytes, ir.Constant(I1, 0)])
+
+    def memset(self, dst: ir.Value, byte: int, nbytes: ir.Value) -> None:
+        fn = self.module.declare_intrinsic("llvm.memset", [PTR, I64])
+        self.b.call(fn, [dst, ir.Constant(I8, byte), nbytes, ir.Constant(I1, 0)])

@@ -1,0 +1,144 @@
+"""Graph + memory plan -> one LLVM module exposing the model's C ABI.
+
+Exported (default visibility), for a model named m:
+
+    const char    cuvil_m_abi_checksum[65];              hex sha256 of the signature, NUL-ended
+    int64_t       cuvil_m_workspace_size(const int64_t *dims);
+    int32_t       cuvil_m_run(const void *const *inputs, void *const *outputs,
+                              const int64_t *dims, void *workspace);
+
+`dims` holds the values of the symbolic input dims in the signature's order. Each node
+becomes an internal function; `run` calls them in order. Weights live in a separate
+object (`__cuvil_m_weights`, hidden) made by the toolchain from the raw blob, so big
+models never pass through LLVM IR text.
+"""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+from cuvil.compiler.codegen.emitter import I8, I32, I64, PTR, Emitter
+from cuvil.compiler.ir import Graph, Value
+from cuvil.compiler.ops import lookup
+from cuvil.compiler.passes.plan_memory import MemoryPlan
+from cuvil.errors import ModelError
+
+
+def symbol_names(model: str) -> dict[str, str]:
+    return {
+        "checksum": f"cuvil_{model}_abi_checksum",
+        "workspace_size": f"cuvil_{model}_workspace_size",
+        "run": f"cuvil_{model}_run",
+        "weights": f"__cuvil_{model}_weights",
+    }
+
+
+def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
+                 triple: str, data_layout: str) -> str:
+    """The LLVM IR text of the model's library."""
+    names = symbol_names(model)
+    module = ir.Module(name=model)
+    module.triple = triple
+    module.data_layout = data_layout
+    symbols = [s.name for s in graph.symbols]
+
+    text = bytearray(checksum.encode() + b"\0")
+    cs = ir.GlobalVariable(module, ir.ArrayType(I8, len(text)), names["checksum"])
+    cs.initializer = ir.Constant(ir.ArrayType(I8, len(text)), text)
+    cs.global_constant = True
+
+    weights = None
+    if plan.weights:
+        weights = ir.GlobalVariable(module, ir.ArrayType(I8, 0), names["weights"])
+        weights.linkage = "external"
+        weights.global_constant = True
+
+    # int64_t workspace_size(const int64_t *dims)
+    ws_fn = ir.Function(module, ir.FunctionType(I64, [PTR]), names["workspace_size"])
+    k = Emitter(module, ws_fn, ws_fn.args[0], symbols, {})
+    k.b.ret(k.dim(plan.workspace_size))
+
+    node_fns = [_node_function(module, graph, plan, i, symbols) for i in range(len(graph.nodes))]
+
+    run = ir.Function(module, ir.FunctionType(I32, [PTR, PTR, PTR, PTR]), names["run"])
+    inputs, outputs, dims, workspace = run.args
+    k = Emitter(module, run, dims, symbols, {})
+
+    def pointer(v: Value) -> ir.Value:
+        s = plan.storage[v]
+        if s.kind in ("input", "output"):
+            table = inputs if s.kind == "input" else outputs
+            slot = k.b.gep(table, [k.i64(s.index)], source_etype=PTR, inbounds=True)
+            return k.b.load(slot, typ=PTR)
+        base = weights if s.kind == "weights" else workspace
+        return k.b.gep(base, [k.dim(s.offset)], source_etype=I8, inbounds=True)
+
+    for node, fn in zip(graph.nodes, node_fns):
+        if fn is None:
+            continue
+        args = [pointer(v) for v in _buffers(node)]
+        k.b.call(fn, [dims, *args])
+    for v, i in plan.output_copies:
+        src = pointer(v)
+        slot = k.b.gep(outputs, [k.i64(i)], source_etype=PTR, inbounds=True)
+        k.memcpy(k.b.load(slot, typ=PTR), src, k.dim(v.type.nbytes))
+    k.b.ret(ir.Constant(I32, 0))
+
+    ir_text = str(module)
+    if weights is not None:
+        # llvmlite cannot mark a declaration hidden; hidden lets the code address the blob
+        # directly instead of through the GOT (the blob object defines it hidden anyway)
+        ir_text = ir_text.replace(f'@"{names["weights"]}" = external constant',
+                                  f'@"{names["weights"]}" = external hidden constant')
+    return ir_text
+
+
+def _buffers(node) -> list[Value]:
+    seen: list[Value] = []
+    for v in [*node.inputs, *node.outputs]:
+        if v is not None and v not in seen:
+            seen.append(v)
+    return seen
+
+
+def _node_function(module: ir.Module, graph: Graph, plan: MemoryPlan, index: int,
+                   symbols: list[str]) -> ir.Function | None:
+    node = graph.nodes[index]
+    if node in plan.elided:
+        return None
+    op = lookup(node.domain, node.op_type, node.opset)
+    assert op is not None
+    bufs = _buffers(node)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR] * (1 + len(bufs))),
+                     f"node{index}_{node.op_type}")
+    fn.linkage = "internal"
+    if _distinct(plan, bufs):
+        for arg in fn.args[1:]:
+            arg.add_attribute("noalias")
+    k = Emitter(module, fn, fn.args[0], symbols, dict(zip(bufs, fn.args[1:])))
+    try:
+        op.lower(node, k)
+    except Exception as exc:
+        raise ModelError(f"{node.describe()}: code generation failed: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    k.b.ret_void()
+    return fn
+
+
+def _distinct(plan: MemoryPlan, bufs: list[Value]) -> bool:
+    """True when no two buffers of the node can share memory (so `noalias` is truthful)."""
+    places = [plan.storage[v] for v in bufs]
+    return len(set(places)) == len(places)
+
+
+def emit_object(ir_text: str, target_machine: llvm.TargetMachine, opt_level: int = 3) -> bytes:
+    """Optimize the module for the target machine and return its object code."""
+    mod = llvm.parse_assembly(ir_text)
+    mod.verify()
+    pto = llvm.PipelineTuningOptions(speed_level=opt_level)
+    pto.loop_vectorization = opt_level >= 2
+    pto.slp_vectorization = opt_level >= 2
+    pb = llvm.create_pass_builder(target_machine, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return target_machine.emit_object(mod)

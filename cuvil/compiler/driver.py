@@ -1,0 +1,142 @@
+"""One model from ONNX to a linked library: frontend, passes, codegen, toolchain.
+
+`compile_model` writes `<workdir>/_<name><suffix>` and returns it with the model's
+signature (what the generated package and the C header describe); `compile_in_process`
+does the same in a temporary directory and loads the result for calling.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from cuvil.compiler.codegen.module import build_module, emit_object, symbol_names
+from cuvil.compiler.frontend import import_model
+from cuvil.compiler.ir import Graph, dim_str
+from cuvil.compiler.passes import run_passes
+from cuvil.compiler.passes.plan_memory import plan_memory
+from cuvil.compiler.symbolic import relational_to_python, to_python
+from cuvil.errors import ConfigError, ModelError
+from cuvil.runtime import _loader
+
+Log = Callable[[str], None]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class CompiledModel:
+    name: str
+    library: Path
+    signature: dict[str, Any]
+
+
+def signature_of(graph: Graph, name: str, library_file: str) -> dict[str, Any]:
+    """What the package, the header and `cuvil check` know of the model (JSON-ready)."""
+    sig: dict[str, Any] = {
+        "name": name,
+        "library": library_file,
+        "symbols": [s.name for s in graph.symbols],
+        "inputs": [{"name": v.name, "dtype": v.type.dtype.name,
+                    "shape": [dim_str(d) for d in v.type.shape]} for v in graph.inputs],
+        "outputs": [{"name": v.name, "dtype": v.type.dtype.name,
+                     "shape": [dim_str(d) for d in v.type.shape],
+                     "shape_expr": [to_python(d) for d in v.type.shape]} for v in graph.outputs],
+        "constraints": [[relational_to_python(c.condition), c.message]
+                        for c in graph.constraints],
+    }
+    sig["checksum"] = _loader.abi_checksum(sig)
+    return sig
+
+
+def compile_model(
+    source: Any,
+    name: str,
+    workdir: Path,
+    *,
+    inputs: Mapping[str, Sequence[int | str]] | None = None,
+    target: str | None = None,
+    cpu: str | None = None,
+    opt_level: int = 3,
+    quantize: str | None = None,
+    log: Log | None = None,
+) -> CompiledModel:
+    from cuvil.toolchains import get_target, target_machine, zig
+
+    say = log or (lambda _msg: None)
+    if not _NAME.match(name):
+        raise ConfigError(f"model name {name!r} must be an identifier (it names C symbols)")
+    if quantize not in (None, "none"):
+        raise ConfigError(
+            f"model {name}: quantize = {quantize!r} is not supported by this cuvil version; "
+            "remove the key or set quantize = \"none\""
+        )
+    tgt = get_target(target)
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    start = time.perf_counter()
+    say(f"cuvil: importing {source if isinstance(source, (str, Path)) else 'model'} as {name}")
+    graph = run_passes(import_model(source, inputs, name))
+    plan = plan_memory(graph)
+    library_file = f"_{name}{tgt.library_suffix}"
+    sig = signature_of(graph, name, library_file)
+    sig["workspace"] = to_python(plan.workspace_size)
+    say(f"cuvil: {name}: {len(graph.nodes)} nodes, {len(plan.weights)} bytes of weights, "
+        f"workspace {plan.workspace_size} bytes")
+
+    blob = workdir / f"{name}.weights.bin"
+    blob.write_bytes(bytes(plan.weights))
+    objects: dict[str, list[Path]] = {}
+    for arch in tgt.arches:
+        tm = target_machine(arch, cpu=cpu, opt_level=opt_level)
+        say(f"cuvil: {name}: generating code for {arch.llvm_triple} (cpu {cpu or arch.cpu})")
+        ir_text = build_module(graph, plan, name, sig["checksum"], arch.llvm_triple,
+                               str(tm.target_data))
+        obj = workdir / f"{name}.{arch.name}.o"
+        obj.write_bytes(emit_object(ir_text, tm, opt_level))
+        weights_obj = workdir / f"{name}.{arch.name}.weights.o"
+        zig.embed_blob(blob, symbol_names(name)["weights"], weights_obj, arch, tgt.object_format,
+                       log=log)
+        objects[arch.name] = [obj, weights_obj]
+    library = zig.link_library(tgt, objects, workdir / library_file, log=log)
+    say(f"cuvil: {name}: built {library.name} in {time.perf_counter() - start:.1f} s")
+    return CompiledModel(name, library, sig)
+
+
+def compile_in_process(
+    model: Any,
+    inputs: Mapping[str, Sequence[int | str]] | None = None,
+    target: str | None = None,
+    quantize: str | None = None,
+    name: str | None = None,
+    cpu: str | None = "native",
+) -> _loader.Model:
+    from cuvil.toolchains import get_target
+
+    tgt = get_target(target)
+    if not tgt.is_host():
+        raise ConfigError(
+            f"cuvil.compile(target={target!r}): a {tgt.name} library cannot be loaded on this "
+            "machine; use `cuvil compile --target` to write it to a file instead"
+        )
+    if name is None:
+        stem = Path(model).stem if isinstance(model, (str, Path)) else (model.graph.name or "model")
+        name = re.sub(r"\W", "_", stem) or "model"
+        if name[0].isdigit():
+            name = "m_" + name
+    tmp = tempfile.TemporaryDirectory(prefix="cuvil-")
+    try:
+        compiled = compile_model(model, name, Path(tmp.name), inputs=inputs, target=target,
+                                 cpu=cpu if tgt.is_host() else None, quantize=quantize)
+    except BaseException:
+        tmp.cleanup()
+        raise
+    return _loader.Model(compiled.library, compiled.signature, keep_alive=tmp)
+
+
+__all__ = ["CompiledModel", "ModelError", "compile_in_process", "compile_model", "signature_of"]

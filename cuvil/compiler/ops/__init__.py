@@ -1,0 +1,188 @@
+"""The op registry: one table keyed by (domain, op type), implementations chosen by opset.
+
+Each op family lives in its own module and defines `Op` subclasses that carry both the
+shape/type rule (`infer`) and the lowering to LLVM (`lower`). Importing this package imports
+every family, so the registry is complete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import sympy
+
+from cuvil.compiler.ir import Constraint, Dim, Graph, Node, TensorType, Value, simplify_dim
+from cuvil.errors import ModelError, UnsupportedOpError
+
+if TYPE_CHECKING:
+    from cuvil.compiler.codegen.emitter import Emitter
+
+__all__ = [
+    "Op",
+    "InferContext",
+    "UNCHECKED",
+    "register",
+    "lookup",
+    "registered_ops",
+    "broadcast_shapes",
+    "const_input",
+    "normalize_axis",
+]
+
+
+@dataclass
+class InferContext:
+    """What a shape rule may use besides the node: the graph, to record constraints."""
+
+    graph: Graph
+
+    def require(self, node: Node, condition: Any, message: str) -> None:
+        """Record that `condition` (a sympy relational or bool) must hold at call time.
+
+        A condition that is already false at compile time is a model error right away.
+        """
+        condition = sympy.sympify(condition)
+        if condition is sympy.true:
+            return
+        if condition is sympy.false:
+            raise ModelError(f"{node.describe()}: {message}")
+        self.graph.constraints.append(Constraint(condition, f"{node.describe()}: {message}"))
+
+    def dims_equal(self, node: Node, a: Dim, b: Dim, what: str) -> Dim:
+        """Two dims that must be equal: checked now if static, at call time otherwise."""
+        if sympy.simplify(sympy.sympify(a) - b) != 0:
+            self.require(node, sympy.Eq(a, b), f"{what}: {a} != {b}")
+        return a if isinstance(a, int) else b
+
+
+class _Unchecked(InferContext):
+    """For lowerings that recompute geometry their `infer` already checked."""
+
+    def __init__(self) -> None:
+        pass
+
+    def require(self, node: Node, condition: Any, message: str) -> None:
+        pass
+
+    def dims_equal(self, node: Node, a: Dim, b: Dim, what: str) -> Dim:
+        return a if isinstance(a, int) else b
+
+
+UNCHECKED: InferContext = _Unchecked()
+
+
+class Op:
+    """One ONNX operator (from opset `since` on). Subclasses set `op_type` and implement both."""
+
+    op_type: ClassVar[str]
+    domain: ClassVar[str] = ""
+    since: ClassVar[int] = 1
+    #: output 0 holds the same bytes as input 0 (Reshape, Flatten, Identity...); the memory
+    #: planner may then let them share storage and skip `lower`.
+    is_view: ClassVar[bool] = False
+    #: dtypes the lowering handles for its main inputs
+    dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        raise NotImplementedError
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        raise NotImplementedError
+
+    def check_dtypes(self, node: Node) -> None:
+        for v in node.inputs[:1]:
+            if v is not None and v.type.dtype.name not in self.dtypes:
+                raise UnsupportedOpError(
+                    f"{node.describe()}: input {v.name!r} has dtype {v.type.dtype.name}; cuvil "
+                    f"compiles {node.op_type} for {', '.join(self.dtypes)} only"
+                )
+
+
+_REGISTRY: dict[tuple[str, str], list[Op]] = {}
+
+
+def register(cls: type[Op]) -> type[Op]:
+    """Class decorator: add an op implementation to the table."""
+    impls = _REGISTRY.setdefault((cls.domain, cls.op_type), [])
+    impls.append(cls())
+    impls.sort(key=lambda op: op.since)
+    return cls
+
+
+def lookup(domain: str, op_type: str, opset: int) -> Op | None:
+    """The implementation for a node of `op_type` in a model importing `domain` at `opset`."""
+    domain = "" if domain == "ai.onnx" else domain
+    found = None
+    for op in _REGISTRY.get((domain, op_type), []):
+        if op.since <= opset:
+            found = op
+    return found
+
+
+def registered_ops() -> dict[tuple[str, str], list[Op]]:
+    return dict(_REGISTRY)
+
+
+# -- helpers shared by shape rules ----------------------------------------------------------
+
+
+def broadcast_shapes(node: Node, ctx: InferContext, *shapes: tuple[Dim, ...]) -> tuple[Dim, ...]:
+    """Numpy-style (multidirectional) broadcasting, with symbolic dims checked at call time."""
+    rank = max(len(s) for s in shapes)
+    padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
+    out: list[Dim] = []
+    for axis in range(rank):
+        dims = [s[axis] for s in padded]
+        non_one = [d for d in dims if not (isinstance(d, int) and d == 1)]
+        if not non_one:
+            out.append(1)
+            continue
+        result = non_one[0]
+        for d in non_one[1:]:
+            if isinstance(result, int) and isinstance(d, int) and result != d:
+                raise ModelError(
+                    f"{node.describe()}: shapes {[list(s) for s in shapes]} do not broadcast "
+                    f"(axis {axis}: {result} vs {d})"
+                )
+            # a symbolic dim against another dim: they must be equal at call time (a symbolic
+            # dim that turns out to be 1 would broadcast in onnxruntime; cuvil asks for equality)
+            result = ctx.dims_equal(node, result, d, f"broadcast axis {axis}")
+        out.append(simplify_dim(result))
+    return tuple(out)
+
+
+def const_input(node: Node, i: int, what: str) -> np.ndarray | None:
+    """The compile-time value of input i (None when absent); a clear error when not constant."""
+    v: Value | None = node.input(i)
+    if v is None:
+        return None
+    if v.const is None:
+        raise UnsupportedOpError(
+            f"{node.describe()}: input {i} ({what}, {v.name!r}) must be known at compile time; "
+            "it is computed at run time in this model. Pin the model's symbolic input dims with "
+            "`inputs = {...}` in [tool.cuvil.models.<name>] so it can be folded."
+        )
+    return v.const
+
+
+def normalize_axis(node: Node, axis: int, rank: int) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise ModelError(f"{node.describe()}: axis {axis} is out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+def _import_families() -> None:
+    # Imported for their registrations; the order does not matter.
+    from cuvil.compiler.ops import (  # noqa: F401
+        conv,
+        elementwise,
+        gemm,
+        normalization,
+        pool,
+        shape,
+    )
+
+
+_import_families()

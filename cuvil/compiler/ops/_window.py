@@ -1,0 +1,78 @@
+"""Sliding-window geometry shared by Conv and the pooling ops: pads, strides, output size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import sympy
+
+from cuvil.compiler.ir import Dim, Node, simplify_dim
+from cuvil.compiler.ops import InferContext
+from cuvil.errors import ModelError, UnsupportedOpError
+
+
+@dataclass(frozen=True)
+class Window:
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads_begin: tuple[Dim, ...]
+    pads_end: tuple[Dim, ...]
+    out: tuple[Dim, ...]
+
+
+def window(node: Node, ctx: InferContext, spatial: Sequence[Dim], kernel: Sequence[int],
+           ceil_mode: bool = False) -> Window:
+    r = len(spatial)
+    kernel = tuple(int(x) for x in kernel)
+    strides = tuple(int(x) for x in node.attrs.get("strides", [1] * r))
+    dilations = tuple(int(x) for x in node.attrs.get("dilations", [1] * r))
+    if len(kernel) != r or len(strides) != r or len(dilations) != r:
+        raise ModelError(
+            f"{node.describe()}: kernel {list(kernel)}, strides {list(strides)} and dilations "
+            f"{list(dilations)} must each have {r} entries (one per spatial dim)"
+        )
+    if min(strides + dilations + kernel, default=1) < 1:
+        raise ModelError(f"{node.describe()}: kernel, strides and dilations must be >= 1")
+    auto_pad = node.attrs.get("auto_pad", "NOTSET")
+    if isinstance(auto_pad, bytes):
+        auto_pad = auto_pad.decode()
+    extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = [simplify_dim(sympy.ceiling(sympy.sympify(n) / s)) for n, s in zip(spatial, strides)]
+        total = [simplify_dim(sympy.Max(0, (o - 1) * s + e - n))
+                 for o, s, e, n in zip(out, strides, extent, spatial)]
+        small = [simplify_dim(sympy.floor(sympy.sympify(t) / 2)) for t in total]
+        big = [simplify_dim(t - h) for t, h in zip(total, small)]
+        begin, end = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+        return Window(kernel, strides, dilations, tuple(begin), tuple(end), tuple(out))
+    if auto_pad == "VALID":
+        pads = [0] * (2 * r)
+    elif auto_pad == "NOTSET":
+        pads = [int(p) for p in node.attrs.get("pads", [0] * (2 * r))]
+    else:
+        raise ModelError(f"{node.describe()}: unknown auto_pad {auto_pad!r}")
+    if len(pads) != 2 * r or min(pads, default=0) < 0:
+        raise ModelError(f"{node.describe()}: pads {pads} must be {2 * r} non-negative ints")
+    begin, end = pads[:r], pads[r:]
+    out = []
+    for axis in range(r):
+        span = sympy.sympify(spatial[axis]) + begin[axis] + end[axis] - extent[axis]
+        if ceil_mode:
+            o = simplify_dim(sympy.ceiling(span / strides[axis]) + 1)
+            if isinstance(o, int):
+                # the last window must start inside the input or its left padding
+                if (o - 1) * strides[axis] >= spatial[axis] + begin[axis]:  # type: ignore[operator]
+                    o -= 1
+            elif begin[axis] or end[axis]:
+                raise UnsupportedOpError(
+                    f"{node.describe()}: ceil_mode with padding on a symbolic dim is not "
+                    "supported; pin the dim with `inputs = {...}`"
+                )
+        else:
+            o = simplify_dim(sympy.floor(span / strides[axis]) + 1)
+        ctx.require(node, sympy.Ge(o, 1) if not isinstance(o, int) else o >= 1,
+                    f"spatial dim {axis} is smaller than the window")
+        out.append(o)
+    return Window(kernel, strides, dilations, tuple(begin), tuple(end), tuple(out))

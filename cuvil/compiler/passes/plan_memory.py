@@ -1,0 +1,117 @@
+"""Decide where every value lives: caller buffers, the weights blob, or the workspace.
+
+Intermediate values get offsets in one workspace whose size is an expression of the
+symbolic input dims. A block is reused by a later value once its last reader has run and
+its size provably suffices (static sizes, or e.g. ``64*batch >= 32*batch``). View ops
+(Reshape, Flatten, Identity...) share their input's storage and emit no code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from cuvil.compiler.ir import Dim, Graph, Node, Value, simplify_dim
+from cuvil.compiler.ops import lookup
+
+ALIGN = 64
+
+
+@dataclass(frozen=True)
+class Storage:
+    kind: str  # "input" | "output" | "weights" | "workspace"
+    index: int = 0  # input/output position
+    offset: Dim = 0  # byte offset in the weights blob or the workspace
+
+
+@dataclass
+class MemoryPlan:
+    storage: dict[Value, Storage] = field(default_factory=dict)
+    weights: bytearray = field(default_factory=bytearray)
+    workspace_size: Dim = 0
+    #: graph outputs whose value lives elsewhere (an input, a constant, another output)
+    output_copies: list[tuple[Value, int]] = field(default_factory=list)
+    #: view nodes whose output shares the input's storage: no code
+    elided: set[Node] = field(default_factory=set)
+
+
+def _aligned(size: Dim) -> Dim:
+    if isinstance(size, int):
+        return -(-size // ALIGN) * ALIGN
+    return simplify_dim(ALIGN * sympy.ceiling(sympy.sympify(size) / ALIGN))
+
+
+def _fits(block: Dim, need: Dim) -> bool:
+    if isinstance(block, int) and isinstance(need, int):
+        return block >= need
+    return bool(sympy.sympify(block - need).is_nonnegative)
+
+
+def plan_memory(graph: Graph) -> MemoryPlan:
+    plan = MemoryPlan()
+    for i, v in enumerate(graph.inputs):
+        plan.storage[v] = Storage("input", i)
+
+    for node in graph.nodes:
+        for v in node.inputs:
+            if v is not None and v.is_const and v not in plan.storage:
+                _add_weight(plan, v)
+
+    for i, v in enumerate(graph.outputs):
+        if v in plan.storage or v.producer is None:
+            if v.is_const and v not in plan.storage:
+                _add_weight(plan, v)
+            plan.output_copies.append((v, i))
+        else:
+            plan.storage[v] = Storage("output", i)
+
+    # views: share storage with the input (the root of a chain of views)
+    root: dict[Value, Value] = {}
+    for node in graph.nodes:
+        op = lookup(node.domain, node.op_type, node.opset)
+        out = node.outputs[0]
+        src = node.inputs[0]
+        if op is not None and op.is_view and len(node.outputs) == 1 and src is not None \
+                and out not in plan.storage:
+            root[out] = root.get(src, src)
+            plan.elided.add(node)
+
+    # lifetimes over storage roots, in node order
+    last_use: dict[Value, int] = {}
+    for t, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            if v is not None:
+                last_use[root.get(v, v)] = t
+    free: list[tuple[Dim, Dim]] = []  # (offset, size) of released blocks
+    end: Dim = 0
+    live: dict[Value, tuple[Dim, Dim]] = {}
+    for t, node in enumerate(graph.nodes):
+        for v in node.outputs:
+            if v in plan.storage or v in root:
+                continue
+            need = _aligned(v.type.nbytes)
+            block = next((b for b in free if _fits(b[1], need)), None)
+            if block is not None:
+                free.remove(block)
+            else:
+                block = (end, need)
+                end = simplify_dim(end + need)
+            live[v] = block
+            plan.storage[v] = Storage("workspace", offset=block[0])
+        for v in [*node.inputs, *node.outputs]:
+            r = root.get(v, v) if v is not None else None
+            if r in live and last_use.get(r, t) <= t:
+                free.append(live.pop(r))
+    for v, r in root.items():
+        plan.storage[v] = plan.storage[r]
+    plan.workspace_size = end
+    return plan
+
+
+def _add_weight(plan: MemoryPlan, v: Value) -> None:
+    assert v.const is not None
+    pad = (-len(plan.weights)) % ALIGN
+    plan.weights.extend(b"\0" * pad)
+    plan.storage[v] = Storage("weights", offset=len(plan.weights))
+    plan.weights.extend(v.const.tobytes())

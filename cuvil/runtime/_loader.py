@@ -1,0 +1,218 @@
+"""Calls a cuvil-compiled model library from Python with numpy arrays.
+
+This file is copied verbatim into every generated package (as `_cuvil_runtime.py`), so it
+depends on numpy and the standard library only. cuvil itself uses it for `cuvil.compile`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import threading
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+ABI_VERSION = 1
+
+__all__ = ["ABI_VERSION", "Model", "TensorInfo", "abi_checksum", "load_models"]
+
+
+def abi_checksum(signature: Mapping[str, Any]) -> str:
+    """sha256 over what caller and library must agree on: ABI version, names, dtypes, shapes."""
+    canonical = {
+        "abi": ABI_VERSION,
+        "model": signature["name"],
+        "symbols": list(signature["symbols"]),
+        "inputs": [[t["name"], t["dtype"], list(t["shape"])] for t in signature["inputs"]],
+        "outputs": [[t["name"], t["dtype"], list(t["shape"])] for t in signature["outputs"]],
+    }
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class TensorInfo:
+    """Name, numpy dtype and shape (ints, or str for symbolic dims) of an input or output."""
+
+    __slots__ = ("dtype", "name", "shape")
+
+    def __init__(self, name: str, dtype: np.dtype, shape: tuple[int | str, ...]) -> None:
+        self.name = name
+        self.dtype = dtype
+        self.shape = shape
+
+    def __repr__(self) -> str:
+        dims = ", ".join(str(d) for d in self.shape)
+        return f"TensorInfo(name={self.name!r}, dtype={self.dtype.name}, shape=[{dims}])"
+
+
+def _compile_expr(text: Any) -> Any:
+    """An int dim stays an int; an expression over symbol names becomes code to evaluate."""
+    return text if isinstance(text, int) else compile(str(text), "<cuvil dim>", "eval")
+
+
+_EVAL_GLOBALS = {"__builtins__": {}, "max": max, "min": min}
+
+
+class Model:
+    """A compiled model: call it with arrays (positional or by input name) or use `.run`."""
+
+    def __init__(self, library_path: str | os.PathLike, signature: Mapping[str, Any],
+                 keep_alive: Any = None) -> None:
+        self.name: str = signature["name"]
+        self._path = os.fspath(library_path)
+        self._keep_alive = keep_alive  # e.g. the temporary directory of cuvil.compile
+        self.inputs = tuple(TensorInfo(t["name"], np.dtype(t["dtype"]), tuple(t["shape"]))
+                            for t in signature["inputs"])
+        self.outputs = tuple(TensorInfo(t["name"], np.dtype(t["dtype"]), tuple(t["shape"]))
+                             for t in signature["outputs"])
+        self._symbols = tuple(signature["symbols"])
+        self._out_shapes = [[_compile_expr(d) for d in t["shape_expr"]] for t in signature["outputs"]]
+        self._workspace = _compile_expr(signature["workspace"])
+        self._constraints = [(compile(c, "<cuvil constraint>", "eval"), msg)
+                             for c, msg in signature.get("constraints", [])]
+        self._lib = self._load(signature)
+        self._run = getattr(self._lib, f"cuvil_{self.name}_run")
+        self._run.restype = ctypes.c_int32
+        self._run.argtypes = [ctypes.c_void_p] * 4
+        self._lock = threading.Lock()
+
+    def _load(self, signature: Mapping[str, Any]) -> ctypes.CDLL:
+        mode = getattr(os, "RTLD_NOW", 2) | getattr(os, "RTLD_LOCAL", 0)
+        try:
+            lib = ctypes.CDLL(self._path, mode=mode)
+        except OSError as exc:
+            raise ImportError(f"cannot load model library {self._path}: {exc}") from None
+        symbol = f"cuvil_{self.name}_abi_checksum"
+        try:
+            found = (ctypes.c_char * 64).in_dll(lib, symbol).value.decode("ascii", "replace")
+        except ValueError:
+            raise ImportError(f"{self._path} has no {symbol}: it is not a cuvil library for "
+                              f"model {self.name!r}") from None
+        expected = abi_checksum(signature)
+        if found != expected:
+            raise ImportError(
+                f"{self._path}: ABI checksum mismatch for model {self.name!r}: the library was "
+                f"built for a different signature (library {found[:16]}..., package expects "
+                f"{expected[:16]}...; expected inputs "
+                + ", ".join(f"{t.name}: {t.dtype.name}{list(t.shape)}" for t in self.inputs)
+                + "). Reinstall the package so its files come from one build."
+            )
+        return lib
+
+    # -- calling ------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        feeds = self._bind(args, kwargs)
+        outs = self._execute(feeds)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Run with a dict of input name -> array; returns a dict of output name -> array."""
+        if not isinstance(feeds, Mapping):
+            raise TypeError(f"{self.name}.run expects a dict of input name -> array")
+        unknown = set(feeds) - {t.name for t in self.inputs}
+        if unknown:
+            raise ValueError(f"{self.name}: unknown inputs {sorted(unknown)}; the inputs are "
+                             f"{[t.name for t in self.inputs]}")
+        outs = self._execute([self._get(feeds, t.name) for t in self.inputs])
+        return {t.name: a for t, a in zip(self.outputs, outs)}
+
+    def _get(self, feeds: Mapping[str, Any], name: str) -> Any:
+        if name not in feeds:
+            raise ValueError(f"{self.name}: missing input {name!r}")
+        return feeds[name]
+
+    def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
+        n = len(self.inputs)
+        if len(args) > n:
+            raise TypeError(f"{self.name}() takes {n} inputs but {len(args)} were given")
+        bound = list(args) + [None] * (n - len(args))
+        names = [t.name for t in self.inputs]
+        for key, value in kwargs.items():
+            if key not in names:
+                raise TypeError(f"{self.name}() got an unknown input {key!r}; inputs: {names}")
+            i = names.index(key)
+            if i < len(args):
+                raise TypeError(f"{self.name}() got input {key!r} twice")
+            bound[i] = value
+        missing = [names[i] for i, v in enumerate(bound) if v is None]
+        if missing:
+            raise TypeError(f"{self.name}() is missing inputs {missing}")
+        return bound
+
+    def _check(self, values: Sequence[Any]) -> tuple[list[np.ndarray], dict[str, int]]:
+        arrays: list[np.ndarray] = []
+        dims: dict[str, int] = {}
+        for info, value in zip(self.inputs, values):
+            a = np.asarray(value)
+            if a.dtype != info.dtype:
+                raise ValueError(f"{self.name}: input {info.name!r} must have dtype "
+                                 f"{info.dtype.name}, got {a.dtype.name}")
+            if a.ndim != len(info.shape):
+                raise ValueError(f"{self.name}: input {info.name!r} must have shape "
+                                 f"{_shape_text(info.shape)} (rank {len(info.shape)}), got "
+                                 f"{list(a.shape)}")
+            for axis, (want, got) in enumerate(zip(info.shape, a.shape)):
+                if isinstance(want, int):
+                    if want != got:
+                        raise ValueError(f"{self.name}: input {info.name!r} dim {axis} must be "
+                                         f"{want}, got {got} (expected shape "
+                                         f"{_shape_text(info.shape)}, got {list(a.shape)})")
+                elif want in dims and dims[want] != got:
+                    raise ValueError(f"{self.name}: input {info.name!r} dim {axis} ({want!r}) is "
+                                     f"{got}, but {want!r} is {dims[want]} in another dim")
+                else:
+                    if got < 1:
+                        raise ValueError(f"{self.name}: input {info.name!r} dim {axis} ({want!r})"
+                                         f" must be at least 1, got {got}")
+                    dims[want] = got
+            # copy non-contiguous or misaligned arrays; the library reads dense row-major data
+            arrays.append(np.ascontiguousarray(a) if not a.flags.c_contiguous or not a.flags.aligned
+                          else a)
+        env = {**_EVAL_GLOBALS, **dims}
+        for code, message in self._constraints:
+            if not eval(code, env):  # noqa: S307 - our own generated expressions, no builtins
+                raise ValueError(f"{self.name}: inputs {dims} violate a model constraint: {message}")
+        return arrays, dims
+
+    def _execute(self, values: Sequence[Any]) -> list[np.ndarray]:
+        arrays, dims = self._check(values)
+        env = {**_EVAL_GLOBALS, **dims}
+        outs = []
+        for info, shape in zip(self.outputs, self._out_shapes):
+            concrete = tuple(d if isinstance(d, int) else eval(d, env) for d in shape)  # noqa: S307
+            outs.append(np.empty(concrete, dtype=info.dtype))
+        ws = self._workspace if isinstance(self._workspace, int) else eval(self._workspace, env)  # noqa: S307
+        workspace = np.empty(max(int(ws), 1) + 64, dtype=np.uint8)
+        ws_ptr = workspace.ctypes.data
+        ws_ptr += (-ws_ptr) % 64  # 64-byte aligned like the planner assumes
+        in_ptrs = (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
+        out_ptrs = (ctypes.c_void_p * max(len(outs), 1))(*[o.ctypes.data for o in outs])
+        dim_values = (ctypes.c_int64 * max(len(self._symbols), 1))(
+            *[dims[s] for s in self._symbols])
+        status = self._run(in_ptrs, out_ptrs, dim_values, ws_ptr)
+        if status != 0:
+            raise RuntimeError(f"{self.name}: the compiled model failed with status {status}")
+        return outs
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{t.name}: {t.dtype.name}{_shape_text(t.shape)}" for t in self.inputs)
+        outs = ", ".join(f"{t.name}: {t.dtype.name}{_shape_text(t.shape)}" for t in self.outputs)
+        return f"<cuvil model {self.name}({ins}) -> ({outs})>"
+
+
+def _shape_text(shape: Sequence[int | str]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def load_models(package_dir: str | os.PathLike) -> dict[str, Model]:
+    """Load every model listed in a generated package's `_models.json`."""
+    with open(os.path.join(package_dir, "_models.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    if manifest.get("abi_version") != ABI_VERSION:
+        raise ImportError(f"{package_dir}: built for cuvil ABI {manifest.get('abi_version')}, this "
+                          f"runtime speaks ABI {ABI_VERSION}; rebuild the package")
+    return {m["name"]: Model(os.path.join(package_dir, m["library"]), m)
+            for m in manifest["models"]}
