@@ -1,15 +1,131 @@
-"""Generate the files of a model package: libraries, Python wrapper, header, stubs."""
+"""Generate the files of a model package: libraries, Python wrapper, header, stubs.
+
+Layout inside the wheel, for package `digits` with model `classifier`:
+
+    digits/__init__.py          loads every model; `digits.classifier(x)`
+    digits/__init__.pyi, py.typed
+    digits/_cuvil_runtime.py    the ctypes/numpy caller (a copy of cuvil/runtime/_loader.py)
+    digits/_models.json         signatures: names, dtypes, shapes, ABI checksums
+    digits/_classifier.so       the compiled model (C ABI)
+    digits/classifier.h         its C header
+"""
 
 from __future__ import annotations
 
+import json
+import keyword
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
+import cuvil
 from cuvil.config import ProjectConfig
+from cuvil.runtime import _loader
+from cuvil.runtime.header import render_header
+
+RUNTIME_MODULE = "_cuvil_runtime"
 
 
 def build_package_files(
     project: ProjectConfig, workdir: Path, log: Callable[[str], None]
 ) -> dict[str, bytes]:
     """Compile every model of `project` for `project.settings.target`; return wheel paths -> bytes."""
-    raise NotImplementedError("being written")
+    from cuvil.compiler.driver import compile_model
+    from cuvil.toolchains import get_target
+
+    settings = project.settings
+    target = get_target(settings.target)
+    pkg = project.package
+    files: dict[str, bytes] = {}
+    signatures = []
+    for model in project.models:
+        log(f"cuvil: compiling model {model.name} ({model.source.name}) for {target.name}")
+        compiled = compile_model(
+            model.source, model.name, Path(workdir) / model.name,
+            inputs=model.inputs or None, target=target.name, cpu=settings.cpu,
+            opt_level=settings.opt_level, quantize=model.quantize, log=log,
+        )
+        sig = compiled.signature
+        signatures.append(sig)
+        files[f"{pkg}/{sig['library']}"] = compiled.library.read_bytes()
+        files[f"{pkg}/{model.name}.h"] = render_header(sig, sig["library"]).encode()
+    manifest = {
+        "abi_version": _loader.ABI_VERSION,
+        "package": pkg,
+        "target": target.name,
+        "cuvil_version": cuvil.__version__,
+        "models": signatures,
+    }
+    files[f"{pkg}/_models.json"] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+    files[f"{pkg}/{RUNTIME_MODULE}.py"] = Path(_loader.__file__).read_bytes()
+    files[f"{pkg}/__init__.py"] = render_init(pkg, signatures, target.name).encode()
+    files[f"{pkg}/__init__.pyi"] = render_stub(signatures).encode()
+    files[f"{pkg}/py.typed"] = b""
+    return files
+
+
+def _describe(sig: dict[str, Any]) -> str:
+    def t(x: dict[str, Any]) -> str:
+        return f"{x['name']}: {x['dtype']}[{', '.join(str(d) for d in x['shape'])}]"
+
+    ins = ", ".join(t(x) for x in sig["inputs"])
+    outs = ", ".join(t(x) for x in sig["outputs"])
+    return f"{sig['name']}({ins}) -> {outs}"
+
+
+def render_init(package: str, signatures: list[dict[str, Any]], target: str) -> str:
+    names = [s["name"] for s in signatures]
+    lines = [
+        f'"""{package}: models compiled by cuvil {cuvil.__version__} for {target}.',
+        "",
+        *[f"    {_describe(s)}" for s in signatures],
+        "",
+        "Call a model with numpy arrays (`model(x)`), or with a dict (`model.run({...})`);",
+        "`.inputs` and `.outputs` describe its tensors.",
+        '"""',
+        "",
+        "import os as _os",
+        "",
+        f"from .{RUNTIME_MODULE} import load_models as _load_models",
+        "",
+        "_models = _load_models(_os.path.dirname(_os.path.abspath(__file__)))",
+        *[f"{n} = _models[{n!r}]" for n in names],
+        "",
+        f"__all__ = {names!r}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _param(name: str, i: int) -> str:
+    return name if name.isidentifier() and not keyword.iskeyword(name) else f"input_{i}"
+
+
+def render_stub(signatures: list[dict[str, Any]]) -> str:
+    lines = [
+        "from typing import Any, Mapping",
+        "",
+        "import numpy as np",
+        "from numpy.typing import ArrayLike, NDArray",
+        "",
+        f"from .{RUNTIME_MODULE} import Model",
+        "",
+    ]
+    for sig in signatures:
+        cls = "_" + "".join(p.capitalize() for p in sig["name"].split("_")) + "Model"
+        params = ", ".join(f"{_param(t['name'], i)}: ArrayLike" for i, t in enumerate(sig["inputs"]))
+        if any(_param(t["name"], i) != t["name"] for i, t in enumerate(sig["inputs"])):
+            params += ", /"  # some input names are not identifiers: positional only
+        outs = [f"NDArray[np.{t['dtype'] if t['dtype'] != 'bool' else 'bool_'}]"
+                for t in sig["outputs"]]
+        ret = outs[0] if len(outs) == 1 else f"tuple[{', '.join(outs)}]"
+        lines += [
+            "",
+            f"class {cls}(Model):",
+            f'    """{_describe(sig)}"""',
+            f"    def __call__(self, {params}) -> {ret}: ...",
+            "    def run(self, feeds: Mapping[str, ArrayLike]) -> dict[str, NDArray[Any]]: ...",
+            "",
+            f"{sig['name']}: {cls}",
+        ]
+    lines += ["", f"__all__ = {[s['name'] for s in signatures]!r}", ""]
+    return "\n".join(lines)

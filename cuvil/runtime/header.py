@@ -1,0 +1,75 @@
+"""The C header shipped next to each model library."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+_C_TYPES = {
+    "float32": "float", "float64": "double", "float16": "uint16_t /* IEEE half */",
+    "int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t",
+    "uint8": "uint8_t", "bool": "uint8_t /* 0 or 1 */",
+}
+
+
+def render_header(signature: Mapping[str, Any], library_file: str) -> str:
+    name = signature["name"]
+    guard = f"CUVIL_{name.upper()}_H"
+    symbols = signature["symbols"]
+
+    def tensor_lines(kind: str, tensors: list[dict[str, Any]]) -> list[str]:
+        lines = []
+        for i, t in enumerate(tensors):
+            dims = " x ".join(str(d) for d in t["shape"]) or "scalar"
+            lines.append(f" *   {kind}[{i}]  {t['name']}: {_C_TYPES[t['dtype']]}, {dims}")
+        return lines
+
+    dims_doc = (", ".join(f"dims[{i}] = {s}" for i, s in enumerate(symbols))
+                if symbols else "unused (the model has no symbolic dims); pass NULL")
+    doc = [
+        "/*",
+        f" * Model {name!r}, compiled by cuvil into {library_file}.",
+        " *",
+        " * Tensors are dense, row-major (C order) buffers owned by the caller:",
+        *tensor_lines("inputs", signature["inputs"]),
+        *tensor_lines("outputs", signature["outputs"]),
+        f" * Symbolic dims: {dims_doc}.",
+        " *",
+        " * Call cuvil_" + name + "_workspace_size(dims) for the scratch buffer's size in bytes,",
+        " * allocate it 64-byte aligned, then cuvil_" + name + "_run(). The function keeps no",
+        " * state between calls: threads may run it at once, each with its own workspace.",
+        f" * ABI checksum: {signature['checksum']}",
+        " */",
+    ]
+    return "\n".join([
+        *doc,
+        f"#ifndef {guard}",
+        f"#define {guard}",
+        "",
+        "#include <stdint.h>",
+        "",
+        "#ifdef __cplusplus",
+        'extern "C" {',
+        "#endif",
+        "",
+        f"#define CUVIL_{name.upper()}_ABI_CHECKSUM \"{signature['checksum']}\"",
+        f"#define CUVIL_{name.upper()}_NUM_INPUTS {len(signature['inputs'])}",
+        f"#define CUVIL_{name.upper()}_NUM_OUTPUTS {len(signature['outputs'])}",
+        f"#define CUVIL_{name.upper()}_NUM_DIMS {len(symbols)}",
+        "",
+        "/* hex sha256 of the model's signature, NUL-terminated; compare with the macro above */",
+        f"extern const char cuvil_{name}_abi_checksum[65];",
+        "",
+        "/* bytes of scratch memory one call needs, for the given symbolic dims */",
+        f"int64_t cuvil_{name}_workspace_size(const int64_t *dims);",
+        "",
+        "/* run the model; returns 0 on success */",
+        f"int32_t cuvil_{name}_run(const void *const *inputs, void *const *outputs,",
+        f"{' ' * (len(name) + 20)}const int64_t *dims, void *workspace);",
+        "",
+        "#ifdef __cplusplus",
+        "}",
+        "#endif",
+        "",
+        f"#endif /* {guard} */",
+        "",
+    ])
