@@ -1,0 +1,228 @@
+"""cuvil's build backend (PEP 517 and PEP 660): `build-backend = "cuvil.build_backend"`.
+
+Every hook reads the project with `cuvil.config.load_project` (PEP 517 `config_settings`,
+i.e. `-C key=value`, are passed on unchanged), converts `[project]` to core metadata and
+writes the archive. Heavy modules (the compiler, onnx, llvmlite) are imported inside the
+hooks that need them, so that importing the backend stays fast.
+
+Progress goes to stderr as lines starting with "cuvil: " (`pip wheel -v` shows them). A
+`CuvilError` is printed as "cuvil: error: ..." before it propagates, and no partial archive is
+ever left in the output folder.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+if TYPE_CHECKING:
+    from cuvil.build_backend._metadata import CoreMetadata
+    from cuvil.config import ProjectConfig
+    from cuvil.toolchains import Target
+
+__all__ = [
+    "build_editable",
+    "build_sdist",
+    "build_wheel",
+    "get_requires_for_build_editable",
+    "get_requires_for_build_sdist",
+    "get_requires_for_build_wheel",
+    "prepare_metadata_for_build_editable",
+    "prepare_metadata_for_build_wheel",
+]
+
+ConfigSettings = Mapping[str, Any]
+_Hook = TypeVar("_Hook", bound=Callable[..., Any])
+
+# Marks a folder as cuvil's editable install tree, so a refresh never deletes anything else.
+_EDITABLE_MARKER = ".cuvil-editable"
+
+
+def _log(message: str) -> None:
+    print(f"cuvil: {message}", file=sys.stderr, flush=True)
+
+
+def _report_errors(hook: _Hook) -> _Hook:
+    """Print a CuvilError's message plainly (frontends show stderr), then let it propagate."""
+
+    @functools.wraps(hook)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from cuvil.errors import CuvilError
+
+        try:
+            return hook(*args, **kwargs)
+        except CuvilError as error:
+            print(f"\ncuvil: error: {error}\n", file=sys.stderr, flush=True)
+            raise
+
+    return wrapper  # type: ignore[return-value]
+
+
+# The parts this backend calls, behind one name each (tests replace them with fakes).
+
+
+def _load_project(config_settings: ConfigSettings | None) -> ProjectConfig:
+    from cuvil.config import load_project
+
+    return load_project(Path.cwd(), config_settings)
+
+
+def _get_target(name: str | None) -> Target:
+    from cuvil.toolchains import get_target
+
+    return get_target(name)
+
+
+def _build_package_files(
+    project: ProjectConfig, workdir: Path, log: Callable[[str], None]
+) -> dict[str, bytes]:
+    from cuvil.build_backend._package import build_package_files
+
+    return build_package_files(project, workdir, log)
+
+
+# Requirements: cuvil's own dependencies are all a build needs.
+
+
+def get_requires_for_build_wheel(config_settings: ConfigSettings | None = None) -> list[str]:
+    return []
+
+
+def get_requires_for_build_sdist(config_settings: ConfigSettings | None = None) -> list[str]:
+    return []
+
+
+def get_requires_for_build_editable(config_settings: ConfigSettings | None = None) -> list[str]:
+    return []
+
+
+# Metadata
+
+
+def _read(config_settings: ConfigSettings | None) -> tuple[ProjectConfig, CoreMetadata]:
+    from cuvil.build_backend._metadata import read_metadata
+
+    project = _load_project(config_settings)
+    return project, read_metadata(project.project, project.root, project.pyproject)
+
+
+def _prepare_metadata(metadata_directory: str, config_settings: ConfigSettings | None) -> str:
+    from cuvil.build_backend._wheel import write_dist_info
+
+    project, metadata = _read(config_settings)
+    target = _get_target(project.settings.target)
+    return write_dist_info(metadata, target.platform_tag, Path(metadata_directory))
+
+
+@_report_errors
+def prepare_metadata_for_build_wheel(
+    metadata_directory: str, config_settings: ConfigSettings | None = None
+) -> str:
+    return _prepare_metadata(metadata_directory, config_settings)
+
+
+@_report_errors
+def prepare_metadata_for_build_editable(
+    metadata_directory: str, config_settings: ConfigSettings | None = None
+) -> str:
+    return _prepare_metadata(metadata_directory, config_settings)
+
+
+# Archives
+
+
+def _compile(project: ProjectConfig, metadata: CoreMetadata, target: Target) -> dict[str, bytes]:
+    _log(f"building {metadata.name} {metadata.version} for {target.name}")
+    names = ", ".join(model.name for model in project.models)
+    plural = "s" if len(project.models) != 1 else ""
+    _log(f"compiling model{plural} {names} for {target.name}")
+    workdir = project.settings.build_dir / target.name
+    workdir.mkdir(parents=True, exist_ok=True)
+    return _build_package_files(project, workdir, _log)
+
+
+@_report_errors
+def build_wheel(
+    wheel_directory: str,
+    config_settings: ConfigSettings | None = None,
+    metadata_directory: str | None = None,
+) -> str:
+    # metadata_directory is ignored: the metadata is computed again from the same inputs,
+    # so it equals what prepare_metadata_for_build_wheel wrote.
+    from cuvil.build_backend._wheel import wheel_name, write_wheel
+
+    project, metadata = _read(config_settings)
+    target = _get_target(project.settings.target)
+    files = _compile(project, metadata, target)
+    _log(f"writing wheel {wheel_name(metadata, target.platform_tag)}")
+    return write_wheel(Path(wheel_directory), metadata, files, target.platform_tag)
+
+
+@_report_errors
+def build_editable(
+    wheel_directory: str,
+    config_settings: ConfigSettings | None = None,
+    metadata_directory: str | None = None,
+) -> str:
+    """Compile into `<build_dir>/editable/` and write a wheel whose .pth file points there.
+
+    Running it again (or `pip install -e .` again) recompiles and swaps the folder's content,
+    so the installed package picks up model and config changes.
+    """
+    from cuvil.build_backend._wheel import wheel_name, write_wheel
+
+    project, metadata = _read(config_settings)
+    target = _get_target(project.settings.target)
+    files = _compile(project, metadata, target)
+    tree = project.settings.build_dir / "editable"
+    _log(f"writing the editable package into {tree}")
+    _replace_tree(tree, files)
+    pth = {f"{metadata.distribution}.pth": f"{tree}\n".encode()}
+    _log(f"writing editable wheel {wheel_name(metadata, target.platform_tag)}")
+    return write_wheel(Path(wheel_directory), metadata, pth, target.platform_tag)
+
+
+def _replace_tree(tree: Path, files: Mapping[str, bytes]) -> None:
+    """Make `tree` hold exactly `files`; the old content stays until the new one is complete."""
+    from cuvil.build_backend import _reproducible
+    from cuvil.build_backend._wheel import check_archive_path
+    from cuvil.errors import BuildError
+
+    if tree.exists() and not (tree / _EDITABLE_MARKER).exists():
+        raise BuildError(
+            f"{tree} exists but was not written by cuvil; remove it, or choose another build "
+            "folder (the build_dir setting)"
+        )
+    staging = tree.with_name(tree.name + ".new")
+    retired = tree.with_name(tree.name + ".old")
+    for leftover in (staging, retired):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+    staging.mkdir(parents=True)
+    (staging / _EDITABLE_MARKER).write_text(
+        "cuvil editable install tree; rebuilt by pip install -e\n"
+    )
+    for name, data in files.items():
+        check_archive_path(name)
+        path = staging.joinpath(*name.split("/"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        os.chmod(path, _reproducible.mode_for_name(name))
+    if tree.exists():
+        os.replace(tree, retired)
+    os.replace(staging, tree)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+@_report_errors
+def build_sdist(sdist_directory: str, config_settings: ConfigSettings | None = None) -> str:
+    from cuvil.build_backend._sdist import sdist_name, write_sdist
+
+    project, metadata = _read(config_settings)
+    _log(f"writing sdist {sdist_name(metadata)}")
+    return write_sdist(Path(sdist_directory), project, metadata)
