@@ -277,6 +277,59 @@ class Emitter:
         m.flags.extend(REDUCE_FLAGS)
         return self.fadd_reduce(acc, m)
 
+    # dtype-aware arithmetic: one call for float, signed and unsigned operands
+    def add(self, dtype: np.dtype | str, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self.b.fadd(a, b) if _kind(dtype) == "f" else self.b.add(a, b)
+
+    def sub(self, dtype: np.dtype | str, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self.b.fsub(a, b) if _kind(dtype) == "f" else self.b.sub(a, b)
+
+    def mul(self, dtype: np.dtype | str, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self.b.fmul(a, b) if _kind(dtype) == "f" else self.b.mul(a, b)
+
+    def div(self, dtype: np.dtype | str, a: ir.Value, b: ir.Value) -> ir.Value:
+        """Division as onnxruntime does it: integer division truncates toward zero."""
+        kind = _kind(dtype)
+        if kind == "f":
+            return self.b.fdiv(a, b)
+        return self.b.udiv(a, b) if kind in "ub" else self.b.sdiv(a, b)
+
+    def less(self, dtype: np.dtype | str, a: ir.Value, b: ir.Value) -> ir.Value:
+        kind = _kind(dtype)
+        if kind == "f":
+            return self.b.fcmp_ordered("<", a, b)
+        return self.b.icmp_unsigned("<", a, b) if kind in "ub" else self.b.icmp_signed("<", a, b)
+
+    def maximum(self, dtype: np.dtype | str, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self.fmax(a, b) if _kind(dtype) == "f" else self.b.select(self.less(dtype, a, b), b, a)
+
+    def minimum(self, dtype: np.dtype | str, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self.fmin(a, b) if _kind(dtype) == "f" else self.b.select(self.less(dtype, b, a), b, a)
+
+    def convert(self, value: ir.Value, src: np.dtype | str, dst: np.dtype | str) -> ir.Value:
+        """Cast between dtypes with numpy's rules (float->int truncates, bool is 0/1)."""
+        src, dst = np.dtype(src), np.dtype(dst)
+        if src == dst:
+            return value
+        ks, kd = _kind(src), _kind(dst)
+        to = llvm_type(dst)
+        if kd == "b":
+            nz = (self.b.fcmp_unordered("!=", value, ir.Constant(value.type, 0.0)) if ks == "f"
+                  else self.b.icmp_unsigned("!=", value, ir.Constant(value.type, 0)))
+            return self.b.zext(nz, to)
+        if ks == "f" and kd == "f":
+            return (self.b.fpext(value, to) if src.itemsize < dst.itemsize
+                    else self.b.fptrunc(value, to))
+        if ks == "f":
+            return self.b.fptoui(value, to) if kd == "u" else self.b.fptosi(value, to)
+        if kd == "f":
+            return self.b.uitofp(value, to) if ks in "ub" else self.b.sitofp(value, to)
+        if src.itemsize == dst.itemsize:
+            return value
+        if src.itemsize > dst.itemsize:
+            return self.b.trunc(value, to)
+        return self.b.zext(value, to) if ks in "ub" else self.b.sext(value, to)
+
     def memcpy(self, dst: ir.Value, src: ir.Value, nbytes: ir.Value) -> None:
         fn = self.module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
         self.b.call(fn, [dst, src, nbytes, ir.Constant(I1, 0)])
@@ -284,3 +337,8 @@ class Emitter:
     def memset(self, dst: ir.Value, byte: int, nbytes: ir.Value) -> None:
         fn = self.module.declare_intrinsic("llvm.memset", [PTR, I64])
         self.b.call(fn, [dst, ir.Constant(I8, byte), nbytes, ir.Constant(I1, 0)])
+
+
+def _kind(dtype: np.dtype | str) -> str:
+    """numpy's kind letter: f(loat), i(nt), u(nsigned), b(ool)."""
+    return np.dtype(dtype).kind

@@ -1,0 +1,76 @@
+"""Build small ONNX models and compare cuvil against onnxruntime on them.
+
+onnxruntime is the independent oracle: every op test runs the same model through both and
+compares outputs. Nothing here knows how cuvil computes anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+import cuvil
+
+DEFAULT_OPSET = 17
+
+
+def make_model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Mapping[str, tuple[Any, Sequence[int | str]]],
+    outputs: Mapping[str, Any],
+    initializers: Mapping[str, np.ndarray] | None = None,
+    opset: int = DEFAULT_OPSET,
+) -> onnx.ModelProto:
+    """A checked model: `inputs` name -> (dtype, shape), `outputs` name -> dtype."""
+    graph = helper.make_graph(
+        list(nodes),
+        "test",
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(t)), list(s))
+         for n, (t, s) in inputs.items()],
+        [helper.make_empty_tensor_value_info(n) for n in outputs],
+        [numpy_helper.from_array(np.asarray(a), n) for n, a in (initializers or {}).items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = min(model.ir_version, 8)
+    # let onnx type the outputs (rank and dtype), as an exporter would
+    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    for out in model.graph.output:
+        want = helper.np_dtype_to_tensor_dtype(np.dtype(outputs[out.name]))
+        assert out.type.tensor_type.elem_type == want, f"{out.name}: onnx infers another dtype"
+    onnx.checker.check_model(model)
+    return model
+
+
+def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, dict(feeds))
+
+
+def assert_matches_ort(
+    model: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+    inputs: Mapping[str, Sequence[int | str]] | None = None,
+    compiled: Any = None,
+) -> Any:
+    """Compile `model` (unless `compiled` is given), run both, compare every output."""
+    compiled = compiled or cuvil.compile(model, inputs=inputs)
+    expected = run_ort(model, feeds)
+    got = compiled.run(dict(feeds))
+    for info, want in zip(compiled.outputs, expected):
+        have = got[info.name]
+        assert have.shape == want.shape, f"{info.name}: shape {have.shape} != {want.shape}"
+        assert have.dtype == want.dtype, f"{info.name}: dtype {have.dtype} != {want.dtype}"
+        if want.dtype.kind in "fc":
+            np.testing.assert_allclose(have, want, rtol=rtol, atol=atol, err_msg=info.name)
+        else:
+            np.testing.assert_array_equal(have, want, err_msg=info.name)
+    return compiled
