@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable
 
 from cuvil.compiler.codegen.module import build_module, emit_object, symbol_names
 from cuvil.compiler.frontend import import_model

@@ -9,8 +9,9 @@ strided conv), so shapes can be checked at compile time and evaluated at call ti
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Union
+from typing import Any, Union
 
 import numpy as np
 import sympy

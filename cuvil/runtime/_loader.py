@@ -11,7 +11,8 @@ import hashlib
 import json
 import os
 import threading
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -173,7 +174,7 @@ class Model:
                           else a)
         env = {**_EVAL_GLOBALS, **dims}
         for code, message in self._constraints:
-            if not eval(code, env):  # noqa: S307 - our own generated expressions, no builtins
+            if not eval(code, env):
                 raise ValueError(f"{self.name}: inputs {dims} violate a model constraint: {message}")
         return arrays, dims
 
@@ -182,9 +183,9 @@ class Model:
         env = {**_EVAL_GLOBALS, **dims}
         outs = []
         for info, shape in zip(self.outputs, self._out_shapes):
-            concrete = tuple(d if isinstance(d, int) else eval(d, env) for d in shape)  # noqa: S307
+            concrete = tuple(d if isinstance(d, int) else eval(d, env) for d in shape)
             outs.append(np.empty(concrete, dtype=info.dtype))
-        ws = self._workspace if isinstance(self._workspace, int) else eval(self._workspace, env)  # noqa: S307
+        ws = self._workspace if isinstance(self._workspace, int) else eval(self._workspace, env)
         workspace = np.empty(max(int(ws), 1) + 64, dtype=np.uint8)
         ws_ptr = workspace.ctypes.data
         ws_ptr += (-ws_ptr) % 64  # 64-byte aligned like the planner assumes

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 _C_TYPES = {
     "float32": "float", "float64": "double", "float16": "uint16_t /* IEEE half */",

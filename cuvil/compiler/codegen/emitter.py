@@ -9,9 +9,10 @@ that LLVM's vectorizer recognises them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from llvmlite import ir

@@ -20,15 +20,15 @@ if TYPE_CHECKING:
     from cuvil.compiler.codegen.emitter import Emitter
 
 __all__ = [
-    "Op",
-    "InferContext",
     "UNCHECKED",
-    "register",
-    "lookup",
-    "registered_ops",
+    "InferContext",
+    "Op",
     "broadcast_shapes",
     "const_input",
+    "lookup",
     "normalize_axis",
+    "register",
+    "registered_ops",
 ]
 
 

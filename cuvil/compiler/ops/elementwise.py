@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Callable, ClassVar
 
 import numpy as np
 from llvmlite import ir

@@ -119,7 +119,6 @@ class MatMul(Op):
             a = replace(a, dims=(one, *a.dims), strides=(zero, *a.strides), shape=(1, *a.shape))
         if b.rank == 1:
             b = replace(b, dims=(*b.dims, one), strides=(*b.strides, zero), shape=(*b.shape, 1))
-        m, n = a.dims[-2], b.dims[-1]
         batch_shape = broadcast_shapes(node, UNCHECKED, a.shape[:-2], b.shape[:-2])
         # y holds batch x M x N elements in that order whatever operands were promoted
         y_full = k.contiguous(y.ptr, y.dtype, (*batch_shape, a.shape[-2], b.shape[-1]))

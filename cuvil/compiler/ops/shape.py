@@ -57,7 +57,8 @@ class Reshape(Copy):
         known = numel(d for d in out if d is not None)
         if None in out:
             inferred = simplify_dim(sympy.sympify(total) / known)
-            if isinstance(inferred, sympy.Expr) and not sympy.fraction(sympy.together(inferred))[1].is_Integer:
+            denominator = sympy.fraction(sympy.together(sympy.sympify(inferred)))[1]
+            if not denominator.is_Integer:
                 raise ModelError(f"{node.describe()}: cannot infer -1 in {target.tolist()} "
                                  f"from input {x.type}")
             out[out.index(None)] = inferred
