@@ -44,7 +44,9 @@ _EDITABLE_MARKER = ".cuvil-editable"
 
 
 def _log(message: str) -> None:
-    print(f"cuvil: {message}", file=sys.stderr, flush=True)
+    # the compiler and toolchain parts prefix their own lines already
+    line = message if message.startswith("cuvil: ") else f"cuvil: {message}"
+    print(line, file=sys.stderr, flush=True)
 
 
 def _report_errors(hook: _Hook) -> _Hook:
