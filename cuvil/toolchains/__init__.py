@@ -1,0 +1,36 @@
+"""Targets, toolchain files, the zig driver and CMake toolchain files.
+
+A target (x86_64-linux, universal2-macos, ...) is declared by a TOML toolchain file in
+`toolchain-files/` (or a directory on $CUVIL_TOOLCHAIN_PATH). `cuvil.toolchains.zig` compiles,
+embeds and links for it; `cuvil.toolchains.cmake` lets CMake builds use the same compiler.
+"""
+
+from __future__ import annotations
+
+from cuvil.toolchains._targets import (
+    ENV_VAR,
+    Arch,
+    Target,
+    bundled_toolchain_dir,
+    get_target,
+    host_cpu,
+    host_target_name,
+    list_targets,
+    load_toolchain_file,
+    target_machine,
+    toolchain_search_path,
+)
+
+__all__ = [
+    "ENV_VAR",
+    "Arch",
+    "Target",
+    "bundled_toolchain_dir",
+    "get_target",
+    "host_cpu",
+    "host_target_name",
+    "list_targets",
+    "load_toolchain_file",
+    "target_machine",
+    "toolchain_search_path",
+]
