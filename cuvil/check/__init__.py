@@ -1,0 +1,69 @@
+"""Validation of built wheels before they are published: `check_wheel(path) -> CheckReport`.
+
+Each module checks one concern and adds named results to the report:
+
+- `tags`: the file name is `<dist>-<version>-py3-none-<platform>.whl`, and the platform is the
+  one of the target recorded in `_models.json`;
+- `record`: layout (only the package and the .dist-info), WHEEL, METADATA, RECORD hashes;
+- `manifest`: `_models.json` is consistent and names every native file;
+- `elf` / `macho`: each library's header, exported symbols (exactly the models' C ABI), SONAME or
+  install name, search paths, dependencies, glibc or macOS versions, Mach-O code signatures;
+- `abi`: the checksum each library exports matches its signature, read statically per slice;
+- `auditwheel`: `auditwheel show` agrees with the manylinux tag (when auditwheel is installed).
+
+Nothing is loaded or executed: every architecture can be checked on any host.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cuvil.check._report import CheckReport, CheckResult
+from cuvil.errors import CheckError
+
+__all__ = ["CheckReport", "CheckResult", "check_wheel"]
+
+
+def check_wheel(path: str | Path, *, auditwheel: bool = True) -> CheckReport:
+    """Run every check on the wheel at `path`.
+
+    A file that is not a zip archive gives a report with one failed check. `auditwheel=False`
+    leaves out the (slower, subprocess) auditwheel check.
+    """
+    from cuvil.check import abi, elf, macho, manifest, record, tags
+    from cuvil.check._archive import read_wheel
+    from cuvil.check.auditwheel import check_auditwheel
+    from cuvil.check.manifest import native_kind
+
+    path = Path(path)
+    report = CheckReport(path)
+    try:
+        wheel = read_wheel(path)
+    except CheckError as exc:
+        report.failed("archive", str(exc))
+        return report
+    tags.check_filename(wheel, report)
+    record.check_layout(wheel, report)
+    record.check_wheel_file(wheel, report)
+    record.check_metadata(wheel, report)
+    record.check_record(wheel, report)
+    manifest.check_manifest(wheel, report)
+    tags.check_platform(wheel, report)
+    for library in wheel.libraries():
+        kind = native_kind(library.data[:8])
+        if kind == "elf":
+            parsed = elf.check_elf_library(wheel, library, report)
+            images = [(parsed.arch, parsed)] if parsed is not None else []
+        elif kind == "macho":
+            images = [(im.arch, im) for im in macho.check_macho_library(wheel, library, report)]
+        else:
+            report.failed(
+                f"{library.path}: format",
+                f"neither ELF nor Mach-O (starts with {library.data[:4].hex()}); cuvil builds only those",
+            )
+            continue
+        if images:
+            abi.check_abi_checksums(library, images, report)
+    if auditwheel:
+        check_auditwheel(wheel, report)
+    return report

@@ -1,0 +1,87 @@
+"""The outcome of checking one wheel: named checks, each passed or failed with a reason."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["CheckReport", "CheckResult"]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check: `name`, whether it passed, and what was found (or why it was skipped).
+
+    It unpacks like the tuple `(name, ok, message)`.
+    """
+
+    name: str
+    ok: bool
+    message: str
+    skipped: bool = False
+
+    def __iter__(self) -> Iterator[object]:
+        return iter((self.name, self.ok, self.message))
+
+    @property
+    def status(self) -> str:
+        return "SKIP" if self.skipped else ("PASS" if self.ok else "FAIL")
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.name}: {self.message}"
+
+
+@dataclass
+class CheckReport:
+    """Every check run on the wheel at `path`, in the order they ran."""
+
+    path: Path
+    results: list[CheckResult] = field(default_factory=list)
+
+    def add(self, name: str, ok: bool, message: str) -> CheckResult:
+        result = CheckResult(name, bool(ok), message)
+        self.results.append(result)
+        return result
+
+    def passed(self, name: str, message: str) -> CheckResult:
+        return self.add(name, True, message)
+
+    def failed(self, name: str, message: str) -> CheckResult:
+        return self.add(name, False, message)
+
+    def skip(self, name: str, message: str) -> CheckResult:
+        result = CheckResult(name, True, message, skipped=True)
+        self.results.append(result)
+        return result
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def failures(self) -> list[CheckResult]:
+        return [r for r in self.results if not r.ok]
+
+    def __iter__(self) -> Iterator[CheckResult]:
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __getitem__(self, name: str) -> CheckResult:
+        """The result of the check called `name` (KeyError if it did not run)."""
+        for r in self.results:
+            if r.name == name:
+                return r
+        raise KeyError(f"no check named {name!r}; ran: {', '.join(r.name for r in self.results)}")
+
+    def format(self) -> str:
+        lines = [f"{self.path.name}:"]
+        lines += [f"  {r}" for r in self.results]
+        failed = len(self.failures)
+        if failed:
+            lines.append(f"  FAILED: {failed} of {len(self.results)} checks failed")
+        else:
+            lines.append(f"  OK: all {len(self.results)} checks passed")
+        return "\n".join(lines)

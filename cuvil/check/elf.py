@@ -1,0 +1,136 @@
+"""ELF libraries (Linux wheels): header, exported symbols, SONAME, search paths, dependencies, glibc."""
+
+from __future__ import annotations
+
+from cuvil.check._archive import Library, WheelArchive
+from cuvil.check._elf import ElfFormatError, ElfLibrary, read_elf
+from cuvil.check._platform import manylinux_glibc, tag_arches
+from cuvil.check._report import CheckReport
+
+__all__ = ["ALLOWED_NEEDED", "check_elf_library"]
+
+# What every manylinux system has, and all a cuvil library may need.
+ALLOWED_NEEDED = ("libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2")
+
+
+def check_elf_library(wheel: WheelArchive, library: Library, report: CheckReport) -> ElfLibrary | None:
+    """Run every ELF check on `library`; return the parsed file for the ABI check (None if unreadable)."""
+    label = library.path
+    try:
+        elf = read_elf(library.data)
+    except ElfFormatError as exc:
+        report.failed(f"{label}: ELF header", str(exc))
+        return None
+    _header(wheel, elf, label, report)
+    _exports(library, elf, label, report)
+    _soname(library, elf, label, report)
+    _search_paths(elf, label, report)
+    _needed(elf, label, report)
+    _glibc(wheel, elf, label, report)
+    return elf
+
+
+def _header(wheel: WheelArchive, elf: ElfLibrary, label: str, report: CheckReport) -> None:
+    name = f"{label}: ELF header"
+    problems = []
+    if elf.elfclass != 64 or not elf.little_endian:
+        problems.append(f"ELF{elf.elfclass} {'little' if elf.little_endian else 'big'}-endian, expected ELF64 little-endian")
+    if elf.e_type != "ET_DYN":
+        problems.append(f"e_type is {elf.e_type}, expected ET_DYN (a shared library)")
+    for platform in wheel.platforms:
+        arches = tag_arches(platform)
+        if arches is not None and arches != {elf.arch}:
+            problems.append(
+                f"e_machine {elf.e_machine} ({elf.arch}) does not match platform tag {platform} "
+                f"({', '.join(sorted(arches))})"
+            )
+    if problems:
+        report.failed(name, "; ".join(problems))
+    else:
+        report.passed(name, f"ELF64 shared library for {elf.arch} ({elf.e_machine})")
+
+
+def _exports(library: Library, elf: ElfLibrary, label: str, report: CheckReport) -> None:
+    name = f"{label}: exported symbols"
+    expected = library.expected_exports()
+    found = set(elf.exported)
+    extra, missing = sorted(found - expected), sorted(expected - found)
+    if extra or missing:
+        parts = []
+        if extra:
+            parts.append(
+                f"exports {', '.join(extra)} besides the C ABI of model(s) {', '.join(library.model_names)}: "
+                "every other symbol must be hidden (link with -fvisibility=hidden)"
+            )
+        if missing:
+            parts.append(f"does not export {', '.join(missing)}")
+        report.failed(name, "; ".join(parts))
+    else:
+        report.passed(name, f"exactly {', '.join(sorted(found))}")
+
+
+def _soname(library: Library, elf: ElfLibrary, label: str, report: CheckReport) -> None:
+    name = f"{label}: SONAME"
+    if elf.sonames == [library.file_name]:
+        report.passed(name, f"DT_SONAME is {library.file_name}")
+    elif not elf.sonames:
+        report.failed(name, f"no DT_SONAME; expected {library.file_name} (link with -Wl,-soname,{library.file_name})")
+    else:
+        report.failed(
+            name,
+            f"DT_SONAME is {', '.join(elf.sonames)}, expected the file name {library.file_name}: "
+            "the dynamic loader would look for another file",
+        )
+
+
+def _search_paths(elf: ElfLibrary, label: str, report: CheckReport) -> None:
+    name = f"{label}: RPATH/RUNPATH"
+    found = [f"DT_RPATH {p!r}" for p in elf.rpaths] + [f"DT_RUNPATH {p!r}" for p in elf.runpaths]
+    if found:
+        report.failed(
+            name,
+            f"has {', '.join(found)}: a wheel's library must not make the loader search other folders "
+            "(it depends on no library outside the system)",
+        )
+    else:
+        report.passed(name, "none")
+
+
+def _needed(elf: ElfLibrary, label: str, report: CheckReport) -> None:
+    name = f"{label}: DT_NEEDED"
+    other = [n for n in elf.needed if n not in ALLOWED_NEEDED]
+    if other:
+        report.failed(
+            name,
+            f"depends on {', '.join(other)}; a cuvil library may need only {', '.join(ALLOWED_NEEDED)}",
+        )
+    else:
+        report.passed(name, ", ".join(elf.needed) or "no dependencies")
+
+
+def _glibc(wheel: WheelArchive, elf: ElfLibrary, label: str, report: CheckReport) -> None:
+    name = f"{label}: glibc versions"
+    versions = elf.glibc_versions()
+    limits = [(manylinux_glibc(p), p) for p in wheel.platforms]
+    limits = [(limit, p) for limit, p in limits if limit is not None]
+    private = sorted(n for names in elf.version_needs.values() for n in names if n == "GLIBC_PRIVATE")
+    if private:
+        report.failed(name, "needs GLIBC_PRIVATE symbols, which no manylinux policy allows")
+        return
+    if not limits:
+        report.passed(name, f"no manylinux tag to hold to; needs {versions[-1][1] if versions else 'no versioned glibc symbols'}")
+        return
+    if not versions:
+        report.passed(name, "no versioned glibc symbols")
+        return
+    newest, newest_name = versions[-1]
+    for (major, minor), platform in limits:
+        if newest[:2] > (major, minor):
+            too_new = sorted({n for v, n in versions if v[:2] > (major, minor)})
+            report.failed(
+                name,
+                f"needs {', '.join(too_new)}, newer than glibc {major}.{minor} that tag {platform} promises; "
+                f"build for the target's zig-target with glibc {major}.{minor} (e.g. x86_64-linux-gnu.{major}.{minor})",
+            )
+            return
+    report.passed(name, f"newest required is {newest_name}, within {', '.join(p for _, p in limits)}")

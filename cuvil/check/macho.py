@@ -1,0 +1,171 @@
+"""Mach-O libraries (macOS wheels, thin or universal): slices, install name, exports, code signature."""
+
+from __future__ import annotations
+
+from cuvil.check._archive import Library, WheelArchive
+from cuvil.check._macho import CPU_TYPE_ARM64, MH_DYLIB, MachOFormatError, MachOImage, parse_macho
+from cuvil.check._platform import macos_version, tag_arches
+from cuvil.check._report import CheckReport
+
+__all__ = ["ALLOWED_DYLIBS", "LINKER_SYMBOLS", "check_macho_library"]
+
+# libSystem is on every Mac and is all a cuvil library may link against.
+ALLOWED_DYLIBS = ("/usr/lib/libSystem.B.dylib",)
+# Defined by the linker in every dylib (zig's linker exports them); same in every image, harmless.
+LINKER_SYMBOLS = frozenset({"_mh_dylib_header", "__dso_handle"})
+# Apple silicon Macs start at macOS 11: an arm64 slice may require it whatever the tag says.
+_ARM64_FIRST_MACOS = (11, 0)
+
+
+def check_macho_library(wheel: WheelArchive, library: Library, report: CheckReport) -> list[MachOImage]:
+    """Run every Mach-O check on `library`; return its images for the ABI check ([] if unreadable)."""
+    label = library.path
+    try:
+        fat, images = parse_macho(library.data, library.file_name)
+    except MachOFormatError as exc:
+        report.failed(f"{label}: Mach-O slices", str(exc))
+        return []
+    _slices(wheel, fat, images, label, report)
+    _install_name(library, images, label, report)
+    _exports(library, images, label, report)
+    _dependencies(images, label, report)
+    _deployment_target(wheel, images, label, report)
+    _code_signature(images, label, report)
+    return images
+
+
+def _slices(wheel: WheelArchive, fat: bool, images: list[MachOImage], label: str, report: CheckReport) -> None:
+    name = f"{label}: Mach-O slices"
+    arches = sorted(im.arch for im in images)
+    problems = []
+    if len(set(arches)) != len(arches):
+        problems.append(f"two slices for the same arch: {', '.join(arches)}")
+    not_dylib = [im.arch for im in images if im.filetype != MH_DYLIB]
+    if not_dylib:
+        problems.append(f"slice(s) {', '.join(not_dylib)} are not dynamic libraries (MH_DYLIB)")
+    for platform in wheel.platforms:
+        wanted = tag_arches(platform)
+        if wanted is not None and wanted != set(arches):
+            problems.append(
+                f"cputypes {', '.join(arches)} do not match platform tag {platform}, which needs "
+                f"{' + '.join(sorted(wanted))}"
+            )
+    kind = f"universal ({len(images)} slices)" if fat else "thin"
+    if problems:
+        report.failed(name, "; ".join(problems))
+    else:
+        report.passed(name, f"{kind}: {', '.join(arches)}, MH_DYLIB")
+
+
+def _install_name(library: Library, images: list[MachOImage], label: str, report: CheckReport) -> None:
+    name = f"{label}: install name"
+    expected = f"@rpath/{library.file_name}"
+    wrong = [f"{im.arch}: {im.id_dylib or '(no LC_ID_DYLIB)'}" for im in images if im.id_dylib != expected]
+    if wrong:
+        report.failed(
+            name,
+            f"expected {expected} in every slice, found {'; '.join(wrong)} "
+            f"(link with -Wl,-install_name,{expected})",
+        )
+    else:
+        report.passed(name, expected)
+
+
+def _exports(library: Library, images: list[MachOImage], label: str, report: CheckReport) -> None:
+    name = f"{label}: exported symbols"
+    expected = library.expected_exports()
+    problems = []
+    sources = set()
+    tolerated: set[str] = set()
+    for im in images:
+        try:
+            found, source = im.exported_names()
+        except MachOFormatError as exc:
+            problems.append(f"{im.arch}: {exc}")
+            continue
+        sources.add(source)
+        tolerated |= found & LINKER_SYMBOLS
+        found -= LINKER_SYMBOLS
+        extra, missing = sorted(found - expected), sorted(expected - found)
+        if extra:
+            problems.append(
+                f"{im.arch} slice exports {', '.join(extra)} besides the C ABI of model(s) "
+                f"{', '.join(library.model_names)}: every other symbol must be hidden"
+            )
+        if missing:
+            problems.append(f"{im.arch} slice does not export {', '.join(missing)}")
+    if problems:
+        report.failed(name, "; ".join(problems))
+        return
+    note = f" (and the linker's {', '.join(sorted(tolerated))})" if tolerated else ""
+    report.passed(name, f"exactly {', '.join(sorted(expected))}{note}, read from {' and '.join(sorted(sources))}")
+
+
+def _dependencies(images: list[MachOImage], label: str, report: CheckReport) -> None:
+    name = f"{label}: dependencies"
+    problems = []
+    for im in images:
+        other = [d for d in im.dylibs if d not in ALLOWED_DYLIBS]
+        if other:
+            problems.append(f"{im.arch} slice links {', '.join(other)}; only {', '.join(ALLOWED_DYLIBS)} is allowed")
+        if im.rpaths:
+            problems.append(
+                f"{im.arch} slice has LC_RPATH {', '.join(map(repr, im.rpaths))}: a wheel's library must not "
+                "add search paths"
+            )
+    if problems:
+        report.failed(name, "; ".join(problems))
+    else:
+        linked = sorted({d for im in images for d in im.dylibs})
+        report.passed(name, f"{', '.join(linked) or 'nothing'}; no LC_RPATH")
+
+
+def _deployment_target(wheel: WheelArchive, images: list[MachOImage], label: str, report: CheckReport) -> None:
+    name = f"{label}: macOS version"
+    limits = [(v, p) for p in wheel.platforms if (v := macos_version(p)) is not None]
+    problems, found = [], []
+    for im in images:
+        if im.min_os is None:
+            problems.append(f"{im.arch} slice has no LC_BUILD_VERSION or LC_VERSION_MIN_MACOSX")
+            continue
+        text = ".".join(map(str, im.min_os[:2]))
+        found.append(f"{im.arch} {text}")
+        for version, platform in limits:
+            allowed = max(version, _ARM64_FIRST_MACOS) if im.cputype == CPU_TYPE_ARM64 else version
+            if im.min_os[:2] > allowed:
+                problems.append(
+                    f"{im.arch} slice needs macOS {text}, newer than the {'.'.join(map(str, allowed))} that tag "
+                    f"{platform} promises; build with a zig-target of macOS {'.'.join(map(str, allowed))}"
+                )
+    if problems:
+        report.failed(name, "; ".join(problems))
+    else:
+        report.passed(name, f"minimum macOS: {', '.join(found)}")
+
+
+def _code_signature(images: list[MachOImage], label: str, report: CheckReport) -> None:
+    name = f"{label}: code signature"
+    problems, notes = [], []
+    for im in images:
+        try:
+            signature = im.verify_code_signature()
+        except MachOFormatError as exc:
+            problems.append(f"{im.arch}: {exc}")
+            continue
+        if signature is None:
+            if im.cputype == CPU_TYPE_ARM64:
+                problems.append(
+                    f"{im.arch} slice has no code signature; macOS refuses to load unsigned arm64 code "
+                    "(sign it ad hoc: codesign -s - FILE, or link with zig, which does)"
+                )
+            else:
+                notes.append(f"{im.arch}: unsigned (allowed for x86_64)")
+            continue
+        if signature.ok:
+            notes.append(f"{im.arch}: {signature.summary()}")
+        else:
+            problems.append(f"{im.arch} slice: invalid code signature: {'; '.join(signature.problems)}")
+    if problems:
+        report.failed(name, "; ".join(problems))
+    else:
+        report.passed(name, "; ".join(notes))
