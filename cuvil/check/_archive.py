@@ -115,7 +115,8 @@ def read_wheel(path: str | Path) -> WheelArchive:
 
 def _read_manifest(wheel: WheelArchive) -> None:
     candidates = sorted(
-        p for p in wheel.files
+        p
+        for p in wheel.files
         if p.count("/") == 1 and p.endswith("/" + MANIFEST) and not p.split("/")[0].endswith(".dist-info")
     )
     if not candidates:

@@ -48,7 +48,9 @@ class ElfLibrary:
     runpaths: list[str] = field(default_factory=list)
     exported: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (value, size)
     version_needs: dict[str, list[str]] = field(default_factory=dict)  # library -> version names
-    sections: list[tuple[str, int, int, int, str]] = field(default_factory=list)  # name, addr, size, offset, type
+    sections: list[tuple[str, int, int, int, str]] = field(
+        default_factory=list
+    )  # name, addr, size, offset, type
     data: bytes = b""
 
     @property
@@ -79,7 +81,7 @@ class ElfLibrary:
                 start = offset + value - addr
                 if start + size > len(self.data):
                     raise ElfFormatError(f"section {sect_name} runs past the end of the file")
-                return self.data[start:start + size], f"section {sect_name}, file offset {start:#x}"
+                return self.data[start : start + size], f"section {sect_name}, file offset {start:#x}"
         raise ElfFormatError(f"symbol {name} at {value:#x} lies in no section of the file")
 
 

@@ -60,7 +60,11 @@ LC_VERSION_MIN_MACOSX = 0x24
 LC_BUILD_VERSION = 0x32
 PLATFORM_MACOS = 1
 _DEPENDENCY_COMMANDS = {
-    LC_LOAD_DYLIB, LC_LOAD_WEAK_DYLIB, LC_REEXPORT_DYLIB, LC_LOAD_UPWARD_DYLIB, LC_LAZY_LOAD_DYLIB,
+    LC_LOAD_DYLIB,
+    LC_LOAD_WEAK_DYLIB,
+    LC_REEXPORT_DYLIB,
+    LC_LOAD_UPWARD_DYLIB,
+    LC_LAZY_LOAD_DYLIB,
 }
 
 # nlist n_type bits
@@ -306,8 +310,10 @@ class MachOImage:
                 start = seg.fileoff + address - seg.vmaddr
                 if start + size > len(self.data):
                     raise MachOFormatError(f"{what}: segment {seg.name} runs past the end of the file")
-                return self.data[start:start + size]
-        raise MachOFormatError(f"{what}: address {address:#x} (+{size}) is not in the file part of any segment")
+                return self.data[start : start + size]
+        raise MachOFormatError(
+            f"{what}: address {address:#x} (+{size}) is not in the file part of any segment"
+        )
 
     def read_symbol(self, c_name: str, size: int) -> tuple[bytes, str]:
         """`size` bytes at the exported symbol `c_name` and a description of where they are."""
@@ -315,7 +321,9 @@ class MachOImage:
         for sym in self.symbols():
             if sym.name == mangled and (sym.type & N_TYPE) == N_SECT and not sym.type & N_STAB:
                 if not 1 <= sym.sect <= len(self.sections):
-                    raise MachOFormatError(f"{self.arch}: symbol {c_name} names section {sym.sect}, which does not exist")
+                    raise MachOFormatError(
+                        f"{self.arch}: symbol {c_name} names section {sym.sect}, which does not exist"
+                    )
                 sect = self.sections[sym.sect - 1]
                 if sect.zerofill:
                     raise MachOFormatError(f"{self.arch}: symbol {c_name} lies in zero-fill section {sect}")
@@ -328,12 +336,16 @@ class MachOImage:
                 start = sect.offset + rel
                 if start + size > len(self.data):
                     raise MachOFormatError(f"{self.arch}: section {sect} runs past the end of the file")
-                return self.data[start:start + size], f"section {sect}, file offset {start + self.offset_in_file:#x}"
+                return self.data[
+                    start : start + size
+                ], f"section {sect}, file offset {start + self.offset_in_file:#x}"
         exports = self.trie_exports()
         address = exports.get(mangled)
         if address is not None:
             where = self.image_base() + address
-            return self.read_address(where, size, f"{self.arch}: {c_name}"), f"address {where:#x} (export trie)"
+            return self.read_address(
+                where, size, f"{self.arch}: {c_name}"
+            ), f"address {where:#x} (export trie)"
         raise MachOFormatError(f"{self.arch}: no symbol {c_name} is defined")
 
     # ------------------------------------------------------------------ code signature
@@ -347,12 +359,14 @@ class MachOImage:
         if dataoff + datasize > len(self.data):
             problems.append(f"the signature ({dataoff:#x}+{datasize:#x}) runs past the end of the file")
             return result
-        blob = self.data[dataoff:dataoff + datasize]
+        blob = self.data[dataoff : dataoff + datasize]
         try:
             magic, length, count = _unpack(">III", blob, 0, "code signature SuperBlob")
             if magic != CSMAGIC_EMBEDDED_SIGNATURE:
-                problems.append(f"the signature does not start with an embedded-signature SuperBlob "
-                                f"(magic {magic:#x}, expected {CSMAGIC_EMBEDDED_SIGNATURE:#x})")
+                problems.append(
+                    f"the signature does not start with an embedded-signature SuperBlob "
+                    f"(magic {magic:#x}, expected {CSMAGIC_EMBEDDED_SIGNATURE:#x})"
+                )
                 return result
             if length > len(blob):
                 problems.append(f"the SuperBlob says {length} bytes, but LC_CODE_SIGNATURE holds {len(blob)}")
@@ -362,7 +376,9 @@ class MachOImage:
             for slot_type, offset in index:
                 if slot_type == CSSLOT_SIGNATURESLOT:
                     result.has_cms = _unpack(">I", blob, offset, "CMS blob")[0] == CSMAGIC_BLOBWRAPPER
-            directories = [t for t in slots if t == CSSLOT_CODEDIRECTORY or t in CSSLOT_ALTERNATE_CODEDIRECTORIES]
+            directories = [
+                t for t in slots if t == CSSLOT_CODEDIRECTORY or t in CSSLOT_ALTERNATE_CODEDIRECTORIES
+            ]
             if CSSLOT_CODEDIRECTORY not in slots:
                 problems.append("the signature has no CodeDirectory")
                 return result
@@ -374,16 +390,32 @@ class MachOImage:
         result.ok = not problems
         return result
 
-    def _verify_directory(self, blob: bytes, slots: dict[int, int], offset: int, dataoff: int,
-                          result: CodeSignature) -> None:
+    def _verify_directory(
+        self, blob: bytes, slots: dict[int, int], offset: int, dataoff: int, result: CodeSignature
+    ) -> None:
         problems = result.problems
-        (magic, length, version, flags, hash_offset, ident_offset, n_special, n_code, code_limit,
-         hash_size, hash_type, _platform, page_log2, _spare2) = _unpack(
-            ">IIIIIIIIIBBBBI", blob, offset, "CodeDirectory")
+        (
+            magic,
+            length,
+            version,
+            flags,
+            hash_offset,
+            ident_offset,
+            n_special,
+            n_code,
+            code_limit,
+            hash_size,
+            hash_type,
+            _platform,
+            page_log2,
+            _spare2,
+        ) = _unpack(">IIIIIIIIIBBBBI", blob, offset, "CodeDirectory")
         if magic != CSMAGIC_CODEDIRECTORY:
-            problems.append(f"CodeDirectory at {offset:#x} has magic {magic:#x}, expected {CSMAGIC_CODEDIRECTORY:#x}")
+            problems.append(
+                f"CodeDirectory at {offset:#x} has magic {magic:#x}, expected {CSMAGIC_CODEDIRECTORY:#x}"
+            )
             return
-        cd = blob[offset:offset + length]
+        cd = blob[offset : offset + length]
         if len(cd) != length:
             problems.append("a CodeDirectory runs past the end of the signature")
             return
@@ -396,7 +428,9 @@ class MachOImage:
             return
         hash_name, expected_size = _HASH_TYPES[hash_type]
         if hash_size != expected_size:
-            problems.append(f"CodeDirectory hash size {hash_size} does not fit hash type {hash_type} ({hash_name})")
+            problems.append(
+                f"CodeDirectory hash size {hash_size} does not fit hash type {hash_type} ({hash_name})"
+            )
             return
         page_size = 1 << page_log2 if page_log2 else 0
         primary = offset == slots.get(CSSLOT_CODEDIRECTORY)
@@ -409,8 +443,8 @@ class MachOImage:
             result.code_limit = code_limit
         if code_limit != dataoff:
             problems.append(
-                f"the CodeDirectory covers bytes 0..{code_limit:#x}, but the signature starts at {dataoff:#x}; "
-                "every byte before the signature must be hashed"
+                f"the CodeDirectory covers bytes 0..{code_limit:#x}, but the signature starts at "
+                f"{dataoff:#x}; every byte before the signature must be hashed"
             )
         if code_limit > len(self.data):
             problems.append(f"the CodeDirectory's codeLimit {code_limit:#x} lies past the end of the file")
@@ -430,12 +464,13 @@ class MachOImage:
             start = i * page_size if page_size else 0
             stop = min(start + page_size, code_limit) if page_size else code_limit
             digest = hashlib.new(hash_name, self.data[start:stop]).digest()[:hash_size]
-            stored = cd[hash_offset + i * hash_size:hash_offset + (i + 1) * hash_size]
+            stored = cd[hash_offset + i * hash_size : hash_offset + (i + 1) * hash_size]
             if digest != stored:
                 bad_pages.append(i)
         if bad_pages:
             shown = ", ".join(
-                f"{i} (bytes {i * page_size:#x}..{min((i + 1) * page_size, code_limit):#x})" for i in bad_pages[:5]
+                f"{i} (bytes {i * page_size:#x}..{min((i + 1) * page_size, code_limit):#x})"
+                for i in bad_pages[:5]
             )
             more = f" and {len(bad_pages) - 5} more" if len(bad_pages) > 5 else ""
             problems.append(
@@ -445,12 +480,14 @@ class MachOImage:
         for slot_type, special in _SPECIAL_SLOTS.items():
             if special > n_special:
                 continue
-            stored = cd[hash_offset - special * hash_size:hash_offset - (special - 1) * hash_size]
+            stored = cd[hash_offset - special * hash_size : hash_offset - (special - 1) * hash_size]
             if slot_type not in slots:
                 continue
             blob_offset = slots[slot_type]
             _, blob_length = _unpack(">II", blob, blob_offset, f"signature blob {slot_type}")
-            digest = hashlib.new(hash_name, blob[blob_offset:blob_offset + blob_length]).digest()[:hash_size]
+            digest = hashlib.new(hash_name, blob[blob_offset : blob_offset + blob_length]).digest()[
+                :hash_size
+            ]
             if digest != stored:
                 problems.append(f"special slot -{special} does not match signature blob {slot_type}")
         if primary:
@@ -459,7 +496,8 @@ class MachOImage:
 
 def _parse_thin(data: bytes, offset_in_file: int, label: str) -> MachOImage:
     magic, cputype, cpusubtype, filetype, ncmds, sizeofcmds, flags, _reserved = _unpack(
-        "<IiiIIIII", data, 0, f"{label}: mach_header_64")
+        "<IiiIIIII", data, 0, f"{label}: mach_header_64"
+    )
     if magic == MH_MAGIC:
         raise MachOFormatError(f"{label}: a 32-bit Mach-O image; cuvil builds 64-bit libraries only")
     if magic != MH_MAGIC_64:
@@ -485,19 +523,41 @@ def _parse_thin(data: bytes, offset_in_file: int, label: str) -> MachOImage:
         if cmdsize < 8 or offset + cmdsize > 32 + sizeofcmds:
             raise MachOFormatError(f"{label}: load command {i} ({cmd:#x}) has a bad size {cmdsize}")
         commands.append((cmd, offset, cmdsize))
-        body = data[offset:offset + cmdsize]
+        body = data[offset : offset + cmdsize]
         what = f"{label}: load command {i} ({cmd:#x})"
         if cmd == LC_SEGMENT_64:
             segname, vmaddr, vmsize, fileoff, filesize, _maxprot, _initprot, nsects, _flags = _unpack(
-                "<16sQQQQiiII", body, 8, what)
-            segments.append(Segment(segname.rstrip(b"\0").decode("ascii", "replace"), vmaddr, vmsize,
-                                    fileoff, filesize))
+                "<16sQQQQiiII", body, 8, what
+            )
+            segments.append(
+                Segment(segname.rstrip(b"\0").decode("ascii", "replace"), vmaddr, vmsize, fileoff, filesize)
+            )
             for j in range(nsects):
-                (sectname, sect_segname, addr, size, sect_offset, _align, _reloff, _nreloc, sect_flags,
-                 _r1, _r2, _r3) = _unpack("<16s16sQQIIIIIIII", body, 72 + 80 * j, f"{what} section {j}")
-                sections.append(Section(
-                    len(sections) + 1, sect_segname.rstrip(b"\0").decode("ascii", "replace"),
-                    sectname.rstrip(b"\0").decode("ascii", "replace"), addr, size, sect_offset, sect_flags))
+                (
+                    sectname,
+                    sect_segname,
+                    addr,
+                    size,
+                    sect_offset,
+                    _align,
+                    _reloff,
+                    _nreloc,
+                    sect_flags,
+                    _r1,
+                    _r2,
+                    _r3,
+                ) = _unpack("<16s16sQQIIIIIIII", body, 72 + 80 * j, f"{what} section {j}")
+                sections.append(
+                    Section(
+                        len(sections) + 1,
+                        sect_segname.rstrip(b"\0").decode("ascii", "replace"),
+                        sectname.rstrip(b"\0").decode("ascii", "replace"),
+                        addr,
+                        size,
+                        sect_offset,
+                        sect_flags,
+                    )
+                )
         elif cmd == LC_SYMTAB:
             symtab = _unpack("<IIII", body, 8, what)
         elif cmd in (LC_DYLD_INFO, LC_DYLD_INFO_ONLY):
@@ -528,10 +588,23 @@ def _parse_thin(data: bytes, offset_in_file: int, label: str) -> MachOImage:
             rpaths.append(_cstring(body, path_offset, f"{what} path"))
         offset += cmdsize
     return MachOImage(
-        data=data, offset_in_file=offset_in_file, cputype=cputype, cpusubtype=cpusubtype & 0xFFFFFFFF,
-        filetype=filetype, flags=flags, commands=commands, segments=segments, sections=sections,
-        id_dylib=id_dylib, dylibs=dylibs, rpaths=rpaths, symtab=symtab, export_trie=trie,
-        export_trie_source=trie_source, code_signature=signature, min_os=min_os,
+        data=data,
+        offset_in_file=offset_in_file,
+        cputype=cputype,
+        cpusubtype=cpusubtype & 0xFFFFFFFF,
+        filetype=filetype,
+        flags=flags,
+        commands=commands,
+        segments=segments,
+        sections=sections,
+        id_dylib=id_dylib,
+        dylibs=dylibs,
+        rpaths=rpaths,
+        symtab=symtab,
+        export_trie=trie,
+        export_trie_source=trie_source,
+        code_signature=signature,
+        min_os=min_os,
         build_platform=build_platform,
     )
 
@@ -566,12 +639,16 @@ def parse_macho(data: bytes, label: str = "Mach-O file") -> tuple[bool, list[Mac
         fields = _unpack(entry, data, 8 + entry_size * i, f"{label}: fat_arch {i}")
         cputype, _cpusubtype, offset, size, align = fields[:5]
         if offset + size > len(data):
-            raise MachOFormatError(f"{label}: slice {i} ({offset:#x}+{size:#x}) runs past the end of the file")
+            raise MachOFormatError(
+                f"{label}: slice {i} ({offset:#x}+{size:#x}) runs past the end of the file"
+            )
         if align > 31 or offset % (1 << align):
             raise MachOFormatError(f"{label}: slice {i} at {offset:#x} is not aligned to 2^{align}")
-        image = _parse_thin(data[offset:offset + size], offset, f"{label} slice {i}")
+        image = _parse_thin(data[offset : offset + size], offset, f"{label} slice {i}")
         if image.cputype != cputype & 0xFFFFFFFF:
             raise MachOFormatError(
-                f"{label}: slice {i} is listed as cputype {cputype & 0xFFFFFFFF:#x} but holds {image.cputype:#x}")
+                f"{label}: slice {i} is listed as cputype {cputype & 0xFFFFFFFF:#x} "
+                f"but holds {image.cputype:#x}"
+            )
         images.append(image)
     return True, images

@@ -38,12 +38,12 @@ def _split(platform: str) -> tuple[str | None, str]:
     if m:
         return "linux", m.group(2)
     if platform.startswith("linux_"):
-        return "linux", platform[len("linux_"):]
+        return "linux", platform[len("linux_") :]
     return None, platform
 
 
 def tag_os(platform: str) -> str | None:
-    """"linux", "macos", or None for a tag cuvil does not know."""
+    """ "linux", "macos", or None for a tag cuvil does not know."""
     return _split(platform)[0]
 
 

@@ -26,7 +26,9 @@ def check_abi_checksums(
         try:
             expected = abi_checksum(model)
         except (KeyError, TypeError) as exc:
-            report.failed(name, f"the manifest's signature of {model_name!r} is malformed ({type(exc).__name__}: {exc})")
+            report.failed(
+                name, f"the manifest's signature of {model_name!r} is malformed ({type(exc).__name__}: {exc})"
+            )
             continue
         symbol = f"cuvil_{model_name}_abi_checksum"
         problems, places = [], []
@@ -42,7 +44,8 @@ def check_abi_checksums(
             elif found != expected:
                 problems.append(
                     f"{arch}: {symbol} holds {found[:16]}..., but the manifest's signature gives "
-                    f"{expected[:16]}...: library and _models.json come from different builds; rebuild the wheel"
+                    f"{expected[:16]}...: library and _models.json come from different builds; "
+                    "rebuild the wheel"
                 )
             else:
                 places.append(f"{arch} at {where}")

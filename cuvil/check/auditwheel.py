@@ -33,7 +33,10 @@ def check_auditwheel(wheel: WheelArchive, report: CheckReport) -> None:
         return  # not a manylinux wheel: auditwheel has nothing to say
     command = auditwheel_command()
     if command is None:
-        report.skip(name, "auditwheel is not installed (python -m pip install auditwheel); its policy check did not run")
+        report.skip(
+            name,
+            "auditwheel is not installed (python -m pip install auditwheel); its policy check did not run",
+        )
         return
     argv = [*command, "show", "--json", str(wheel.path)]
     try:
@@ -53,7 +56,9 @@ def check_auditwheel(wheel: WheelArchive, report: CheckReport) -> None:
         return
     problems = []
     if result.get("external_libs"):
-        problems.append(f"it finds libraries that would have to be bundled: {', '.join(result['external_libs'])}")
+        problems.append(
+            f"it finds libraries that would have to be bundled: {', '.join(result['external_libs'])}"
+        )
     if result.get("unsupported_isa"):
         problems.append("it finds instructions outside the architecture's baseline")
     policy = manylinux_glibc(overall)

@@ -34,7 +34,10 @@ def _header(wheel: WheelArchive, elf: ElfLibrary, label: str, report: CheckRepor
     name = f"{label}: ELF header"
     problems = []
     if elf.elfclass != 64 or not elf.little_endian:
-        problems.append(f"ELF{elf.elfclass} {'little' if elf.little_endian else 'big'}-endian, expected ELF64 little-endian")
+        problems.append(
+            f"ELF{elf.elfclass} {'little' if elf.little_endian else 'big'}-endian, "
+            "expected ELF64 little-endian"
+        )
     if elf.e_type != "ET_DYN":
         problems.append(f"e_type is {elf.e_type}, expected ET_DYN (a shared library)")
     for platform in wheel.platforms:
@@ -74,7 +77,9 @@ def _soname(library: Library, elf: ElfLibrary, label: str, report: CheckReport) 
     if elf.sonames == [library.file_name]:
         report.passed(name, f"DT_SONAME is {library.file_name}")
     elif not elf.sonames:
-        report.failed(name, f"no DT_SONAME; expected {library.file_name} (link with -Wl,-soname,{library.file_name})")
+        report.failed(
+            name, f"no DT_SONAME; expected {library.file_name} (link with -Wl,-soname,{library.file_name})"
+        )
     else:
         report.failed(
             name,
@@ -118,7 +123,11 @@ def _glibc(wheel: WheelArchive, elf: ElfLibrary, label: str, report: CheckReport
         report.failed(name, "needs GLIBC_PRIVATE symbols, which no manylinux policy allows")
         return
     if not limits:
-        report.passed(name, f"no manylinux tag to hold to; needs {versions[-1][1] if versions else 'no versioned glibc symbols'}")
+        report.passed(
+            name,
+            "no manylinux tag to hold to; needs "
+            + (versions[-1][1] if versions else "no versioned glibc symbols"),
+        )
         return
     if not versions:
         report.passed(name, "no versioned glibc symbols")
@@ -130,7 +139,8 @@ def _glibc(wheel: WheelArchive, elf: ElfLibrary, label: str, report: CheckReport
             report.failed(
                 name,
                 f"needs {', '.join(too_new)}, newer than glibc {major}.{minor} that tag {platform} promises; "
-                f"build for the target's zig-target with glibc {major}.{minor} (e.g. x86_64-linux-gnu.{major}.{minor})",
+                f"build for the target's zig-target with glibc {major}.{minor} "
+                f"(e.g. x86_64-linux-gnu.{major}.{minor})",
             )
             return
     report.passed(name, f"newest required is {newest_name}, within {', '.join(p for _, p in limits)}")

@@ -34,7 +34,9 @@ def check_macho_library(wheel: WheelArchive, library: Library, report: CheckRepo
     return images
 
 
-def _slices(wheel: WheelArchive, fat: bool, images: list[MachOImage], label: str, report: CheckReport) -> None:
+def _slices(
+    wheel: WheelArchive, fat: bool, images: list[MachOImage], label: str, report: CheckReport
+) -> None:
     name = f"{label}: Mach-O slices"
     arches = sorted(im.arch for im in images)
     problems = []
@@ -98,7 +100,9 @@ def _exports(library: Library, images: list[MachOImage], label: str, report: Che
         report.failed(name, "; ".join(problems))
         return
     note = f" (and the linker's {', '.join(sorted(tolerated))})" if tolerated else ""
-    report.passed(name, f"exactly {', '.join(sorted(expected))}{note}, read from {' and '.join(sorted(sources))}")
+    report.passed(
+        name, f"exactly {', '.join(sorted(expected))}{note}, read from {' and '.join(sorted(sources))}"
+    )
 
 
 def _dependencies(images: list[MachOImage], label: str, report: CheckReport) -> None:
@@ -107,7 +111,9 @@ def _dependencies(images: list[MachOImage], label: str, report: CheckReport) -> 
     for im in images:
         other = [d for d in im.dylibs if d not in ALLOWED_DYLIBS]
         if other:
-            problems.append(f"{im.arch} slice links {', '.join(other)}; only {', '.join(ALLOWED_DYLIBS)} is allowed")
+            problems.append(
+                f"{im.arch} slice links {', '.join(other)}; only {', '.join(ALLOWED_DYLIBS)} is allowed"
+            )
         if im.rpaths:
             problems.append(
                 f"{im.arch} slice has LC_RPATH {', '.join(map(repr, im.rpaths))}: a wheel's library must not "
@@ -120,7 +126,9 @@ def _dependencies(images: list[MachOImage], label: str, report: CheckReport) -> 
         report.passed(name, f"{', '.join(linked) or 'nothing'}; no LC_RPATH")
 
 
-def _deployment_target(wheel: WheelArchive, images: list[MachOImage], label: str, report: CheckReport) -> None:
+def _deployment_target(
+    wheel: WheelArchive, images: list[MachOImage], label: str, report: CheckReport
+) -> None:
     name = f"{label}: macOS version"
     limits = [(v, p) for p in wheel.platforms if (v := macos_version(p)) is not None]
     problems, found = [], []
@@ -133,9 +141,10 @@ def _deployment_target(wheel: WheelArchive, images: list[MachOImage], label: str
         for version, platform in limits:
             allowed = max(version, _ARM64_FIRST_MACOS) if im.cputype == CPU_TYPE_ARM64 else version
             if im.min_os[:2] > allowed:
+                oldest = ".".join(map(str, allowed))
                 problems.append(
-                    f"{im.arch} slice needs macOS {text}, newer than the {'.'.join(map(str, allowed))} that tag "
-                    f"{platform} promises; build with a zig-target of macOS {'.'.join(map(str, allowed))}"
+                    f"{im.arch} slice needs macOS {text}, newer than the {oldest} that tag {platform} "
+                    f"promises; build with a zig-target of macOS {oldest}"
                 )
     if problems:
         report.failed(name, "; ".join(problems))

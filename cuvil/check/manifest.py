@@ -15,7 +15,7 @@ _REQUIRED = ("name", "library", "checksum", "symbols", "inputs", "outputs")
 
 
 def native_kind(data: bytes) -> str | None:
-    """"elf", "macho" or None, from the file's magic number."""
+    """ "elf", "macho" or None, from the file's magic number."""
     if data[:4] == b"\x7fELF":
         return "elf"
     from cuvil.check._macho import is_macho
@@ -46,8 +46,8 @@ def _model_problems(model: Any, index: int, package: str, wheel: WheelArchive) -
     else:
         if model["checksum"] != expected:
             problems.append(
-                f"model {name!r}: recorded checksum {str(model['checksum'])[:16]}... is not the checksum of its "
-                f"signature ({expected[:16]}...): the manifest was edited after the build"
+                f"model {name!r}: recorded checksum {str(model['checksum'])[:16]}... is not the "
+                f"checksum of its signature ({expected[:16]}...): the manifest was edited after the build"
             )
     return problems
 
@@ -77,8 +77,14 @@ def check_manifest(wheel: WheelArchive, report: CheckReport) -> None:
         problems.append(f"model names repeat: {', '.join(repeated)}")
     for i, model in enumerate(models):
         problems += _model_problems(model, i, package, wheel)
-    named = {f"{package}/{m['library']}" for m in models if isinstance(m, dict) and isinstance(m.get("library"), str)}
-    stray = sorted(p for p, data in wheel.files.items() if p not in named and native_kind(data[:8]) is not None)
+    named = {
+        f"{package}/{m['library']}"
+        for m in models
+        if isinstance(m, dict) and isinstance(m.get("library"), str)
+    }
+    stray = sorted(
+        p for p, data in wheel.files.items() if p not in named and native_kind(data[:8]) is not None
+    )
     if stray:
         problems.append(f"native files that no model names: {', '.join(stray)}")
     if problems:

@@ -33,14 +33,17 @@ def check_layout(wheel: WheelArchive, report: CheckReport) -> None:
     if wheel.duplicates:
         problems.append(f"entries stored twice: {', '.join(sorted(set(wheel.duplicates)))}")
     unsafe = sorted(
-        p for p in wheel.files
+        p
+        for p in wheel.files
         if p.startswith("/") or "\\" in p or any(part in ("", ".", "..") for part in p.split("/"))
     )
     if unsafe:
         problems.append(f"unsafe paths: {', '.join(unsafe)}")
     dist_infos = wheel.dist_info_dirs()
     if len(dist_infos) != 1:
-        problems.append(f"expected one .dist-info folder, found {len(dist_infos)}: {', '.join(dist_infos) or '-'}")
+        problems.append(
+            f"expected one .dist-info folder, found {len(dist_infos)}: {', '.join(dist_infos) or '-'}"
+        )
     elif wheel.name is not None and wheel.version is not None:
         stem = dist_infos[0][: -len(".dist-info")]
         dist, _, version = stem.partition("-")
@@ -85,7 +88,9 @@ def check_wheel_file(wheel: WheelArchive, report: CheckReport) -> None:
     tags = sorted(message.get_all("Tag") or [])
     expected = sorted(str(t) for t in wheel.tags)
     if tags != expected:
-        problems.append(f"Tag lines {', '.join(tags) or '(none)'} differ from the file name's tags {', '.join(expected)}")
+        problems.append(
+            f"Tag lines {', '.join(tags) or '(none)'} differ from the file name's tags {', '.join(expected)}"
+        )
     if problems:
         report.failed(name, "; ".join(problems))
     else:
@@ -117,7 +122,9 @@ def check_metadata(wheel: WheelArchive, report: CheckReport) -> None:
     if problems:
         report.failed(name, "; ".join(problems))
     else:
-        report.passed(name, f"Metadata-Version {metadata.metadata_version}, {metadata.name} {metadata.version}")
+        report.passed(
+            name, f"Metadata-Version {metadata.metadata_version}, {metadata.name} {metadata.version}"
+        )
 
 
 def _digest(algorithm: str, data: bytes) -> str:
@@ -169,7 +176,9 @@ def check_record(wheel: WheelArchive, report: CheckReport) -> None:
                 "(the file was changed after the wheel was written)"
             )
         if size_text != str(len(content)):
-            problems.append(f"{path}: RECORD says {size_text or '(no size)'} bytes, the file has {len(content)}")
+            problems.append(
+                f"{path}: RECORD says {size_text or '(no size)'} bytes, the file has {len(content)}"
+            )
     repeated = sorted(p for p, n in listed.items() if n > 1)
     if repeated:
         problems.append(f"listed more than once: {', '.join(repeated)}")
