@@ -65,6 +65,7 @@ def compile_model(
     opt_level: int = 3,
     quantize: str | None = None,
     log: Log | None = None,
+    library_file: str | None = None,
 ) -> CompiledModel:
     from cuvil.toolchains import get_target, target_machine, zig
 
@@ -84,7 +85,10 @@ def compile_model(
     say(f"cuvil: importing {source if isinstance(source, (str, Path)) else 'model'} as {name}")
     graph = run_passes(import_model(source, inputs, name))
     plan = plan_memory(graph)
-    library_file = f"_{name}{tgt.library_suffix}"
+    # the file name is also the library's SONAME / install name (`cuvil compile -o` picks it)
+    library_file = library_file or f"_{name}{tgt.library_suffix}"
+    if "/" in library_file or "\\" in library_file:
+        raise ConfigError(f"library file name {library_file!r} must be a bare file name")
     sig = signature_of(graph, name, library_file)
     sig["workspace"] = to_python(plan.workspace_size)
     say(f"cuvil: {name}: {len(graph.nodes)} nodes, {len(plan.weights)} bytes of weights, "
