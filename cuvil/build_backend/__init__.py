@@ -50,7 +50,11 @@ def _log(message: str) -> None:
 
 
 def _report_errors(hook: _Hook) -> _Hook:
-    """Print a CuvilError's message plainly (frontends show stderr), then let it propagate."""
+    """Print a CuvilError's message plainly (frontends show stderr), then let it propagate.
+
+    Under a build frontend (pip, build), whose hook runner would print the exception's
+    traceback after our message, exit with status 1 instead: the message says all there is.
+    """
 
     @functools.wraps(hook)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -60,9 +64,16 @@ def _report_errors(hook: _Hook) -> _Hook:
             return hook(*args, **kwargs)
         except CuvilError as error:
             print(f"\ncuvil: error: {error}\n", file=sys.stderr, flush=True)
+            if _under_build_frontend():
+                raise SystemExit(1) from None
             raise
 
     return wrapper  # type: ignore[return-value]
+
+
+def _under_build_frontend() -> bool:
+    # pip and build run hooks through pyproject_hooks' `_in_process.py` script
+    return Path(sys.argv[0]).name == "_in_process.py"
 
 
 # The parts this backend calls, behind one name each (tests replace them with fakes).

@@ -38,7 +38,6 @@ def build_package_files(
     files: dict[str, bytes] = {}
     signatures = []
     for model in project.models:
-        log(f"cuvil: compiling model {model.name} ({model.source.name}) for {target.name}")
         compiled = compile_model(
             model.source, model.name, Path(workdir) / model.name,
             inputs=model.inputs or None, target=target.name, cpu=settings.cpu,
