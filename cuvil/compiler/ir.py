@@ -85,10 +85,16 @@ class TensorType:
 class Value:
     """A tensor flowing through the graph: an input, an output of a node, or a constant."""
 
-    def __init__(self, name: str, type: TensorType, const: np.ndarray | None = None) -> None:
+    def __init__(self, name: str, type: TensorType, const: np.ndarray | None = None,
+                 sym_value: tuple[Dim, ...] | None = None) -> None:
         self.name = name
         self.type = type
         self.const = const
+        #: the elements (row-major, flattened) of a small integer tensor whose values are
+        #: known at compile time as dims, e.g. ``Shape(x)`` of an input ``x[batch, 3]`` is
+        #: ``(batch, 3)``. Shape rules read it like a constant (see `known_values`); code
+        #: that needs the tensor itself computes it from the dims at run time.
+        self.sym_value = sym_value
         self.producer: Node | None = None
         self.users: list[Node] = []
 
@@ -96,9 +102,33 @@ class Value:
     def is_const(self) -> bool:
         return self.const is not None
 
+    @property
+    def is_known(self) -> bool:
+        """True when the elements are known at compile time, as numbers or as dims."""
+        return self.const is not None or self.sym_value is not None
+
+    def known_values(self) -> tuple[Dim, ...] | None:
+        """The flattened elements as dims (ints or sympy expressions), or None if unknown.
+
+        Integer and bool constants give Python ints; float constants give exact sympy
+        numbers (so shape arithmetic such as ``floor(h * 0.5)`` stays exact).
+        """
+        if self.sym_value is not None:
+            return self.sym_value
+        if self.const is None:
+            return None
+        flat = np.asarray(self.const).reshape(-1)
+        if flat.dtype.kind in "iub":
+            return tuple(int(x) for x in flat)
+        if flat.dtype.kind == "f":
+            return tuple(simplify_dim(sympy.Rational(float(x))) if np.isfinite(x)
+                         else sympy.nan for x in flat)
+        return None
+
     def __repr__(self) -> str:
         kind = "const " if self.is_const else ""
-        return f"<Value {kind}{self.name!r} {self.type}>"
+        known = f" = {[dim_str(d) for d in self.sym_value]}" if self.sym_value is not None else ""
+        return f"<Value {kind}{self.name!r} {self.type}{known}>"
 
 
 @dataclass(eq=False)

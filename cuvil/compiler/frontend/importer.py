@@ -16,6 +16,7 @@ import sympy
 from onnx import numpy_helper
 
 from cuvil.compiler.frontend.loader import check_and_upgrade, load_onnx
+from cuvil.compiler.frontend.shape_values import propagate
 from cuvil.compiler.ir import Dim, Graph, Node, TensorType, Value, symbol
 from cuvil.compiler.ops import InferContext, lookup
 from cuvil.compiler.passes.fold_constants import fold_node
@@ -123,6 +124,10 @@ def import_model(source: str | Path | onnx.ModelProto,
                 if name:
                     values[name] = graph.constant(arr, name)
             continue
+        known = propagate(node, len(pn.output))
+        if known is not None:
+            _add_known_values(graph, node, pn, known, values)
+            continue
         op = lookup(node.domain, node.op_type, node.opset)
         if op is None:
             unsupported.setdefault((pn.domain or "ai.onnx", pn.op_type, node.opset),
@@ -162,6 +167,28 @@ def import_model(source: str | Path | onnx.ModelProto,
         graph.outputs.append(values[vi.name])
     _check_symbols_known(graph, label)
     return graph
+
+
+def _add_known_values(graph: Graph, node: Node, pn: onnx.NodeProto,
+                      known: list[tuple[TensorType, tuple[Dim, ...]]],
+                      values: dict[str, Value]) -> None:
+    """Outputs of shape arithmetic known at compile time: constants when every element is a
+    number, else values carrying their dims (`Value.sym_value`), each produced by a
+    `cuvil.SymbolicValue` node that computes the elements from the dims when the tensor is
+    read at run time (dead-code elimination drops it when only shape rules read it)."""
+    for out_name, (t, elements) in zip(pn.output, known):
+        if not out_name:
+            continue
+        if all(sympy.sympify(x).is_number for x in elements):
+            arr = np.array([float(x) if t.dtype.kind == "f" else int(x) for x in elements],
+                           dtype=t.dtype).reshape(tuple(int(d) for d in t.shape))
+            values[out_name] = graph.constant(arr, out_name)
+            continue
+        v = graph.value(out_name, t)
+        v.sym_value = elements
+        graph.add_node(Node("SymbolicValue", [], [v], {"source_op": node.op_type},
+                            name=node.name or out_name, domain="cuvil", opset=1))
+        values[out_name] = v
 
 
 def _make_node(pn: onnx.NodeProto, values: dict[str, Value], opsets: dict[str, int], label: str,

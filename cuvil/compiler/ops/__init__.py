@@ -25,6 +25,7 @@ __all__ = [
     "Op",
     "broadcast_shapes",
     "const_input",
+    "const_or_symbolic_input",
     "lookup",
     "normalize_axis",
     "register",
@@ -167,6 +168,30 @@ def const_input(node: Node, i: int, what: str) -> np.ndarray | None:
     return v.const
 
 
+def const_or_symbolic_input(node: Node, i: int, what: str) -> tuple[Dim, ...] | None:
+    """The flattened elements of input i known at compile time (None when absent).
+
+    Constants give ints (exact sympy numbers for floats); values computed from the input
+    dims by shape arithmetic (``Concat(Shape(x)[0:1], [-1])``) give sympy expressions over
+    the dim symbols (`Value.sym_value`). Anything that depends on tensor data is an error
+    that names the node.
+    """
+    v: Value | None = node.input(i)
+    if v is None:
+        return None
+    values = v.known_values()
+    if values is None:
+        source = f" by {v.producer.describe()}" if v.producer is not None else ""
+        raise UnsupportedOpError(
+            f"{node.describe()}: input {i} ({what}, {v.name!r}) must be known at compile time, "
+            f"but it is computed at run time{source} from tensor data, not from the input dims "
+            "alone. Pin the dims it depends on in the model's `inputs` (e.g. "
+            "`inputs = { x = [1, 3, 224, 224] }` in [tool.cuvil.models.<name>]) so it folds to a "
+            "constant, or re-export the model with a static value here."
+        )
+    return values
+
+
 def normalize_axis(node: Node, axis: int, rank: int) -> int:
     if not -rank <= axis < max(rank, 1):
         raise ModelError(f"{node.describe()}: axis {axis} is out of range for rank {rank}")
@@ -181,6 +206,7 @@ def _import_families() -> None:
         gemm,
         normalization,
         pool,
+        reduce,
         shape,
     )
 

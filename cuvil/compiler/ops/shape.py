@@ -1,18 +1,91 @@
-"""Ops that move data without arithmetic: Flatten, Reshape, Squeeze, Unsqueeze, Transpose,
-Concat, and Constant."""
+"""Ops that move data without arithmetic: views (Flatten, Reshape, Squeeze, Unsqueeze),
+permutations (Transpose, DepthToSpace, SpaceToDepth), joins and cuts (Concat, Split, Slice,
+Pad, Expand, Tile), and tensors made from shapes (Shape, Size, Range, ConstantOfShape, Constant,
+and cuvil's SymbolicValue).
+
+Shape inputs (Reshape's shape, Slice's starts, Expand's shape...) are read with
+`const_or_symbolic_input`, so they may be constants or values computed from the input dims
+inside the graph (see `cuvil.compiler.frontend.shape_values`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import sympy
+from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import Emitter
-from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
-from cuvil.compiler.ops import InferContext, Op, const_input, normalize_axis, register
-from cuvil.compiler.ops.elementwise import Copy
-from cuvil.errors import ModelError
+from cuvil.compiler.ir import Dim, Node, TensorType, Value, dim_str, numel, simplify_dim
+from cuvil.compiler.ops import (
+    UNCHECKED,
+    InferContext,
+    Op,
+    const_or_symbolic_input,
+    normalize_axis,
+    register,
+)
+from cuvil.compiler.ops.elementwise import Copy, emit_elementwise
+from cuvil.errors import ModelError, UnsupportedOpError
 
 ALL_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "bool")
+
+#: a static start/end at least this large means "to the end" (dims never get this big)
+_HUGE = 1 << 31
+
+
+def _x(node: Node) -> Value:
+    x = node.inputs[0]
+    if x is None:
+        raise ModelError(f"{node.describe()}: input 0 is required")
+    return x
+
+
+def _shape_text(dims: Sequence[Dim]) -> str:
+    return "[" + ", ".join(str(dim_str(simplify_dim(d))) for d in dims) + "]"
+
+
+def _int_values(node: Node, i: int, what: str) -> list[int] | None:
+    """Input i as static ints (axes, steps...): symbolic values are an error."""
+    values = const_or_symbolic_input(node, i, what)
+    if values is None:
+        return None
+    if not all(isinstance(v, int) for v in values):
+        raise UnsupportedOpError(f"{node.describe()}: input {i} ({what}) must be a constant; it is "
+                                 f"{_shape_text(values)}")
+    return [int(v) for v in values]
+
+
+def _dim_values(node: Node, i: int, what: str) -> list[Dim] | None:
+    """Input i as dims (ints or integer expressions of the input dims)."""
+    values = const_or_symbolic_input(node, i, what)
+    if values is None:
+        return None
+    out = []
+    for v in values:
+        v = simplify_dim(v)
+        if not isinstance(v, int) and v.is_integer is not True:
+            raise ModelError(f"{node.describe()}: input {i} ({what}) holds the non-integer {v}")
+        out.append(v)
+    return out
+
+
+def _sign(node: Node, x: Dim, what: str) -> int:
+    """-1 for negative, 1 for non-negative; an error when the sign depends on the dims."""
+    if isinstance(x, int):
+        return -1 if x < 0 else 1
+    if x.is_nonnegative:
+        return 1
+    if x.is_negative:
+        return -1
+    raise UnsupportedOpError(
+        f"{node.describe()}: {what} is {x}, whose sign depends on the input dims; cuvil needs to "
+        "know whether it counts from the start or the end. Pin the dims in the model's `inputs`."
+    )
+
+
+# -- views ----------------------------------------------------------------------------------
 
 
 @register
@@ -20,8 +93,7 @@ class Flatten(Copy):
     op_type = "Flatten"
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = node.inputs[0]
-        assert x is not None
+        x = _x(node)
         axis = normalize_axis(node, int(node.attrs.get("axis", 1)), x.type.rank + 1)
         shape = x.type.shape
         return [TensorType(x.type.dtype, (numel(shape[:axis]), numel(shape[axis:])))]
@@ -33,41 +105,63 @@ class Reshape(Copy):
     since = 5
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = node.inputs[0]
-        assert x is not None
-        target = const_input(node, 1, "shape")
-        assert target is not None
+        x = _x(node)
+        target = _dim_values(node, 1, "shape")
+        if target is None:
+            raise ModelError(f"{node.describe()}: the shape input is required")
+        text = _shape_text(target)
         allowzero = int(node.attrs.get("allowzero", 0))
         out: list[Dim | None] = []
-        for i, d in enumerate(int(t) for t in target.reshape(-1)):
-            if d == 0 and not allowzero:
+        for i, d in enumerate(target):
+            if isinstance(d, int) and d == 0 and not allowzero:
                 if i >= x.type.rank:
                     raise ModelError(f"{node.describe()}: shape entry {i} is 0 (copy) but the "
                                      f"input has rank {x.type.rank}")
                 out.append(x.type.shape[i])
-            elif d == -1:
+            elif isinstance(d, int) and d == -1:
                 out.append(None)
-            elif d < 0:
-                raise ModelError(f"{node.describe()}: invalid shape entry {d}")
+            elif isinstance(d, int) and d < 0:
+                raise ModelError(f"{node.describe()}: invalid shape entry {d} in {text}")
             else:
+                if not isinstance(d, int):
+                    # a computed entry that were 0 or -1 at run time would mean copy/infer
+                    ctx.require(node, sympy.Ge(d, 1), f"shape entry {i} ({d}) must be at least 1")
                 out.append(d)
         if out.count(None) > 1:
-            raise ModelError(f"{node.describe()}: more than one -1 in shape {target.tolist()}")
+            raise ModelError(f"{node.describe()}: more than one -1 in shape {text}")
         total = x.type.numel
         known = numel(d for d in out if d is not None)
         if None in out:
-            inferred = simplify_dim(sympy.sympify(total) / known)
-            denominator = sympy.fraction(sympy.together(sympy.sympify(inferred)))[1]
-            if not denominator.is_Integer:
-                raise ModelError(f"{node.describe()}: cannot infer -1 in {target.tolist()} "
-                                 f"from input {x.type}")
+            if isinstance(known, int) and known == 0:
+                raise ModelError(f"{node.describe()}: cannot infer -1 in {text}: the other "
+                                 "entries multiply to 0")
+            inferred = simplify_dim(sympy.cancel(sympy.sympify(total) / known))
+            if not isinstance(inferred, int) and inferred.is_integer is not True:
+                # a quotient such as 12*batch/seq: exact when the division leaves no remainder
+                _num, den = sympy.fraction(sympy.together(sympy.sympify(inferred)))
+                if not den.is_Integer:
+                    raise UnsupportedOpError(
+                        f"{node.describe()}: the -1 in shape {text} is {inferred} for input "
+                        f"{x.type}, a division by input dims that cuvil cannot compute; pin the "
+                        "dims in the model's `inputs`")
             out[out.index(None)] = inferred
-            ctx.require(node, sympy.Eq(sympy.Mod(total, known), 0) if not isinstance(
-                total, int) or not isinstance(known, int) else total % known == 0,
-                f"input {x.type} does not reshape to {target.tolist()}")
+            if isinstance(total, int) and isinstance(known, int):
+                if total % known:
+                    raise ModelError(f"{node.describe()}: input {x.type} does not reshape to {text}")
+            else:
+                ctx.require(node, sympy.Eq(sympy.Mod(total, known), 0),
+                            f"input {x.type} does not reshape to {text}: {total} elements are "
+                            f"not a multiple of {known}")
         else:
-            ctx.dims_equal(node, total, known, f"element count of {x.type} vs shape {target.tolist()}")
+            ctx.dims_equal(node, total, known, f"element count of input {x.type} vs shape {text}")
         return [TensorType(x.type.dtype, tuple(out))]  # type: ignore[arg-type]
+
+
+def _axes_input(node: Node, since_input: int) -> list[int] | None:
+    if node.opset >= since_input:
+        return _int_values(node, 1, "axes")
+    axes = node.attrs.get("axes")
+    return None if axes is None else [int(a) for a in np.reshape(axes, -1)]
 
 
 @register
@@ -75,15 +169,14 @@ class Squeeze(Copy):
     op_type = "Squeeze"
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = node.inputs[0]
-        assert x is not None
-        axes_raw = (const_input(node, 1, "axes") if node.opset >= 13
-                    else node.attrs.get("axes"))
+        x = _x(node)
+        axes_raw = _axes_input(node, 13)
         shape = x.type.shape
         if axes_raw is None:
+            # only dims known to be 1 are squeezed: a symbolic dim stays (pin it to 1 to drop it)
             axes = {a for a, d in enumerate(shape) if d == 1}
         else:
-            axes = {normalize_axis(node, int(a), len(shape)) for a in np.reshape(axes_raw, -1)}
+            axes = {normalize_axis(node, a, len(shape)) for a in axes_raw}
         for a in axes:
             ctx.dims_equal(node, shape[a], 1, f"squeezed axis {a}")
         return [TensorType(x.type.dtype, tuple(d for a, d in enumerate(shape) if a not in axes))]
@@ -94,17 +187,98 @@ class Unsqueeze(Copy):
     op_type = "Unsqueeze"
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = node.inputs[0]
-        assert x is not None
-        axes_raw = const_input(node, 1, "axes") if node.opset >= 13 else node.attrs.get("axes")
+        x = _x(node)
+        axes_raw = _axes_input(node, 13)
         if axes_raw is None:
             raise ModelError(f"{node.describe()}: axes are required")
-        rank = x.type.rank + len(np.reshape(axes_raw, -1))
-        axes = sorted(normalize_axis(node, int(a), rank) for a in np.reshape(axes_raw, -1))
+        rank = x.type.rank + len(axes_raw)
+        axes = sorted(normalize_axis(node, a, rank) for a in axes_raw)
+        if len(set(axes)) != len(axes):
+            raise ModelError(f"{node.describe()}: axes {axes_raw} repeat an axis")
         shape = list(x.type.shape)
         for a in axes:
             shape.insert(a, 1)
         return [TensorType(x.type.dtype, tuple(shape))]
+
+
+# -- permutations ---------------------------------------------------------------------------
+
+
+def _collapse_perm(shape: Sequence[Dim], perm: Sequence[int]) -> tuple[list[Dim], list[int]]:
+    """Drop size-1 axes and merge input axes that stay adjacent and in order in `perm`."""
+    keep = [a for a in range(len(shape)) if not (isinstance(shape[a], int) and shape[a] == 1)]
+    renum = {a: i for i, a in enumerate(keep)}
+    shape = [shape[a] for a in keep]
+    perm = [renum[p] for p in perm if p in renum]
+    groups: list[list[int]] = []  # runs of input axes, in output order
+    for p in perm:
+        if groups and groups[-1][-1] + 1 == p:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    order = sorted(range(len(groups)), key=lambda g: groups[g][0])  # groups in input order
+    new_shape = [numel(shape[a] for a in groups[g]) for g in order]
+    position = {g: i for i, g in enumerate(order)}
+    return new_shape, [position[g] for g in range(len(groups))]
+
+
+#: tile edge of the blocked transpose: both tiles stay in L1
+_TILE = 16
+
+
+def emit_permute(k: Emitter, src: ir.Value, dst: ir.Value, dtype: np.dtype,
+                 in_shape: Sequence[Dim], perm: Sequence[int]) -> None:
+    """dst = transpose(src viewed as row-major `in_shape`, perm), both dense row-major."""
+    dtype = np.dtype(dtype)
+    shape, perm = _collapse_perm(in_shape, perm)
+    rank = len(shape)
+    if rank <= 1 or perm == list(range(rank)):
+        k.memcpy(dst, src, k.dim(simplify_dim(numel(in_shape) * dtype.itemsize)))
+        return
+    out_shape = [shape[p] for p in perm]
+    x = k.contiguous(src, dtype, shape)
+    y = k.contiguous(dst, dtype, out_shape)
+    last = rank - 1
+    if perm[-1] == last:
+        # the innermost axis stays innermost: copy whole rows
+        row = simplify_dim(shape[last] * dtype.itemsize)
+        with k.loops(out_shape[:-1], name="t") as idx:
+            src_idx: list[ir.Value] = [k.i64(0)] * rank
+            for o, i in enumerate(idx):
+                src_idx[perm[o]] = i
+            src_ptr = k.element_ptr(x, k.offset(x, src_idx))
+            dst_ptr = k.element_ptr(y, k.offset(y, [*idx, k.i64(0)]))
+            k.memcpy(dst_ptr, src_ptr, k.dim(row))
+        return
+    # blocked 2-D transpose of (output axis holding the input's contiguous axis, output's
+    # contiguous axis); the innermost loop walks the input contiguously
+    a = perm.index(last)
+    outer_axes = [o for o in range(rank) if o not in (a, last)]
+    tile = _TILE * 2 if dtype.itemsize == 1 else _TILE
+    with k.loops([out_shape[o] for o in outer_axes], name="t") as outer:
+        da, dl = k.dim(out_shape[a]), k.dim(out_shape[last])
+        with k.loop(da, step=tile, name="ta") as ia0, k.loop(dl, step=tile, name="tl") as il0:
+            ia_end = _min(k, k.b.add(ia0, k.i64(tile)), da)
+            il_end = _min(k, k.b.add(il0, k.i64(tile)), dl)
+            with k.loop(il_end, start=il0, name="jl") as il, \
+                    k.loop(ia_end, start=ia0, name="ja") as ia:
+                out_idx: list[ir.Value] = [k.i64(0)] * rank
+                for o, i in zip(outer_axes, outer):
+                    out_idx[o] = i
+                out_idx[a] = ia
+                out_idx[last] = il
+                src_idx = [k.i64(0)] * rank
+                for o in range(rank):
+                    src_idx[perm[o]] = out_idx[o]
+                k.store(y, out_idx, k.load(x, src_idx))
+
+
+def _min(k: Emitter, a: ir.Value, b: ir.Value) -> ir.Value:
+    return k.b.select(k.b.icmp_signed("<", a, b), a, b)
+
+
+def _max(k: Emitter, a: ir.Value, b: ir.Value) -> ir.Value:
+    return k.b.select(k.b.icmp_signed(">", a, b), a, b)
 
 
 @register
@@ -114,26 +288,111 @@ class Transpose(Op):
 
     def _perm(self, node: Node, rank: int) -> list[int]:
         perm = [int(p) for p in node.attrs.get("perm", range(rank - 1, -1, -1))]
+        perm = [p + rank if p < 0 else p for p in perm]
         if sorted(perm) != list(range(rank)):
             raise ModelError(f"{node.describe()}: perm {perm} is not a permutation of 0..{rank - 1}")
         return perm
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = node.inputs[0]
-        assert x is not None
+        x = _x(node)
         perm = self._perm(node, x.type.rank)
         return [TensorType(x.type.dtype, tuple(x.type.shape[p] for p in perm))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = node.inputs[0]
-        assert x_val is not None
-        perm = self._perm(node, x_val.type.rank)
-        x, y = k.view(x_val), k.view(node.outputs[0])
-        with k.loops(y.dims) as idx:
-            src = [None] * len(perm)
-            for out_axis, in_axis in enumerate(perm):
-                src[in_axis] = idx[out_axis]
-            k.store(y, idx, k.load(x, src))  # type: ignore[arg-type]
+        x = _x(node)
+        emit_permute(k, k.buffers[x], k.buffers[node.outputs[0]], x.type.dtype, x.type.shape,
+                     self._perm(node, x.type.rank))
+
+
+class _BlockRearrange(Op):
+    """DepthToSpace and SpaceToDepth: a reshape, a transpose and a reshape."""
+
+    dtypes = ALL_DTYPES
+
+    def geometry(self, node: Node, ctx: InferContext) -> tuple[list[Dim], list[int], TensorType]:
+        raise NotImplementedError
+
+    def _block(self, node: Node) -> tuple[Value, int]:
+        x = _x(node)
+        if x.type.rank != 4:
+            raise ModelError(f"{node.describe()}: input must be 4-D (NCHW), got {x.type}")
+        b = int(node.attrs.get("blocksize", 0))
+        if b < 1:
+            raise ModelError(f"{node.describe()}: blocksize must be at least 1, got {b}")
+        return x, b
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        return [self.geometry(node, ctx)[2]]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        shape, perm, _ = self.geometry(node, UNCHECKED)
+        x = _x(node)
+        emit_permute(k, k.buffers[x], k.buffers[node.outputs[0]], x.type.dtype, shape, perm)
+
+
+def _divide(node: Node, ctx: InferContext, d: Dim, b: int, what: str) -> Dim:
+    if isinstance(d, int):
+        if d % b:
+            raise ModelError(f"{node.describe()}: {what} {d} is not a multiple of {b}")
+        return d // b
+    ctx.require(node, sympy.Eq(sympy.Mod(d, b), 0), f"{what} ({d}) must be a multiple of {b}")
+    return simplify_dim(d / b)
+
+
+@register
+class DepthToSpace(_BlockRearrange):
+    op_type = "DepthToSpace"
+
+    def geometry(self, node: Node, ctx: InferContext) -> tuple[list[Dim], list[int], TensorType]:
+        x, b = self._block(node)
+        n, c, h, w = x.type.shape
+        c2 = _divide(node, ctx, c, b * b, "the channel count")
+        mode = node.attrs.get("mode", "DCR")
+        if mode == "DCR":
+            shape, perm = [n, b, b, c2, h, w], [0, 3, 4, 1, 5, 2]
+        elif mode == "CRD":
+            shape, perm = [n, c2, b, b, h, w], [0, 1, 4, 2, 5, 3]
+        else:
+            raise ModelError(f"{node.describe()}: mode must be DCR or CRD, got {mode!r}")
+        return shape, perm, TensorType(x.type.dtype, (n, c2, h * b, w * b))
+
+
+@register
+class SpaceToDepth(_BlockRearrange):
+    op_type = "SpaceToDepth"
+
+    def geometry(self, node: Node, ctx: InferContext) -> tuple[list[Dim], list[int], TensorType]:
+        x, b = self._block(node)
+        n, c, h, w = x.type.shape
+        h2 = _divide(node, ctx, h, b, "the height")
+        w2 = _divide(node, ctx, w, b, "the width")
+        # the onnx reference orders the new channels (row in block, column in block, channel)
+        mode = node.attrs.get("mode", "DCR")
+        if mode == "DCR":
+            perm = [0, 3, 5, 1, 2, 4]
+        elif mode == "CRD":
+            perm = [0, 1, 3, 5, 2, 4]
+        else:
+            raise ModelError(f"{node.describe()}: mode must be DCR or CRD, got {mode!r}")
+        return ([n, c, h2, b, w2, b], perm,
+                TensorType(x.type.dtype, (n, simplify_dim(c * b * b), h2, w2)))
+
+
+# -- joins and cuts -------------------------------------------------------------------------
+
+
+def _copy_rows(k: Emitter, dst: ir.Value, dst_row: Dim, dst_col: Dim, src: ir.Value,
+               src_row: Dim, src_col: Dim, outer: Dim, nbytes: Dim) -> None:
+    """For o in range(outer): copy `nbytes` from src[o*src_row + src_col] to dst[o*dst_row +
+    dst_col] (all in bytes)."""
+    if isinstance(nbytes, int) and nbytes == 0:
+        return
+    s_view = k.contiguous(src, np.uint8, (outer, src_row))
+    d_view = k.contiguous(dst, np.uint8, (outer, dst_row))
+    with k.loop(outer, name="row") as o:
+        s = k.element_ptr(s_view, k.b.add(k.offset(s_view, [o, k.i64(0)]), k.dim(src_col)))
+        d = k.element_ptr(d_view, k.b.add(k.offset(d_view, [o, k.i64(0)]), k.dim(dst_col)))
+        k.memcpy(d, s, k.dim(nbytes))
 
 
 @register
@@ -163,21 +422,539 @@ class Concat(Op):
         rank = y_val.type.rank
         axis = normalize_axis(node, int(node.attrs["axis"]), rank)
         outer = numel(y_val.type.shape[:axis])
-        inner_y = numel(y_val.type.shape[axis:])
         itemsize = y_val.type.dtype.itemsize
+        row_y = simplify_dim(numel(y_val.type.shape[axis:]) * itemsize)
         offset: Dim = 0
         for v in node.inputs:
             if v is None:
                 continue
-            chunk = numel(v.type.shape[axis:])
-            src = k.contiguous(k.buffers[v], np.uint8, (outer, chunk * itemsize))
-            dst = k.contiguous(k.buffers[y_val], np.uint8, (outer, inner_y * itemsize))
-            with k.loop(k.dim(outer), name="outer") as o:
-                s = k.element_ptr(src, k.offset(src, [o, k.i64(0)]))
-                d = k.element_ptr(dst, k.b.add(k.offset(dst, [o, k.i64(0)]),
-                                               k.dim(offset * itemsize)))
-                k.memcpy(d, s, k.dim(chunk * itemsize))
+            chunk = simplify_dim(numel(v.type.shape[axis:]) * itemsize)
+            _copy_rows(k, k.buffers[y_val], row_y, offset, k.buffers[v], chunk, 0, outer, chunk)
             offset = simplify_dim(offset + chunk)
+
+
+@register
+class Split(Op):
+    op_type = "Split"
+    dtypes = ALL_DTYPES
+
+    def sizes(self, node: Node, ctx: InferContext) -> tuple[int, list[Dim]]:
+        x = _x(node)
+        axis = normalize_axis(node, int(node.attrs.get("axis", 0)), x.type.rank)
+        d = x.type.shape[axis]
+        n_out = len(node.outputs)
+        split: list[Dim] | None
+        if node.opset >= 13:
+            split = _dim_values(node, 1, "split")
+        else:
+            raw = node.attrs.get("split")
+            split = None if raw is None else [int(s) for s in raw]
+        if split is not None:
+            if len(split) != n_out:
+                raise ModelError(f"{node.describe()}: split {_shape_text(split)} has "
+                                 f"{len(split)} entries for {n_out} outputs")
+            for s in split:
+                if isinstance(s, int) and s < 0:
+                    raise ModelError(f"{node.describe()}: negative split size {s}")
+            ctx.dims_equal(node, simplify_dim(sum(split, sympy.Integer(0))), d,
+                           f"sum of split sizes {_shape_text(split)} vs axis {axis} of {x.type}")
+            return axis, split
+        num = node.attrs.get("num_outputs")
+        parts = int(num) if num is not None else n_out
+        if num is not None and parts != n_out:
+            raise ModelError(f"{node.describe()}: num_outputs is {parts} but the node has "
+                             f"{n_out} outputs")
+        if isinstance(d, int):
+            if num is None:
+                if d % parts:
+                    raise ModelError(f"{node.describe()}: axis {axis} ({d}) does not split into "
+                                     f"{parts} equal parts")
+                return axis, [d // parts] * parts
+            chunk = -(-d // parts)
+            return axis, [max(min(chunk, d - i * chunk), 0) for i in range(parts)]
+        if num is None:
+            ctx.require(node, sympy.Eq(sympy.Mod(d, parts), 0),
+                        f"axis {axis} ({d}) must split into {parts} equal parts")
+            return axis, [simplify_dim(d / parts)] * parts
+        # opset 18's num_outputs: chunks of ceil(d / parts), the last one smaller
+        chunk = sympy.ceiling(sympy.sympify(d) / parts)
+        return axis, [simplify_dim(sympy.Max(sympy.Min(chunk, d - i * chunk), 0))
+                      for i in range(parts)]
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        x = _x(node)
+        axis, split = self.sizes(node, ctx)
+        shape = list(x.type.shape)
+        return [TensorType(x.type.dtype, tuple([*shape[:axis], s, *shape[axis + 1:]]))
+                for s in split]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        x = _x(node)
+        axis, split = self.sizes(node, UNCHECKED)
+        itemsize = x.type.dtype.itemsize
+        outer = numel(x.type.shape[:axis])
+        inner = numel(x.type.shape[axis + 1:])
+        row_x = simplify_dim(numel(x.type.shape[axis:]) * itemsize)
+        offset: Dim = 0
+        for v, s in zip(node.outputs, split):
+            chunk = simplify_dim(s * inner * itemsize)
+            if v.users or v in k.buffers:
+                _copy_rows(k, k.buffers[v], chunk, 0, k.buffers[x], row_x, offset, outer, chunk)
+            offset = simplify_dim(offset + chunk)
+
+
+def _slice_axis(node: Node, start: Dim, end: Dim, step: int, d: Dim) -> tuple[Dim, Dim]:
+    """ONNX Slice on one axis of size d: (first index read, number of elements)."""
+
+    def normalize(v: Dim, lo: Dim, hi: Dim, what: str) -> Dim:
+        if isinstance(v, int) and v >= _HUGE:
+            return hi
+        if isinstance(v, int) and v <= -_HUGE:
+            return lo
+        if _sign(node, v, what) < 0:
+            v = simplify_dim(v + d)
+        return simplify_dim(sympy.Min(sympy.Max(v, lo), hi))
+
+    if step > 0:
+        s = normalize(start, 0, d, "a start")
+        e = normalize(end, 0, d, "an end")
+        n = sympy.Max(sympy.ceiling(sympy.sympify(e - s) / step), 0)
+    else:
+        s = normalize(start, 0, simplify_dim(d - 1), "a start")
+        e = normalize(end, -1, simplify_dim(d - 1), "an end")
+        n = sympy.Max(sympy.ceiling(sympy.sympify(s - e) / -step), 0)
+    return s, simplify_dim(n)
+
+
+@register
+class Slice(Op):
+    op_type = "Slice"
+    dtypes = ALL_DTYPES
+
+    def geometry(self, node: Node) -> tuple[list[Dim], list[int], list[Dim]]:
+        """(start, step, output length) per axis of the input."""
+        x = _x(node)
+        rank = x.type.rank
+        if node.opset >= 10:
+            starts = _dim_values(node, 1, "starts")
+            ends = _dim_values(node, 2, "ends")
+            axes = _int_values(node, 3, "axes")
+            steps = _int_values(node, 4, "steps")
+        else:
+            starts = [int(v) for v in node.attrs.get("starts", [])]
+            ends = [int(v) for v in node.attrs.get("ends", [])]
+            axes = node.attrs.get("axes")
+            axes = None if axes is None else [int(a) for a in axes]
+            steps = None
+        if starts is None or ends is None or len(starts) != len(ends):
+            raise ModelError(f"{node.describe()}: starts and ends must be given with one entry "
+                             "per sliced axis")
+        axes = list(range(len(starts))) if axes is None else axes
+        steps = [1] * len(starts) if steps is None else steps
+        if len(axes) != len(starts) or len(steps) != len(starts):
+            raise ModelError(f"{node.describe()}: starts, ends, axes and steps differ in length")
+        first: list[Dim] = [0] * rank
+        step_of = [1] * rank
+        length = list(x.type.shape)
+        seen = set()
+        for s, e, a, st in zip(starts, ends, axes, steps):
+            a = normalize_axis(node, a, rank)
+            if a in seen:
+                raise ModelError(f"{node.describe()}: axis {a} is sliced twice")
+            seen.add(a)
+            if st == 0:
+                raise ModelError(f"{node.describe()}: step 0 on axis {a}")
+            first[a], length[a] = _slice_axis(node, s, e, st, x.type.shape[a])
+            step_of[a] = st
+        return first, step_of, length
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        x = _x(node)
+        return [TensorType(x.type.dtype, tuple(self.geometry(node)[2]))]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        x_val = _x(node)
+        y_val = node.outputs[0]
+        first, steps, length = self.geometry(node)
+        in_shape = x_val.type.shape
+        rank = len(in_shape)
+        # axes from `j` on are read as one contiguous run per output row: a suffix of whole
+        # axes, plus the axis before it when that one has step 1
+        def whole(a: int) -> bool:
+            return steps[a] == 1 and first[a] == 0 and \
+                sympy.sympify(length[a] - in_shape[a]) == 0
+
+        j = rank
+        while j > 0 and whole(j - 1):
+            j -= 1
+        if j > 0 and steps[j - 1] == 1:
+            j -= 1
+        x = k.view(x_val)
+        itemsize = x_val.type.dtype.itemsize
+        y = k.view(y_val)
+        starts = [k.dim(f) for f in first]
+        if j < rank:
+            run = simplify_dim(numel(length[j:]) * itemsize)
+            with k.loops(length[:j], name="s") as idx:
+                src = [k.b.add(starts[a], k.b.mul(idx[a], k.i64(steps[a]))) for a in range(j)]
+                src += starts[j:]
+                zeros = [k.i64(0)] * (rank - j)
+                k.memcpy(k.element_ptr(y, k.offset(y, [*idx, *zeros])),
+                         k.element_ptr(x, k.offset(x, src)), k.dim(run))
+            return
+        with k.loops(length, name="s") as idx:
+            src = [k.b.add(starts[a], k.b.mul(idx[a], k.i64(steps[a]))) for a in range(rank)]
+            k.store(y, idx, k.load(x, src))
+
+
+@register
+class Pad(Op):
+    op_type = "Pad"
+    since = 1
+    dtypes = ALL_DTYPES
+
+    def geometry(self, node: Node) -> tuple[str, list[Dim], list[Dim]]:
+        """(mode, pads at the start of each axis, pads at the end)."""
+        x = _x(node)
+        rank = x.type.rank
+        mode = node.attrs.get("mode", "constant")
+        if mode not in ("constant", "reflect", "edge", "wrap"):
+            raise UnsupportedOpError(f"{node.describe()}: mode {mode!r} is not supported")
+        if node.opset >= 11:
+            pads = _dim_values(node, 1, "pads")
+            axes = _int_values(node, 3, "axes") if node.opset >= 18 else None
+        else:
+            raw = node.attrs.get("pads", node.attrs.get("paddings"))
+            pads = None if raw is None else [int(p) for p in raw]
+            axes = None
+        if pads is None:
+            raise ModelError(f"{node.describe()}: pads are required")
+        axes = list(range(rank)) if axes is None else [normalize_axis(node, a, rank) for a in axes]
+        if len(pads) != 2 * len(axes):
+            raise ModelError(f"{node.describe()}: {len(pads)} pads for {len(axes)} axes (want "
+                             f"{2 * len(axes)})")
+        begin: list[Dim] = [0] * rank
+        end: list[Dim] = [0] * rank
+        for i, a in enumerate(axes):
+            begin[a], end[a] = pads[i], pads[i + len(axes)]
+        return mode, begin, end
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        x = _x(node)
+        mode, begin, end = self.geometry(node)
+        shape = []
+        for a, d in enumerate(x.type.shape):
+            out = simplify_dim(d + begin[a] + end[a])
+            ctx.require(node, sympy.Ge(out, 0), f"axis {a} ({d}) padded by {begin[a]}, {end[a]} "
+                        "is negative")
+            if mode != "constant" and not (begin[a] == 0 and end[a] == 0):
+                ctx.require(node, sympy.Ge(d, 1), f"{mode} padding needs a non-empty axis {a}")
+            shape.append(out)
+        if node.opset >= 11 and node.input(2) is not None:
+            cv = node.input(2)
+            assert cv is not None
+            if cv.type.dtype != x.type.dtype or cv.type.numel != 1:
+                raise ModelError(f"{node.describe()}: constant_value must be one {x.type.dtype} "
+                                 f"value, got {cv.type}")
+        return [TensorType(x.type.dtype, tuple(shape))]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        x_val = _x(node)
+        y_val = node.outputs[0]
+        mode, begin, _end = self.geometry(node)
+        dtype = x_val.type.dtype
+        x, y = k.view(x_val), k.view(y_val)
+        rank = x.rank
+        if rank == 0:
+            k.store(y, [], k.load(x, []))
+            return
+        if mode == "constant":
+            if node.opset >= 11 and node.input(2) is not None:
+                cv = node.input(2)
+                assert cv is not None
+                fill = k.load(k.view(cv), [k.i64(0)] * cv.type.rank)
+            else:
+                fill = k.const(dtype, float(node.attrs.get("value", 0.0)))
+        pb = [k.dim(b) for b in begin]
+        dims = x.dims
+        zero = k.i64(0)
+
+        def source(a: int, o: ir.Value) -> ir.Value:
+            """The input index output index o reads on axis a (for non-constant modes)."""
+            i = k.b.sub(o, pb[a])
+            d = dims[a]
+            if mode == "edge":
+                return _min(k, _max(k, i, zero), k.b.sub(d, k.i64(1)))
+            if mode == "wrap":
+                return _mod(k, i, d)
+            # reflect: period 2(d-1); a single element reflects onto itself
+            period = _max(k, k.b.mul(k.i64(2), k.b.sub(d, k.i64(1))), k.i64(1))
+            m = _mod(k, i, period)
+            return _min(k, m, k.b.sub(period, m))
+
+        last = rank - 1
+        out_last = y.dims[last]
+        with k.loops(y.dims[:last], name="p") as idx:
+            src: list[ir.Value] = []
+            inside = None
+            for a, o in enumerate(idx):
+                if mode == "constant":
+                    i = k.b.sub(o, pb[a])
+                    ok = k.b.and_(k.b.icmp_signed(">=", i, zero), k.b.icmp_signed("<", i, dims[a]))
+                    inside = ok if inside is None else k.b.and_(inside, ok)
+                    src.append(i)
+                else:
+                    src.append(source(a, o))
+            # inner axis: [0, lo) padding, [lo, hi) the input row, [hi, out) padding
+            lo = _min(k, _max(k, pb[last], zero), out_last)
+            hi = _min(k, _max(k, k.b.add(pb[last], dims[last]), zero), out_last)
+            lo = _min(k, lo, hi)
+
+            def body_inner() -> None:
+                with k.loop(hi, start=lo, name="mid") as o:
+                    k.store(y, [*idx, o], k.load(x, [*src, k.b.sub(o, pb[last])]))
+                for start, stop in ((zero, lo), (hi, out_last)):
+                    with k.loop(stop, start=start, name="pad") as o:
+                        if mode == "constant":
+                            k.store(y, [*idx, o], fill)
+                        else:
+                            k.store(y, [*idx, o], k.load(x, [*src, source(last, o)]))
+
+            if inside is None:
+                body_inner()
+            else:
+                with k.b.if_else(inside) as (then, otherwise):
+                    with then:
+                        body_inner()
+                    with otherwise, k.loop(out_last, name="fill") as o:
+                        k.store(y, [*idx, o], fill)
+
+
+def _mod(k: Emitter, a: ir.Value, b: ir.Value) -> ir.Value:
+    """Python's a % b for b > 0."""
+    r = k.b.srem(a, b)
+    return k.b.select(k.b.icmp_signed("<", r, k.i64(0)), k.b.add(r, b), r)
+
+
+def _reinterpret(k: Emitter, value: Value, shape: Sequence[Dim]) -> Value:
+    """A stand-in for `value`'s buffer seen with another (same-size) shape."""
+    alias = Value(value.name, TensorType(value.type.dtype, tuple(shape)))
+    k.buffers[alias] = k.buffers[value]
+    return alias
+
+
+@register
+class Expand(Op):
+    op_type = "Expand"
+    since = 8
+    dtypes = ALL_DTYPES
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        from cuvil.compiler.ops import broadcast_shapes
+
+        x = _x(node)
+        shape = _dim_values(node, 1, "shape")
+        if shape is None:
+            raise ModelError(f"{node.describe()}: the shape input is required")
+        for i, d in enumerate(shape):
+            if isinstance(d, int) and d < 0:
+                raise ModelError(f"{node.describe()}: shape entry {i} is {d}")
+        return [TensorType(x.type.dtype, broadcast_shapes(node, ctx, x.type.shape, tuple(shape)))]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        emit_elementwise(k, node.outputs[0], [_x(node)], lambda k, xs: xs[0])
+
+
+@register
+class Tile(Op):
+    op_type = "Tile"
+    since = 6
+    dtypes = ALL_DTYPES
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        x = _x(node)
+        reps = _dim_values(node, 1, "repeats")
+        if reps is None or len(reps) != x.type.rank:
+            raise ModelError(f"{node.describe()}: repeats must have one entry per axis of {x.type}")
+        for r in reps:
+            if isinstance(r, int) and r < 0:
+                raise ModelError(f"{node.describe()}: negative repeat {r}")
+        return [TensorType(x.type.dtype, tuple(simplify_dim(d * r)
+                                               for d, r in zip(x.type.shape, reps)))]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        x = _x(node)
+        y = node.outputs[0]
+        reps = _dim_values(node, 1, "repeats")
+        assert reps is not None
+        # y seen as [r0, d0, r1, d1, ...] is x seen as [1, d0, 1, d1, ...] broadcast
+        y_shape: list[Dim] = []
+        x_shape: list[Dim] = []
+        for d, r in zip(x.type.shape, reps):
+            y_shape += [r, d]
+            x_shape += [1, d]
+        emit_elementwise(k, _reinterpret(k, y, y_shape), [_reinterpret(k, x, x_shape)],
+                         lambda k, xs: xs[0])
+
+
+# -- tensors made from shapes ---------------------------------------------------------------
+
+
+def _store_dims(k: Emitter, out: Value, values: Sequence[Dim]) -> None:
+    """Write dims (ints or integer/rational expressions of the input dims) into `out`."""
+    view = k.contiguous(k.buffers[out], out.type.dtype, (len(values),))
+    dtype = out.type.dtype
+    for i, v in enumerate(values):
+        expr = sympy.sympify(v)
+        num, den = sympy.fraction(sympy.together(expr))
+        if den == 1 or dtype.kind != "f":
+            value = k.convert(k.dim(simplify_dim(expr)), np.int64, dtype)
+        else:
+            value = k.b.fdiv(k.convert(k.dim(simplify_dim(num)), np.int64, dtype),
+                             k.convert(k.dim(simplify_dim(den)), np.int64, dtype))
+        k.store(view, [k.i64(i)], value)
+
+
+@register
+class SymbolicValue(Op):
+    """A small tensor whose elements are dims computed from the input dims (made by the
+    frontend from shape arithmetic such as ``Concat(Shape(x)[0:1], [-1])``)."""
+
+    op_type = "SymbolicValue"
+    domain = "cuvil"
+    dtypes = ALL_DTYPES
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        return [node.outputs[0].type]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        out = node.outputs[0]
+        assert out.sym_value is not None
+        _store_dims(k, out, out.sym_value)
+
+
+@register
+class Shape(Op):
+    """Shape is resolved by the frontend (`shape_values`); this rule also serves direct use."""
+
+    op_type = "Shape"
+    dtypes = ALL_DTYPES
+
+    def _dims(self, node: Node) -> list[Dim]:
+        shape = list(_x(node).type.shape)
+        rank = len(shape)
+        start = int(node.attrs.get("start", 0)) if node.opset >= 15 else 0
+        end = node.attrs.get("end") if node.opset >= 15 else None
+        end = rank if end is None else int(end)
+        start = min(max(start + rank if start < 0 else start, 0), rank)
+        end = min(max(end + rank if end < 0 else end, 0), rank)
+        return shape[start:end]
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        return [TensorType(np.int64, (max(len(self._dims(node)), 0),))]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        _store_dims(k, node.outputs[0], self._dims(node))
+
+
+@register
+class Size(Op):
+    op_type = "Size"
+    dtypes = ALL_DTYPES
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        return [TensorType(np.int64, ())]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        _store_dims(k, node.outputs[0], [_x(node).type.numel])
+
+
+@register
+class ConstantOfShape(Op):
+    op_type = "ConstantOfShape"
+    since = 9
+    dtypes = ALL_DTYPES
+
+    def _value(self, node: Node) -> np.ndarray:
+        value = node.attrs.get("value")
+        return np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        shape = _dim_values(node, 0, "shape")
+        if shape is None:
+            raise ModelError(f"{node.describe()}: the shape input is required")
+        for i, d in enumerate(shape):
+            if isinstance(d, int) and d < 0:
+                raise ModelError(f"{node.describe()}: shape entry {i} is {d}")
+            if not isinstance(d, int):
+                ctx.require(node, sympy.Ge(d, 0), f"shape entry {i} ({d}) is negative")
+        value = self._value(node)
+        if value.size != 1 or value.dtype.name not in ALL_DTYPES:
+            raise UnsupportedOpError(f"{node.describe()}: value must be one number of a dtype "
+                                     f"cuvil supports, got {value.dtype} x{value.size}")
+        return [TensorType(value.dtype, tuple(shape))]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        out = node.outputs[0]
+        value = self._value(node)
+        if not value.any():
+            k.memset(k.buffers[out], 0, k.dim(out.type.nbytes))
+            return
+        flat = k.contiguous(k.buffers[out], out.type.dtype, (out.type.numel,))
+        c = k.const(value.dtype, value.item() if value.dtype.kind != "b" else int(value.item()))
+        with k.loop(flat.dims[0], name="c") as i:
+            k.store(flat, [i], c)
+
+
+@register
+class Range(Op):
+    op_type = "Range"
+    since = 11
+    dtypes = ("float32", "float64", "int16", "int32", "int64")
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        dtype = _x(node).type.dtype
+        if dtype.name not in self.dtypes:
+            raise UnsupportedOpError(f"{node.describe()}: dtype {dtype.name}; cuvil compiles "
+                                     f"Range for {', '.join(self.dtypes)}")
+        parts = []
+        for i, what in enumerate(("start", "limit", "delta")):
+            v = node.input(i)
+            if v is None or v.type.numel != 1 or v.type.dtype != dtype:
+                raise ModelError(f"{node.describe()}: {what} must be a scalar of dtype {dtype}")
+            values = const_or_symbolic_input(node, i, what)
+            assert values is not None
+            parts.append(sympy.sympify(values[0]))
+        start, limit, delta = parts
+        if not delta.is_number:
+            raise UnsupportedOpError(f"{node.describe()}: delta is {delta}; cuvil needs a constant "
+                                     "delta to size the output")
+        if delta == 0:
+            raise ModelError(f"{node.describe()}: delta is 0")
+        count = simplify_dim(sympy.Max(sympy.ceiling((limit - start) / delta), 0))
+        if not isinstance(count, int) and count.is_integer is not True:
+            raise UnsupportedOpError(f"{node.describe()}: cannot compute the length {count}")
+        return [TensorType(dtype, (count,))]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        out = node.outputs[0]
+        dtype = out.type.dtype
+        start_v = node.inputs[0]
+        delta_v = node.inputs[2]
+        assert start_v is not None and delta_v is not None
+        start = k.load(k.view(start_v), [k.i64(0)] * start_v.type.rank)
+        delta = k.load(k.view(delta_v), [k.i64(0)] * delta_v.type.rank)
+        y = k.contiguous(k.buffers[out], dtype, (out.type.shape[0],))
+        # accumulate like onnxruntime (value += delta), which float results depend on
+        with k.b.goto_entry_block():
+            if k.b.block.terminator is not None:
+                k.b.position_before(k.b.block.terminator)
+            acc = k.b.alloca(y.elem, name="acc")
+        k.b.store(start, acc)
+        with k.loop(y.dims[0], name="r") as i:
+            value = k.b.load(acc, typ=y.elem)
+            k.store(y, [i], value)
+            k.b.store(k.add(dtype, value, delta), acc)
 
 
 @register
@@ -192,3 +969,4 @@ class Constant(Op):
         if value is None:
             raise ModelError(f"{node.describe()}: the Constant node has no supported value")
         return [TensorType(value.dtype, value.shape)]
+

@@ -71,7 +71,7 @@ def plan_memory(graph: Graph) -> MemoryPlan:
     for node in graph.nodes:
         op = lookup(node.domain, node.op_type, node.opset)
         out = node.outputs[0]
-        src = node.inputs[0]
+        src = node.input(0)
         if op is not None and op.is_view and len(node.outputs) == 1 and src is not None \
                 and out not in plan.storage:
             root[out] = root.get(src, src)
