@@ -49,6 +49,8 @@ def signature_of(graph: Graph, name: str, library_file: str) -> dict[str, Any]:
                      "shape_expr": [to_python(d) for d in v.type.shape]} for v in graph.outputs],
         "constraints": [[relational_to_python(c.condition), c.message]
                         for c in graph.constraints],
+        # by node index, for the runtime's error messages (see codegen.module: run's status)
+        "nodes": [n.describe() for n in graph.nodes],
     }
     sig["checksum"] = _loader.abi_checksum(sig)
     return sig

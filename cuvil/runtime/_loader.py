@@ -56,6 +56,13 @@ def _compile_expr(text: Any) -> Any:
 
 _EVAL_GLOBALS = {"__builtins__": {}, "max": max, "min": min}
 
+#: what a node reports through the low byte of `run`'s status (the codes are
+#: `cuvil.compiler.codegen.emitter.STATUS_*`; the higher bits hold the node's index)
+_STATUS_MESSAGES = {
+    1: "index out of range (an index input holds a value outside the dim it indexes; check "
+       "the values fed to the model)",
+}
+
 
 class Model:
     """A compiled model: call it with arrays (positional or by input name) or use `.run`."""
@@ -70,6 +77,7 @@ class Model:
         self.outputs = tuple(TensorInfo(t["name"], np.dtype(t["dtype"]), tuple(t["shape"]))
                              for t in signature["outputs"])
         self._symbols = tuple(signature["symbols"])
+        self._node_labels = tuple(signature.get("nodes", ()))
         self._out_shapes = [[_compile_expr(d) for d in t["shape_expr"]] for t in signature["outputs"]]
         self._workspace = _compile_expr(signature["workspace"])
         self._constraints = [(compile(c, "<cuvil constraint>", "eval"), msg)
@@ -195,8 +203,17 @@ class Model:
             *[dims[s] for s in self._symbols])
         status = self._run(in_ptrs, out_ptrs, dim_values, ws_ptr)
         if status != 0:
-            raise RuntimeError(f"{self.name}: the compiled model failed with status {status}")
+            raise self._status_error(status)
         return outs
+
+    def _status_error(self, status: int) -> Exception:
+        code, index = status & 0xFF, status >> 8
+        message = _STATUS_MESSAGES.get(code)
+        if message is None or index < 0:
+            return RuntimeError(f"{self.name}: the compiled model failed with status {status}")
+        node = (self._node_labels[index] if index < len(self._node_labels)
+                else f"node #{index}")
+        return ValueError(f"model {self.name}: {node}: {message}")
 
     def __repr__(self) -> str:
         ins = ", ".join(f"{t.name}: {t.dtype.name}{_shape_text(t.shape)}" for t in self.inputs)

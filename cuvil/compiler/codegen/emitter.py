@@ -38,6 +38,12 @@ _LLVM_TYPES: dict[str, ir.Type] = {
     "int64": I64,
 }
 
+#: status codes a node function returns (0: success); `cuvil_<m>_run` stops at the first
+#: failing node and returns ``(node_index << 8) | code``. The runtime's `_loader.py` keeps
+#: the matching messages: keep both lists in step.
+STATUS_OK = 0
+STATUS_INDEX_OUT_OF_RANGE = 1
+
 #: fast-math flags for reductions: reassociation lets LLVM vectorize sums. Results stay
 #: within the tolerance the tests hold against onnxruntime (which reassociates too).
 REDUCE_FLAGS = ("reassoc", "contract")
@@ -253,6 +259,11 @@ class Emitter:
     def if_then(self, cond: ir.Value) -> Iterator[None]:
         with self.b.if_then(cond):
             yield
+
+    def fail_if(self, cond: ir.Value, status: int = STATUS_INDEX_OUT_OF_RANGE) -> None:
+        """Leave the node's function with `status` when `cond` holds; the run stops there."""
+        with self.b.if_then(cond, likely=False):
+            self.b.ret(ir.Constant(I32, status))
 
     # -- math ---------------------------------------------------------------------------
     def intrinsic(self, name: str, args: Sequence[ir.Value], ty: ir.Type | None = None) -> ir.Value:

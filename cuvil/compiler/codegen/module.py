@@ -8,9 +8,10 @@ Exported (default visibility), for a model named m:
                               const int64_t *dims, void *workspace);
 
 `dims` holds the values of the symbolic input dims in the signature's order. Each node
-becomes an internal function; `run` calls them in order. Weights live in a separate
-object (`__cuvil_m_weights`, hidden) made by the toolchain from the raw blob, so big
-models never pass through LLVM IR text.
+becomes an internal function returning a status; `run` calls them in order and stops at the
+first non-zero status s, returning ``(node_index << 8) | s`` (see `emitter.STATUS_*`).
+Weights live in a separate object (`__cuvil_m_weights`, hidden) made by the toolchain from
+the raw blob, so big models never pass through LLVM IR text.
 """
 
 from __future__ import annotations
@@ -74,11 +75,13 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
         base = weights if s.kind == "weights" else workspace
         return k.b.gep(base, [k.dim(s.offset)], source_etype=I8, inbounds=True)
 
-    for node, fn in zip(graph.nodes, node_fns):
+    for index, (node, fn) in enumerate(zip(graph.nodes, node_fns)):
         if fn is None:
             continue
         args = [pointer(v) for v in _buffers(node)]
-        k.b.call(fn, [dims, *args])
+        status = k.b.call(fn, [dims, *args])
+        with k.b.if_then(k.b.icmp_signed("!=", status, ir.Constant(I32, 0)), likely=False):
+            k.b.ret(k.b.or_(status, ir.Constant(I32, index << 8)))
     for v, i in plan.output_copies:
         src = pointer(v)
         slot = k.b.gep(outputs, [k.i64(i)], source_etype=PTR, inbounds=True)
@@ -110,7 +113,7 @@ def _node_function(module: ir.Module, graph: Graph, plan: MemoryPlan, index: int
     op = lookup(node.domain, node.op_type, node.opset)
     assert op is not None
     bufs = _buffers(node)
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR] * (1 + len(bufs))),
+    fn = ir.Function(module, ir.FunctionType(I32, [PTR] * (1 + len(bufs))),
                      f"node{index}_{node.op_type}")
     fn.linkage = "internal"
     if _distinct(plan, bufs):
@@ -122,7 +125,7 @@ def _node_function(module: ir.Module, graph: Graph, plan: MemoryPlan, index: int
     except Exception as exc:
         raise ModelError(f"{node.describe()}: code generation failed: "
                          f"{type(exc).__name__}: {exc}") from exc
-    k.b.ret_void()
+    k.b.ret(ir.Constant(I32, 0))
     return fn
 
 
