@@ -1,0 +1,129 @@
+"""The ONNX conformance gate: onnx's node tests and shipped model tests through cuvil.
+
+Default: one slow test runs every case in worker processes and fails when a pass rate falls
+below its target in `scope.TARGETS` (>= 90% of in-scope node cases, every light model,
+>= 95% of pytorch-converted + pytorch-operator), listing the failures and their causes.
+
+Per-case mode, to see failures one by one (and select them with -k):
+
+    CUVIL_CONFORMANCE=cases python -m pytest tests/conformance -k "relu or light"
+
+`python scripts/gen_conformance.py` runs the same collection and writes docs/conformance.md.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+
+import onnx
+import pytest
+
+from conformance import runner, scope
+
+PER_CASE = os.environ.get("CUVIL_CONFORMANCE", "") == "cases"
+
+
+@functools.cache
+def _cases() -> tuple[runner.Case, ...]:
+    return tuple(runner.all_cases())
+
+
+# -- the scope data itself -------------------------------------------------------------------
+
+
+def test_categories_name_real_operators_and_give_reasons():
+    keys = [c.key for c in scope.CATEGORIES]
+    assert len(keys) == len(set(keys))
+    for cat in scope.CATEGORIES:
+        assert cat.reason.strip() and cat.title.strip(), cat.key
+        for op in cat.ops:
+            domain, _, op_type = op.rpartition(":")
+            known = onnx.defs.has(op_type, domain) if domain else any(
+                onnx.defs.has(op_type, d) for d in ("", "ai.onnx.preview.training", "ai.onnx.ml"))
+            assert known, f"category {cat.key}: {op} is not an ONNX operator"
+        for dt in cat.dtypes:
+            assert dt in set(onnx.TensorProto.DataType.keys()), f"category {cat.key}: {dt}"
+
+
+def test_compile_time_inputs_are_inputs_of_the_schemas():
+    for op_type, indices in scope.COMPILE_TIME_INPUTS.items():
+        schema = onnx.defs.get_schema(op_type)
+        assert all(0 <= i < len(schema.inputs) for i in indices), (op_type, indices)
+
+
+def test_classify_reads_ops_types_and_names():
+    from onnx import helper
+
+    def model(node, in_type=onnx.TensorProto.FLOAT, out_type=onnx.TensorProto.FLOAT):
+        g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", in_type, [2])],
+                              [helper.make_tensor_value_info("y", out_type, [2])])
+        return helper.make_model(g)
+
+    relu = helper.make_node("Relu", ["x"], ["y"])
+    assert scope.classify(model(relu), "test_relu") is None
+    assert scope.classify(model(relu, onnx.TensorProto.BFLOAT16), "t").key == "dtype"
+    assert scope.classify(model(relu), "test_training_dropout_x").key == "random"
+    adam = helper.make_node("Adam", ["x"], ["y"], domain="ai.onnx.preview.training")
+    assert scope.classify(model(adam), "t").key == "training"
+    cast = helper.make_node("Cast", ["x"], ["y"], to=onnx.TensorProto.FLOAT8E4M3FN)
+    assert scope.classify(model(cast), "t").key == "dtype"
+
+
+def test_compile_time_inputs_are_bound_only_when_they_are_graph_inputs():
+    from onnx import helper
+
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"])
+    vis = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3]),
+           helper.make_tensor_value_info("shape", onnx.TensorProto.INT64, [1])]
+    out = [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [6])]
+    as_input = helper.make_model(helper.make_graph([node], "g", vis, out))
+    assert scope.compile_time_inputs(as_input) == ["shape"]
+    init = onnx.numpy_helper.from_array(__import__("numpy").array([6], "int64"), "shape")
+    as_init = helper.make_model(helper.make_graph([node], "g", vis[:1], out, [init]))
+    assert scope.compile_time_inputs(as_init) == []
+
+
+# -- the gate --------------------------------------------------------------------------------
+
+
+def _report(results, totals) -> str:
+    lines = ["conformance below target:"]
+    for group, t in sorted(totals.items()):
+        target = f" (target {t['target']:.0%})" if t["target"] is not None else ""
+        lines.append(f"  {group}: {t['passed']}/{t['in_scope']} in scope passed = {t['rate']:.1%}"
+                     f"{target}")
+    failures = [r for r in results if r["status"] == "fail"]
+    causes = collections.Counter(u for r in failures for u in r.get("unsupported", []))
+    if causes:
+        lines.append("  unsupported operators (failing cases): " + ", ".join(
+            f"{op} ({n})" for op, n in causes.most_common(25)))
+    lines.append("  failures (first 60; docs/conformance.md lists all):")
+    lines += [f"    {r['id']}: {r['error'][:200]}" for r in failures[:60]]
+    return "\n".join(lines)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(PER_CASE, reason="CUVIL_CONFORMANCE=cases runs the cases one by one instead")
+def test_conformance_meets_targets():
+    results = runner.run_all(_cases())
+    totals = runner.summarize(results)
+    for group in scope.TARGETS:
+        assert group in totals, f"no {group} cases were collected: is the onnx package complete?"
+    assert all(t["meets_target"] for t in totals.values()), _report(results, totals)
+
+
+# -- one test per case (CUVIL_CONFORMANCE=cases) ---------------------------------------------
+
+if PER_CASE:
+
+    @pytest.mark.parametrize("case", _cases(), ids=lambda c: c.id)
+    def test_case(case: runner.Case) -> None:
+        if case.scope:
+            cat = scope.category(case.scope)
+            pytest.skip(f"out of scope ({cat.title}): {cat.reason}")
+        result = runner.run_case(case)
+        if result["status"] != "pass":
+            pytest.fail(f"{case.id} ({result['stage']}): {result['error']}\n"
+                        f"{result.get('traceback', '')}", pytrace=False)
