@@ -187,7 +187,7 @@ class Graph:
         return Value(self.unique_name(name), type, const)
 
     def constant(self, array: np.ndarray, name: str = "const") -> Value:
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")  # (ascontiguousarray makes 0-D arrays 1-D)
         return self.value(name, TensorType(array.dtype, array.shape), array)
 
     def add_node(self, node: Node, index: int | None = None) -> Node:

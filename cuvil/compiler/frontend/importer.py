@@ -24,6 +24,9 @@ from cuvil.errors import CuvilError, ModelError, UnsupportedOpError
 
 __all__ = ["import_model"]
 
+#: the type of an output while its node's shape rule runs
+_UNTYPED = TensorType(np.float32, ())
+
 
 def _identifier(name: str) -> str:
     s = re.sub(r"\W", "_", name)
@@ -134,6 +137,9 @@ def import_model(source: str | Path | onnx.ModelProto,
                                    []).append(node_label)
             unknown.update(pn.output)
             continue
+        # the outputs exist (untyped) while the rule runs, so it can see how many there are
+        node.outputs = [graph.value(out_name or f"{node_label}_unused", _UNTYPED)
+                        for out_name in pn.output]
         try:
             types = op.infer(node, ctx)
         except CuvilError:
@@ -141,13 +147,11 @@ def import_model(source: str | Path | onnx.ModelProto,
         except Exception as exc:
             raise ModelError(f"{label}: {node.describe()}: cannot infer output shapes: "
                              f"{type(exc).__name__}: {exc}") from None
-        outs = []
-        for out_name, t in zip(pn.output, types):
-            v = graph.value(out_name or f"{node_label}_unused", t)
+        node.outputs = node.outputs[:len(types)]
+        for out_name, v, t in zip(pn.output, node.outputs, types):
+            v.type = t
             if out_name:
                 values[out_name] = v
-            outs.append(v)
-        node.outputs = outs
         graph.add_node(node)
 
     if unsupported:

@@ -62,10 +62,8 @@ def propagate(node: Node, num_outputs: int) -> list[tuple[TensorType, tuple[Dim,
         return None
     ins = [_known(v) for v in node.inputs]
     try:
-        if node.op_type == "Split":
-            outs = _split(node, ins, num_outputs)
-        else:
-            outs = _RULES[node.op_type](node, ins)
+        rule = _RULES[node.op_type]
+        outs = _split(node, ins, num_outputs) if node.op_type == "Split" else rule(node, ins)
     except (ValueError, TypeError, IndexError, ZeroDivisionError, KeyError, OverflowError):
         return None  # malformed for evaluation here: the op's own shape rule reports it
     if outs is None or len(outs) != num_outputs:

@@ -94,7 +94,11 @@ class Flatten(Copy):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         x = _x(node)
-        axis = normalize_axis(node, int(node.attrs.get("axis", 1)), x.type.rank + 1)
+        rank = x.type.rank
+        axis = int(node.attrs.get("axis", 1))
+        if not -rank <= axis <= rank:
+            raise ModelError(f"{node.describe()}: axis {axis} is out of range for rank {rank}")
+        axis = axis + rank if axis < 0 else axis
         shape = x.type.shape
         return [TensorType(x.type.dtype, (numel(shape[:axis]), numel(shape[axis:])))]
 

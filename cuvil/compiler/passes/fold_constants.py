@@ -49,7 +49,7 @@ def fold_node(node: onnx.NodeProto, inputs: list[np.ndarray | None],
             results = ReferenceEvaluator(model).run(None, feeds)
     except Exception:
         return None  # the lowering (or its error message) takes over
-    arrays = [np.ascontiguousarray(np.asarray(r)) for r in results]
+    arrays = [np.asarray(r, order="C") for r in results]  # keeps 0-D results 0-D
     if any(a.dtype == object or a.size > MAX_FOLDED_ELEMENTS for a in arrays):
         return None
     return arrays
