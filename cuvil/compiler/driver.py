@@ -26,6 +26,9 @@ from cuvil.runtime import _loader
 
 Log = Callable[[str], None]
 
+#: the C runtime linked into every library (thread pool behind `Emitter.parallel_loop`)
+RUNTIME_SOURCE = Path(_loader.__file__).with_name("threadpool.c")
+
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -109,8 +112,10 @@ def compile_model(
         weights_obj = workdir / f"{name}.{arch.name}.weights.o"
         zig.embed_blob(blob, symbol_names(name)["weights"], weights_obj, arch, tgt.object_format,
                        log=log)
-        objects[arch.name] = [obj, weights_obj]
-    library = zig.link_library(tgt, objects, workdir / library_file, log=log)
+        runtime_obj = zig.compile_c(RUNTIME_SOURCE, workdir / f"threadpool.{arch.name}.o", arch,
+                                    log=log)
+        objects[arch.name] = [obj, weights_obj, runtime_obj]
+    library = zig.link_library(tgt, objects, workdir / library_file, libs=("m", "pthread"), log=log)
     say(f"cuvil: {name}: built {library.name} in {time.perf_counter() - start:.1f} s")
     return CompiledModel(name, library, sig)
 

@@ -256,6 +256,48 @@ class Emitter:
             yield idx
 
     @contextmanager
+    def parallel_loop(self, stop: Dim | ir.Value, cost: Dim | ir.Value = 1,
+                      name: str = "p") -> Iterator[ir.Value]:
+        """`for i in range(stop)` with the iterations spread over the runtime's threads.
+
+        `cost` estimates the work of one iteration (about one multiply-add each); the runtime
+        runs small loops inline. The body becomes a function of its own, so everything it uses
+        must be made inside the block: take views (`k.view`) and dims (`k.dim`) there, not before.
+        """
+        n = self.dim(stop)
+        cost_v = self.dim(cost)
+        outer = (self.function, self.b, self.buffers, self._symbol_values, self._dims_ptr)
+        values = list(self.buffers)
+        body = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]),
+                           self.module.get_unique_name(f"{self.function.name}.{name}"))
+        body.linkage = "internal"
+        ctx, begin, end = body.args
+        self.function = body
+        self.b = ir.IRBuilder(body.append_basic_block("entry"))
+        self._symbol_values = {}
+
+        def slot(i: int) -> ir.Value:
+            p = self.b.gep(ctx, [self.i64(i)], source_etype=PTR, inbounds=True)
+            return self.b.load(p, typ=PTR)
+
+        self._dims_ptr = slot(0)
+        self.buffers = {v: slot(1 + i) for i, v in enumerate(values)}
+        try:
+            with self.loop(end, start=begin, name=name) as i:
+                yield i
+            self.b.ret_void()
+        finally:
+            self.function, self.b, self.buffers, self._symbol_values, self._dims_ptr = outer
+        # pack the body's captures (dims and buffers) and hand it to the runtime
+        with self.b.goto_entry_block():
+            if self.b.block.terminator is not None:
+                self.b.position_before(self.b.block.terminator)
+            frame = self.b.alloca(PTR, size=self.i64(1 + len(values)))
+        for i, p in enumerate([self._dims_ptr, *[self.buffers[v] for v in values]]):
+            self.b.store(p, self.b.gep(frame, [self.i64(i)], inbounds=True, source_etype=PTR))
+        self.b.call(_parallel_for(self.module), [body, frame, n, cost_v])
+
+    @contextmanager
     def if_then(self, cond: ir.Value) -> Iterator[None]:
         with self.b.if_then(cond):
             yield
@@ -354,3 +396,15 @@ class Emitter:
 def _kind(dtype: np.dtype | str) -> str:
     """numpy's kind letter: f(loat), i(nt), u(nsigned), b(ool)."""
     return np.dtype(dtype).kind
+
+
+#: the runtime's parallel-for (cuvil/runtime/threadpool.c), linked into every library
+PARALLEL_FOR = "cuvil_parallel_for"
+
+
+def _parallel_for(module: ir.Module) -> ir.Function:
+    try:
+        return module.get_global(PARALLEL_FOR)
+    except KeyError:
+        return ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64]),
+                           PARALLEL_FOR)

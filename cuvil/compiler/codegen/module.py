@@ -19,7 +19,7 @@ from __future__ import annotations
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I8, I32, I64, PTR, Emitter
+from cuvil.compiler.codegen.emitter import I8, I32, I64, PARALLEL_FOR, PTR, Emitter
 from cuvil.compiler.ir import Graph, Value
 from cuvil.compiler.ops import lookup
 from cuvil.compiler.passes.plan_memory import MemoryPlan
@@ -88,13 +88,19 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
         k.memcpy(k.b.load(slot, typ=PTR), src, k.dim(v.type.nbytes))
     k.b.ret(ir.Constant(I32, 0))
 
-    ir_text = str(module)
-    if weights is not None:
-        # llvmlite cannot mark a declaration hidden; hidden lets the code address the blob
-        # directly instead of through the GOT (the blob object defines it hidden anyway)
-        ir_text = ir_text.replace(f'@"{names["weights"]}" = external constant',
-                                  f'@"{names["weights"]}" = external hidden constant')
-    return ir_text
+    return hide_declarations(str(module), names["weights"])
+
+
+def hide_declarations(ir_text: str, weights_symbol: str) -> str:
+    """Mark the symbols other objects of the library define (weights, runtime) hidden.
+
+    llvmlite cannot set a declaration's visibility; hidden lets the code reach them directly
+    instead of through the GOT/PLT (their definitions are hidden anyway).
+    """
+    return (ir_text
+            .replace(f'@"{weights_symbol}" = external constant',
+                     f'@"{weights_symbol}" = external hidden constant')
+            .replace(f'declare void @"{PARALLEL_FOR}"', f'declare hidden void @"{PARALLEL_FOR}"'))
 
 
 def _buffers(node) -> list[Value]:
