@@ -1,0 +1,716 @@
+"""The `cuvil` command: compile, build, check, publish, inspect, bench, init, targets.
+
+Each subcommand is a thin function over the parts that do the work (compiler driver, build
+backend, checks, toolchains). A `CuvilError` is printed as `cuvil: error: ...` on stderr with
+exit code 2 and no traceback; `cuvil check` and `cuvil publish` exit 1 when a check fails.
+Progress lines go to stderr with `--verbose`; results go to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from cuvil.errors import ConfigError, CuvilError
+
+__all__ = ["main"]
+
+Log = Optional[Callable[[str], None]]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _progress(args: argparse.Namespace) -> Log:
+    """The log function the parts call: stderr lines with --verbose, else nothing."""
+    if not getattr(args, "verbose", False):
+        return None
+
+    def log(message: str) -> None:
+        _say(message if message.startswith("cuvil: ") else f"cuvil: {message}")
+
+    return log
+
+
+@contextlib.contextmanager
+def _chdir(path: Path) -> Iterator[None]:
+    # The PEP 517 hooks read the project from the current directory, as frontends call them.
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def _model_name(path: Path) -> str:
+    """A C identifier from a model file's name ("mnist-12.onnx" -> "mnist_12")."""
+    name = re.sub(r"\W", "_", path.stem, flags=re.ASCII) or "model"
+    return "m_" + name if name[0].isdigit() else name
+
+
+def _parse_dims(text: str, option: str) -> tuple[str, list[int | str]]:
+    """`name=dim,dim,...` (ints pin a dim, identifiers name a symbolic one)."""
+    name, sep, dims_text = text.partition("=")
+    example = f"{option} image=batch,1,8,8"
+    if not sep or not name:
+        raise ConfigError(f"{option} {text!r}: expected NAME=DIM,DIM,... (e.g. {example})")
+    dims: list[int | str] = []
+    for part in dims_text.split(","):
+        part = part.strip()
+        if re.fullmatch(r"[0-9]+", part) and int(part) >= 1:
+            dims.append(int(part))
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
+            dims.append(part)
+        else:
+            raise ConfigError(
+                f"{option} {text!r}: dim {part!r} is neither an integer >= 1 nor a symbol name "
+                f"(e.g. {example})"
+            )
+    return name, dims
+
+
+def _shape(shape: Sequence[Any]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _signature_lines(sig: Mapping[str, Any], indent: str = "  ") -> list[str]:
+    lines = []
+    for kind in ("inputs", "outputs"):
+        for t in sig.get(kind, []):
+            lines.append(f"{indent}{kind[:-1]:<7}{t['name']}: {t['dtype']}{_shape(t['shape'])}")
+    symbols = sig.get("symbols") or []
+    lines.append(f"{indent}symbolic dims: {', '.join(symbols) if symbols else 'none'}")
+    for condition, message in sig.get("constraints") or []:
+        lines.append(f"{indent}requires {condition}  ({message})")
+    if "workspace" in sig:
+        lines.append(f"{indent}workspace: {sig['workspace']} bytes")
+    name = sig["name"]
+    lines.append(f"{indent}C ABI: cuvil_{name}_run, cuvil_{name}_workspace_size, cuvil_{name}_abi_checksum")
+    lines.append(f"{indent}ABI checksum: {sig.get('checksum')}")
+    return lines
+
+
+# ----------------------------------------------------------------------------- compile
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from cuvil.compiler.driver import compile_model
+    from cuvil.runtime.header import render_header
+    from cuvil.toolchains import get_target
+
+    source = Path(args.model)
+    name = args.name or _model_name(source)
+    target = get_target(args.target)
+    output = Path(args.output) if args.output else Path(f"{name}{target.library_suffix}")
+    if output.is_dir():
+        output = output / f"{name}{target.library_suffix}"
+    header = output.with_suffix(".h")
+    if output.suffix != target.library_suffix:
+        _say(
+            f"cuvil: note: {output.name} does not end in {target.library_suffix}, the usual suffix "
+            f"for {target.name} libraries"
+        )
+    inputs = dict(_parse_dims(text, "--input") for text in args.input)
+    log = _progress(args)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="cuvil-compile-") as tmp:
+        compiled = compile_model(
+            source,
+            name,
+            Path(tmp),
+            inputs=inputs or None,
+            target=target.name,
+            cpu=args.cpu,
+            opt_level=args.opt_level,
+            log=log,
+            library_file=output.name,
+        )
+        output.parent.mkdir(parents=True, exist_ok=True)
+        staged = output.with_name(f".{output.name}.{os.getpid()}.part")
+        shutil.copyfile(compiled.library, staged)
+        os.chmod(staged, 0o755)
+        os.replace(staged, output)
+    header.write_text(render_header(compiled.signature, output.name), encoding="utf-8")
+    sig = compiled.signature
+    print(
+        f"{output}: model {name} for {target.name} ({output.stat().st_size} bytes), "
+        f"compiled in {time.perf_counter() - start:.1f} s"
+    )
+    print(f"{header}: C header")
+    for line in _signature_lines(sig):
+        print(line)
+    return 0
+
+
+# ------------------------------------------------------------------------------- build
+
+
+@contextlib.contextmanager
+def _quiet_unless(verbose: bool) -> Iterator[io.StringIO]:
+    """Hold the backend's stderr progress lines unless --verbose (errors are re-raised anyway)."""
+    buffer = io.StringIO()
+    if verbose:
+        yield buffer
+        return
+    with contextlib.redirect_stderr(buffer):
+        yield buffer
+
+
+def _config_settings(pairs: Sequence[str]) -> dict[str, str]:
+    settings: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"-C {pair!r}: expected KEY=VALUE, e.g. -C opt-level=2")
+        settings[key] = value
+    return settings
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    import cuvil.build_backend as backend
+    from cuvil.config import load_project
+
+    root = Path(args.project_dir).resolve()
+    if not (root / "pyproject.toml").is_file():
+        raise ConfigError(
+            f"{root}: no pyproject.toml; pass the model project's folder, or create one with "
+            "`cuvil init --model model.onnx`"
+        )
+    settings = _config_settings(args.config_setting)
+    project = load_project(root, settings)
+    if args.all_targets:
+        targets: list[str | None] = list(project.targets)
+        if not targets:
+            raise ConfigError(
+                f"{project.pyproject}: tool.cuvil.targets is empty, so --all-targets has nothing to "
+                'build; add e.g. targets = ["x86_64-linux", "aarch64-linux", "universal2-macos"]'
+            )
+    else:
+        targets = [args.target]
+    out_dir = Path(args.output).resolve() if args.output else root / "dist"
+    built = []
+    with _chdir(root):
+        for target in targets:
+            config = dict(settings)
+            if target is not None:
+                config["target"] = target
+            start = time.perf_counter()
+            with _quiet_unless(args.verbose):
+                name = backend.build_wheel(str(out_dir), config)
+            built.append(out_dir / name)
+            print(f"built {out_dir / name} ({time.perf_counter() - start:.1f} s)")
+        if args.sdist:
+            with _quiet_unless(args.verbose):
+                name = backend.build_sdist(str(out_dir), settings)
+            built.append(out_dir / name)
+            print(f"built {out_dir / name}")
+    return 0
+
+
+# ------------------------------------------------------------------------------- check
+
+
+def _check(paths: Sequence[str], auditwheel: bool) -> tuple[bool, list[str]]:
+    from cuvil.check import check_wheel
+
+    ok = True
+    texts = []
+    for path in paths:
+        report = check_wheel(path, auditwheel=auditwheel)
+        ok = ok and report.ok
+        texts.append(report.format())
+    return ok, texts
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    ok, texts = _check(args.wheels, auditwheel=not args.no_auditwheel)
+    print("\n".join(texts))
+    return 0 if ok else 1
+
+
+# ----------------------------------------------------------------------------- publish
+
+
+def _twine_command() -> list[str] | None:
+    import importlib.util
+
+    if importlib.util.find_spec("twine") is not None:
+        return [sys.executable, "-m", "twine"]
+    found = shutil.which("twine")
+    return [found] if found else None
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    not_wheels = [p for p in args.wheels if not p.endswith(".whl")]
+    if not_wheels:
+        raise ConfigError(
+            f"cuvil publish uploads checked wheels only; {', '.join(not_wheels)} "
+            "is not a .whl file (upload sdists with twine directly)"
+        )
+    ok, texts = _check(args.wheels, auditwheel=True)
+    print("\n".join(texts))
+    if not ok:
+        _say("cuvil: refusing to upload: the checks above failed; fix the build and run `cuvil check` again")
+        return 1
+    upload = ["upload"]
+    if args.repository_url:
+        upload += ["--repository-url", args.repository_url]
+    upload += [str(Path(p)) for p in args.wheels]
+    if args.dry_run:
+        print(f"dry run: all checks passed; would run: twine {' '.join(upload)}")
+        return 0
+    twine = _twine_command()
+    if twine is None:
+        raise CuvilError(
+            "the checks passed, but twine, which does the upload, is not installed; install it with "
+            "`python -m pip install twine` and run cuvil publish again"
+        )
+    return subprocess.call([*twine, *upload])
+
+
+# ----------------------------------------------------------------------------- inspect
+
+
+def _inspect_wheel(path: Path) -> int:
+    from cuvil.check._archive import read_wheel
+    from cuvil.errors import CheckError
+
+    wheel = read_wheel(path)
+    if wheel.manifest is None:
+        raise CheckError(f"{path}: {wheel.manifest_error}")
+    m = wheel.manifest
+    print(
+        f"{path.name}: package {m.get('package')}, target {m.get('target')}, built by cuvil "
+        f"{m.get('cuvil_version')} (ABI {m.get('abi_version')})"
+    )
+    for sig in m["models"]:
+        library = f"{wheel.package}/{sig.get('library')}"
+        size = len(wheel.files[library]) if library in wheel.files else None
+        print(
+            f"model {sig.get('name')}: {library}" + (f" ({size} bytes)" if size is not None else " (missing)")
+        )
+        for line in _signature_lines(sig):
+            print(line)
+    return 0
+
+
+def _dim_text(dim: Any) -> str:
+    if dim.HasField("dim_value"):
+        return str(dim.dim_value)
+    return dim.dim_param or "?"
+
+
+def _inspect_model(path: Path) -> int:
+    import onnx
+
+    from cuvil.compiler.frontend.loader import load_onnx
+    from cuvil.compiler.ops import lookup
+
+    model, _label = load_onnx(path)
+    graph = model.graph
+    opsets = {(imp.domain or ""): int(imp.version) for imp in model.opset_import}
+    opsets.setdefault("", opsets.get("ai.onnx", 1))
+    imports = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(opsets.items()))
+    print(
+        f"{path}: ONNX IR version {model.ir_version}, opsets {imports}, producer "
+        f"{model.producer_name or '?'} {model.producer_version}".rstrip()
+    )
+    initializers = {t.name for t in graph.initializer}
+
+    def tensor(vi: Any) -> str:
+        if not vi.type.HasField("tensor_type"):
+            return f"{vi.name}: (not a tensor)"
+        tt = vi.type.tensor_type
+        try:
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name
+        except (KeyError, ValueError, TypeError):
+            dtype = onnx.TensorProto.DataType.Name(tt.elem_type).lower()
+        shape = _shape([_dim_text(d) for d in tt.shape.dim]) if tt.HasField("shape") else "(no shape)"
+        return f"{vi.name}: {dtype}{shape}"
+
+    for vi in graph.input:
+        if vi.name not in initializers:
+            print(f"  input   {tensor(vi)}")
+    for vi in graph.output:
+        print(f"  output  {tensor(vi)}")
+    weights = sum(int(getattr(onnx.numpy_helper.to_array(t), "nbytes", 0)) for t in graph.initializer)
+    print(f"  {len(graph.node)} nodes, {len(graph.initializer)} initializers ({weights} bytes)")
+    counts: dict[tuple[str, str], int] = {}
+    for node in graph.node:
+        key = (node.domain or "", node.op_type)
+        counts[key] = counts.get(key, 0) + 1
+    unsupported = []
+    print("  operators:")
+    for (domain, op_type), count in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        opset = opsets.get(domain, 0)
+        supported = lookup(domain, op_type, opset) is not None
+        label = f"{domain + '.' if domain else ''}{op_type}"
+        if not supported:
+            unsupported.append(label)
+        print(f"    {label:<28} x{count:<5} opset {opset:<3} {'supported' if supported else 'NOT SUPPORTED'}")
+    if unsupported:
+        print(
+            f"  cuvil cannot compile {len(unsupported)} operator type(s): {', '.join(unsupported)} "
+            "(unless they only compute constants, which are folded at compile time)"
+        )
+    else:
+        print(f"  all {len(counts)} operator types are supported")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file (expected an .onnx model or a .whl wheel)")
+    if path.suffix == ".whl":
+        return _inspect_wheel(path)
+    return _inspect_model(path)
+
+
+# ----------------------------------------------------------------------------- targets
+
+
+def cmd_targets(args: argparse.Namespace) -> int:
+    from cuvil.toolchains import list_targets
+
+    targets = list_targets()
+    width = max((len(t.name) for t in targets), default=0)
+    tag_width = max((len(t.platform_tag) for t in targets), default=0)
+    for t in targets:
+        host = t.is_host()
+        arches = " + ".join(a.name for a in t.arches)
+        line = f"{'*' if host else ' '} {t.name:<{width}}  {t.platform_tag:<{tag_width}}  {arches}"
+        if host:
+            line += "  (host)"
+        if args.verbose:
+            line += f"\n    {t.description}  [{t.source}]"
+        print(line)
+    return 0
+
+
+# -------------------------------------------------------------------------------- init
+
+
+def _toml_string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)  # a JSON string is a valid TOML basic string
+
+
+def _input_pins(model: Any) -> list[str]:
+    """`name = [dims]` entries naming the model's dims, unnamed dynamic dims named for the user."""
+    initializers = {t.name for t in model.graph.initializer}
+    entries = []
+    for vi in model.graph.input:
+        if vi.name in initializers or not vi.type.HasField("tensor_type"):
+            continue
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            continue
+        dims = []
+        for axis, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value"):
+                dims.append(str(d.dim_value))
+            else:
+                param = re.sub(r"\W", "_", d.dim_param, flags=re.ASCII) if d.dim_param else ""
+                if not param or param[0].isdigit():
+                    param = "batch" if axis == 0 else f"{_model_name(Path(vi.name))}_{axis}"
+                dims.append(_toml_string(param))
+        entries.append(f"{_toml_string(vi.name)} = [{', '.join(dims)}]")
+    return entries
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from cuvil.compiler.frontend.loader import load_onnx
+    from cuvil.config import load_project, normalize_package_name
+
+    root = Path(args.directory).resolve()
+    source = Path(args.model)
+    model, _label = load_onnx(source)  # a ModelError here says what is wrong with the file
+    name = args.name or _model_name(source).lower()
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ConfigError(f"--name {name!r}: a model name must be a C identifier (it names C symbols)")
+    project_name = (
+        args.project_name or f"{re.sub(r'[^A-Za-z0-9._-]+', '-', root.name).strip('-.') or 'model'}-cuvil"
+    )
+    package = args.package or normalize_package_name(project_name)
+
+    model_rel = f"models/{name}.onnx"
+    files = {
+        "pyproject.toml": _render_pyproject(project_name, package, name, model_rel, _input_pins(model)),
+        ".gitignore": "build/\ndist/\n",
+    }
+    existing = [p for p in [*files, model_rel] if (root / p).exists()]
+    if existing:
+        raise ConfigError(
+            f"{root}: refusing to overwrite {', '.join(existing)}; remove them or choose another directory"
+        )
+    (root / "models").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, root / model_rel)
+    for rel, text in files.items():
+        (root / rel).write_text(text, encoding="utf-8")
+    project = load_project(root)  # the scaffold must be a valid project
+    print(f"created {project.pyproject} (project {project.name}, package {project.package}, model {name})")
+    print(f"copied {source} to {root / model_rel}")
+    print(f"next: cuvil build {args.directory}   then: cuvil check {args.directory}/dist/*.whl")
+    return 0
+
+
+def _render_pyproject(project: str, package: str, model: str, source: str, pins: list[str]) -> str:
+    from cuvil.toolchains import host_target_name
+
+    try:
+        host = host_target_name()
+    except CuvilError:
+        host = "x86_64-linux"
+    targets = sorted({host, "x86_64-linux", "aarch64-linux", "universal2-macos"})
+    lines = [
+        "[build-system]",
+        'requires = ["cuvil"]',
+        'build-backend = "cuvil.build_backend"',
+        "",
+        "[project]",
+        f"name = {_toml_string(project)}",
+        'version = "0.1.0"',
+        f"description = {_toml_string(f'The {model} model, compiled by cuvil')}",
+        'requires-python = ">=3.9"',
+        "",
+        "[tool.cuvil]",
+        f"package = {_toml_string(package)}",
+        f"targets = [{', '.join(_toml_string(t) for t in targets)}]   # built by `cuvil build --all-targets`",
+        "",
+        f"[tool.cuvil.models.{model}]",
+        f"source = {_toml_string(source)}",
+    ]
+    if pins:
+        lines.append(f"inputs = {{ {', '.join(pins)} }}   # ints pin dims, strings name symbolic ones")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------- bench
+
+
+def _random_inputs(model: Any, dims: Mapping[str, int], seed: int = 0) -> dict[str, Any]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for info in model.inputs:
+        shape = tuple(d if isinstance(d, int) else dims[d] for d in info.shape)
+        if info.dtype.kind == "f":
+            feeds[info.name] = rng.standard_normal(shape).astype(info.dtype)
+        elif info.dtype.kind in "iu":
+            feeds[info.name] = rng.integers(0, 10, size=shape).astype(info.dtype)
+        elif info.dtype.kind == "b":
+            feeds[info.name] = rng.random(shape) < 0.5
+        else:
+            raise ConfigError(f"bench cannot make random {info.dtype.name} data for input {info.name!r}")
+    return feeds
+
+
+def _time(fn: Callable[[], Any], runs: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    start = time.perf_counter()
+    for _ in range(runs):
+        fn()
+    return (time.perf_counter() - start) / runs
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from cuvil.compiler.driver import compile_in_process
+
+    if args.runs < 1 or args.batch < 1:
+        raise ConfigError("--runs and --batch must be at least 1")
+    path = Path(args.model)
+    log = _progress(args)
+    if log:
+        log(f"compiling {path} for this machine")
+    start = time.perf_counter()
+    model = compile_in_process(path)
+    compile_time = time.perf_counter() - start
+    dims: dict[str, int] = {}
+    for info in model.inputs:
+        for d in info.shape:
+            if isinstance(d, str):
+                dims.setdefault(d, args.batch)
+    dims.update(dict(_parse_dim_value(text) for text in args.dim))
+    feeds = _random_inputs(model, dims)
+    shapes = ", ".join(f"{k}{_shape(v.shape)}" for k, v in feeds.items())
+    print(f"{path}: compiled in {compile_time:.2f} s; inputs {shapes}")
+    print(f"  {args.runs} timed runs after {args.warmup} warm-up runs")
+    mine = _time(lambda: model.run(feeds), args.runs, args.warmup)
+    print(f"  cuvil        {mine * 1e3:10.3f} ms per run")
+    try:
+        import onnxruntime
+    except ImportError:
+        print("  onnxruntime is not installed: no comparison (python -m pip install onnxruntime)")
+        return 0
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    theirs = _time(lambda: session.run(None, feeds), args.runs, args.warmup)
+    print(f"  onnxruntime  {theirs * 1e3:10.3f} ms per run")
+    ours = model.run(feeds)
+    reference = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    diffs = []
+    for name, value in ours.items():
+        if name in reference and value.shape == reference[name].shape and value.size:
+            diff = np.max(np.abs(value.astype(np.float64) - reference[name].astype(np.float64)))
+            diffs.append(f"{name} {diff:.3g}")
+    ratio = theirs / mine if mine > 0 else float("inf")
+    verdict = "faster" if ratio >= 1 else "slower"
+    print(f"  ratio        {ratio:10.2f}x (onnxruntime time / cuvil time: cuvil is {verdict})")
+    if diffs:
+        print(f"  max |cuvil - onnxruntime|: {', '.join(diffs)}")
+    return 0
+
+
+def _parse_dim_value(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    if not sep or not re.fullmatch(r"[0-9]+", value.strip()) or int(value) < 1:
+        raise ConfigError(f"--dim {text!r}: expected NAME=N with N >= 1, e.g. --dim batch=8")
+    return name.strip(), int(value)
+
+
+# ------------------------------------------------------------------------------ parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    from cuvil import __version__
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print progress lines on stderr",
+    )
+    parser = argparse.ArgumentParser(
+        prog="cuvil",
+        description="Compile ONNX models ahead of time into native, pip-installable Python wheels.",
+    )
+    parser.add_argument("--version", action="version", version=f"cuvil {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=False, help="print progress lines on stderr"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("compile", parents=[common], help="compile one model into a library and C header")
+    p.add_argument("model", help="the ONNX model file")
+    p.add_argument(
+        "-o",
+        "--output",
+        help="library file to write (default: NAME + the target's suffix); "
+        "the header goes next to it with suffix .h",
+    )
+    p.add_argument("--name", help="model name, used in the C symbols (default: from the file name)")
+    p.add_argument("--target", help="target to build for (see `cuvil targets`; default: this machine)")
+    p.add_argument(
+        "--cpu", help='LLVM cpu to tune for ("native" for this machine; default: the target\'s baseline)'
+    )
+    p.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=DIM,...",
+        help="pin or name an input's dims, e.g. image=batch,1,8,8 (repeatable)",
+    )
+    p.add_argument(
+        "-O", dest="opt_level", type=int, choices=(0, 1, 2, 3), default=3, help="optimization level"
+    )
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("build", parents=[common], help="build the wheel(s) of a model project")
+    p.add_argument("project_dir", nargs="?", default=".", help="the project folder (default: .)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--target", help="target to build for (default: this machine)")
+    group.add_argument(
+        "--all-targets", action="store_true", help="build every target in [tool.cuvil].targets"
+    )
+    p.add_argument("-o", "--output", help="folder for the wheels (default: PROJECT_DIR/dist)")
+    p.add_argument("--sdist", action="store_true", help="also build the source distribution")
+    p.add_argument(
+        "-C",
+        "--config-setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a build setting, as for pip -C (e.g. opt-level=2); repeatable",
+    )
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("check", parents=[common], help="validate built wheels (exit 1 on any failure)")
+    p.add_argument("wheels", nargs="+", metavar="WHEEL")
+    p.add_argument("--no-auditwheel", action="store_true", help="skip the auditwheel policy check")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("publish", parents=[common], help="check wheels, then upload them with twine")
+    p.add_argument("wheels", nargs="+", metavar="WHEEL")
+    p.add_argument("--repository-url", help="upload to this package index instead of twine's default")
+    p.add_argument("--dry-run", action="store_true", help="run the checks and show the upload command only")
+    p.set_defaults(func=cmd_publish)
+
+    p = sub.add_parser(
+        "inspect", parents=[common], help="show a model's tensors and operators, or a wheel's models"
+    )
+    p.add_argument("path", metavar="MODEL.onnx|WHEEL")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("targets", parents=[common], help="list the known targets (* marks this machine)")
+    p.set_defaults(func=cmd_targets)
+
+    p = sub.add_parser("init", parents=[common], help="create a model project around an ONNX file")
+    p.add_argument(
+        "directory", nargs="?", default=".", help="project folder (created if missing; default: .)"
+    )
+    p.add_argument("--model", required=True, help="the ONNX model to copy into models/")
+    p.add_argument("--name", help="model name (default: from the file name)")
+    p.add_argument("--project-name", help="[project].name (default: FOLDER-cuvil)")
+    p.add_argument("--package", help="import name (default: from the project name)")
+    p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser("bench", parents=[common], help="time a model compiled by cuvil against onnxruntime")
+    p.add_argument("model", help="the ONNX model file")
+    p.add_argument("--batch", type=int, default=1, help="value of every symbolic dim (default: 1)")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=N", help="value of one symbolic dim")
+    p.add_argument("--runs", type=int, default=100, help="timed runs (default: 100)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed runs first (default: 5)")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except CuvilError as exc:
+        _say(f"cuvil: error: {exc}")
+        return 2
+    except KeyboardInterrupt:
+        _say("cuvil: interrupted")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
