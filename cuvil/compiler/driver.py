@@ -23,6 +23,7 @@ from cuvil.compiler.passes.plan_memory import plan_memory
 from cuvil.compiler.symbolic import relational_to_python, to_python
 from cuvil.errors import ConfigError, ModelError
 from cuvil.runtime import _loader
+from cuvil.runtime.dispatch import render_dispatcher
 
 Log = Callable[[str], None]
 
@@ -72,7 +73,7 @@ def compile_model(
     log: Log | None = None,
     library_file: str | None = None,
 ) -> CompiledModel:
-    from cuvil.toolchains import get_target, target_machine, zig
+    from cuvil.toolchains import get_target, zig
 
     say = log or (lambda _msg: None)
     if not _NAME.match(name):
@@ -103,21 +104,50 @@ def compile_model(
     blob.write_bytes(bytes(plan.weights))
     objects: dict[str, list[Path]] = {}
     for arch in tgt.arches:
-        tm = target_machine(arch, cpu=cpu, opt_level=opt_level)
-        say(f"cuvil: {name}: generating code for {arch.llvm_triple} (cpu {cpu or arch.cpu})")
-        ir_text = build_module(graph, plan, name, sig["checksum"], arch.llvm_triple,
-                               str(tm.target_data))
-        obj = workdir / f"{name}.{arch.name}.o"
-        obj.write_bytes(emit_object(ir_text, tm, opt_level))
+        objs = _compile_arch(graph, plan, sig, arch, workdir, cpu=cpu, opt_level=opt_level, log=log)
         weights_obj = workdir / f"{name}.{arch.name}.weights.o"
         zig.embed_blob(blob, symbol_names(name)["weights"], weights_obj, arch, tgt.object_format,
                        log=log)
         runtime_obj = zig.compile_c(RUNTIME_SOURCE, workdir / f"threadpool.{arch.name}.o", arch,
                                     log=log)
-        objects[arch.name] = [obj, weights_obj, runtime_obj]
+        objects[arch.name] = [*objs, weights_obj, runtime_obj]
     library = zig.link_library(tgt, objects, workdir / library_file, libs=("m", "pthread"), log=log)
     say(f"cuvil: {name}: built {library.name} in {time.perf_counter() - start:.1f} s")
     return CompiledModel(name, library, sig)
+
+
+def _compile_arch(graph: Graph, plan: Any, sig: dict[str, Any], arch: Any, workdir: Path, *,
+                  cpu: str | None, opt_level: int, log: Log | None) -> list[Path]:
+    """Object files of the model's code for one arch: one module for a named cpu, else the
+    baseline plus each CPU variant of the toolchain file and a dispatcher choosing at run time."""
+    from cuvil.toolchains import host_cpu, target_machine, zig
+
+    say = log or (lambda _msg: None)
+    name = sig["name"]
+    if cpu is not None or not arch.variants:
+        features = host_cpu()[1] if cpu == "native" else arch.features
+        tm = target_machine(arch, cpu=cpu, opt_level=opt_level)
+        say(f"cuvil: {name}: generating code for {arch.llvm_triple} (cpu {cpu or arch.cpu})")
+        obj = workdir / f"{name}.{arch.name}.o"
+        obj.write_bytes(emit_object(build_module(graph, plan, name, sig["checksum"],
+                                                 arch.llvm_triple, str(tm.target_data),
+                                                 features=features), tm, opt_level))
+        return [obj]
+    levels = [(arch.cpu, arch.features, ()),
+              *[(v.cpu, v.features, v.requires) for v in arch.variants]]
+    objects = []
+    for index, (level_cpu, features, _) in enumerate(levels):
+        tm = target_machine(arch, cpu=level_cpu, features=features, opt_level=opt_level)
+        say(f"cuvil: {name}: generating code for {arch.llvm_triple} (cpu {level_cpu})")
+        obj = workdir / f"{name}.{arch.name}.{index}.o"
+        obj.write_bytes(emit_object(build_module(graph, plan, name, sig["checksum"],
+                                                 arch.llvm_triple, str(tm.target_data),
+                                                 features=features, variant=index), tm, opt_level))
+        objects.append(obj)
+    source = workdir / f"{name}.dispatch.c"
+    source.write_text(render_dispatcher(name, [requires for _, _, requires in levels]))
+    objects.append(zig.compile_c(source, workdir / f"{name}.{arch.name}.dispatch.o", arch, log=log))
+    return objects
 
 
 def compile_in_process(

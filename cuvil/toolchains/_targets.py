@@ -52,7 +52,9 @@ _ARCH_KEYS = {
     "zig-target": True,
     "cpu": True,
     "features": False,
+    "variant": False,
 }
+_VARIANT_KEYS = {"cpu": True, "features": True, "requires": True}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TAG_RE = re.compile(r"^[a-z0-9_]+$")
 _FEATURES_RE = re.compile(r"^[+-][A-Za-z0-9_.-]+$")
@@ -66,6 +68,15 @@ _MACHINES = {
 
 
 @dataclass(frozen=True)
+class Variant:
+    """Code for a newer CPU level, picked at run time when the CPU has every `requires` flag."""
+
+    cpu: str
+    features: str  # what the cpu implies, spelled out: kernels size their tiles from it
+    requires: tuple[str, ...]  # __builtin_cpu_supports() names, e.g. ("avx2", "fma")
+
+
+@dataclass(frozen=True)
 class Arch:
     """One architecture slice of a target: a single object file / thin library."""
 
@@ -74,6 +85,8 @@ class Arch:
     zig_target: str
     cpu: str  # LLVM cpu name; "native" means the host's
     features: str  # LLVM feature string, may be ""
+    #: faster code paths for newer CPUs of this arch, tried in order before the baseline
+    variants: tuple[Variant, ...] = ()
 
     @property
     def os(self) -> str:
@@ -365,7 +378,24 @@ def _parse_arch(raw: dict[str, Any], path: Path, fmt: str, where: str) -> Arch:
                 f"{bad[0]!r} is not an LLVM feature; write a comma-separated list such as '+neon,-sve'",
             )
         features = ",".join(f.strip() for f in features.split(","))
-    return Arch(name=name, llvm_triple=triple, zig_target=zig_target, cpu=cpu, features=features)
+    variants = raw.get("variant", [])
+    if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
+        raise _fail(path, f"{where}variant", "must be an array of tables ([[arch.variant]])")
+    return Arch(name=name, llvm_triple=triple, zig_target=zig_target, cpu=cpu, features=features,
+                variants=tuple(_parse_variant(v, path, f"{where}variant[{i}].")
+                               for i, v in enumerate(variants)))
+
+
+def _parse_variant(raw: dict[str, Any], path: Path, where: str) -> Variant:
+    _check_keys(raw, _VARIANT_KEYS, path, where)
+    cpu = _str(raw, "cpu", path, where)
+    features = _str(raw, "features", path, where)
+    requires = raw["requires"]
+    if (not isinstance(requires, list) or not requires
+            or not all(isinstance(r, str) and re.match(r"^[a-z0-9_.]+$", r) for r in requires)):
+        raise _fail(path, f"{where}requires",
+                    "must be a non-empty list of CPU feature names such as [\"avx2\", \"fma\"]")
+    return Variant(cpu=cpu, features=features, requires=tuple(requires))
 
 
 # ---------------------------------------------------------------------------------- LLVM

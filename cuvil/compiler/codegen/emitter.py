@@ -120,6 +120,8 @@ class Emitter:
         self._symbol_index = {name: i for i, name in enumerate(symbols)}
         self._symbol_values: dict[str, ir.Value] = {}
         self.buffers = buffers
+        #: inside `parallel_loop(carry=...)`: the body's copies of the carried values
+        self.carried: list[ir.Value] = []
 
     # -- constants and dims -------------------------------------------------------------
     @staticmethod
@@ -256,17 +258,22 @@ class Emitter:
             yield idx
 
     @contextmanager
-    def parallel_loop(self, stop: Dim | ir.Value, cost: Dim | ir.Value = 1,
-                      name: str = "p") -> Iterator[ir.Value]:
+    def parallel_loop(self, stop: Dim | ir.Value, cost: Dim | ir.Value = 1, name: str = "p",
+                      carry: Sequence[ir.Value] = ()) -> Iterator[ir.Value]:
         """`for i in range(stop)` with the iterations spread over the runtime's threads.
 
         `cost` estimates the work of one iteration (about one multiply-add each); the runtime
         runs small loops inline. The body becomes a function of its own, so everything it uses
         must be made inside the block: take views (`k.view`) and dims (`k.dim`) there, not before.
+        Other values computed before the loop (pointers or i64) go in `carry`; inside the block
+        `k.carried[j]` is the body's copy of `carry[j]`. Node failures (`fail_if`) cannot be
+        reported from inside the block.
         """
         n = self.dim(stop)
         cost_v = self.dim(cost)
-        outer = (self.function, self.b, self.buffers, self._symbol_values, self._dims_ptr)
+        carry = list(carry)
+        outer = (self.function, self.b, self.buffers, self._symbol_values, self._dims_ptr,
+                 self.carried)
         values = list(self.buffers)
         body = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]),
                            self.module.get_unique_name(f"{self.function.name}.{name}"))
@@ -282,18 +289,24 @@ class Emitter:
 
         self._dims_ptr = slot(0)
         self.buffers = {v: slot(1 + i) for i, v in enumerate(values)}
+        self.carried = []
+        for j, c in enumerate(carry):
+            raw = slot(1 + len(values) + j)
+            self.carried.append(self.b.ptrtoint(raw, I64) if c.type == I64 else raw)
         try:
             with self.loop(end, start=begin, name=name) as i:
                 yield i
             self.b.ret_void()
         finally:
-            self.function, self.b, self.buffers, self._symbol_values, self._dims_ptr = outer
+            (self.function, self.b, self.buffers, self._symbol_values, self._dims_ptr,
+             self.carried) = outer
         # pack the body's captures (dims and buffers) and hand it to the runtime
         with self.b.goto_entry_block():
             if self.b.block.terminator is not None:
                 self.b.position_before(self.b.block.terminator)
-            frame = self.b.alloca(PTR, size=self.i64(1 + len(values)))
-        for i, p in enumerate([self._dims_ptr, *[self.buffers[v] for v in values]]):
+            frame = self.b.alloca(PTR, size=self.i64(1 + len(values) + len(carry)))
+        carried = [self.b.inttoptr(c, PTR) if c.type == I64 else c for c in carry]
+        for i, p in enumerate([self._dims_ptr, *[self.buffers[v] for v in values], *carried]):
             self.b.store(p, self.b.gep(frame, [self.i64(i)], inbounds=True, source_etype=PTR))
         self.b.call(_parallel_for(self.module), [body, frame, n, cost_v])
 
@@ -304,6 +317,8 @@ class Emitter:
 
     def fail_if(self, cond: ir.Value, status: int = STATUS_INDEX_OUT_OF_RANGE) -> None:
         """Leave the node's function with `status` when `cond` holds; the run stops there."""
+        if self.function.return_value.type != I32:
+            raise RuntimeError("fail_if cannot be used inside a parallel_loop body")
         with self.b.if_then(cond, likely=False):
             self.b.ret(ir.Constant(I32, status))
 

@@ -35,19 +35,34 @@ def symbol_names(model: str) -> dict[str, str]:
     }
 
 
+def variant_run_symbol(model: str, index: int) -> str:
+    """The hidden `run` of CPU variant `index`; the exported `run` dispatches to one of them."""
+    return f"__cuvil_{model}_run_{index}"
+
+
 def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
-                 triple: str, data_layout: str) -> str:
-    """The LLVM IR text of the model's library."""
+                 triple: str, data_layout: str, *, features: str = "",
+                 variant: int | None = None) -> str:
+    """The LLVM IR text of the model's library.
+
+    With `variant`, this is one of several copies of the code for different CPU levels: its
+    `run` is the hidden `variant_run_symbol(model, variant)` and only variant 0 defines the
+    checksum and workspace-size symbols (a dispatcher defines the exported `run`).
+    """
     names = symbol_names(model)
     module = ir.Module(name=model)
     module.triple = triple
     module.data_layout = data_layout
+    module.cuvil_features = features  # read by kernels to size their register tiles
     symbols = [s.name for s in graph.symbols]
+    primary = variant in (None, 0)
+    hidden = []
 
-    text = bytearray(checksum.encode() + b"\0")
-    cs = ir.GlobalVariable(module, ir.ArrayType(I8, len(text)), names["checksum"])
-    cs.initializer = ir.Constant(ir.ArrayType(I8, len(text)), text)
-    cs.global_constant = True
+    if primary:
+        text = bytearray(checksum.encode() + b"\0")
+        cs = ir.GlobalVariable(module, ir.ArrayType(I8, len(text)), names["checksum"])
+        cs.initializer = ir.Constant(ir.ArrayType(I8, len(text)), text)
+        cs.global_constant = True
 
     weights = None
     if plan.weights:
@@ -55,14 +70,18 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
         weights.linkage = "external"
         weights.global_constant = True
 
-    # int64_t workspace_size(const int64_t *dims)
-    ws_fn = ir.Function(module, ir.FunctionType(I64, [PTR]), names["workspace_size"])
-    k = Emitter(module, ws_fn, ws_fn.args[0], symbols, {})
-    k.b.ret(k.dim(plan.workspace_size))
+    if primary:
+        # int64_t workspace_size(const int64_t *dims)
+        ws_fn = ir.Function(module, ir.FunctionType(I64, [PTR]), names["workspace_size"])
+        k = Emitter(module, ws_fn, ws_fn.args[0], symbols, {})
+        k.b.ret(k.dim(plan.workspace_size))
 
     node_fns = [_node_function(module, graph, plan, i, symbols) for i in range(len(graph.nodes))]
 
-    run = ir.Function(module, ir.FunctionType(I32, [PTR, PTR, PTR, PTR]), names["run"])
+    run_name = names["run"] if variant is None else variant_run_symbol(model, variant)
+    if variant is not None:
+        hidden.append(run_name)
+    run = ir.Function(module, ir.FunctionType(I32, [PTR, PTR, PTR, PTR]), run_name)
     inputs, outputs, dims, workspace = run.args
     k = Emitter(module, run, dims, symbols, {})
 
@@ -88,19 +107,24 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
         k.memcpy(k.b.load(slot, typ=PTR), src, k.dim(v.type.nbytes))
     k.b.ret(ir.Constant(I32, 0))
 
-    return hide_declarations(str(module), names["weights"])
+    return hide_declarations(str(module), names["weights"], hidden)
 
 
-def hide_declarations(ir_text: str, weights_symbol: str) -> str:
-    """Mark the symbols other objects of the library define (weights, runtime) hidden.
+def hide_declarations(ir_text: str, weights_symbol: str, functions: list[str] = ()) -> str:
+    """Mark hidden the symbols other objects of the library define (weights, runtime) and the
+    `functions` defined here that must not be exported.
 
-    llvmlite cannot set a declaration's visibility; hidden lets the code reach them directly
-    instead of through the GOT/PLT (their definitions are hidden anyway).
+    llvmlite cannot set visibility; hidden lets the code reach them directly instead of
+    through the GOT/PLT, and keeps them out of the library's exports.
     """
-    return (ir_text
-            .replace(f'@"{weights_symbol}" = external constant',
-                     f'@"{weights_symbol}" = external hidden constant')
-            .replace(f'declare void @"{PARALLEL_FOR}"', f'declare hidden void @"{PARALLEL_FOR}"'))
+    ir_text = (ir_text
+               .replace(f'@"{weights_symbol}" = external constant',
+                        f'@"{weights_symbol}" = external hidden constant')
+               .replace(f'declare void @"{PARALLEL_FOR}"',
+                        f'declare hidden void @"{PARALLEL_FOR}"'))
+    for name in functions:
+        ir_text = ir_text.replace(f'define i32 @"{name}"', f'define hidden i32 @"{name}"')
+    return ir_text
 
 
 def _buffers(node) -> list[Value]:

@@ -1,0 +1,89 @@
+"""The shared GEMM kernel against numpy: every edge of the tiling, both epilogues, threads,
+and the tile shapes of each x86 instruction set the kernel targets."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import pytest
+from llvmlite import ir
+
+from cuvil.compiler.codegen.emitter import I32, I64, PTR, Emitter
+from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_parallel_gemm
+from cuvil.compiler.codegen.module import emit_object, hide_declarations
+from cuvil.compiler.driver import RUNTIME_SOURCE
+
+EPILOGUES = [Epilogue(), Epilogue("row"), Epilogue("col", relu=True), Epilogue("none", relu=True)]
+FEATURES = {"sse": "", "avx2": "+avx,+avx2,+fma"}
+
+
+def build(tmp: Path, features: str) -> ctypes.CDLL:
+    """A library exporting gemm_<i>(dims[M,N,K,acc], A, B, C, bias) for each epilogue."""
+    from cuvil.toolchains import get_target, target_machine, zig
+
+    target = get_target(None)
+    arch = target.arches[0]
+    tm = target_machine(arch, cpu="x86-64-v3" if features else "x86-64-v2", features=features)
+    module = ir.Module("g")
+    module.triple = arch.llvm_triple
+    module.data_layout = str(tm.target_data)
+    module.cuvil_features = features
+    for e, ep in enumerate(EPILOGUES):
+        fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 5), f"gemm_{e}")
+        k = Emitter(module, fn, fn.args[0], [], {})
+        dims = [k.b.load(k.b.gep(fn.args[0], [k.i64(i)], source_etype=I64), typ=I64)
+                for i in range(4)]
+        m, n, kk, acc = dims
+        a, b, c, bias = fn.args[1:]
+        for flag in (0, 1):
+            with k.if_then(k.b.icmp_signed("==", acc, k.i64(flag))):
+                emit_parallel_gemm(k, m, n, kk, a, kk, b, n, c, n, accumulate=bool(flag),
+                                   bias=bias, epilogue=ep)
+        k.b.ret(ir.Constant(I32, 0))
+    obj = tmp / "g.o"
+    obj.write_bytes(emit_object(hide_declarations(str(module), "-"), tm))
+    rt = zig.compile_c(RUNTIME_SOURCE, tmp / "rt.o", arch)
+    return ctypes.CDLL(str(zig.link_library(target, [obj, rt], tmp / "_g.so",
+                                            libs=("m", "pthread"))))
+
+
+@pytest.fixture(scope="module", params=sorted(FEATURES))
+def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    if request.param == "avx2":
+        import llvmlite.binding as llvm
+
+        if "+avx2" not in llvm.get_host_cpu_features().flatten():
+            pytest.skip("this CPU has no AVX2")
+    return build(tmp_path_factory.mktemp(request.param), FEATURES[request.param])
+
+
+def reference(a, b, c0, bias, ep: Epilogue, accumulate: bool) -> np.ndarray:
+    y = a.astype(np.float64) @ b.astype(np.float64)
+    if accumulate:
+        y += c0
+    if ep.bias == "row":
+        y += bias[: a.shape[0], None]
+    elif ep.bias == "col":
+        y += bias[None, : b.shape[1]]
+    return np.maximum(y, 0) if ep.relu else y
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (6, 16, 5), (7, 17, 3), (5, 9, 33), (13, 70, 64),
+                                   (200, 3, 50), (3, 300, 17), (64, 4099, 27), (130, 130, 130)])
+@pytest.mark.parametrize("e", range(len(EPILOGUES)))
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_gemm_matches_numpy(lib: ctypes.CDLL, shape, e: int, accumulate: bool) -> None:
+    m, n, kk = shape
+    rng = np.random.default_rng(m * 1000 + n + kk)
+    a = rng.standard_normal((m, kk)).astype(np.float32)
+    b = rng.standard_normal((kk, n)).astype(np.float32)
+    c = rng.standard_normal((m, n)).astype(np.float32)
+    bias = rng.standard_normal(max(m, n)).astype(np.float32)
+    want = reference(a, b, c, bias, EPILOGUES[e], accumulate)
+    dims = (ctypes.c_int64 * 4)(m, n, kk, int(accumulate))
+    fn = getattr(lib, f"gemm_{e}")
+    fn.argtypes = [ctypes.c_void_p] * 5
+    fn(dims, a.ctypes.data, b.ctypes.data, c.ctypes.data, bias.ctypes.data)
+    np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4 * np.sqrt(kk))
