@@ -1,15 +1,19 @@
-"""Sliding-window geometry shared by Conv and the pooling ops: pads, strides, output size."""
+"""Sliding-window geometry shared by Conv and the pooling ops (pads, strides, output size),
+and the small code generation helpers the windowed and matrix ops share."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import sympy
+from llvmlite import ir
 
+from cuvil.compiler.codegen.emitter import Emitter
 from cuvil.compiler.ir import Dim, Node, simplify_dim
 from cuvil.compiler.ops import InferContext
-from cuvil.errors import ModelError, UnsupportedOpError
+from cuvil.errors import ModelError
 
 
 @dataclass(frozen=True)
@@ -60,19 +64,49 @@ def window(node: Node, ctx: InferContext, spatial: Sequence[Dim], kernel: Sequen
     for axis in range(r):
         span = sympy.sympify(spatial[axis]) + begin[axis] + end[axis] - extent[axis]
         if ceil_mode:
-            o = simplify_dim(sympy.ceiling(span / strides[axis]) + 1)
-            if isinstance(o, int):
-                # the last window must start inside the input or its left padding
-                if (o - 1) * strides[axis] >= spatial[axis] + begin[axis]:  # type: ignore[operator]
-                    o -= 1
-            elif begin[axis] or end[axis]:
-                raise UnsupportedOpError(
-                    f"{node.describe()}: ceil_mode with padding on a symbolic dim is not "
-                    "supported; pin the dim with `inputs = {...}`"
-                )
+            # windows that would start in the right padding are dropped: a window o starts
+            # inside the input or its left padding when o*s < n + pad_begin
+            o = simplify_dim(sympy.Min(
+                sympy.ceiling(span / strides[axis]) + 1,
+                sympy.ceiling((sympy.sympify(spatial[axis]) + begin[axis]) / strides[axis])))
         else:
             o = simplify_dim(sympy.floor(span / strides[axis]) + 1)
         ctx.require(node, sympy.Ge(o, 1) if not isinstance(o, int) else o >= 1,
                     f"spatial dim {axis} is smaller than the window")
         out.append(o)
     return Window(kernel, strides, dilations, tuple(begin), tuple(end), tuple(out))
+
+
+# -- code generation helpers shared by the windowed ops --------------------------------------
+
+
+def compute_dtype(dtype: np.dtype | str) -> np.dtype:
+    """The dtype arithmetic runs in: float16 is widened to float32 (and rounded once on store)."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
+def entry_alloca(k: Emitter, ty: ir.Type, name: str = "") -> ir.Value:
+    """A scalar stack slot made in the entry block, so LLVM keeps it in a register (an alloca
+    inside a loop would grow the stack on every iteration)."""
+    with k.b.goto_block(k.function.entry_basic_block):
+        return k.b.alloca(ty, name=name)
+
+
+def ceil_div(k: Emitter, a: ir.Value, s: int) -> ir.Value:
+    """ceil(a / s) for a positive constant s and any sign of a."""
+    return k.b.neg(k.floordiv(k.b.neg(a), k.i64(s)))
+
+
+def clamp(k: Emitter, v: ir.Value, lo: ir.Value, hi: ir.Value) -> ir.Value:
+    b = k.b
+    v = b.select(b.icmp_signed("<", v, lo), lo, v)
+    return b.select(b.icmp_signed(">", v, hi), hi, v)
+
+
+def kernel_range(k: Emitter, start: ir.Value, size: ir.Value, dilation: int,
+                 kernel: int) -> tuple[ir.Value, ir.Value]:
+    """The kernel positions [lo, hi) whose input index start + kp*dilation is in [0, size)."""
+    lo = clamp(k, ceil_div(k, k.b.neg(start), dilation), k.i64(0), k.i64(kernel))
+    hi = clamp(k, ceil_div(k, k.b.sub(size, start), dilation), lo, k.i64(kernel))
+    return lo, hi

@@ -1,68 +1,116 @@
-"""Convolution over 1, 2 or 3 spatial dims, with padding, strides, dilations and groups."""
+"""Convolution and transposed convolution over any number of spatial dims, with padding
+(explicit or auto_pad), strides, dilations and groups.
+
+float32 and float64 accumulate each kernel tap into the output in place, one row at a time:
+the innermost spatial loop has a computed valid range, so it has no branch and vectorizes.
+float16 is computed per output element in a float32 register (accumulating in float16
+memory would round after every tap) and rounded once.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 
+import sympy
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import Emitter, View
-from cuvil.compiler.ir import Node, TensorType
+from cuvil.compiler.ir import Dim, Node, TensorType, Value, simplify_dim
 from cuvil.compiler.ops import UNCHECKED, InferContext, Op, register
-from cuvil.compiler.ops._window import Window, window
-from cuvil.errors import ModelError
+from cuvil.compiler.ops._window import (
+    Window,
+    ceil_div,
+    clamp,
+    compute_dtype,
+    entry_alloca,
+    kernel_range,
+    window,
+)
+from cuvil.errors import ModelError, UnsupportedOpError
+
+FLOATS = ("float32", "float64", "float16")
+
+
+def _kernel(node: Node, w: Value) -> tuple[int, ...]:
+    """The kernel's spatial shape: from the weight, checked against kernel_shape if given."""
+    shape = tuple(w.type.shape[2:])
+    if not all(isinstance(d, int) for d in shape):
+        raise ModelError(f"{node.describe()}: the weight shape must be static, got {w.type}")
+    if "kernel_shape" in node.attrs and tuple(node.attrs["kernel_shape"]) != shape:
+        raise ModelError(
+            f"{node.describe()}: kernel_shape {list(node.attrs['kernel_shape'])} does not match "
+            f"the weight's spatial shape {list(shape)}"
+        )
+    return shape  # type: ignore[return-value]
+
+
+def _check_operands(node: Node, op: Op) -> tuple[Value, Value, int]:
+    op.check_dtypes(node)
+    x, w = node.inputs[0], node.inputs[1]
+    assert x is not None and w is not None
+    if x.type.rank < 3 or w.type.rank != x.type.rank:
+        raise ModelError(
+            f"{node.describe()}: input {x.type} and weight {w.type} must both be "
+            "N x C x spatial... of the same rank"
+        )
+    if w.type.dtype != x.type.dtype:
+        raise ModelError(f"{node.describe()}: weight dtype {w.type.dtype} differs from the input's "
+                         f"{x.type.dtype}")
+    if not all(isinstance(d, int) for d in w.type.shape):
+        raise ModelError(f"{node.describe()}: the weight shape must be static, got {w.type}")
+    group = int(node.attrs.get("group", 1))
+    if group < 1:
+        raise ModelError(f"{node.describe()}: group = {group} must be >= 1")
+    return x, w, group
+
+
+def _check_bias(node: Node, channels: int) -> None:
+    b = node.input(2)
+    if b is not None and tuple(b.type.shape) != (channels,):
+        raise ModelError(f"{node.describe()}: bias shape {b.type} should be [{channels}]")
 
 
 def conv_window(node: Node, ctx: InferContext) -> Window:
     x, w = node.inputs[0], node.inputs[1]
     assert x is not None and w is not None
-    kernel = node.attrs.get("kernel_shape", w.type.shape[2:])
-    if not all(isinstance(d, int) for d in kernel):
-        raise ModelError(f"{node.describe()}: the kernel shape must be static, got {kernel}")
-    return window(node, ctx, x.type.shape[2:], kernel)
+    return window(node, ctx, x.type.shape[2:], _kernel(node, w))
 
 
 @register
 class Conv(Op):
     op_type = "Conv"
+    dtypes = FLOATS
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        self.check_dtypes(node)
-        x, w = node.inputs[0], node.inputs[1]
-        assert x is not None and w is not None
-        if x.type.rank < 3 or w.type.rank != x.type.rank:
-            raise ModelError(
-                f"{node.describe()}: input {x.type} and weight {w.type} must be N x C x spatial..."
-            )
-        group = int(node.attrs.get("group", 1))
-        c_in, m = x.type.shape[1], w.type.shape[0]
-        if not isinstance(m, int) or not isinstance(w.type.shape[1], int):
-            raise ModelError(f"{node.describe()}: the weight shape must be static, got {w.type}")
+        x, w, group = _check_operands(node, self)
+        c_in, m = x.type.shape[1], int(w.type.shape[0])
         if m % group:
             raise ModelError(f"{node.describe()}: {m} output channels do not split into {group} groups")
         ctx.dims_equal(node, c_in, w.type.shape[1] * group, "input channels vs weight channels x group")
-        b = node.input(2)
-        if b is not None and tuple(b.type.shape) != (m,):
-            raise ModelError(f"{node.describe()}: bias shape {b.type} should be [{m}]")
+        _check_bias(node, m)
         win = conv_window(node, ctx)
         return [TensorType(x.type.dtype, (x.type.shape[0], m, *win.out))]
 
     def lower(self, node: Node, k: Emitter) -> None:
         x_val, w_val, b_val = node.inputs[0], node.inputs[1], node.input(2)
         assert x_val is not None and w_val is not None
-        y_val = node.outputs[0]
         win = conv_window(node, UNCHECKED)
-        x, w, y = k.view(x_val), k.view(w_val), k.view(y_val)
+        x, w, y = k.view(x_val), k.view(w_val), k.view(node.outputs[0])
+        bias = k.view(b_val) if b_val is not None else None
         group = int(node.attrs.get("group", 1))
-        m = int(w_val.type.shape[0])
-        cg = int(w_val.type.shape[1])
+        m, cg = int(w_val.type.shape[0]), int(w_val.type.shape[1])
         mg = m // group
+        if compute_dtype(y.dtype) != y.dtype:
+            _conv_gather(k, x, w, y, bias, win, cg, mg)
+            return
         zero = k.const(y.dtype, 0.0)
         with k.loop(y.dims[0], name="n") as n, k.loop(m, name="m") as oc:
             g = k.b.sdiv(oc, k.i64(mg))
-            bias = k.load(k.view(b_val), [oc]) if b_val is not None else zero
+            init = k.load(bias, [oc]) if bias is not None else zero
             with k.loops(y.dims[2:], name="o") as o:
-                k.store(y, [n, oc, *o], bias)
+                k.store(y, [n, oc, *o], init)
             with k.loop(cg, name="c") as c:
                 ic = k.b.add(k.b.mul(g, k.i64(cg)), c)
                 with k.loops(win.kernel, name="kpos") as kpos:
@@ -80,20 +128,17 @@ def _accumulate_rows(k: Emitter, x: View, y: View, n: ir.Value, oc: ir.Value, ic
     r = len(win.kernel)
     b = k.b
 
-    def source(axis: int, o: ir.Value) -> ir.Value:
-        start = b.sub(b.mul(kpos[axis], k.i64(win.dilations[axis])), k.dim(win.pads_begin[axis]))
-        return b.add(b.mul(o, k.i64(win.strides[axis])), start)
+    def offset(axis: int) -> ir.Value:
+        return b.sub(b.mul(kpos[axis], k.i64(win.dilations[axis])), k.dim(win.pads_begin[axis]))
 
     def nest(axis: int, out_idx: list[ir.Value], in_idx: list[ir.Value]) -> None:
+        s = win.strides[axis]
+        start = offset(axis)
         if axis == r - 1:
-            s = win.strides[axis]
-            start = b.sub(b.mul(kpos[axis], k.i64(win.dilations[axis])), k.dim(win.pads_begin[axis]))
             size = x.dims[2 + axis]
             # valid o: 0 <= o*s + start < size  ->  ceil(-start/s) <= o < ceil((size-start)/s)
-            lo = _ceil_div(k, b.neg(start), s)
-            hi = _ceil_div(k, b.sub(size, start), s)
-            lo = _clamp(k, lo, k.i64(0), y.dims[2 + axis])
-            hi = _clamp(k, hi, lo, y.dims[2 + axis])
+            lo = clamp(k, ceil_div(k, b.neg(start), s), k.i64(0), y.dims[2 + axis])
+            hi = clamp(k, ceil_div(k, b.sub(size, start), s), lo, y.dims[2 + axis])
             with k.loop(hi, start=lo, name="ow") as o:
                 i = b.add(b.mul(o, k.i64(s)), start)
                 xv = k.load(x, [n, ic, *in_idx, i])
@@ -101,7 +146,7 @@ def _accumulate_rows(k: Emitter, x: View, y: View, n: ir.Value, oc: ir.Value, ic
                 k.store(y, idx, k.fmul_add(wv, xv, k.load(y, idx)))
             return
         with k.loop(y.dims[2 + axis], name=f"o{axis}") as o:
-            i = source(axis, o)
+            i = b.add(b.mul(o, k.i64(s)), start)
             inside = b.and_(b.icmp_signed(">=", i, k.i64(0)),
                             b.icmp_signed("<", i, x.dims[2 + axis]))
             with k.if_then(inside):
@@ -110,12 +155,240 @@ def _accumulate_rows(k: Emitter, x: View, y: View, n: ir.Value, oc: ir.Value, ic
     nest(0, [], [])
 
 
-def _ceil_div(k: Emitter, a: ir.Value, s: int) -> ir.Value:
-    """ceil(a / s) for a positive constant s and any sign of a."""
-    return k.b.neg(k.floordiv(k.b.neg(a), k.i64(s)))
-
-
-def _clamp(k: Emitter, v: ir.Value, lo: ir.Value, hi: ir.Value) -> ir.Value:
+def _conv_gather(k: Emitter, x: View, w: View, y: View, bias: View | None, win: Window,
+                 cg: int, mg: int) -> None:
+    """Each output element summed in a register of the compute dtype (float16 inputs)."""
+    ct = compute_dtype(y.dtype)
     b = k.b
-    v = b.select(b.icmp_signed("<", v, lo), lo, v)
-    return b.select(b.icmp_signed(">", v, hi), hi, v)
+    r = len(win.kernel)
+    acc = entry_alloca(k, k.const(ct, 0.0).type, "acc")
+    with k.loops(y.dims[:2], name="nm") as (n, oc), k.loops(y.dims[2:], name="o") as o:
+        g = b.sdiv(oc, k.i64(mg))
+        start = [b.sub(b.mul(o[a], k.i64(win.strides[a])), k.dim(win.pads_begin[a]))
+                 for a in range(r)]
+        ranges = [kernel_range(k, start[a], x.dims[2 + a], win.dilations[a], win.kernel[a])
+                  for a in range(r)]
+        init = k.load(bias, [oc]) if bias is not None else k.const(y.dtype, 0.0)
+        b.store(k.convert(init, y.dtype, ct), acc)
+        with k.loop(cg, name="c") as c, _ranges(k, ranges) as kpos:
+            ic = b.add(b.mul(g, k.i64(cg)), c)
+            pos = [b.add(start[a], b.mul(kpos[a], k.i64(win.dilations[a]))) for a in range(r)]
+            xv = k.convert(k.load(x, [n, ic, *pos]), x.dtype, ct)
+            wv = k.convert(k.load(w, [oc, c, *kpos]), w.dtype, ct)
+            b.store(k.fmul_add(wv, xv, b.load(acc)), acc)
+        k.store(y, [n, oc, *o], k.convert(b.load(acc), ct, y.dtype))
+
+
+@contextmanager
+def _ranges(k: Emitter, ranges: Sequence[tuple[ir.Value, ir.Value]]) -> Iterator[list[ir.Value]]:
+    """Nested loops over [lo, hi) per entry, outermost first."""
+    if not ranges:
+        yield []
+        return
+    lo, hi = ranges[0]
+    with k.loop(hi, start=lo, name="kp") as i, _ranges(k, ranges[1:]) as rest:
+        yield [i, *rest]
+
+
+# -- ConvTranspose ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TransposedWindow:
+    """Output position o receives input i through kernel tap kp when o = i*s + kp*d - pad."""
+
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads_begin: tuple[Dim, ...]
+    out: tuple[Dim, ...]
+
+
+def _ints(node: Node, name: str, default: int, r: int) -> tuple[int, ...]:
+    values = tuple(int(v) for v in node.attrs.get(name, [default] * r))
+    if len(values) != r:
+        raise ModelError(f"{node.describe()}: {name} {list(values)} must have {r} entries "
+                         "(one per spatial dim)")
+    return values
+
+
+def transposed_window(node: Node, ctx: InferContext) -> TransposedWindow:
+    x, w = node.inputs[0], node.inputs[1]
+    assert x is not None and w is not None
+    spatial = x.type.shape[2:]
+    r = len(spatial)
+    kernel = _kernel(node, w)
+    strides = _ints(node, "strides", 1, r)
+    dilations = _ints(node, "dilations", 1, r)
+    out_pad = _ints(node, "output_padding", 0, r)
+    if min(strides + dilations, default=1) < 1 or min(out_pad, default=0) < 0:
+        raise ModelError(f"{node.describe()}: strides and dilations must be >= 1, output_padding "
+                         ">= 0")
+    for axis, (p, s, d) in enumerate(zip(out_pad, strides, dilations)):
+        if p >= max(s, d):
+            raise ModelError(f"{node.describe()}: output_padding {list(out_pad)} must be smaller "
+                             f"than the stride or the dilation (axis {axis}: {p} >= max({s}, {d}))")
+    auto_pad = node.attrs.get("auto_pad", "NOTSET")
+    if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+        raise ModelError(f"{node.describe()}: unknown auto_pad {auto_pad!r}")
+    # the output of an unpadded transposed convolution
+    full = [simplify_dim(s * (sympy.sympify(n) - 1) + p + (kk - 1) * d + 1)
+            for n, s, p, kk, d in zip(spatial, strides, out_pad, kernel, dilations)]
+
+    def split(total: list[Dim]) -> list[Dim]:
+        # the ONNX rule: SAME_UPPER drops the odd element at the end, all others at the start
+        half = [simplify_dim(sympy.floor(sympy.sympify(t) / 2)) for t in total]
+        if auto_pad == "SAME_UPPER":
+            return half
+        return [simplify_dim(t - h) for t, h in zip(total, half)]
+
+    if "output_shape" in node.attrs:
+        out = [int(v) for v in node.attrs["output_shape"]]
+        if len(out) == r + 2:
+            out = out[2:]
+        if len(out) != r or min(out, default=1) < 1:
+            raise ModelError(f"{node.describe()}: output_shape {node.attrs['output_shape']} must "
+                             f"have {r} positive entries (the spatial dims)")
+        total = [simplify_dim(f - o) for f, o in zip(full, out)]
+        for axis, t in enumerate(total):
+            # a negative total padding means zeros beyond the full output; onnxruntime and the
+            # ONNX reference place them differently, so cuvil does not guess
+            _require_nonnegative(node, ctx, t, f"output_shape[{axis}] = {out[axis]} exceeds the "
+                                 f"full transposed convolution output ({full[axis]})")
+        return TransposedWindow(kernel, strides, dilations, tuple(split(total)), tuple(out))
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = [simplify_dim(sympy.sympify(n) * s) for n, s in zip(spatial, strides)]
+        total = [simplify_dim(f - o) for f, o in zip(full, out)]
+        for axis, t in enumerate(total):
+            if not isinstance(t, int) or t < 0:
+                raise UnsupportedOpError(
+                    f"{node.describe()}: auto_pad {auto_pad} with stride {strides[axis]} larger "
+                    f"than the dilated kernel plus output_padding on spatial axis {axis}: "
+                    "onnxruntime and the ONNX reference disagree on this output; give explicit "
+                    "pads (and output_padding) instead"
+                )
+        return TransposedWindow(kernel, strides, dilations, tuple(split(total)), tuple(out))
+    pads = [int(p) for p in node.attrs.get("pads", [0] * (2 * r))] if auto_pad == "NOTSET" \
+        else [0] * (2 * r)
+    if len(pads) != 2 * r or min(pads, default=0) < 0:
+        raise ModelError(f"{node.describe()}: pads {pads} must be {2 * r} non-negative ints")
+    out = [simplify_dim(f - pads[a] - pads[r + a]) for a, f in enumerate(full)]
+    for axis, o in enumerate(out):
+        ctx.require(node, sympy.Ge(o, 1) if not isinstance(o, int) else o >= 1,
+                    f"spatial dim {axis}: the pads remove the whole output")
+    return TransposedWindow(kernel, strides, dilations, tuple(pads[:r]), tuple(out))
+
+
+def _require_nonnegative(node: Node, ctx: InferContext, t: Dim, message: str) -> None:
+    if isinstance(t, int):
+        if t < 0:
+            raise UnsupportedOpError(f"{node.describe()}: {message}")
+        return
+    ctx.require(node, sympy.Ge(t, 0), message)
+
+
+@register
+class ConvTranspose(Op):
+    op_type = "ConvTranspose"
+    dtypes = FLOATS
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        x, w, group = _check_operands(node, self)
+        c_in, c_w = x.type.shape[1], int(w.type.shape[0])
+        if c_w % group:
+            raise ModelError(f"{node.describe()}: weight channels {c_w} do not split into "
+                             f"{group} groups")
+        ctx.dims_equal(node, c_in, c_w, "input channels vs the weight's first dim")
+        m = int(w.type.shape[1]) * group
+        _check_bias(node, m)
+        win = transposed_window(node, ctx)
+        return [TensorType(x.type.dtype, (x.type.shape[0], m, *win.out))]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        x_val, w_val, b_val = node.inputs[0], node.inputs[1], node.input(2)
+        assert x_val is not None and w_val is not None
+        win = transposed_window(node, UNCHECKED)
+        x, w, y = k.view(x_val), k.view(w_val), k.view(node.outputs[0])
+        bias = k.view(b_val) if b_val is not None else None
+        group = int(node.attrs.get("group", 1))
+        cg, mg = int(w_val.type.shape[0]) // group, int(w_val.type.shape[1])
+        if compute_dtype(y.dtype) != y.dtype:
+            _transposed_gather(k, x, w, y, bias, win, cg, mg)
+            return
+        b = k.b
+        zero = k.const(y.dtype, 0.0)
+        with k.loop(y.dims[0], name="n") as n, k.loop(mg * group, name="m") as oc:
+            g = b.sdiv(oc, k.i64(mg))
+            m_in_g = b.srem(oc, k.i64(mg))
+            init = k.load(bias, [oc]) if bias is not None else zero
+            with k.loops(y.dims[2:], name="o") as o:
+                k.store(y, [n, oc, *o], init)
+            with k.loop(cg, name="c") as c:
+                ic = b.add(b.mul(g, k.i64(cg)), c)
+                with k.loops(win.kernel, name="kpos") as kpos:
+                    wv = k.load(w, [ic, m_in_g, *kpos])
+                    _scatter_rows(k, x, y, n, oc, ic, kpos, wv, win)
+
+
+def _scatter_rows(k: Emitter, x: View, y: View, n: ir.Value, oc: ir.Value, ic: ir.Value,
+                  kpos: Sequence[ir.Value], wv: ir.Value, win: TransposedWindow) -> None:
+    """y[n, oc, i*s + kpos*d - pad] += wv * x[n, ic, i] for every input position i whose
+    target is inside the output (the innermost axis over a computed range, without branches)."""
+    r = len(win.kernel)
+    b = k.b
+
+    def nest(axis: int, out_idx: list[ir.Value], in_idx: list[ir.Value]) -> None:
+        s = win.strides[axis]
+        offset = b.sub(b.mul(kpos[axis], k.i64(win.dilations[axis])), k.dim(win.pads_begin[axis]))
+        if axis == r - 1:
+            size = y.dims[2 + axis]
+            # valid i: 0 <= i*s + offset < size
+            lo = clamp(k, ceil_div(k, b.neg(offset), s), k.i64(0), x.dims[2 + axis])
+            hi = clamp(k, ceil_div(k, b.sub(size, offset), s), lo, x.dims[2 + axis])
+            with k.loop(hi, start=lo, name="iw") as i:
+                o = b.add(b.mul(i, k.i64(s)), offset)
+                xv = k.load(x, [n, ic, *in_idx, i])
+                idx = [n, oc, *out_idx, o]
+                k.store(y, idx, k.fmul_add(wv, xv, k.load(y, idx)))
+            return
+        with k.loop(x.dims[2 + axis], name=f"i{axis}") as i:
+            o = b.add(b.mul(i, k.i64(s)), offset)
+            inside = b.and_(b.icmp_signed(">=", o, k.i64(0)),
+                            b.icmp_signed("<", o, y.dims[2 + axis]))
+            with k.if_then(inside):
+                nest(axis + 1, [*out_idx, o], [*in_idx, i])
+
+    nest(0, [], [])
+
+
+def _transposed_gather(k: Emitter, x: View, w: View, y: View, bias: View | None,
+                       win: TransposedWindow, cg: int, mg: int) -> None:
+    """Each output element summed in a register of the compute dtype (float16 inputs): tap kp
+    reads input i = (o + pad - kp*d) / s when that division is exact and i is in range."""
+    ct = compute_dtype(y.dtype)
+    b = k.b
+    r = len(win.kernel)
+    acc = entry_alloca(k, k.const(ct, 0.0).type, "acc")
+    with k.loops(y.dims[:2], name="nm") as (n, oc), k.loops(y.dims[2:], name="o") as o:
+        g = b.sdiv(oc, k.i64(mg))
+        m_in_g = b.srem(oc, k.i64(mg))
+        init = k.load(bias, [oc]) if bias is not None else k.const(y.dtype, 0.0)
+        b.store(k.convert(init, y.dtype, ct), acc)
+        with k.loops(win.kernel, name="kpos") as kpos:
+            ok = ir.Constant(ir.IntType(1), 1)
+            pos = []
+            for a in range(r):
+                t = b.sub(b.add(o[a], k.dim(win.pads_begin[a])),
+                          b.mul(kpos[a], k.i64(win.dilations[a])))
+                i = k.floordiv(t, k.i64(win.strides[a]))
+                exact = b.icmp_signed("==", b.mul(i, k.i64(win.strides[a])), t)
+                inside = b.and_(b.icmp_signed(">=", i, k.i64(0)),
+                                b.icmp_signed("<", i, x.dims[2 + a]))
+                ok = b.and_(ok, b.and_(exact, inside))
+                pos.append(i)
+            with k.if_then(ok), k.loop(cg, name="c") as c:
+                ic = b.add(b.mul(g, k.i64(cg)), c)
+                xv = k.convert(k.load(x, [n, ic, *pos]), x.dtype, ct)
+                wv = k.convert(k.load(w, [ic, m_in_g, *kpos]), w.dtype, ct)
+                b.store(k.fmul_add(wv, xv, b.load(acc)), acc)
+        k.store(y, [n, oc, *o], k.convert(b.load(acc), ct, y.dtype))

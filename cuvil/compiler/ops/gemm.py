@@ -1,4 +1,8 @@
-"""Matrix products: Gemm and MatMul (with numpy batch broadcasting)."""
+"""Matrix products: Gemm and MatMul (with numpy batch broadcasting).
+
+float32 and float64 use `emit_matmul` (rows of the output updated in place); float16 sums
+each output element in a float32 register (`emit_matmul_dot`) and rounds it once.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,10 @@ from dataclasses import replace
 from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.ir import Dim, Node, TensorType
 from cuvil.compiler.ops import UNCHECKED, InferContext, Op, broadcast_shapes, register
+from cuvil.compiler.ops._window import compute_dtype, entry_alloca
 from cuvil.errors import ModelError
+
+FLOATS = ("float32", "float64", "float16")
 
 
 def emit_matmul(k: Emitter, a: View, b: View, y: View, alpha: float = 1.0,
@@ -34,6 +41,39 @@ def emit_matmul(k: Emitter, a: View, b: View, y: View, alpha: float = 1.0,
                 k.store(y, [i, j], k.fmul_add(av, k.load(b, [p, j]), acc))
 
 
+def emit_matmul_dot(k: Emitter, a: View, b: View, y: View, alpha: float = 1.0,
+                    c: View | None = None, beta: float = 1.0) -> None:
+    """y[M,N] = alpha * a[M,K] @ b[K,N] (+ beta * c[M,N]), each element summed in a register of
+    the compute dtype (float32 for float16 operands) and rounded once."""
+    m, kk = a.dims
+    n = b.dims[1]
+    ct = compute_dtype(y.dtype)
+    bld = k.b
+    acc = entry_alloca(k, k.const(ct, 0.0).type, "acc")
+    with k.loop(m, name="m") as i, k.loop(n, name="n") as j:
+        bld.store(k.const(ct, 0.0), acc)
+        with k.loop(kk, name="k") as p:
+            av = k.convert(k.load(a, [i, p]), a.dtype, ct)
+            bv = k.convert(k.load(b, [p, j]), b.dtype, ct)
+            bld.store(k.fmul_add(av, bv, bld.load(acc)), acc)
+        result = bld.load(acc)
+        if alpha != 1.0:
+            result = bld.fmul(result, k.const(ct, alpha))
+        if c is not None:
+            cv = k.convert(k.load(c, [i, j]), c.dtype, ct)
+            if beta != 1.0:
+                cv = bld.fmul(cv, k.const(ct, beta))
+            result = bld.fadd(result, cv)
+        k.store(y, [i, j], k.convert(result, ct, y.dtype))
+
+
+def _check_same_dtype(node: Node) -> None:
+    dtypes = {v.type.dtype for v in node.inputs if v is not None}
+    if len(dtypes) > 1:
+        raise ModelError(f"{node.describe()}: inputs have different dtypes "
+                         f"({', '.join(sorted(str(d) for d in dtypes))}); they must match")
+
+
 def _transposed(v: View) -> View:
     return replace(v, dims=v.dims[::-1], strides=v.strides[::-1], shape=v.shape[::-1])
 
@@ -43,9 +83,11 @@ class Gemm(Op):
     """Y = alpha * A' @ B' + beta * C, with A' and B' optionally transposed."""
 
     op_type = "Gemm"
+    dtypes = FLOATS
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
+        _check_same_dtype(node)
         a, b = node.inputs[0], node.inputs[1]
         assert a is not None and b is not None
         if a.type.rank != 2 or b.type.rank != 2:
@@ -55,6 +97,9 @@ class Gemm(Op):
         ctx.dims_equal(node, ka, kb, "inner dims of A and B")
         c = node.input(2)
         if c is not None:
+            if c.type.rank > 2:
+                raise ModelError(f"{node.describe()}: C {c.type} must have rank <= 2 (it is "
+                                 f"broadcast to the [{m}, {n}] output)")
             out = broadcast_shapes(node, ctx, (m, n), c.type.shape)
             ctx.dims_equal(node, out[0], m, "C rows")
             ctx.dims_equal(node, out[1], n, "C columns")
@@ -72,6 +117,10 @@ class Gemm(Op):
         alpha = float(node.attrs.get("alpha", 1.0))
         beta = float(node.attrs.get("beta", 1.0))
         accumulate = c_val is not None and beta != 0.0
+        if compute_dtype(y.dtype) != y.dtype:
+            c = k.broadcast_to(k.view(c_val), y_val.type.shape) if accumulate else None
+            emit_matmul_dot(k, a, b, y, alpha=alpha, c=c, beta=beta)
+            return
         if accumulate:
             assert c_val is not None
             c = k.broadcast_to(k.view(c_val), y_val.type.shape)
@@ -88,9 +137,11 @@ class MatMul(Op):
     """numpy.matmul semantics: 1-D operands are promoted, batch dims broadcast."""
 
     op_type = "MatMul"
+    dtypes = FLOATS
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
+        _check_same_dtype(node)
         a, b = node.inputs[0], node.inputs[1]
         assert a is not None and b is not None
         sa, sb = a.type.shape, b.type.shape
@@ -124,8 +175,9 @@ class MatMul(Op):
         y_full = k.contiguous(y.ptr, y.dtype, (*batch_shape, a.shape[-2], b.shape[-1]))
         a_b = _broadcast_batch(k, a, batch_shape)
         b_b = _broadcast_batch(k, b, batch_shape)
+        kernel = emit_matmul if compute_dtype(y.dtype) == y.dtype else emit_matmul_dot
         with k.loops([k.dim(d) for d in batch_shape], name="batch") as idx:
-            emit_matmul(k, _at(k, a_b, idx), _at(k, b_b, idx), _at(k, y_full, idx))
+            kernel(k, _at(k, a_b, idx), _at(k, b_b, idx), _at(k, y_full, idx))
 
 
 def _broadcast_batch(k: Emitter, v: View, batch: tuple[Dim, ...]) -> View:

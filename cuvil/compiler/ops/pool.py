@@ -1,16 +1,34 @@
-"""Pooling: MaxPool, AveragePool and the global variants, over any number of spatial dims."""
+"""Pooling over any number of spatial dims: MaxPool (with its Indices output), AveragePool,
+LpPool, and the global variants GlobalMaxPool, GlobalAveragePool and GlobalLpPool.
+
+float16 is computed in float32 and rounded once per output. Each output's window is walked
+over its in-bounds kernel positions only (computed per axis), so padding costs no branches.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import ClassVar
 
+import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import Emitter
+from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type
 from cuvil.compiler.ir import Node, TensorType
 from cuvil.compiler.ops import UNCHECKED, InferContext, Op, register
-from cuvil.compiler.ops._window import Window, window
-from cuvil.errors import ModelError, UnsupportedOpError
+from cuvil.compiler.ops._window import (
+    Window,
+    ceil_div,
+    clamp,
+    compute_dtype,
+    entry_alloca,
+    kernel_range,
+    window,
+)
+from cuvil.errors import ModelError
+
+FLOATS = ("float32", "float64", "float16")
 
 
 def _pool_window(node: Node, ctx: InferContext) -> Window:
@@ -22,66 +40,177 @@ def _pool_window(node: Node, ctx: InferContext) -> Window:
                   ceil_mode=bool(node.attrs.get("ceil_mode", 0)))
 
 
+def _lp_order(node: Node) -> float:
+    p = node.attrs.get("p", 2)
+    if p <= 0:
+        raise ModelError(f"{node.describe()}: p = {p} must be positive")
+    return float(p)
+
+
+def _check_input(op: Op, node: Node) -> TensorType:
+    op.check_dtypes(node)
+    x = node.inputs[0]
+    assert x is not None
+    if x.type.rank < 3:
+        raise ModelError(f"{node.describe()}: input {x.type} must be N x C x spatial...")
+    return x.type
+
+
+class _Reduction:
+    """How a pool folds its window: start value, step, and the final value from the count."""
+
+    def __init__(self, k: Emitter, kind: str, dtype: np.dtype, p: float = 2.0) -> None:
+        self.k, self.kind, self.dtype, self.p = k, kind, np.dtype(dtype), p
+        self.ty = llvm_type(dtype)
+
+    def initial(self) -> ir.Value:
+        if self.kind != "max":
+            return ir.Constant(self.ty, 0.0)
+        if self.dtype.kind == "f":
+            return ir.Constant(self.ty, float("-inf"))
+        return ir.Constant(self.ty, int(np.iinfo(self.dtype).min))
+
+    def step(self, acc: ir.Value, v: ir.Value, reassoc: bool = False) -> ir.Value:
+        k = self.k
+        if self.kind == "max":
+            return k.maximum(self.dtype, acc, v)
+        if self.kind == "lp":
+            v = self._power(v)
+        return k.fadd_reduce(acc, v) if reassoc else k.b.fadd(acc, v)
+
+    def _power(self, v: ir.Value) -> ir.Value:
+        k = self.k
+        if self.p == 2.0:
+            return k.b.fmul(v, v)
+        a = k.intrinsic("llvm.fabs", [v])
+        if self.p == 1.0:
+            return a
+        return _pow(k, a, ir.Constant(self.ty, self.p))
+
+    def final(self, acc: ir.Value, count: ir.Value | None) -> ir.Value:
+        k = self.k
+        if self.kind == "avg":
+            assert count is not None
+            return k.b.fdiv(acc, k.b.sitofp(count, self.ty))
+        if self.kind == "lp":
+            if self.p == 2.0:
+                return k.intrinsic("llvm.sqrt", [acc])
+            if self.p != 1.0:
+                return _pow(k, acc, ir.Constant(self.ty, 1.0 / self.p))
+        return acc
+
+
+def _pow(k: Emitter, a: ir.Value, b: ir.Value) -> ir.Value:
+    fn = k.module.declare_intrinsic("llvm.pow", [a.type])
+    return k.b.call(fn, [a, b])
+
+
 class Pool(Op):
-    kind: ClassVar[str]  # "max" | "avg"
+    kind: ClassVar[str]  # "max" | "avg" | "lp"
+    dtypes = FLOATS
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        self.check_dtypes(node)
-        x = node.inputs[0]
-        assert x is not None
-        if x.type.rank < 3:
-            raise ModelError(f"{node.describe()}: input {x.type} must be N x C x spatial...")
-        if len(node.outputs) > 1:
-            raise UnsupportedOpError(f"{node.describe()}: the Indices output is not supported")
+        xt = _check_input(self, node)
+        if self.kind == "lp":
+            _lp_order(node)
         win = _pool_window(node, ctx)
-        return [TensorType(x.type.dtype, (*x.type.shape[:2], *win.out))]
+        return [TensorType(xt.dtype, (*xt.shape[:2], *win.out))]
 
     def lower(self, node: Node, k: Emitter) -> None:
         x_val = node.inputs[0]
         assert x_val is not None
         win = _pool_window(node, UNCHECKED)
         x, y = k.view(x_val), k.view(node.outputs[0])
+        dtype = x_val.type.dtype
+        ct = compute_dtype(dtype)
+        red = _Reduction(k, self.kind, ct, _lp_order(node) if self.kind == "lp" else 2.0)
+        indices = k.view(node.outputs[1]) if len(node.outputs) > 1 else None
+        column_major = int(node.attrs.get("storage_order", 0)) == 1
+        count_pad = bool(node.attrs.get("count_include_pad", 0))
         b = k.b
         r = len(win.kernel)
-        count_pad = bool(node.attrs.get("count_include_pad", 0))
-        ty = x.elem
+        acc = entry_alloca(k, red.ty, "acc")
+        best = entry_alloca(k, I64, "best") if indices is not None else None
         with k.loops(y.dims[:2], name="nc") as nc, k.loops(y.dims[2:], name="o") as o:
             start = [b.sub(b.mul(o[a], k.i64(win.strides[a])), k.dim(win.pads_begin[a]))
                      for a in range(r)]
-            acc = k.b.alloca(ty)  # promoted to a register by LLVM
-            cnt = k.b.alloca(ir.IntType(64))
-            b.store(ir.Constant(ty, float("-inf") if self.kind == "max" else 0.0), acc)
-            b.store(k.i64(0), cnt)
-            with k.loops(win.kernel, name="kp") as kp:
-                i = [b.add(start[a], b.mul(kp[a], k.i64(win.dilations[a]))) for a in range(r)]
-                inside = ir.Constant(ir.IntType(1), 1)
-                for a in range(r):
-                    inside = b.and_(inside, b.and_(b.icmp_signed(">=", i[a], k.i64(0)),
-                                                   b.icmp_signed("<", i[a], x.dims[2 + a])))
-                if count_pad:
-                    # padded positions count when they lie within the padded input
-                    padded = ir.Constant(ir.IntType(1), 1)
-                    for a in range(r):
-                        hi = b.add(x.dims[2 + a], k.dim(win.pads_end[a]))
-                        padded = b.and_(padded, b.icmp_signed("<", i[a], hi))
-                    with k.if_then(padded):
-                        b.store(b.add(b.load(cnt), k.i64(1)), cnt)
-                with k.if_then(inside):
-                    v = k.load(x, [*nc, *i])
-                    cur = b.load(acc)
-                    b.store(k.fmax(cur, v) if self.kind == "max" else b.fadd(cur, v), acc)
-                    if not count_pad:
-                        b.store(b.add(b.load(cnt), k.i64(1)), cnt)
-            result = b.load(acc)
+            ranges = [kernel_range(k, start[a], x.dims[2 + a], win.dilations[a], win.kernel[a])
+                      for a in range(r)]
+            b.store(red.initial(), acc)
+            if best is not None:
+                b.store(k.i64(-1), best)
+            with _kernel_loops(k, ranges) as kp:
+                pos = [b.add(start[a], b.mul(kp[a], k.i64(win.dilations[a]))) for a in range(r)]
+                v = k.convert(k.load(x, [*nc, *pos]), dtype, ct)
+                cur = b.load(acc)
+                if best is not None:
+                    assert indices is not None
+                    greater = (b.fcmp_ordered(">", v, cur) if ct.kind == "f"
+                               else k.less(ct, cur, v))
+                    flat = _flat_index(k, x.dims, nc, pos, column_major)
+                    b.store(b.select(greater, v, cur), acc)
+                    b.store(b.select(greater, flat, b.load(best)), best)
+                else:
+                    b.store(red.step(cur, v), acc)
+            count = None
             if self.kind == "avg":
-                result = b.fdiv(result, b.sitofp(b.load(cnt), ty))
-            k.store(y, [*nc, *o], result)
+                count = k.i64(1)
+                for a in range(r):
+                    if count_pad:
+                        # padded positions count too, up to the end of the right padding (a
+                        # window never starts before the left padding)
+                        limit = b.add(x.dims[2 + a], k.dim(win.pads_end[a]))
+                        n_a = clamp(k, ceil_div(k, b.sub(limit, start[a]), win.dilations[a]),
+                                    k.i64(0), k.i64(win.kernel[a]))
+                    else:
+                        n_a = b.sub(ranges[a][1], ranges[a][0])
+                    count = b.mul(count, n_a)
+            result = red.final(b.load(acc), count)
+            k.store(y, [*nc, *o], k.convert(result, ct, dtype))
+            if indices is not None:
+                assert best is not None
+                k.store(indices, [*nc, *o], b.load(best))
+
+
+@contextmanager
+def _kernel_loops(k: Emitter, ranges: Sequence[tuple[ir.Value, ir.Value]]) -> Iterator[list[ir.Value]]:
+    if not ranges:
+        yield []
+        return
+    lo, hi = ranges[0]
+    with k.loop(hi, start=lo, name="kp") as i, _kernel_loops(k, ranges[1:]) as rest:
+        yield [i, *rest]
+
+
+def _flat_index(k: Emitter, dims: Sequence[ir.Value], nc: Sequence[ir.Value],
+                pos: Sequence[ir.Value], column_major: bool) -> ir.Value:
+    """The Indices value of element x[n, c, pos...]: a flat offset into x, with the spatial
+    part in row-major (storage_order 0) or column-major (1) order."""
+    b = k.b
+    spatial = list(dims[2:])
+    size = k.i64(1)
+    for d in spatial:
+        size = b.mul(size, d)
+    base = b.mul(b.add(b.mul(nc[0], dims[1]), nc[1]), size)
+    off = k.i64(0)
+    axes = range(len(pos)) if not column_major else reversed(range(len(pos)))
+    for a in axes:
+        off = b.add(b.mul(off, spatial[a]), pos[a])
+    return b.add(base, off)
 
 
 @register
 class MaxPool(Pool):
     op_type = "MaxPool"
     kind = "max"
+    dtypes = (*FLOATS, "int8", "uint8")
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        (y,) = super().infer(node, ctx)
+        if len(node.outputs) < 2:
+            return [y]
+        # Indices: flat offsets into the input of each maximum
+        return [y, TensorType(np.dtype(np.int64), y.shape)]
 
 
 @register
@@ -90,37 +219,48 @@ class AveragePool(Pool):
     kind = "avg"
 
 
+@register
+class LpPool(Pool):
+    op_type = "LpPool"
+    kind = "lp"
+    since = 2  # LpPool-1 took a float p and is not supported
+
+
 class GlobalPool(Op):
     kind: ClassVar[str]
+    dtypes = FLOATS
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        self.check_dtypes(node)
-        x = node.inputs[0]
-        assert x is not None
-        if x.type.rank < 3:
-            raise ModelError(f"{node.describe()}: input {x.type} must be N x C x spatial...")
-        return [TensorType(x.type.dtype, (*x.type.shape[:2], *([1] * (x.type.rank - 2))))]
+        xt = _check_input(self, node)
+        if self.kind == "lp":
+            _lp_order(node)
+        return [TensorType(xt.dtype, (*xt.shape[:2], *([1] * (xt.rank - 2))))]
 
     def lower(self, node: Node, k: Emitter) -> None:
         x_val = node.inputs[0]
         assert x_val is not None
-        n, c = x_val.type.shape[:2]
-        spatial = x_val.type.numel / (n * c)
-        x = k.contiguous(k.buffers[x_val], x_val.type.dtype, (n * c, spatial))
-        y = k.contiguous(k.buffers[node.outputs[0]], x_val.type.dtype, (n * c,))
+        dtype = x_val.type.dtype
+        ct = compute_dtype(dtype)
+        red = _Reduction(k, self.kind, ct, _lp_order(node) if self.kind == "lp" else 2.0)
+        shape = x_val.type.shape
+        x = k.contiguous(k.buffers[x_val], dtype, (shape[0] * shape[1], _product(shape[2:])))
+        y = k.contiguous(k.buffers[node.outputs[0]], dtype, (shape[0] * shape[1],))
         b = k.b
-        ty = x.elem
+        acc = entry_alloca(k, red.ty, "acc")
         with k.loop(x.dims[0], name="nc") as i:
-            acc = b.alloca(ty)
-            b.store(ir.Constant(ty, float("-inf") if self.kind == "max" else 0.0), acc)
+            b.store(red.initial(), acc)
             with k.loop(x.dims[1], name="s") as s:
-                v = k.load(x, [i, s])
-                cur = b.load(acc)
-                b.store(k.fmax(cur, v) if self.kind == "max" else k.fadd_reduce(cur, v), acc)
-            result = b.load(acc)
-            if self.kind == "avg":
-                result = b.fdiv(result, b.sitofp(x.dims[1], ty))
-            k.store(y, [i], result)
+                v = k.convert(k.load(x, [i, s]), dtype, ct)
+                b.store(red.step(b.load(acc), v, reassoc=True), acc)
+            result = red.final(b.load(acc), x.dims[1])
+            k.store(y, [i], k.convert(result, ct, dtype))
+
+
+def _product(dims: Sequence) -> object:
+    out = 1
+    for d in dims:
+        out = out * d
+    return out
 
 
 @register
@@ -133,3 +273,10 @@ class GlobalAveragePool(GlobalPool):
 class GlobalMaxPool(GlobalPool):
     op_type = "GlobalMaxPool"
     kind = "max"
+
+
+@register
+class GlobalLpPool(GlobalPool):
+    op_type = "GlobalLpPool"
+    kind = "lp"
+    since = 2
