@@ -122,6 +122,8 @@ class Emitter:
         self.buffers = buffers
         #: inside `parallel_loop(carry=...)`: the body's copies of the carried values
         self.carried: list[ir.Value] = []
+        #: the node's scratch memory (`Op.scratch_bytes`), 64-byte aligned; None if it has none
+        self.scratch: ir.Value | None = None
 
     # -- constants and dims -------------------------------------------------------------
     @staticmethod

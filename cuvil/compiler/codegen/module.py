@@ -98,6 +98,9 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
         if fn is None:
             continue
         args = [pointer(v) for v in _buffers(node)]
+        if node in plan.scratch:
+            args.append(k.b.gep(workspace, [k.dim(plan.scratch[node])], source_etype=I8,
+                                inbounds=True))
         status = k.b.call(fn, [dims, *args])
         with k.b.if_then(k.b.icmp_signed("!=", status, ir.Constant(I32, 0)), likely=False):
             k.b.ret(k.b.or_(status, ir.Constant(I32, index << 8)))
@@ -143,13 +146,15 @@ def _node_function(module: ir.Module, graph: Graph, plan: MemoryPlan, index: int
     op = lookup(node.domain, node.op_type, node.opset)
     assert op is not None
     bufs = _buffers(node)
-    fn = ir.Function(module, ir.FunctionType(I32, [PTR] * (1 + len(bufs))),
+    scratch = node in plan.scratch
+    fn = ir.Function(module, ir.FunctionType(I32, [PTR] * (1 + len(bufs) + scratch)),
                      f"node{index}_{node.op_type}")
     fn.linkage = "internal"
     if _distinct(plan, bufs):
         for arg in fn.args[1:]:
             arg.add_attribute("noalias")
     k = Emitter(module, fn, fn.args[0], symbols, dict(zip(bufs, fn.args[1:])))
+    k.scratch = fn.args[-1] if scratch else None
     try:
         op.lower(node, k)
     except Exception as exc:

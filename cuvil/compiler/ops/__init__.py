@@ -92,6 +92,10 @@ class Op:
     def lower(self, node: Node, k: Emitter) -> None:
         raise NotImplementedError
 
+    def scratch_bytes(self, node: Node) -> Dim:
+        """Workspace bytes the lowering needs while it runs (`k.scratch` points there)."""
+        return 0
+
     def check_dtypes(self, node: Node) -> None:
         for v in node.inputs[:1]:
             if v is not None and v.type.dtype.name not in self.dtypes:

@@ -34,6 +34,8 @@ class MemoryPlan:
     output_copies: list[tuple[Value, int]] = field(default_factory=list)
     #: view nodes whose output shares the input's storage: no code
     elided: set[Node] = field(default_factory=set)
+    #: workspace offset of the scratch memory a node asked for (`Op.scratch_bytes`)
+    scratch: dict[Node, Dim] = field(default_factory=dict)
 
 
 def _aligned(size: Dim) -> Dim:
@@ -86,19 +88,30 @@ def plan_memory(graph: Graph) -> MemoryPlan:
     free: list[tuple[Dim, Dim]] = []  # (offset, size) of released blocks
     end: Dim = 0
     live: dict[Value, tuple[Dim, Dim]] = {}
+
+    def allocate(nbytes: Dim) -> tuple[Dim, Dim]:
+        nonlocal end
+        need = _aligned(nbytes)
+        block = next((b for b in free if _fits(b[1], need)), None)
+        if block is not None:
+            free.remove(block)
+            return block
+        block = (end, need)
+        end = simplify_dim(end + need)
+        return block
+
     for t, node in enumerate(graph.nodes):
         for v in node.outputs:
             if v in plan.storage or v in root:
                 continue
-            need = _aligned(v.type.nbytes)
-            block = next((b for b in free if _fits(b[1], need)), None)
-            if block is not None:
-                free.remove(block)
-            else:
-                block = (end, need)
-                end = simplify_dim(end + need)
-            live[v] = block
-            plan.storage[v] = Storage("workspace", offset=block[0])
+            live[v] = allocate(v.type.nbytes)
+            plan.storage[v] = Storage("workspace", offset=live[v][0])
+        op = lookup(node.domain, node.op_type, node.opset)
+        scratch = op.scratch_bytes(node) if op is not None and node not in plan.elided else 0
+        if not (isinstance(scratch, int) and scratch == 0):
+            block = allocate(scratch)
+            plan.scratch[node] = block[0]
+            free.append(block)  # only the node itself uses it
         for v in [*node.inputs, *node.outputs]:
             r = root.get(v, v) if v is not None else None
             if r in live and last_use.get(r, t) <= t:
@@ -114,4 +127,5 @@ def _add_weight(plan: MemoryPlan, v: Value) -> None:
     pad = (-len(plan.weights)) % ALIGN
     plan.weights.extend(b"\0" * pad)
     plan.storage[v] = Storage("weights", offset=len(plan.weights))
-    plan.weights.extend(v.const.tobytes())
+    # a zero-size constant still needs an address inside the blob
+    plan.weights.extend(v.const.tobytes() or b"\0")
