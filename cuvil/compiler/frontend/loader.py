@@ -3,6 +3,7 @@ old opsets upgraded. Every failure is a ModelError naming the file."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
@@ -19,48 +20,125 @@ UPGRADE_TO = 13
 def load_onnx(source: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     """Read a model file (or take a ModelProto); return it with a label for error messages."""
     if isinstance(source, onnx.ModelProto):
-        return source, source.graph.name or "<model>"
+        label = source.graph.name or "<model>"
+        external = [t.name for t in _tensors(source) if _uses_external_data(t)]
+        if external:
+            raise ModelError(
+                f"{label}: tensors {external[:5]} keep their data in external files, which a "
+                "ModelProto cannot locate; pass the path of the .onnx file instead (its external "
+                "data is read from the model's folder), or load it with onnx.load(path)"
+            )
+        return source, label
     path = Path(source)
     label = str(source)
     if not path.is_file():
         raise ModelError(f"{label}: no such model file")
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ModelError(f"{label}: cannot read the model file: {exc.strerror or exc}") from None
+    if not data:
+        raise ModelError(f"{label}: the file is empty; re-export the model")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
     except Exception as exc:  # protobuf raises DecodeError and friends
         raise ModelError(
-            f"{label}: not a readable ONNX model ({type(exc).__name__}: {exc}); the file may be "
+            f"{label}: not a readable ONNX model ({type(exc).__name__}); the file may be "
             "truncated or not an .onnx file: re-export it"
         ) from None
+    if not model.HasField("graph") or not model.ir_version:
+        raise ModelError(
+            f"{label}: not an ONNX model (no graph or IR version in it); the file may be "
+            "truncated or not an .onnx file: re-export it"
+        )
     _load_external_data(model, path, label)
     return model, label
 
 
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _graphs(g)
+
+
+def _tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor that may hold data: initializers and tensor attributes, in all subgraphs."""
+    for g in _graphs(model.graph):
+        yield from g.initializer
+        for sparse in g.sparse_initializer:
+            yield sparse.values
+            yield sparse.indices
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    yield attr.t
+                elif attr.type == onnx.AttributeProto.TENSORS:
+                    yield from attr.tensors
+
+
+def _uses_external_data(t: onnx.TensorProto) -> bool:
+    return t.HasField("data_location") and t.data_location == onnx.TensorProto.EXTERNAL
+
+
 def _load_external_data(model: onnx.ModelProto, path: Path, label: str) -> None:
+    """Read each external tensor's bytes from a file inside the model's folder, or fail."""
     base = path.parent.resolve()
-    tensors = [t for t in onnx.external_data_helper._get_all_tensors(model)
-               if onnx.external_data_helper.uses_external_data(t)]
-    for t in tensors:
+    sizes: dict[Path, int] = {}
+    for t in _tensors(model):
+        if not _uses_external_data(t):
+            continue
         info = {e.key: e.value for e in t.external_data}
         location = info.get("location", "")
+        what = f"{label}: tensor {t.name!r}"
+        if not location:
+            raise ModelError(f"{what} is stored externally but names no file (empty location); "
+                             "re-export the model")
+        # resolve() follows symlinks too: a link inside the folder to a file outside is refused
         target = (base / location).resolve()
         if base not in target.parents:
             raise ModelError(
-                f"{label}: tensor {t.name!r} points to external data {location!r} outside the "
-                "model's folder; keep weight files next to the model"
+                f"{what} points to external data {location!r} outside the model's folder; "
+                "cuvil reads weights only from files next to the model: copy the file there "
+                "and re-save the model with a relative location"
             )
         if not target.is_file():
             raise ModelError(
-                f"{label}: tensor {t.name!r} needs external data file {location!r}, which is "
-                f"missing (looked in the model's folder); copy it next to the model"
+                f"{what} needs the external data file {location!r}, which is missing (looked "
+                f"next to the model, in {path.parent.name or '.'}/); copy it next to the model"
             )
-        offset = int(info.get("offset", 0))
-        length = int(info["length"]) if "length" in info else target.stat().st_size - offset
-        if offset + length > target.stat().st_size:
-            raise ModelError(f"{label}: external data {location!r} of tensor {t.name!r} is "
-                             "shorter than the model says (truncated file?)")
-        with open(target, "rb") as f:
-            f.seek(offset)
-            t.raw_data = f.read(length)
+        try:
+            offset = int(info.get("offset", 0))
+            length = int(info["length"]) if "length" in info else None
+        except ValueError:
+            raise ModelError(f"{what}: external data offset/length {info.get('offset')!r}/"
+                             f"{info.get('length')!r} are not integers; re-export the model"
+                             ) from None
+        size = sizes.setdefault(target, target.stat().st_size)
+        if length is None:
+            length = size - offset
+        if offset < 0 or length < 0 or offset + length > size:
+            raise ModelError(
+                f"{what}: the external data file {location!r} has {size} bytes, but the model "
+                f"reads {length} bytes at offset {offset} from it (truncated or replaced "
+                "file?); copy the complete file next to the model"
+            )
+        try:
+            with open(target, "rb") as f:
+                f.seek(offset)
+                raw = f.read(length)
+        except OSError as exc:
+            raise ModelError(f"{what}: cannot read external data {location!r}: "
+                             f"{exc.strerror or exc}") from None
+        if len(raw) != length:
+            raise ModelError(f"{what}: external data {location!r} ended early (read {len(raw)} of "
+                             f"{length} bytes); copy the complete file next to the model")
+        t.raw_data = raw
         del t.external_data[:]
         t.data_location = onnx.TensorProto.DEFAULT
 
@@ -87,5 +165,3 @@ def default_opset(model: onnx.ModelProto) -> int:
         if imp.domain in ("", "ai.onnx"):
             return int(imp.version)
     return 1
-
-

@@ -1,0 +1,223 @@
+"""Reading model files: broken files, external data (missing, outside the folder, short) and
+unsupported ops give one clear ModelError naming the file; external weights compile and
+match onnxruntime."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+from oracle import make_model, run_ort
+
+import cuvil
+from cuvil.errors import CuvilError, ModelError, UnsupportedOpError
+
+RNG = np.random.default_rng(7)
+W1 = RNG.standard_normal((8, 16)).astype(np.float32)
+B1 = RNG.standard_normal(16).astype(np.float32)
+W2 = RNG.standard_normal((16, 4)).astype(np.float32)
+
+
+def _mlp() -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Add", ["h", "b1"], ["hb"]),
+        helper.make_node("Relu", ["hb"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["y"]),
+    ]
+    return make_model(nodes, {"x": (np.float32, [3, 8])}, {"y": np.float32},
+                      initializers={"w1": W1, "b1": B1, "w2": W2})
+
+
+def _save_external(folder: Path, one_file: bool = True, name: str = "model.onnx") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    onnx.save_model(_mlp(), str(path), save_as_external_data=True,
+                    all_tensors_to_one_file=one_file,
+                    location="weights.bin" if one_file else None, size_threshold=0)
+    return path
+
+
+def _compile_error(source, cls=ModelError) -> str:
+    with pytest.raises(cls) as info:
+        cuvil.compile(source)
+    exc = info.value
+    # a clear message of our own, not a chained protobuf or OS traceback
+    assert exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__)
+    return str(exc)
+
+
+def _set_location(path: Path, tensor: str, location: str) -> None:
+    model = onnx.load(str(path), load_external_data=False)
+    for t in model.graph.initializer:
+        if t.name == tensor:
+            for e in t.external_data:
+                if e.key == "location":
+                    e.value = location
+    path.write_bytes(model.SerializeToString())
+
+
+@pytest.fixture()
+def no_reads_outside(monkeypatch, tmp_path):
+    """Fail the test if cuvil opens a file outside `tmp_path/model/`."""
+    import builtins
+    import io
+
+    allowed = (tmp_path / "model").resolve()
+    real_open = builtins.open
+    real_io_open = io.open
+    opened = []
+
+    def guard(opener):
+        def checked(file, mode="r", *args, **kwargs):
+            if isinstance(file, (str, os.PathLike)) and "r" in mode:
+                p = Path(file).resolve()
+                if str(p).startswith(str(tmp_path)) and allowed not in p.parents:
+                    opened.append(p)
+            return opener(file, mode, *args, **kwargs)
+        return checked
+
+    monkeypatch.setattr(builtins, "open", guard(real_open))
+    monkeypatch.setattr(io, "open", guard(real_io_open))
+    yield
+    assert not opened, f"read outside the model's folder: {opened}"
+
+
+# -- broken files ----------------------------------------------------------------------------
+
+
+def test_truncated_model_file(tmp_path):
+    data = _mlp().SerializeToString()
+    for cut in (len(data) // 2, len(data) - 3, 5):
+        path = tmp_path / f"cut{cut}.onnx"
+        path.write_bytes(data[:cut])
+        msg = _compile_error(path)
+        assert str(path) in msg
+        assert "truncated" in msg or "checker" in msg
+
+
+def test_non_onnx_files(tmp_path):
+    for name, content in [("notes.onnx", b"hello, this is not a model\n"),
+                          ("image.onnx", b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4),
+                          ("empty.onnx", b""),
+                          ("varint.onnx", b"\x08\x07")]:  # parses: ir_version=7, no graph
+        path = tmp_path / name
+        path.write_bytes(content)
+        msg = _compile_error(path)
+        assert str(path) in msg, msg
+        assert "DecodeError" not in msg.split(";")[-1]
+
+
+def test_missing_model_file(tmp_path):
+    msg = _compile_error(tmp_path / "nope.onnx")
+    assert "nope.onnx" in msg and "no such model file" in msg
+
+
+# -- external data ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("one_file", [True, False], ids=["one-file", "file-per-tensor"])
+def test_external_weights_compile_and_match_onnxruntime(tmp_path, one_file, no_reads_outside):
+    path = _save_external(tmp_path / "model", one_file=one_file)
+    stored = onnx.load(str(path), load_external_data=False)
+    assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in stored.graph.initializer)
+    compiled = cuvil.compile(path)
+    x = RNG.standard_normal((3, 8)).astype(np.float32)
+    import onnxruntime as ort
+
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(compiled(x), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(compiled(x), run_ort(_mlp(), {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_missing_external_data_file(tmp_path):
+    path = _save_external(tmp_path / "model")
+    (tmp_path / "model" / "weights.bin").unlink()
+    msg = _compile_error(path)
+    assert str(path) in msg and "weights.bin" in msg and "missing" in msg
+
+
+@pytest.mark.parametrize("where", ["parent", "absolute", "symlink"])
+def test_external_data_outside_the_folder_is_refused(tmp_path, where, no_reads_outside):
+    path = _save_external(tmp_path / "model")
+    weights = tmp_path / "model" / "weights.bin"
+    outside = tmp_path / "x.bin"
+    outside.write_bytes(weights.read_bytes())  # a file that exists, and must not be read
+    if where == "parent":
+        location = "../x.bin"
+    elif where == "absolute":
+        location = str(outside)
+    else:
+        (tmp_path / "model" / "link.bin").symlink_to(outside)
+        location = "link.bin"
+    _set_location(path, "w1", location)
+    msg = _compile_error(path)
+    assert str(path) in msg and "'w1'" in msg and "outside the model's folder" in msg
+
+
+def test_external_data_shorter_than_declared(tmp_path):
+    path = _save_external(tmp_path / "model")
+    weights = tmp_path / "model" / "weights.bin"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    msg = _compile_error(path)
+    assert str(path) in msg and "weights.bin" in msg and "truncated" in msg
+
+
+def test_external_data_in_a_model_proto_is_not_read_from_the_working_directory(tmp_path,
+                                                                               monkeypatch):
+    path = _save_external(tmp_path / "model")
+    monkeypatch.chdir(tmp_path / "model")  # where a naive reader would find weights.bin
+    proto = onnx.load(str(path), load_external_data=False)
+    msg = _compile_error(proto)
+    assert "external" in msg and "path" in msg
+
+
+# -- unsupported ops -------------------------------------------------------------------------
+
+
+def test_every_unsupported_op_is_reported_at_once_before_code_generation(monkeypatch):
+    import cuvil.compiler.driver as driver
+
+    def no_codegen(*args, **kwargs):
+        raise AssertionError("code generation ran for a model with unsupported ops")
+
+    monkeypatch.setattr(driver, "build_module", no_codegen)
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="relu"),
+        helper.make_node("Frobnicate", ["a"], ["b"], name="frob_1", domain="com.example"),
+        helper.make_node("Frobnicate", ["b"], ["c"], name="frob_2", domain="com.example"),
+        helper.make_node("Twiddle", ["c"], ["d"], name="twiddle", domain="com.example"),
+        helper.make_node("RandomUniformLike", ["x"], ["r"], name="noise"),
+        helper.make_node("Add", ["d", "r"], ["y"], name="add"),
+    ]
+    graph = helper.make_graph(
+        nodes, "unsupported",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 3)])
+    msg = _compile_error(model, UnsupportedOpError)
+    assert "3 operator(s)" in msg
+    for expected in ("com.example Frobnicate (opset 3)", "'frob_1'", "'frob_2'",
+                     "com.example Twiddle (opset 3)", "'twiddle'",
+                     "ai.onnx RandomUniformLike (opset 17)", "'noise'"):
+        assert expected in msg, (expected, msg)
+    assert "'relu'" not in msg and "'add'" not in msg
+    assert issubclass(UnsupportedOpError, CuvilError)
+
+
+def test_external_data_round_trip_keeps_the_weights(tmp_path):
+    """The loader's result holds the same initializer values as the in-memory model."""
+    from cuvil.compiler.frontend.loader import load_onnx
+
+    path = _save_external(tmp_path / "model", one_file=False)
+    model, label = load_onnx(path)
+    assert label == str(path)
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    np.testing.assert_array_equal(values["w1"], W1)
+    np.testing.assert_array_equal(values["b1"], B1)
+    np.testing.assert_array_equal(values["w2"], W2)
