@@ -580,3 +580,14 @@ def test_truncated_macho_is_reported_not_raised(tiny: dict[str, bytes], tmp_path
     report = check_wheel(tiny_wheel(tmp_path, library, "universal2-macos"))
     failed = failures(report)
     assert "runs past the end" in failed["tiny/libtiny.dylib: Mach-O slices"]
+
+
+def test_macho_library_in_a_linux_wheel_fails_the_format_check(
+    tiny: dict[str, bytes], tmp_path: Path
+) -> None:
+    report = check_wheel(tiny_wheel(tmp_path, tiny["x86_64-macos"], "x86_64-linux"), auditwheel=False)
+    failed = assert_fails_only(report, "format")
+    assert (
+        "is Mach-O" in failed["tiny/libtiny.dylib: format"]
+        and "need ELF" in failed["tiny/libtiny.dylib: format"]
+    )

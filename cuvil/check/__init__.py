@@ -17,9 +17,13 @@ Nothing is loaded or executed: every architecture can be checked on any host.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cuvil.check._report import CheckReport, CheckResult
 from cuvil.errors import CheckError
+
+if TYPE_CHECKING:
+    from cuvil.check._archive import WheelArchive
 
 __all__ = ["CheckReport", "CheckResult", "check_wheel"]
 
@@ -51,19 +55,34 @@ def check_wheel(path: str | Path, *, auditwheel: bool = True) -> CheckReport:
     tags.check_platform(wheel, report)
     for library in wheel.libraries():
         kind = native_kind(library.data[:8])
+        _check_format(wheel, library.path, kind, report)
         if kind == "elf":
             parsed = elf.check_elf_library(wheel, library, report)
             images = [(parsed.arch, parsed)] if parsed is not None else []
         elif kind == "macho":
             images = [(im.arch, im) for im in macho.check_macho_library(wheel, library, report)]
         else:
-            report.failed(
-                f"{library.path}: format",
-                f"neither ELF nor Mach-O (starts with {library.data[:4].hex()}); cuvil builds only those",
-            )
             continue
         if images:
             abi.check_abi_checksums(library, images, report)
     if auditwheel:
         check_auditwheel(wheel, report)
     return report
+
+
+_FORMATS = {"linux": "elf", "macos": "macho"}
+_FORMAT_NAMES = {"elf": "ELF", "macho": "Mach-O", None: "neither ELF nor Mach-O"}
+
+
+def _check_format(wheel: WheelArchive, path: str, kind: str | None, report: CheckReport) -> None:
+    """A Linux tag needs ELF libraries, a macOS tag Mach-O ones."""
+    from cuvil.check._platform import tag_os
+
+    wanted = {_FORMATS[os] for p in wheel.platforms if (os := tag_os(p)) in _FORMATS}
+    if kind is not None and (not wanted or wanted == {kind}):
+        return
+    expected = " or ".join(sorted(_FORMAT_NAMES[w] for w in wanted)) or "ELF or Mach-O"
+    tags = ", ".join(wheel.platforms) or "(none)"
+    report.failed(
+        f"{path}: format", f"the library is {_FORMAT_NAMES[kind]}, but platform tag(s) {tags} need {expected}"
+    )
