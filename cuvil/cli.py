@@ -448,7 +448,10 @@ def cmd_init(args: argparse.Namespace) -> int:
     project_name = (
         args.project_name or f"{re.sub(r'[^A-Za-z0-9._-]+', '-', root.name).strip('-.') or 'model'}-cuvil"
     )
-    package = args.package or normalize_package_name(project_name)
+    try:
+        package = args.package or normalize_package_name(project_name)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} With cuvil init, pass --package NAME.") from None
 
     model_rel = f"models/{name}.onnx"
     files = {
