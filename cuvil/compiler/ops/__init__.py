@@ -206,6 +206,7 @@ def _import_families() -> None:
     # Imported for their registrations; the order does not matter.
     from cuvil.compiler.ops import (  # noqa: F401
         conv,
+        einsum,
         elementwise,
         gemm,
         normalization,
