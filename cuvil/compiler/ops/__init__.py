@@ -209,9 +209,12 @@ def _import_families() -> None:
         einsum,
         elementwise,
         gemm,
+        indexing,
         normalization,
         pool,
+        recurrent,
         reduce,
+        resize,
         shape,
     )
 
