@@ -212,7 +212,6 @@ def _import_families() -> None:
         indexing,
         normalization,
         pool,
-        recurrent,
         reduce,
         resize,
         shape,
