@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import re
-import secrets
 import shlex
 import shutil
 import struct
@@ -77,17 +76,19 @@ def _run(args: Sequence[str], what: str, cwd: Path | None = None) -> subprocess.
 
 @contextlib.contextmanager
 def _atomic_output(output: Path) -> Iterator[Path]:
-    """A temp path next to `output` (same suffix, so zig infers the same file kind)."""
+    """A temp path with `output`'s file name, in a fresh folder next to it, moved into place
+    on success. The name must stay the same: zig records it (Mach-O code signatures use it
+    as their identifier), so a temp name would make builds differ."""
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    # Not created here: zig then makes the file with its usual permissions.
-    tmp = output.with_name(f".{output.stem}.{os.getpid()}.{secrets.token_hex(4)}{output.suffix or '.tmp'}")
+    folder = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
+        # Not created here: zig then makes the file with its usual permissions.
+        tmp = folder / output.name
         yield tmp
         os.replace(tmp, output)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _log(log: Log, message: str) -> None:
@@ -201,6 +202,10 @@ def compile_c(
     args += [opt, "-fPIC", "-fvisibility=hidden", "-ffunction-sections", "-fdata-sections"]
     # zig cc enables UBSan at -O0, whose runtime release links do not carry: opt in via extra_args.
     args.append("-fno-sanitize=undefined")
+    if arch.os == "macos":
+        # zig 0.17's Mach-O linker crashes on the compact-unwind sections of optimized C that
+        # calls pthread functions; the runtime needs no unwind tables (it never throws)
+        args += ["-fno-asynchronous-unwind-tables", "-fno-unwind-tables"]
     args += [f"-I{d}" for d in include_dirs]
     if isinstance(defines, Mapping):
         args += [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines.items()]
