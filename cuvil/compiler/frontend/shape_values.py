@@ -70,6 +70,10 @@ def propagate(node: Node, num_outputs: int) -> list[tuple[TensorType, tuple[Dim,
         return None
     result = []
     for arr, dtype in outs:
+        if not isinstance(arr, np.ndarray):  # numpy indexing returns a 0-D result as an element
+            element = arr
+            arr = np.empty((), dtype=object)
+            arr[()] = element
         if arr.size > MAX_ELEMENTS:
             return None
         values = tuple(_clean(x, dtype) for x in arr.reshape(-1))

@@ -228,6 +228,8 @@ def _collapse_perm(shape: Sequence[Dim], perm: Sequence[int]) -> tuple[list[Dim]
 
 #: tile edge of the blocked transpose: both tiles stay in L1
 _TILE = 16
+#: a transpose whose two contiguous axes are both longer than this is blocked
+_NAIVE = 256
 
 
 def emit_permute(k: Emitter, src: ir.Value, dst: ir.Value, dtype: np.dtype,
@@ -254,10 +256,28 @@ def emit_permute(k: Emitter, src: ir.Value, dst: ir.Value, dtype: np.dtype,
             dst_ptr = k.element_ptr(y, k.offset(y, [*idx, k.i64(0)]))
             k.memcpy(dst_ptr, src_ptr, k.dim(row))
         return
-    # blocked 2-D transpose of (output axis holding the input's contiguous axis, output's
-    # contiguous axis); the innermost loop walks the input contiguously
-    a = perm.index(last)
+    a = perm.index(last)  # the output axis holding the input's contiguous axis
     outer_axes = [o for o in range(rank) if o not in (a, last)]
+
+    def move(out_idx: list[ir.Value]) -> None:
+        src_idx = [k.i64(0)] * rank
+        for o in range(rank):
+            src_idx[perm[o]] = out_idx[o]
+        k.store(y, out_idx, k.load(x, src_idx))
+
+    small = [d for d in (out_shape[a], out_shape[last]) if isinstance(d, int) and d <= _NAIVE]
+    if small:
+        # one of the two contiguous axes is short: loop over it innermost, so the lines the
+        # other side touches stay in cache across the next outer iteration
+        inner = a if out_shape[a] == min(small) else last
+        order = [*outer_axes, last if inner == a else a, inner]
+        with k.loops([out_shape[o] for o in order], name="t") as idx:
+            out_idx = [k.i64(0)] * rank
+            for o, i in zip(order, idx):
+                out_idx[o] = i
+            move(out_idx)
+        return
+    # both long: blocked 2-D transpose; the innermost loop walks the input contiguously
     tile = _TILE * 2 if dtype.itemsize == 1 else _TILE
     with k.loops([out_shape[o] for o in outer_axes], name="t") as outer:
         da, dl = k.dim(out_shape[a]), k.dim(out_shape[last])
@@ -271,10 +291,7 @@ def emit_permute(k: Emitter, src: ir.Value, dst: ir.Value, dtype: np.dtype,
                     out_idx[o] = i
                 out_idx[a] = ia
                 out_idx[last] = il
-                src_idx = [k.i64(0)] * rank
-                for o in range(rank):
-                    src_idx[perm[o]] = out_idx[o]
-                k.store(y, out_idx, k.load(x, src_idx))
+                move(out_idx)
 
 
 def _min(k: Emitter, a: ir.Value, b: ir.Value) -> ir.Value:
@@ -475,15 +492,20 @@ class Split(Op):
                                      f"{parts} equal parts")
                 return axis, [d // parts] * parts
             chunk = -(-d // parts)
-            return axis, [max(min(chunk, d - i * chunk), 0) for i in range(parts)]
+            if d - (parts - 1) * chunk < 0:
+                raise ModelError(f"{node.describe()}: axis {axis} ({d}) cannot split into "
+                                 f"{parts} parts of {chunk} and a smaller last one")
+            return axis, [chunk] * (parts - 1) + [d - (parts - 1) * chunk]
         if num is None:
             ctx.require(node, sympy.Eq(sympy.Mod(d, parts), 0),
                         f"axis {axis} ({d}) must split into {parts} equal parts")
             return axis, [simplify_dim(d / parts)] * parts
         # opset 18's num_outputs: chunks of ceil(d / parts), the last one smaller
-        chunk = sympy.ceiling(sympy.sympify(d) / parts)
-        return axis, [simplify_dim(sympy.Max(sympy.Min(chunk, d - i * chunk), 0))
-                      for i in range(parts)]
+        chunk = simplify_dim(sympy.ceiling(sympy.sympify(d) / parts))
+        last = simplify_dim(d - (parts - 1) * chunk)
+        ctx.require(node, sympy.Ge(last, 0), f"axis {axis} ({d}) must split into {parts} parts "
+                    f"of {chunk} and a smaller last one")
+        return axis, [chunk] * (parts - 1) + [last]
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         x = _x(node)
@@ -652,7 +674,9 @@ class Pad(Op):
             ctx.require(node, sympy.Ge(out, 0), f"axis {a} ({d}) padded by {begin[a]}, {end[a]} "
                         "is negative")
             if mode != "constant" and not (begin[a] == 0 and end[a] == 0):
-                ctx.require(node, sympy.Ge(d, 1), f"{mode} padding needs a non-empty axis {a}")
+                kept = d - sympy.Max(-sympy.sympify(begin[a]), 0) - sympy.Max(-sympy.sympify(end[a]), 0)
+                ctx.require(node, sympy.Ge(kept, 1), f"{mode} padding needs a non-empty axis {a} "
+                            "(after negative pads crop it)")
             shape.append(out)
         if node.opset >= 11 and node.input(2) is not None:
             cv = node.input(2)
@@ -665,7 +689,7 @@ class Pad(Op):
     def lower(self, node: Node, k: Emitter) -> None:
         x_val = _x(node)
         y_val = node.outputs[0]
-        mode, begin, _end = self.geometry(node)
+        mode, begin, end = self.geometry(node)
         dtype = x_val.type.dtype
         x, y = k.view(x_val), k.view(y_val)
         rank = x.rank
@@ -679,22 +703,29 @@ class Pad(Op):
                 fill = k.load(k.view(cv), [k.i64(0)] * cv.type.rank)
             else:
                 fill = k.const(dtype, float(node.attrs.get("value", 0.0)))
-        pb = [k.dim(b) for b in begin]
-        dims = x.dims
+        # negative pads crop first; the other modes then read only the cropped region (as
+        # onnxruntime does): region of axis a = input[crop[a] : crop[a] + size[a]]
+        pb = [k.dim(sympy.Max(b, 0)) for b in begin]
+        crop = [k.dim(sympy.Max(-sympy.sympify(b), 0)) for b in begin]
+        size = [k.dim(simplify_dim(d - sympy.Max(-sympy.sympify(b), 0)
+                                   - sympy.Max(-sympy.sympify(e), 0)))
+                for d, b, e in zip(x_val.type.shape, begin, end)]
         zero = k.i64(0)
 
         def source(a: int, o: ir.Value) -> ir.Value:
             """The input index output index o reads on axis a (for non-constant modes)."""
             i = k.b.sub(o, pb[a])
-            d = dims[a]
+            d = size[a]
             if mode == "edge":
-                return _min(k, _max(k, i, zero), k.b.sub(d, k.i64(1)))
-            if mode == "wrap":
-                return _mod(k, i, d)
-            # reflect: period 2(d-1); a single element reflects onto itself
-            period = _max(k, k.b.mul(k.i64(2), k.b.sub(d, k.i64(1))), k.i64(1))
-            m = _mod(k, i, period)
-            return _min(k, m, k.b.sub(period, m))
+                i = _min(k, _max(k, i, zero), k.b.sub(d, k.i64(1)))
+            elif mode == "wrap":
+                i = _mod(k, i, d)
+            else:
+                # reflect: period 2(d-1); a single element reflects onto itself
+                period = _max(k, k.b.mul(k.i64(2), k.b.sub(d, k.i64(1))), k.i64(1))
+                m = _mod(k, i, period)
+                i = _min(k, m, k.b.sub(period, m))
+            return k.b.add(i, crop[a])
 
         last = rank - 1
         out_last = y.dims[last]
@@ -704,19 +735,19 @@ class Pad(Op):
             for a, o in enumerate(idx):
                 if mode == "constant":
                     i = k.b.sub(o, pb[a])
-                    ok = k.b.and_(k.b.icmp_signed(">=", i, zero), k.b.icmp_signed("<", i, dims[a]))
+                    ok = k.b.and_(k.b.icmp_signed(">=", i, zero), k.b.icmp_signed("<", i, size[a]))
                     inside = ok if inside is None else k.b.and_(inside, ok)
-                    src.append(i)
+                    src.append(k.b.add(i, crop[a]))
                 else:
                     src.append(source(a, o))
             # inner axis: [0, lo) padding, [lo, hi) the input row, [hi, out) padding
-            lo = _min(k, _max(k, pb[last], zero), out_last)
-            hi = _min(k, _max(k, k.b.add(pb[last], dims[last]), zero), out_last)
-            lo = _min(k, lo, hi)
+            lo = _min(k, pb[last], out_last)
+            hi = _min(k, k.b.add(pb[last], size[last]), out_last)
+            shift = k.b.sub(crop[last], pb[last])
 
             def body_inner() -> None:
                 with k.loop(hi, start=lo, name="mid") as o:
-                    k.store(y, [*idx, o], k.load(x, [*src, k.b.sub(o, pb[last])]))
+                    k.store(y, [*idx, o], k.load(x, [*src, k.b.add(o, shift)]))
                 for start, stop in ((zero, lo), (hi, out_last)):
                     with k.loop(stop, start=start, name="pad") as o:
                         if mode == "constant":
