@@ -160,3 +160,98 @@ def check_cases(
                     failures.append(f"case {i} {c.describe()} at {dict(binding)}: output {out}: {msg}")
     assert not failures, f"{len(failures)} mismatches:\n" + "\n".join(failures)
     return compiled
+
+
+# -- onnx's backend node tests, batched the same way ------------------------------------------
+
+
+def backend_cases(module: str, op_types: Sequence[str]) -> list[Any]:
+    """The backend node test cases (`onnx.backend.test.case.node.<module>`) whose single node
+    is one of `op_types`. Importing the one module runs only its generators, which is much
+    faster than `collect_testcases()`."""
+    import importlib
+    import warnings
+
+    from onnx.backend.test.case import node as cases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        importlib.import_module(f"onnx.backend.test.case.node.{module}")
+    return [c for c in cases._NodeTestCases
+            if len(c.model.graph.node) == 1 and c.model.graph.node[0].op_type in op_types]
+
+
+def _merged(tests: Sequence[Any]) -> onnx.ModelProto:
+    """One model holding every test's graph, each value renamed with a t<i>_ prefix."""
+    nodes, inputs, outputs, inits = [], [], [], []
+    for i, t in enumerate(tests):
+        g = t.model.graph
+
+        def rename(name: str, i: int = i) -> str:
+            return f"t{i}_{name}" if name else ""
+
+        for n in g.node:
+            m = onnx.NodeProto()
+            m.CopyFrom(n)
+            m.name = f"t{i}_{n.name or n.op_type}"
+            m.input[:] = [rename(x) for x in n.input]
+            m.output[:] = [rename(x) for x in n.output]
+            nodes.append(m)
+        init_names = {x.name for x in g.initializer}
+        for vi in g.input:
+            if vi.name not in init_names:
+                v = onnx.ValueInfoProto()
+                v.CopyFrom(vi)
+                v.name = rename(vi.name)
+                inputs.append(v)
+        for vi in g.output:
+            v = onnx.ValueInfoProto()
+            v.CopyFrom(vi)
+            v.name = rename(vi.name)
+            outputs.append(v)
+        for x in g.initializer:
+            y = onnx.TensorProto()
+            y.CopyFrom(x)
+            y.name = rename(x.name)
+            inits.append(y)
+    first = tests[0].model
+    graph = helper.make_graph(nodes, "backend", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=first.opset_import)
+    model.ir_version = max(t.model.ir_version for t in tests)
+    return model
+
+
+def check_backend_cases(tests: Sequence[Any]) -> None:
+    """Compile the tests' graphs together (one model per opset) and compare every output with
+    the expected data onnx ships, at each test's own rtol/atol."""
+    groups: dict[tuple[tuple[str, int], ...], list[Any]] = {}
+    for t in tests:
+        key = tuple(sorted((o.domain, o.version) for o in t.model.opset_import))
+        groups.setdefault(key, []).append(t)
+    failures = []
+    for group in groups.values():
+        compiled = cuvil.compile(_merged(group))
+        for j in range(max(len(t.data_sets) for t in group)):
+            feeds, expected = {}, {}
+            for i, t in enumerate(group):
+                g = t.model.graph
+                init_names = {x.name for x in g.initializer}
+                names = [vi.name for vi in g.input if vi.name not in init_names]
+                inputs, outputs = t.data_sets[min(j, len(t.data_sets) - 1)]
+                feeds.update({f"t{i}_{n}": _array(a) for n, a in zip(names, inputs)})
+                expected.update({f"t{i}_{vi.name}": (t, _array(a)) for vi, a in zip(g.output, outputs)})
+            got = compiled.run(feeds)
+            for name, (t, want) in expected.items():
+                have = got[name]
+                try:
+                    assert have.shape == want.shape, f"shape {have.shape} != {want.shape}"
+                    assert have.dtype == want.dtype, f"dtype {have.dtype} != {want.dtype}"
+                    np.testing.assert_allclose(have, want, rtol=t.rtol, atol=t.atol)
+                except AssertionError as exc:
+                    msg = re.sub(r"\s+", " ", str(exc))[:400]
+                    failures.append(f"{t.name}: output {name}: {msg}")
+    assert not failures, f"{len(failures)} backend cases fail:\n" + "\n".join(failures)
+
+
+def _array(a: Any) -> np.ndarray:
+    return numpy_helper.to_array(a) if isinstance(a, onnx.TensorProto) else np.asarray(a)

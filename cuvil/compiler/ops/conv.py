@@ -249,12 +249,20 @@ def transposed_window(node: Node, ctx: InferContext) -> TransposedWindow:
         if len(out) != r or min(out, default=1) < 1:
             raise ModelError(f"{node.describe()}: output_shape {node.attrs['output_shape']} must "
                              f"have {r} positive entries (the spatial dims)")
-        total = [simplify_dim(f - o) for f, o in zip(full, out)]
-        for axis, t in enumerate(total):
-            # a negative total padding means zeros beyond the full output; onnxruntime and the
-            # ONNX reference place them differently, so cuvil does not guess
-            _require_nonnegative(node, ctx, t, f"output_shape[{axis}] = {out[axis]} exceeds the "
-                                 f"full transposed convolution output ({full[axis]})")
+        # an output_shape beyond the full output gets zeros at the end, as output_padding would
+        # (onnxruntime and onnx's backend tests agree); so it is bounded as output_padding is
+        for axis, (f, o) in enumerate(zip(full, out)):
+            bound = max(strides[axis], dilations[axis])
+            excess = simplify_dim(o - f + out_pad[axis])
+            message = (f"output_shape[{axis}] = {o} exceeds the unpadded output ({f - out_pad[axis]}) "
+                       f"by {excess}, which must be smaller than the stride or the dilation "
+                       f"({bound})")
+            if isinstance(excess, int):
+                if excess >= bound:
+                    raise ModelError(f"{node.describe()}: {message}")
+            else:
+                ctx.require(node, sympy.Lt(excess, bound), message)
+        total = [simplify_dim(sympy.Max(0, f - o)) for f, o in zip(full, out)]
         return TransposedWindow(kernel, strides, dilations, tuple(split(total)), tuple(out))
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         out = [simplify_dim(sympy.sympify(n) * s) for n, s in zip(spatial, strides)]
@@ -277,14 +285,6 @@ def transposed_window(node: Node, ctx: InferContext) -> TransposedWindow:
         ctx.require(node, sympy.Ge(o, 1) if not isinstance(o, int) else o >= 1,
                     f"spatial dim {axis}: the pads remove the whole output")
     return TransposedWindow(kernel, strides, dilations, tuple(pads[:r]), tuple(out))
-
-
-def _require_nonnegative(node: Node, ctx: InferContext, t: Dim, message: str) -> None:
-    if isinstance(t, int):
-        if t < 0:
-            raise UnsupportedOpError(f"{node.describe()}: {message}")
-        return
-    ctx.require(node, sympy.Ge(t, 0), message)
 
 
 @register

@@ -1,0 +1,221 @@
+"""Conv and ConvTranspose against onnxruntime: seeded random shapes and attributes (odd sizes,
+asymmetric pads, every auto_pad, strides larger than the kernel, dilations, groups including
+depthwise, 1-D to 3-D, bias present or not, kernel_shape given or not), symbolic batch and
+spatial dims checked at several sizes, float16 and float64, run-time weights, the errors a
+model can cause, and onnx's backend node tests.
+
+Cases are batched (one compile per test) by `batch_oracle.check_cases`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from batch_oracle import Case, backend_cases, check_backend_cases, check_cases
+from onnx import helper
+from oracle import make_model
+
+import cuvil
+from cuvil.errors import ModelError, UnsupportedOpError
+
+F16 = {"rtol": 3e-3, "atol": 3e-3}
+F64 = {"rtol": 1e-10, "atol": 1e-10}
+#: symbolic dims ("_s<axis>" are private to each case) and the sizes each test runs them at
+SIZES = ({"n": 1, "_s0": 7, "_s1": 6, "_s2": 5}, {"n": 3, "_s0": 10, "_s1": 13, "_s2": 8},
+         {"n": 2, "_s0": 5, "_s1": 9, "_s2": 11})
+
+
+def _channels(rng: np.random.Generator) -> tuple[int, int, int]:
+    """(group, input channels per group, output channels per group); a fifth are depthwise."""
+    if rng.random() < 0.2:
+        return int(rng.integers(2, 5)), 1, int(rng.integers(1, 3))
+    return int(rng.choice([1, 1, 2, 3])), int(rng.integers(1, 4)), int(rng.integers(1, 4))
+
+
+def conv_case(rng: np.random.Generator, r: int, dtype: str = "float32",
+              symbolic: bool = False) -> Case:
+    group, cg, mg = _channels(rng)
+    kernel = [int(rng.integers(1, 4)) for _ in range(r)]
+    attrs: dict = {}
+    strides = [int(rng.integers(1, 4)) for _ in range(r)] if rng.random() < 0.6 else [1] * r
+    dilations = [int(rng.integers(1, 3)) for _ in range(r)] if rng.random() < 0.5 else [1] * r
+    if strides != [1] * r or rng.random() < 0.2:
+        attrs["strides"] = strides
+    if dilations != [1] * r or rng.random() < 0.2:
+        attrs["dilations"] = dilations
+    extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    mode = str(rng.choice(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
+    if mode != "NOTSET":
+        attrs["auto_pad"] = mode
+    elif rng.random() < 0.7:
+        attrs["pads"] = [int(rng.integers(0, 3)) for _ in range(2 * r)]  # asymmetric
+    if rng.random() < 0.5:
+        attrs["kernel_shape"] = kernel
+    if group != 1 or rng.random() < 0.3:
+        attrs["group"] = group
+    spatial: list = [e + int(rng.integers(0, 6)) for e in extent]
+    if symbolic:
+        spatial = [f"_s{a}" if rng.random() < 0.7 else d for a, d in enumerate(spatial)]
+    case = Case("Conv", ["x", "w", "b"] if rng.random() < 0.6 else ["x", "w"], attrs,
+                feeds={"x": (dtype, ["n" if symbolic else int(rng.integers(1, 3)), cg * group,
+                                     *spatial])},
+                consts={"w": rng.standard_normal([mg * group, cg, *kernel]).astype(dtype)})
+    if "b" in case.inputs:
+        case.consts["b"] = rng.standard_normal([mg * group]).astype(dtype)
+    if mode.startswith("SAME") and max(dilations) > 1:
+        # onnxruntime refuses dilations with SAME padding: check against the reference
+        case.oracle = "reference"
+    return case
+
+
+def conv_transpose_case(rng: np.random.Generator, r: int, dtype: str = "float32",
+                        symbolic: bool = False) -> Case:
+    group, cg, mg = _channels(rng)
+    kernel = [int(rng.integers(1, 4)) for _ in range(r)]
+    attrs: dict = {}
+    strides = [int(rng.integers(1, 4)) for _ in range(r)] if rng.random() < 0.6 else [1] * r
+    dilations = [int(rng.integers(1, 3)) for _ in range(r)] if rng.random() < 0.4 else [1] * r
+    if strides != [1] * r:
+        attrs["strides"] = strides
+    if dilations != [1] * r:
+        attrs["dilations"] = dilations
+    out_pad = [int(rng.integers(0, s)) for s in strides] if rng.random() < 0.4 else [0] * r
+    if out_pad != [0] * r:
+        attrs["output_padding"] = out_pad
+    extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    spatial = [int(rng.integers(1, 6)) for _ in range(r)]
+    full = [s * (n - 1) + p + e for s, n, p, e in zip(strides, spatial, out_pad, extent)]
+    mode = str(rng.choice(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID", "shape"]))
+    if mode.startswith("SAME") and any(p + e < s for p, e, s in zip(out_pad, extent, strides)):
+        mode = "VALID"  # cuvil rejects that (see test_conv_transpose_errors)
+    if mode == "NOTSET" and rng.random() < 0.7:
+        begin = [int(rng.integers(0, min(3, f))) for f in full]
+        attrs["pads"] = begin + [int(rng.integers(0, min(3, f - b))) for f, b in zip(full, begin)]
+    elif mode == "shape" and not symbolic:
+        # smaller than the full output (cropped) or larger (zeros appended)
+        # (onnxruntime allows excess + output_padding < stride only)
+        attrs["output_shape"] = [max(1, f + int(rng.integers(-2, s - p))) for f, s, p in
+                                 zip(full, strides, out_pad)]
+        if rng.random() < 0.4:
+            attrs["auto_pad"] = str(rng.choice(["SAME_UPPER", "SAME_LOWER"]))
+    elif mode in ("SAME_UPPER", "SAME_LOWER", "VALID"):
+        attrs["auto_pad"] = mode
+    if rng.random() < 0.5:
+        attrs["kernel_shape"] = kernel
+    if group != 1 or rng.random() < 0.3:
+        attrs["group"] = group
+    dims: list = spatial
+    if symbolic:
+        # pads must leave an output at the smallest size: symbolic dims only without pads
+        dims = [f"_s{a}" if "pads" not in attrs and rng.random() < 0.7 else d
+                for a, d in enumerate(spatial)]
+    case = Case("ConvTranspose", ["x", "w", "b"] if rng.random() < 0.6 else ["x", "w"], attrs,
+                feeds={"x": (dtype, ["n" if symbolic else int(rng.integers(1, 3)), cg * group,
+                                     *dims])},
+                consts={"w": rng.standard_normal([cg * group, mg, *kernel]).astype(dtype)})
+    if "b" in case.inputs:
+        case.consts["b"] = rng.standard_normal([mg * group]).astype(dtype)
+    return case
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_conv_random(rank):
+    rng = np.random.default_rng(100 + rank)
+    check_cases([conv_case(rng, rank) for _ in range(10)], seed=rank)
+
+
+def test_conv_symbolic_batch_and_spatial_dims():
+    rng = np.random.default_rng(7)
+    cases = [conv_case(rng, r, symbolic=True) for r in (1, 1, 2, 2, 2, 3)]
+    check_cases(cases, sizes=SIZES)
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_conv_transpose_random(rank):
+    rng = np.random.default_rng(200 + rank)
+    check_cases([conv_transpose_case(rng, rank) for _ in range(10)], seed=rank)
+
+
+def test_conv_transpose_symbolic_batch_and_spatial_dims():
+    rng = np.random.default_rng(8)
+    cases = [conv_transpose_case(rng, r, symbolic=True) for r in (1, 1, 2, 2, 2, 3)]
+    check_cases(cases, sizes=SIZES)
+
+
+def test_float16_against_onnxruntime():
+    rng = np.random.default_rng(9)
+    cases = [conv_case(rng, r, "float16") for r in (1, 2, 2, 3)]
+    cases += [conv_transpose_case(rng, r, "float16") for r in (1, 2, 2, 3)]
+    check_cases([c for c in cases if c.oracle == "ort"], **F16)
+
+
+def test_float64_against_reference():
+    # onnxruntime has no float64 Conv or ConvTranspose on CPU
+    rng = np.random.default_rng(10)
+    cases = [conv_case(rng, r, "float64") for r in (1, 2, 2, 3)]
+    for r in (1, 2, 2, 3):
+        c = conv_transpose_case(rng, r, "float64")
+        while c.attrs.get("group", 1) != 1 or "output_shape" in c.attrs:
+            # the reference mishandles groups and explicit output_shape
+            c = conv_transpose_case(rng, r, "float64")
+        cases.append(c)
+    for c in cases:
+        c.oracle = "reference"
+    check_cases(cases, **F64)
+
+
+def test_run_time_weights_and_bias():
+    rng = np.random.default_rng(11)
+    cases = []
+    for op in ("Conv", "ConvTranspose"):
+        for r in (1, 2):
+            c = (conv_case if op == "Conv" else conv_transpose_case)(rng, r)
+            c.inputs = ["x", "w", "b"]
+            w = c.consts.pop("w")
+            c.consts.pop("b", None)
+            c.feeds["w"] = ("float32", list(w.shape))
+            m = w.shape[0] if op == "Conv" else w.shape[1] * c.attrs.get("group", 1)
+            c.feeds["b"] = ("float32", [m])
+            cases.append(c)
+    check_cases(cases)
+
+
+def test_backend_node_tests():
+    tests = backend_cases("conv", ["Conv"]) + backend_cases("convtranspose", ["ConvTranspose"])
+    assert len(tests) >= 17
+    check_backend_cases(tests)
+
+
+# -- errors a model can cause -----------------------------------------------------------------
+
+
+def _model(op, x_shape, w_shape, **attrs):
+    return make_model([helper.make_node(op, ["x", "w"], ["y"], **attrs)],
+                      {"x": ("float32", x_shape)}, {"y": "float32"},
+                      initializers={"w": np.ones(w_shape, np.float32)})
+
+
+def test_conv_errors():
+    with pytest.raises(ModelError, match="kernel_shape"):
+        cuvil.compile(_model("Conv", [1, 2, 5, 5], [3, 2, 3, 3], kernel_shape=[2, 2]))
+    with pytest.raises(ModelError, match="groups"):
+        cuvil.compile(_model("Conv", [1, 4, 5, 5], [3, 2, 3, 3], group=2))
+    with pytest.raises(ModelError, match="input channels"):
+        cuvil.compile(_model("Conv", [1, 3, 5, 5], [4, 2, 3, 3], group=2))
+    with pytest.raises(ModelError, match="smaller than the window"):
+        cuvil.compile(_model("Conv", [1, 2, 2, 5], [3, 2, 3, 3]))
+
+
+def test_conv_transpose_errors():
+    # SAME padding with a stride beyond the kernel: onnxruntime and the reference disagree
+    with pytest.raises(UnsupportedOpError, match="SAME_UPPER"):
+        cuvil.compile(_model("ConvTranspose", [1, 1, 4], [1, 1, 2], strides=[3],
+                             auto_pad="SAME_UPPER"))
+    with pytest.raises(ModelError, match="output_padding"):
+        cuvil.compile(_model("ConvTranspose", [1, 1, 4], [1, 1, 2], strides=[2],
+                             output_padding=[2]))
+    with pytest.raises(ModelError, match="exceeds the unpadded output"):
+        cuvil.compile(_model("ConvTranspose", [1, 1, 4], [1, 1, 2], strides=[2],
+                             output_shape=[11]))
+    with pytest.raises(ModelError, match="pads remove"):
+        cuvil.compile(_model("ConvTranspose", [1, 1, 2], [1, 1, 2], pads=[2, 2]))
