@@ -1,0 +1,137 @@
+"""Fold an inference BatchNormalization into the Conv, Gemm or MatMul with constant weights
+that feeds it (and nothing else), so the layer's weights and bias carry the normalization.
+
+BatchNormalization is y = x * a + s per channel, with a = scale / sqrt(var + eps) and
+s = B - mean * a. A layer whose output channel c is a linear function of its weights row c
+(plus bias c) absorbs it: weights row c times a[c], bias c becomes bias[c] * a[c] + s[c].
+The folded constants are computed in float64 and stored in the weights' dtype.
+
+Each rule below says how one producer op absorbs (a, s); the driver finds the pattern
+(producer -> BatchNormalization, the producer's output read by nothing else) and rewires.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from cuvil.compiler.ir import Graph, Node, Value
+
+__all__ = ["fold_batchnorm"]
+
+
+def _const_float(v: Value | None) -> np.ndarray | None:
+    if v is None or v.const is None or v.type.dtype.kind != "f":
+        return None
+    return v.const
+
+
+def _affine(bn: Node) -> tuple[np.ndarray, np.ndarray] | None:
+    """(a, s) of an inference BatchNormalization with constant per-channel parameters."""
+    if bn.domain or len(bn.outputs) != 1 or len(bn.inputs) != 5:
+        return None
+    if bn.opset >= 14 and bn.attrs.get("training_mode", 0):
+        return None
+    if bn.opset < 9 and not bn.attrs.get("spatial", 1):
+        return None  # per-activation parameters do not map onto output channels
+    params = [_const_float(v) for v in bn.inputs[1:5]]
+    if any(p is None or p.ndim != 1 for p in params):
+        return None
+    scale, bias, mean, var = (np.asarray(p, dtype=np.float64) for p in params)  # type: ignore[arg-type]
+    eps = float(bn.attrs.get("epsilon", 1e-5))
+    a = scale / np.sqrt(var + eps)
+    return a, bias - mean * a
+
+
+def _replace_input(graph: Graph, node: Node, i: int, array: np.ndarray, name: str) -> None:
+    """Make input i of `node` a new constant (the old one may be shared with other nodes)."""
+    new = graph.constant(array, name)
+    old = node.input(i)
+    if old is not None and node in old.users:
+        old.users.remove(node)
+    while len(node.inputs) <= i:
+        node.inputs.append(None)
+    node.inputs[i] = new
+    new.users.append(node)
+
+
+def _fold_into_conv(graph: Graph, conv: Node, a: np.ndarray, s: np.ndarray) -> Node | None:
+    w = _const_float(conv.input(1))
+    b = conv.input(2)
+    if w is None or w.shape[0] != a.shape[0] or (b is not None and _const_float(b) is None):
+        return None
+    bias = np.zeros(a.shape) if b is None else np.asarray(b.const, dtype=np.float64)
+    w_name = conv.inputs[1].name  # type: ignore[union-attr]
+    scaled = w.astype(np.float64) * a.reshape((-1,) + (1,) * (w.ndim - 1))
+    _replace_input(graph, conv, 1, scaled.astype(w.dtype), f"{w_name}_bn")
+    _replace_input(graph, conv, 2, (bias * a + s).astype(w.dtype), f"{w_name}_bn_bias")
+    return conv
+
+
+def _fold_into_gemm(graph: Graph, gemm: Node, a: np.ndarray, s: np.ndarray) -> Node | None:
+    w = _const_float(gemm.input(1))
+    c = gemm.input(2)
+    if w is None or w.ndim != 2 or (c is not None and _const_float(c) is None):
+        return None
+    trans_b = bool(gemm.attrs.get("transB", 0))
+    n = w.shape[0] if trans_b else w.shape[1]
+    if n != a.shape[0]:
+        return None
+    beta = float(gemm.attrs.get("beta", 1.0))
+    if c is None or beta == 0.0:
+        c_arr = np.zeros(a.shape)
+    else:
+        c_arr = beta * np.asarray(c.const, dtype=np.float64)
+        if c_arr.ndim > 2 or np.broadcast_shapes(c_arr.shape, a.shape)[-1] != n:
+            return None
+    w_name = gemm.inputs[1].name  # type: ignore[union-attr]
+    scaled = w.astype(np.float64) * (a[:, None] if trans_b else a[None, :])
+    _replace_input(graph, gemm, 1, scaled.astype(w.dtype), f"{w_name}_bn")
+    _replace_input(graph, gemm, 2, (c_arr * a + s).astype(w.dtype), f"{w_name}_bn_bias")
+    gemm.attrs = {**gemm.attrs, "beta": 1.0}
+    return gemm
+
+
+def _fold_into_matmul(graph: Graph, mm: Node, a: np.ndarray, s: np.ndarray) -> Node | None:
+    """[M, K] @ [K, N] + BatchNormalization -> Gemm with scaled weights and a bias."""
+    x, w = mm.input(0), _const_float(mm.input(1))
+    if x is None or x.type.rank != 2 or w is None or w.ndim != 2 or w.shape[1] != a.shape[0]:
+        return None
+    gemm = Node("Gemm", [x, mm.inputs[1]], list(mm.outputs), {}, name=mm.name, opset=mm.opset)
+    index = graph.nodes.index(mm)
+    graph.remove_node(mm)
+    graph.add_node(gemm, index)
+    return _fold_into_gemm(graph, gemm, a, s)
+
+
+#: producer op type -> rule: absorb (a, s) into the producer (returning the node that now
+#: computes the normalized output), or leave the graph unchanged and return None
+RULES: dict[str, Callable[[Graph, Node, np.ndarray, np.ndarray], Node | None]] = {
+    "Conv": _fold_into_conv,
+    "Gemm": _fold_into_gemm,
+    "MatMul": _fold_into_matmul,
+}
+
+
+def fold_batchnorm(graph: Graph) -> Graph:
+    for bn in list(graph.nodes):
+        if bn.op_type != "BatchNormalization":
+            continue
+        x = bn.inputs[0]
+        producer = x.producer if x is not None else None
+        if (x is None or producer is None or producer.domain or producer.op_type not in RULES
+                or x.users != [bn] or x in graph.outputs or x.type.dtype != bn.outputs[0].type.dtype):
+            continue
+        affine = _affine(bn)
+        if affine is None:
+            continue
+        folded = RULES[producer.op_type](graph, producer, *affine)
+        if folded is None:
+            continue
+        y = bn.outputs[0]
+        graph.remove_node(bn)
+        folded.outputs = [y if v is x else v for v in folded.outputs]
+        y.producer = folded
+        x.producer = None
+    return graph
