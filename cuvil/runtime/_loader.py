@@ -183,8 +183,19 @@ class Model:
         env = {**_EVAL_GLOBALS, **dims}
         for code, message in self._constraints:
             if not eval(code, env):
-                raise ValueError(f"{self.name}: inputs {dims} violate a model constraint: {message}")
+                raise ValueError(f"{self.name}: the input sizes break a constraint of the model: "
+                                 f"{message} (with {self._dims_text(dims)}); feed inputs whose "
+                                 "dims satisfy it")
         return arrays, dims
+
+    def _dims_text(self, dims: Mapping[str, int]) -> str:
+        """Each symbolic dim's value and the first input dim it was read from."""
+        where: dict[str, str] = {}
+        for info in self.inputs:
+            for axis, d in enumerate(info.shape):
+                if isinstance(d, str) and d not in where:
+                    where[d] = f"input {info.name!r} dim {axis}"
+        return ", ".join(f"{s} = {v} ({where.get(s, '?')})" for s, v in dims.items())
 
     def _execute(self, values: Sequence[Any]) -> list[np.ndarray]:
         arrays, dims = self._check(values)
