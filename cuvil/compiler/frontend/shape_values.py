@@ -450,9 +450,11 @@ def _mod(node: Node, ins: list[Known | None]) -> list[Known] | None:
             if b == 0:
                 return None
             return int(math.fmod(a, b)) if fmod else a % b
-        if not isinstance(b, int) or b <= 0 or _sign(a) == "?" or _sign(a) < 0:  # type: ignore[operator]
+        if not isinstance(b, int) or b <= 0:
             return None
-        return sympy.Mod(a, b)  # a >= 0, b > 0: fmod and Python's % agree
+        if fmod and (_sign(a) == "?" or _sign(a) < 0):  # type: ignore[operator]
+            return None  # fmod takes the dividend's sign; for a >= 0 it agrees with %
+        return sympy.Mod(a, b)  # Python's %, which the dim arithmetic computes
     return _elementwise(node, ins, fn)
 
 
