@@ -384,15 +384,70 @@ def _bind(case: Any) -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.nd
     return model, feeds, [np.asarray(o) for o in outputs]
 
 
+def _merge(cases: Sequence[Any]) -> tuple[onnx.ModelProto, dict[str, np.ndarray],
+                                          dict[str, tuple[Any, np.ndarray]]]:
+    """One model holding every case as an independent subgraph (names prefixed per case), so
+    one compile checks them all: (model, feeds, output name -> (case, expected))."""
+    nodes, inputs, outputs, inits = [], [], [], []
+    feeds: dict[str, np.ndarray] = {}
+    expected: dict[str, tuple[Any, np.ndarray]] = {}
+    for i, case in enumerate(cases):
+        model, case_feeds, case_expected = _bind(case)
+        g = model.graph
+
+        def rename(name: str, i: int = i) -> str:
+            return f"c{i}_{name}" if name else ""
+
+        for node in g.node:
+            renamed = onnx.NodeProto()
+            renamed.CopyFrom(node)
+            renamed.name = f"{case.name}"
+            del renamed.input[:]
+            renamed.input.extend(rename(n) for n in node.input)
+            del renamed.output[:]
+            renamed.output.extend(rename(n) for n in node.output)
+            nodes.append(renamed)
+        for vi in g.input:
+            inputs.append(helper.make_value_info(rename(vi.name), vi.type))
+        for vi, want in zip(g.output, case_expected):
+            outputs.append(helper.make_value_info(rename(vi.name), vi.type))
+            expected[rename(vi.name)] = (case, want)
+        for t in g.initializer:
+            inits.append(numpy_helper.from_array(numpy_helper.to_array(t), rename(t.name)))
+        feeds.update({rename(n): a for n, a in case_feeds.items()})
+    first = cases[0].model
+    graph = helper.make_graph(nodes, "backend_cases", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=first.opset_import)
+    model.ir_version = max(c.model.ir_version for c in cases)
+    return model, feeds, expected
+
+
+def _groups() -> dict[str, list[Any]]:
+    """Backend cases by operator and opset: each group is one compiled model."""
+    groups: dict[str, list[Any]] = {}
+    for case in _backend_cases():
+        opset = max(o.version for o in case.model.opset_import if o.domain in ("", "ai.onnx"))
+        groups.setdefault(f"{case.model.graph.node[0].op_type}-opset{opset}", []).append(case)
+    return groups
+
+
+_GROUPS = _groups()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("case", _backend_cases(), ids=lambda c: c.name)
-def test_onnx_backend_node(case: Any) -> None:
-    model, feeds, expected = _bind(case)
+@pytest.mark.parametrize("group", sorted(_GROUPS))
+def test_onnx_backend_node_cases(group: str) -> None:
+    model, feeds, expected = _merge(_GROUPS[group])
     compiled = cuvil.compile(model)
     got = compiled.run(feeds)
-    for info, want in zip(compiled.outputs, expected):
-        have = got[info.name]
-        assert have.shape == want.shape
-        assert have.dtype == want.dtype
-        np.testing.assert_allclose(have.astype(np.float64), want.astype(np.float64),
-                                   rtol=case.rtol, atol=case.atol)
+    failures = []
+    for name, (case, want) in expected.items():
+        have = got[name]
+        try:
+            assert have.shape == want.shape, f"shape {have.shape} != {want.shape}"
+            assert have.dtype == want.dtype, f"dtype {have.dtype} != {want.dtype}"
+            np.testing.assert_allclose(have.astype(np.float64), want.astype(np.float64),
+                                       rtol=case.rtol, atol=case.atol)
+        except AssertionError as exc:
+            failures.append(f"{case.name}: {' '.join(str(exc).split())[:300]}")
+    assert not failures, "\n".join(failures)
