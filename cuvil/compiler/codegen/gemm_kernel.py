@@ -71,6 +71,9 @@ def gemm_function(module: ir.Module, epilogue: Epilogue = Epilogue()) -> ir.Func
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, PTR, I64,
                                                             PTR, I64, I1, PTR]), name)
     fn.linkage = "internal"
+    # one shared copy: inlined into each caller, LLVM would specialize and unroll it for every
+    # call's constant sizes, multiplying compile time and code size for no speed
+    fn.attributes.add("noinline")
     for i in (3, 5, 7, 10):
         fn.args[i].add_attribute("noalias")
     _GemmWriter(module, fn, isa_of(module), epilogue).write()

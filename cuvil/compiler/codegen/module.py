@@ -150,6 +150,9 @@ def _node_function(module: ir.Module, graph: Graph, plan: MemoryPlan, index: int
     fn = ir.Function(module, ir.FunctionType(I32, [PTR] * (1 + len(bufs) + scratch)),
                      f"node{index}_{node.op_type}")
     fn.linkage = "internal"
+    # kept out of `run`: inlined, every node would land in one huge function whose
+    # optimization time grows much faster than its size (a call per node costs nothing)
+    fn.attributes.add("noinline")
     if _distinct(plan, bufs):
         for arg in fn.args[1:]:
             arg.add_attribute("noalias")
