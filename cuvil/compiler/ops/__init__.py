@@ -212,6 +212,7 @@ def _import_families() -> None:
         indexing,
         normalization,
         pool,
+        recurrent,
         reduce,
         resize,
         shape,
