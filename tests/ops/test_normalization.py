@@ -124,14 +124,15 @@ def test_lp_normalization():
         x.reshape(-1)[: shape[-1]] = 0  # a zero row along the last axis
         return x
 
-    cases = []
-    for dtype, oracle in ((np.float32, "ort"), (np.float64, "ort"), (np.float16, "ort")):
-        for p in (1, 2):
-            for axis, shape in ((-1, ["n", "m"]), (0, ["n", 3, "m"]), (1, [2, 5, "m"]), (-2, [4, "n"])):
-                cases.append(Case("LpNormalization", ["x"], {"p": p, "axis": axis},
-                                  feeds={"x": (dtype, shape)}, data=with_zero_rows, oracle=oracle))
-    check_cases([c for c in cases if c.feeds["x"][0] != np.float16], sizes=SIZES, opset=13)
-    check_cases([c for c in cases if c.feeds["x"][0] == np.float16], sizes=SIZES[:2], opset=13, **F16)
+    layouts = ((-1, ["n", "m"]), (0, ["n", 3, "m"]), (1, [2, 5, "m"]), (-2, [4, "n"]))
+    cases = [Case("LpNormalization", ["x"], {"p": p, "axis": axis}, feeds={"x": (np.float32, shape)},
+                  data=with_zero_rows) for p in (1, 2) for axis, shape in layouts]
+    cases += [Case("LpNormalization", ["x"], {"p": p, "axis": axis}, feeds={"x": (np.float64, shape)},
+                   data=with_zero_rows) for p, (axis, shape) in zip((1, 2), layouts[:2])]
+    check_cases(cases, sizes=SIZES, opset=13)
+    cases = [Case("LpNormalization", ["x"], {"p": p, "axis": axis}, feeds={"x": (np.float16, shape)},
+                  data=with_zero_rows) for p, (axis, shape) in zip((1, 2), layouts[1:3])]
+    check_cases(cases, sizes=SIZES[:2], opset=13, **F16)
 
 
 # -- BatchNormalization -----------------------------------------------------------------------

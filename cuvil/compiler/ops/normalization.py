@@ -21,7 +21,15 @@ from llvmlite import ir
 from cuvil.compiler.codegen.emitter import Emitter, View, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel
 from cuvil.compiler.ops import InferContext, Op, normalize_axis, register
-from cuvil.compiler.ops.reduce import TILE, binary_intrinsic, entry_alloca, interleave, split_groups
+from cuvil.compiler.ops.reduce import (
+    binary_intrinsic,
+    entry_alloca,
+    interleave,
+    split_groups,
+    stack_array,
+    tile_width,
+    tiles,
+)
 from cuvil.errors import ModelError, UnsupportedOpError
 
 FLOATS = ("float32", "float64", "float16")
@@ -112,21 +120,19 @@ def _check_param(node: Node, ctx: InferContext, i: int, what: str, size: Dim) ->
 class _Lanes:
     """The lanes of an [outer, axis, inner] walk that reduce along `axis` side by side.
 
-    With inner == 1 a single lane walks each contiguous row; otherwise up to TILE
-    neighbouring inner positions are processed together, so inner loops are contiguous
+    With inner == 1 a single lane walks each contiguous row; otherwise a tile of
+    neighbouring inner positions is processed together, so inner loops are contiguous
     either way. Per-lane state lives in small stack arrays.
     """
 
     def __init__(self, k: Emitter, x: View, y: View, o: ir.Value, t: ir.Value, n: ir.Value,
-                 tiled: bool) -> None:
-        self.k, self.x, self.y, self.o, self.t, self.n, self.tiled = k, x, y, o, t, n, tiled
-        self.width = TILE if tiled else 1
+                 width: int) -> None:
+        self.k, self.x, self.y, self.o, self.t, self.n = k, x, y, o, t, n
+        self.width = width
+        self.tiled = width > 1
 
     def state(self, dtype: np.dtype | str, name: str) -> View:
-        dtype = np.dtype(dtype)
-        ptr = entry_alloca(self.k, llvm_type(dtype), self.width, name=name)
-        one = self.k.i64(1)
-        return View(ptr, dtype, (self.k.i64(self.width),), (one,), (self.width,))
+        return stack_array(self.k, dtype, self.width, name)
 
     @contextmanager
     def each(self, name: str = "j") -> Iterator[ir.Value]:
@@ -155,17 +161,9 @@ def emit_axis_kernel(k: Emitter, x_val: Value, y_val: Value, dims3: tuple[Dim, D
     """Call body(lanes, axis_size) for every lane group of x viewed as [outer, axis, inner]."""
     x = k.contiguous(k.buffers[x_val], x_val.type.dtype, dims3)
     y = k.contiguous(k.buffers[y_val], y_val.type.dtype, dims3)
-    tiled = not (isinstance(dims3[2], int) and dims3[2] == 1)
-    b = k.b
-    with k.loop(x.dims[0], name="o") as o:
-        if not tiled:
-            body(_Lanes(k, x, y, o, k.i64(0), k.i64(1), False), x.dims[1])
-            return
-        inner = x.dims[2]
-        with k.loop(inner, step=TILE, name="t") as t:
-            rest = b.sub(inner, t)
-            n = b.select(b.icmp_signed("<", rest, k.i64(TILE)), rest, k.i64(TILE))
-            body(_Lanes(k, x, y, o, t, n, True), x.dims[1])
+    width = tile_width(dims3[2])
+    with k.loop(x.dims[0], name="o") as o, tiles(k, dims3[2]) as (t, n):
+        body(_Lanes(k, x, y, o, t, n, width), x.dims[1])
 
 
 def _axis_dims(node: Node, shape: Sequence[Dim], axis: int, flatten: bool) -> tuple[Dim, Dim, Dim]:
@@ -363,13 +361,10 @@ class LRN(_Float):
         x = k.contiguous(k.buffers[x_val], x_val.type.dtype, dims3)
         y = k.contiguous(k.buffers[node.outputs[0]], x_val.type.dtype, dims3)
         b = k.b
-        tile = View(entry_alloca(k, llvm_type(comp), TILE, name="sq"), comp, (k.i64(TILE),),
-                    (k.i64(1),), (TILE,))
-        channels, inner = x.dims[1], x.dims[2]
+        tile = stack_array(k, comp, tile_width(dims3[2]), "sq")
+        channels = x.dims[1]
         with k.loop(x.dims[0], name="n") as n, k.loop(channels, name="c") as c, \
-                k.loop(inner, step=TILE, name="t") as t:
-            rest = b.sub(inner, t)
-            cnt = b.select(b.icmp_signed("<", rest, k.i64(TILE)), rest, k.i64(TILE))
+                tiles(k, dims3[2]) as (t, cnt):
             lo = b.sub(c, k.i64(before))
             lo = b.select(b.icmp_signed("<", lo, k.i64(0)), k.i64(0), lo)
             hi = b.add(c, k.i64(after + 1))

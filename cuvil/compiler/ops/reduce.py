@@ -24,7 +24,8 @@ from cuvil.compiler.ir import Dim, Node, TensorType, Value, simplify_dim
 from cuvil.compiler.ops import InferContext, Op, const_input, normalize_axis, register
 from cuvil.errors import ModelError
 
-__all__ = ["Reducer", "binary_intrinsic", "emit_reduce", "entry_alloca", "split_groups"]
+__all__ = ["TILE", "Reducer", "binary_intrinsic", "emit_reduce", "entry_alloca", "interleave",
+           "split_groups", "stack_array", "tile_width", "tiles"]
 
 #: outputs accumulated side by side when the innermost axis is kept
 TILE = 256
@@ -46,6 +47,33 @@ def binary_intrinsic(k: Emitter, name: str, a: ir.Value, b: ir.Value) -> ir.Valu
     one-operand ones)."""
     fn = k.module.declare_intrinsic(name, [a.type], ir.FunctionType(a.type, [a.type, a.type]))
     return k.b.call(fn, [a, b])
+
+
+def tile_width(inner: Dim) -> int:
+    """Lanes per tile over an inner extent: all of it when it is static and small."""
+    return inner if isinstance(inner, int) and 0 < inner <= TILE else TILE
+
+
+def stack_array(k: Emitter, dtype: np.dtype | str, width: int, name: str) -> View:
+    """A 1-D array of `width` elements on the stack (allocated once in the entry block)."""
+    dtype = np.dtype(dtype)
+    ptr = entry_alloca(k, llvm_type(dtype), width, name=name)
+    return View(ptr, dtype, (k.i64(width),), (k.i64(1),), (width,))
+
+
+@contextmanager
+def tiles(k: Emitter, inner: Dim, name: str = "t") -> Iterator[tuple[ir.Value, ir.Value]]:
+    """(start, count) of each tile of `inner` lanes; a single tile without a loop when the
+    extent is static and fits (so LLVM sees constant trip counts)."""
+    width = tile_width(inner)
+    if isinstance(inner, int) and inner == width:
+        yield k.i64(0), k.i64(width)
+        return
+    b = k.b
+    stop = k.dim(inner)
+    with k.loop(stop, step=width, name=name) as t:
+        rest = b.sub(stop, t)
+        yield t, b.select(b.icmp_signed("<", rest, k.i64(width)), rest, k.i64(width))
 
 
 def split_groups(shape: Sequence[Dim], axes: set[int]) -> list[tuple[Dim, bool]]:
@@ -211,17 +239,13 @@ def emit_reduce(k: Emitter, x_val: Value, out_ptr: ir.Value, out_dtype: np.dtype
             k.store(out, kidx, red.finish(k, result, count, acc, out_dtype))
         return
 
-    # innermost group kept: accumulate TILE outputs at once
-    inner = kept_dims[-1]
-    tile = View(entry_alloca(k, acc_ty, TILE, name="tile"), acc, (k.i64(TILE),), (k.i64(1),), (TILE,))
-    tile2 = None
-    if red.combine == "lse":
-        tile2 = View(entry_alloca(k, acc_ty, TILE, name="tile_sum"), acc, (k.i64(TILE),),
-                     (k.i64(1),), (TILE,))
+    # innermost group kept: accumulate a tile of outputs at once
+    inner_dim = [d for d, r in groups if not r][-1]
+    width = tile_width(inner_dim)
+    tile = stack_array(k, acc, width, "tile")
+    tile2 = stack_array(k, acc, width, "tile_sum") if red.combine == "lse" else None
     b = k.b
-    with _each(k, kept_dims[:-1], "k") as kidx, k.loop(inner, step=TILE, name="t") as t:
-        rest = b.sub(inner, t)
-        n = b.select(b.icmp_signed("<", rest, k.i64(TILE)), rest, k.i64(TILE))
+    with _each(k, kept_dims[:-1], "k") as kidx, tiles(k, inner_dim) as (t, n):
 
         def sweep(body: Callable[[ir.Value, ir.Value], None]) -> None:
             # body(j, loaded x) over every reduced index and every j of the tile
