@@ -430,6 +430,10 @@ class OneHot(Op):
         self.check_dtypes(node)
         idx, values = _in(node, 0), _in(node, 2)
         depth = self._depth(node)
+        if values.type.dtype.name not in ALL_DTYPES:
+            raise UnsupportedOpError(f"{node.describe()}: values have dtype "
+                                     f"{values.type.dtype.name}; cuvil compiles OneHot for "
+                                     f"{', '.join(ALL_DTYPES)} values")
         if not isinstance(values.type.numel, int) or values.type.numel != 2:
             raise ModelError(f"{node.describe()}: values must hold two elements [off, on], got "
                              f"{values.type}")
@@ -448,17 +452,12 @@ class OneHot(Op):
         y = _flat(k, out, (outer, depth, inner))
         vv = _flat(k, values, (2,))
         off, on = k.load(vv, [k.i64(0)]), k.load(vv, [k.i64(1)])
-        dt = idx.type.dtype
         dv = k.dim(depth)
-        depth_src = k.convert(dv, np.int64, dt)
-        zero_src = k.const(dt, 0)
         with k.loop(iv.dims[0], name="o") as o, k.loop(dv, name="d") as d, \
                 k.loop(iv.dims[1], name="i") as i:
-            raw = k.load(iv, [o, i])
-            # negative indices count from the end; onnxruntime wraps in the index dtype, then
-            # truncates to an integer
-            raw = k.b.select(k.less(dt, raw, zero_src), k.add(dt, raw, depth_src), raw)
-            pos = k.convert(raw, dt, np.int64)
+            # like onnxruntime: truncate to an integer, then count negatives from the end
+            pos = k.convert(k.load(iv, [o, i]), idx.type.dtype, np.int64)
+            pos = k.b.select(k.b.icmp_signed("<", pos, k.i64(0)), k.b.add(pos, dv), pos)
             k.store(y, [o, d, i], k.b.select(k.b.icmp_signed("==", pos, d), on, off))
 
 
