@@ -359,3 +359,21 @@ def test_backend_node(case: Any) -> None:
         assert len(got) == len(outputs)
         for have, want in zip(got, outputs):
             np.testing.assert_allclose(have, want, rtol=case.rtol, atol=case.atol)
+
+
+# -- a CRNN exported from PyTorch --------------------------------------------------------
+
+
+def test_crnn_from_pytorch() -> None:
+    """Conv/ReLU/MaxPool features -> sequence (Shape/Gather/Concat/Reshape) -> bidirectional
+    LSTM (initial states from ConstantOfShape) -> MatMul classifier, at several batch sizes and
+    image widths with one compile (see tests/data/make_crnn.py)."""
+    model = onnx.load(str(DATA / "crnn.onnx"))
+    compiled = cuvil.compile(model)
+    rng = np.random.default_rng(4)
+    for batch, width in [(1, 40), (3, 100), (2, 8), (1, 4)]:
+        image = rng.standard_normal((batch, 1, 32, width)).astype(np.float32)
+        want = run_ort(model, {"image": image})["logits"]
+        have = compiled(image)
+        assert have.shape == want.shape == (width // 4, batch, 11)
+        np.testing.assert_allclose(have, want, rtol=1e-4, atol=1e-5)
