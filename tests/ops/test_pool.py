@@ -181,3 +181,37 @@ def test_errors():
         cuvil.compile(_model("MaxPool", kernel_shape=[2, 2], strides=[1, 1, 1]))
     with pytest.raises(ModelError, match="p = 0"):
         cuvil.compile(_model("LpPool", kernel_shape=[2, 2], p=0))
+
+
+def _rois_or_image(rng, dtype, shape):
+    if len(shape) == 2 and shape[1] == 5:
+        # (batch index, x1, y1, x2, y2): inside, across and beyond the image, some reversed
+        rois = np.empty(shape)
+        rois[:, 0] = rng.integers(0, 2, shape[0])
+        rois[:, 1:] = rng.uniform(-4, 26, (shape[0], 4))
+        return rois.astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def test_max_roi_pool():
+    cases = []
+    for i, (pooled, scale) in enumerate([([2, 2], 1.0), ([3, 1], 0.5), ([1, 4], 0.25),
+                                         ([4, 3], 0.5)]):
+        dtype = "float16" if i == 3 else "float32"
+        attrs = {"pooled_shape": pooled} if scale == 1.0 else {"pooled_shape": pooled,
+                                                              "spatial_scale": scale}
+        cases.append(Case("MaxRoiPool", ["x", "rois"], attrs, data=_rois_or_image,
+                          feeds={"x": (dtype, [2, 3, 9, 11]), "rois": (dtype, ["r", 5])}))
+    check_cases(cases, sizes=[{"r": 1}, {"r": 9}], **F16)  # (maxima are exact in float32)
+
+
+def test_max_roi_pool_rejects_a_batch_index_out_of_range():
+    model = _model("MaxRoiPool", pooled_shape=[2, 2])
+    model.graph.node[0].input.append("rois")
+    model.graph.input.append(helper.make_tensor_value_info("rois", 1, [1, 5]))
+    compiled = cuvil.compile(model)
+    x = np.zeros((1, 1, 5, 5), np.float32)
+    with pytest.raises(ValueError, match="MaxRoiPool"):
+        compiled.run({"x": x, "rois": np.array([[1, 0, 0, 2, 2]], np.float32)})
+    assert compiled.run({"x": x, "rois": np.array([[0, 0, 0, 2, 2]], np.float32)})["y"].shape == \
+        (1, 1, 2, 2)

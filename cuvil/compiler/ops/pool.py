@@ -280,3 +280,83 @@ class GlobalLpPool(GlobalPool):
     op_type = "GlobalLpPool"
     kind = "lp"
     since = 2
+
+
+@register
+class MaxRoiPool(Op):
+    """Max over each region of interest split into pooled_shape bins (Fast R-CNN's RoI pooling).
+
+    rois rows are (batch index, x1, y1, x2, y2) in input coordinates times spatial_scale,
+    rounded half away from zero; bins are floor/ceil of equal fractions of the region, as in
+    onnxruntime. An empty bin is 0. A batch index outside the input fails the call.
+    """
+
+    op_type = "MaxRoiPool"
+    dtypes = FLOATS
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        self.check_dtypes(node)
+        x, rois = node.inputs[0], node.input(1)
+        assert x is not None
+        if rois is None or x.type.rank != 4 or rois.type.rank != 2:
+            raise ModelError(f"{node.describe()}: needs X [N, C, H, W] and rois [num_rois, 5]")
+        if rois.type.dtype != x.type.dtype:
+            raise ModelError(f"{node.describe()}: rois dtype {rois.type.dtype} differs from X's "
+                             f"{x.type.dtype}")
+        ctx.dims_equal(node, rois.type.shape[1], 5, "rois columns (batch index, x1, y1, x2, y2)")
+        pooled = _pooled_shape(node)
+        return [TensorType(x.type.dtype, (rois.type.shape[0], x.type.shape[1], *pooled))]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        x_val, r_val = node.inputs[0], node.input(1)
+        assert x_val is not None and r_val is not None
+        x, rois, y = k.view(x_val), k.view(r_val), k.view(node.outputs[0])
+        dtype = x_val.type.dtype
+        ct = compute_dtype(dtype)
+        fty = llvm_type(ct)
+        b = k.b
+        scale = ir.Constant(fty, float(node.attrs.get("spatial_scale", 1.0)))
+        pooled = _pooled_shape(node)
+        acc = entry_alloca(k, fty, "acc")
+
+        def coord(r: ir.Value, col: int) -> ir.Value:
+            v = b.fmul(k.convert(k.load(rois, [r, k.i64(col)]), dtype, ct), scale)
+            return b.fptosi(k.intrinsic("llvm.round", [v]), I64)
+
+        def bin_edges(i: ir.Value, size: ir.Value, start: ir.Value, limit: ir.Value,
+                      bins: int) -> tuple[ir.Value, ir.Value]:
+            step = b.fdiv(b.sitofp(size, fty), ir.Constant(fty, float(bins)))
+            lo = b.fptosi(k.intrinsic("llvm.floor", [b.fmul(b.sitofp(i, fty), step)]), I64)
+            hi = b.fptosi(k.intrinsic("llvm.ceil", [
+                b.fmul(b.sitofp(b.add(i, k.i64(1)), fty), step)]), I64)
+            return (clamp(k, b.add(lo, start), k.i64(0), limit),
+                    clamp(k, b.add(hi, start), k.i64(0), limit))
+
+        with k.loop(y.dims[0], name="roi") as r:
+            batch = b.fptosi(k.convert(k.load(rois, [r, k.i64(0)]), dtype, ct), I64)
+            k.fail_if(b.icmp_unsigned(">=", batch, x.dims[0]))  # negative ones count as huge
+            w0, h0, w1, h1 = (coord(r, col) for col in (1, 2, 3, 4))
+            one = k.i64(1)
+            height = b.sub(h1, h0)
+            height = b.add(b.select(b.icmp_signed(">", height, k.i64(0)), height, k.i64(0)), one)
+            width = b.sub(w1, w0)
+            width = b.add(b.select(b.icmp_signed(">", width, k.i64(0)), width, k.i64(0)), one)
+            with k.loop(y.dims[1], name="c") as c, k.loop(pooled[0], name="ph") as ph, \
+                    k.loop(pooled[1], name="pw") as pw:
+                hs, he = bin_edges(ph, height, h0, x.dims[2], pooled[0])
+                ws, we = bin_edges(pw, width, w0, x.dims[3], pooled[1])
+                b.store(ir.Constant(fty, float("-inf")), acc)
+                with k.loop(he, start=hs, name="h") as h, k.loop(we, start=ws, name="w") as w:
+                    v = k.convert(k.load(x, [batch, c, h, w]), dtype, ct)
+                    b.store(k.fmax(b.load(acc), v), acc)
+                empty = b.or_(b.icmp_signed("<=", he, hs), b.icmp_signed("<=", we, ws))
+                result = b.select(empty, ir.Constant(fty, 0.0), b.load(acc))
+                k.store(y, [r, c, ph, pw], k.convert(result, ct, dtype))
+
+
+def _pooled_shape(node: Node) -> tuple[int, int]:
+    pooled = [int(v) for v in node.attrs.get("pooled_shape", [])]
+    if len(pooled) != 2 or min(pooled) < 1:
+        raise ModelError(f"{node.describe()}: pooled_shape {pooled} must be two positive ints "
+                         "(height, width)")
+    return pooled[0], pooled[1]
