@@ -172,7 +172,7 @@ def _plan(node: Node, ctx: InferContext) -> _Plan:
         for j, a in enumerate(axes):
             s = np.float32(scales[j])
             if not s > 0 or (upsample and s < 1):
-                raise ModelError(f"{node.describe()}: scale {float(s)} of axis {a} must be "
+                raise ModelError(f"{node.describe()}: scale {float(s):.7g} of axis {a} must be "
                                  f"{'>= 1' if upsample else '> 0'}")
             out[a] = _Axis(in_shape[a], _scaled_dim(node, ctx, in_shape[a], s), s, out[a].roi)
     else:
@@ -206,9 +206,15 @@ def _scaled_dim(node: Node, ctx: InferContext, n: Dim, s: np.float32) -> Dim:
     odd = int(mantissa * 2 ** 53)
     while odd % 2 == 0:
         odd //= 2
+    if odd >= 2 ** 12:
+        raise UnsupportedOpError(
+            f"{node.describe()}: scale {float(s):.7g} on the symbolic dim {n}: onnxruntime sizes the "
+            "output by a float32 product whose rounding cuvil cannot express for every value of "
+            f"{n}; pin that dim in the model's `inputs`, or use a scale that is a short binary "
+            "fraction (2, 1.5, 0.5, 0.75...)")
     if odd > 1:
         ctx.require(node, sympy.Lt(n * odd, 2 ** 24),
-                    f"dim {n} times scale {float(s)} must be exact in float32 (dim * {odd} < 2**24)")
+                    f"dim {n} times scale {float(s):.7g} must be exact in float32 (dim * {odd} < 2**24)")
     return simplify_dim(sympy.floor(n * sympy.Rational(float(s))))
 
 
