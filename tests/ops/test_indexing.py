@@ -392,3 +392,57 @@ def test_run_time_k_is_rejected_with_a_reason() -> None:
     model, _ = build([Case("TopK", [rand((3, 8)), np.array([2])], outs=2)], opset=11)
     with pytest.raises(UnsupportedOpError, match=r"case0.*K.*must be known at compile time"):
         cuvil.compile(model)
+
+
+# -- onnx's backend node tests ---------------------------------------------------------------
+
+
+def baked(test: Any, positions: dict[str, list[int]]) -> Any:
+    """A backend test whose inputs at `positions` (by op type: the inputs cuvil needs at
+    compile time, such as TopK's K) are stored in the model instead of fed; the backend tests
+    feed them, with the same value in every data set."""
+    from types import SimpleNamespace
+
+    model = onnx.ModelProto()
+    model.CopyFrom(test.model)
+    g = model.graph
+    node = g.node[0]
+    bake = {node.input[i] for i in positions.get(node.op_type, []) if i < len(node.input)} - {""}
+    init_names = {x.name for x in g.initializer}
+    fed = [vi.name for vi in g.input if vi.name not in init_names]
+    as_array = [[numpy_helper.to_array(a) if isinstance(a, onnx.TensorProto) else np.asarray(a)
+                 for a in inputs] for inputs, _ in test.data_sets]
+    keep = [i for i, n in enumerate(fed) if n not in bake]
+    for i, n in enumerate(fed):
+        if n in bake:
+            assert all(np.array_equal(a[i], as_array[0][i]) for a in as_array), n
+            g.initializer.append(numpy_helper.from_array(as_array[0][i], n))
+    inputs = [vi for vi in g.input if vi.name not in bake]
+    del g.input[:]
+    g.input.extend(inputs)
+    data_sets = [([a[i] for i in keep], outputs) for a, (_, outputs) in zip(as_array, test.data_sets)]
+    return SimpleNamespace(name=test.name, model=model, data_sets=data_sets, rtol=test.rtol,
+                           atol=test.atol)
+
+
+@pytest.mark.slow
+def test_onnx_backend_node_tests() -> None:
+    from batch_oracle import backend_cases, check_backend_cases
+
+    modules = {"gather": ["Gather"], "gatherelements": ["GatherElements"],
+               "gathernd": ["GatherND"], "scatter": ["Scatter"],
+               "scatterelements": ["ScatterElements"], "scatternd": ["ScatterND"],
+               "onehot": ["OneHot"], "topk": ["TopK"], "argmax": ["ArgMax"], "argmin": ["ArgMin"],
+               "cumsum": ["CumSum"], "trilu": ["Trilu"], "nonzero": ["NonZero"]}
+    tests = [baked(t, {"TopK": [1], "CumSum": [1], "OneHot": [1]})
+             for module, ops in modules.items() for t in backend_cases(module, ops)]
+    unsupported = {"test_nonzero_example": "depends on the values of its input",
+                   "test_onehot_with_bfloat16_values": "bfloat16",
+                   "test_top_k_uint64": "uint64"}
+    for t in tests:
+        if t.name in unsupported:
+            with pytest.raises(UnsupportedOpError, match=unsupported[t.name]):
+                cuvil.compile(t.model)
+    runnable = [t for t in tests if t.name not in unsupported]
+    assert len(runnable) >= 90
+    check_backend_cases(runnable)

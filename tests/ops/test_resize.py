@@ -250,3 +250,29 @@ def test_unsupported_configurations_are_named() -> None:
     with pytest.raises(UnsupportedOpError, match=r"case0.*scale 0\.7.*symbolic dim h.*pin"):
         cuvil.compile(model)
     assert cuvil.compile(model, inputs={"c0_x": [1, 1, 10, 5]}).outputs[0].shape == (1, 1, 7, 5)
+
+
+@pytest.mark.slow
+def test_onnx_backend_node_tests() -> None:
+    from batch_oracle import backend_cases, check_backend_cases
+    from test_indexing import baked
+
+    tests = [baked(t, {"Resize": [1, 2, 3], "Upsample": [1]})
+             for t in backend_cases("resize", ["Resize"]) + backend_cases("upsample", ["Upsample"])]
+    antialias = [t for t in tests if "antialias" in t.name]
+    for t in antialias:
+        with pytest.raises(UnsupportedOpError, match="antialias"):
+            cuvil.compile(t.model)
+    # onnx's expected data sizes align_corners by scale * length, onnxruntime (and cuvil) by
+    # the integer output length: check these against onnxruntime instead
+    ort_cases = [t for t in tests if t.name in ("test_resize_downsample_scales_linear_align_corners",
+                                                "test_resize_downsample_scales_cubic_align_corners")]
+    for t in ort_cases:
+        compiled = cuvil.compile(t.model)
+        feeds = {vi.name: a for vi, a in zip(t.model.graph.input, t.data_sets[0][0])}
+        want = run_ort(t.model, feeds)
+        for name, have in compiled.run(feeds).items():
+            np.testing.assert_allclose(have, want[name], rtol=1e-5, atol=1e-6, err_msg=t.name)
+    runnable = [t for t in tests if t not in antialias and t not in ort_cases]
+    assert len(runnable) >= 34
+    check_backend_cases(runnable)
