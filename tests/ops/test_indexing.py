@@ -274,6 +274,11 @@ def test_top_k() -> None:
     for dtype in (np.int32, np.int64, np.float64, np.uint8):
         cases.append(Case("TopK", [RNG.integers(0, 9, (3, 40)).astype(dtype), Const(np.array([7]))],
                           {"largest": 0}, outs=2))
+    # NaN sorts above every number, as in onnxruntime
+    x = RNG.integers(0, 5, (3, 12)).astype(np.float32)
+    x[RNG.random(x.shape) < 0.3] = np.nan
+    for largest in (0, 1):
+        cases.append(Case("TopK", [x, Const(np.array([9]))], {"largest": largest}, outs=2))
     # a long row: the heap path that replaces the root most
     cases.append(Case("TopK", [np.arange(500, dtype=np.float32)[None], Const(np.array([50]))],
                       outs=2))
@@ -295,6 +300,10 @@ def test_arg_max_min() -> None:
                                                 "select_last_index": last}))
         for dtype in (np.int32, np.float64, np.int8, np.uint8):
             cases.append(Case(op, [rand((4, 9), dtype)], {"axis": 1}))
+        x = rand((5, 6))
+        x[RNG.random(x.shape) < 0.3] = np.nan  # NaN is skipped unless it comes first
+        x[0, 0] = np.nan
+        cases.append(Case(op, [x], {"axis": 1}))
     check(cases, opset=13)
 
 

@@ -463,10 +463,17 @@ class OneHot(Op):
 
 def _better(k: Emitter, dtype: np.dtype, largest: bool, va: ir.Value, ia: ir.Value,
             vb: ir.Value, ib: ir.Value) -> ir.Value:
-    """TopK's order: a comes before b (larger/smaller value; ties: lower index first)."""
+    """TopK's order: a comes before b (larger/smaller value; ties: lower index first). As in
+    onnxruntime, NaN counts as larger than every number (first when largest, last when not)
+    and NaNs tie with each other."""
     if dtype.kind == "f":
-        strict = k.b.fcmp_ordered(">" if largest else "<", va, vb)
-        equal = k.b.fcmp_ordered("==", va, vb)
+        nan_a = k.b.fcmp_unordered("uno", va, va)
+        nan_b = k.b.fcmp_unordered("uno", vb, vb)
+        if largest:  # (a > b or a is NaN) and b is not NaN
+            strict = k.b.and_(k.b.fcmp_unordered(">", va, vb), k.b.not_(nan_b))
+        else:  # (a < b or b is NaN) and a is not NaN
+            strict = k.b.and_(k.b.fcmp_unordered("<", va, vb), k.b.not_(nan_a))
+        equal = k.b.or_(k.b.fcmp_ordered("==", va, vb), k.b.and_(nan_a, nan_b))
     else:
         cmp = k.b.icmp_unsigned if dtype.kind in "ub" else k.b.icmp_signed
         strict = cmp(">" if largest else "<", va, vb)
