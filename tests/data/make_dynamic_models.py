@@ -96,6 +96,13 @@ class TwoInputs(nn.Module):
         return torch.cat([feat, seq], dim=1).unsqueeze(1).expand(-1, tokens.size(1), -1)
 
 
+class UpsampleTo(nn.Module):
+    """Resize to another input's spatial size (a U-Net skip connection)."""
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, size=skip.shape[-2:], mode="nearest") + skip
+
+
 def export(model: nn.Module, args: tuple[torch.Tensor, ...], name: str,
            inputs: dict[str, dict[int, str]], outputs: list[str]) -> None:
     torch.manual_seed(0)
@@ -124,6 +131,9 @@ def main() -> None:
     export(TwoInputs(), (torch.randn(2, 3, 5, 7), torch.randn(2, 6, 8)), "two_inputs",
            {"image": {0: "batch", 2: "height", 3: "width"}, "tokens": {0: "batch", 1: "seq"}},
            ["y"])
+    export(UpsampleTo(), (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 6, 8)), "upsample_to",
+           {"x": {0: "batch", 2: "height", 3: "width"},
+            "skip": {0: "batch", 2: "skip_height", 3: "skip_width"}}, ["y"])
 
 
 if __name__ == "__main__":
