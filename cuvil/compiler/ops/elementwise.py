@@ -1,4 +1,14 @@
-"""Elementwise ops: binary arithmetic with broadcasting, activations, and identities."""
+"""Elementwise ops: arithmetic, comparisons, logic, casts, math functions and activations.
+
+Every op here reads its operands under numpy broadcasting and writes one output element per
+output index (`emit_elementwise`), so the loops are flat, branch-free and vectorizable.
+Dtype rules come from the ONNX schema of the node's opset: inputs that share a type
+parameter must have equal dtypes, and each must be one the schema allows; the output dtype
+is the bound type parameter (or the schema's single type, e.g. bool for comparisons).
+float16 is computed in float32 (converted on load and store), as onnxruntime does.
+Exponentials, logarithms, tanh and erf come from `codegen.vecmath` (vectorizable); the
+other transcendental functions call libm.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +16,21 @@ from collections.abc import Sequence
 from typing import Callable, ClassVar
 
 import numpy as np
+import onnx
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import Emitter, View
-from cuvil.compiler.ir import Dim, Node, TensorType, Value
-from cuvil.compiler.ops import InferContext, Op, broadcast_shapes, const_input, register
-from cuvil.errors import ModelError
+from cuvil.compiler.codegen import vecmath
+from cuvil.compiler.codegen.emitter import I1, I8, I32, I64, Emitter, View, llvm_type
+from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, Value
+from cuvil.compiler.ops import InferContext, Op, broadcast_shapes, register
+from cuvil.errors import ModelError, UnsupportedOpError
+
+F16 = np.dtype("float16")
+F32 = np.dtype("float32")
+F64 = np.dtype("float64")
+BOOL = np.dtype("bool")
+
+# -- broadcasting loops ----------------------------------------------------------------------
 
 
 def _collapse(out_shape: Sequence[Dim], in_shapes: Sequence[Sequence[Dim]]) -> list[list[int]]:
@@ -36,28 +55,61 @@ def _collapse(out_shape: Sequence[Dim], in_shapes: Sequence[Sequence[Dim]]) -> l
     return groups
 
 
+#: elements per task when a contiguous loop is split over threads
+BLOCK = 8192
+
+
 def emit_elementwise(
     k: Emitter, out: Value, inputs: Sequence[Value],
-    fn: Callable[[Emitter, list[ir.Value]], ir.Value],
+    fn: Callable[[Emitter, list[ir.Value]], ir.Value], cost: int = 1,
 ) -> None:
-    """out[i] = fn(inputs[0][i], inputs[1][i], ...) under numpy broadcasting."""
+    """out[i] = fn(inputs[0][i], inputs[1][i], ...) under numpy broadcasting.
+
+    Axes are merged where every operand allows it; the outermost merged axis (or blocks of
+    a single contiguous one) is spread over the runtime's threads, the innermost stays a
+    plain counted loop for the vectorizer. `cost` is the work of one element in
+    multiply-adds (the runtime runs small jobs inline).
+    """
     shape = out.type.shape
     groups = _collapse(shape, [v.type.shape for v in inputs])
     rank = len(shape)
+    full = [_product([shape[a] for a in g]) for g in groups]
 
-    def merged(value: Value) -> View:
-        padded = (1,) * (rank - value.type.rank) + tuple(value.type.shape)
-        dims = [_product([padded[a] for a in g]) for g in groups]
-        full = [_product([shape[a] for a in g]) for g in groups]
-        flat = Value(value.name, TensorType(value.type.dtype, tuple(dims)))
-        k.buffers[flat] = k.buffers[value]
-        return k.broadcast_to(k.view(flat), full)
+    def views() -> tuple[View, list[View]]:
+        def merged(value: Value) -> View:
+            padded = (1,) * (rank - value.type.rank) + tuple(value.type.shape)
+            dims = [_product([padded[a] for a in g]) for g in groups]
+            flat = Value(value.name, TensorType(value.type.dtype, tuple(dims)))
+            k.buffers[flat] = k.buffers[value]
+            return k.broadcast_to(k.view(flat), full)
 
-    out_view = merged(out)
-    in_views = [merged(v) for v in inputs]
-    with k.loops(out_view.dims) as idx:
+        return merged(out), [merged(v) for v in inputs]
+
+    def body(out_view: View, in_views: list[View], idx: list[ir.Value]) -> None:
         values = [k.load(v, idx) for v in in_views]
         k.store(out_view, idx, fn(k, values))
+
+    if not groups:
+        out_view, in_views = views()
+        body(out_view, in_views, [])
+        return
+    if len(groups) == 1:
+        total = k.dim(full[0])
+        blocks = k.b.sdiv(k.b.add(total, k.i64(BLOCK - 1)), k.i64(BLOCK))
+        with k.parallel_loop(blocks, cost=BLOCK * cost, name="blk") as blk:
+            out_view, in_views = views()
+            n = k.dim(full[0])
+            start = k.b.mul(blk, k.i64(BLOCK))
+            stop = k.b.add(start, k.i64(BLOCK))
+            stop = k.b.select(k.b.icmp_signed("<", stop, n), stop, n)
+            with k.loop(stop, start=start) as i:
+                body(out_view, in_views, [i])
+        return
+    inner = _product(full[1:])
+    with k.parallel_loop(full[0], cost=inner * cost, name="row") as i0:
+        out_view, in_views = views()
+        with k.loops(out_view.dims[1:]) as idx:
+            body(out_view, in_views, [i0, *idx])
 
 
 def _product(dims: Sequence[Dim]) -> Dim:
@@ -67,120 +119,939 @@ def _product(dims: Sequence[Dim]) -> Dim:
     return p
 
 
-def _is_float(v: ir.Value) -> bool:
-    return isinstance(v.type, (ir.FloatType, ir.DoubleType, ir.HalfType))
+# -- dtype rules from the ONNX schemas -------------------------------------------------------
+
+
+def _onnx_type_name(dtype: str) -> str:
+    enum = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    return f"tensor({onnx.TensorProto.DataType.Name(enum).lower()})"
+
+
+#: numpy dtype name -> the ONNX schema's type string ("float32" -> "tensor(float)")
+_ONNX_NAME = {name: _onnx_type_name(name) for name in DTYPES}
+_FROM_ONNX = {v: np.dtype(k) for k, v in _ONNX_NAME.items()}
+
+
+def _readable(type_strs: set[str]) -> str:
+    names = sorted(s[len("tensor("):-1] if s.startswith("tensor(") else s for s in type_strs)
+    return ", ".join(names)
+
+
+def schema_of(node: Node) -> onnx.defs.OpSchema:
+    try:
+        return onnx.defs.get_schema(node.op_type, node.opset, node.domain)
+    except onnx.defs.SchemaError:
+        raise ModelError(f"{node.describe()}: ONNX defines no {node.op_type} at opset {node.opset}; "
+                         "re-export the model with a newer opset") from None
+
+
+def bind_types(node: Node, schema: onnx.defs.OpSchema) -> dict[str, np.dtype]:
+    """Check the inputs' dtypes against the schema; return type parameter -> dtype."""
+    allowed = {tc.type_param_str: set(tc.allowed_type_strs) for tc in schema.type_constraints}
+    formals = schema.inputs
+    variadic = bool(formals) and formals[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic
+    bound: dict[str, np.dtype] = {}
+    first: dict[str, int] = {}
+    for i, v in enumerate(node.inputs):
+        if v is None:
+            continue
+        if i >= len(formals) and not variadic:
+            raise ModelError(f"{node.describe()}: has {len(node.inputs)} inputs; "
+                             f"{node.op_type}-{schema.since_version} takes at most {len(formals)}")
+        param = formals[min(i, len(formals) - 1)].type_str
+        dtype = v.type.dtype
+        if dtype.name not in DTYPES:
+            raise UnsupportedOpError(f"{node.describe()}: input {i} ({v.name!r}) has dtype "
+                                     f"{dtype.name}; cuvil compiles {', '.join(DTYPES)} only")
+        ok = allowed.get(param, {param})
+        if _ONNX_NAME[dtype.name] not in ok:
+            raise ModelError(
+                f"{node.describe()}: input {i} ({v.name!r}) is {dtype.name}, but "
+                f"{node.op_type} (opset {schema.since_version}) takes {_readable(ok)} there; "
+                "insert a Cast or fix the exporter"
+            )
+        if param in bound and bound[param] != dtype:
+            j = first[param]
+            raise ModelError(
+                f"{node.describe()}: inputs {j} ({node.inputs[j].name!r}, {bound[param].name}) "  # type: ignore[union-attr]
+                f"and {i} ({v.name!r}, {dtype.name}) must have the same dtype; insert a Cast so "
+                "they match"
+            )
+        bound.setdefault(param, dtype)
+        first.setdefault(param, i)
+    return bound
+
+
+def _output_dtype(node: Node, schema: onnx.defs.OpSchema, bound: dict[str, np.dtype]) -> np.dtype:
+    param = schema.outputs[0].type_str
+    if param in bound:
+        return bound[param]
+    allowed = {tc.type_param_str: set(tc.allowed_type_strs) for tc in schema.type_constraints}
+    options = allowed.get(param, {param})
+    if len(options) == 1 and next(iter(options)) in _FROM_ONNX:
+        return _FROM_ONNX[next(iter(options))]
+    raise ModelError(f"{node.describe()}: cannot tell the output dtype")  # pragma: no cover
+
+
+def spec_dtypes(op_type: str, index: int = 0) -> tuple[str, ...]:
+    """The dtypes of cuvil's that the latest ONNX schema allows for an input (documentation)."""
+    schema = onnx.defs.get_schema(op_type)
+    param = schema.inputs[index].type_str
+    allowed = {tc.type_param_str: set(tc.allowed_type_strs) for tc in schema.type_constraints}
+    return tuple(d for d in DTYPES if _ONNX_NAME[d] in allowed.get(param, {param}))
+
+
+# -- small code helpers ----------------------------------------------------------------------
+
+
+def _kind(dtype: np.dtype) -> str:
+    return np.dtype(dtype).kind
+
+
+def _c(like: ir.Value, value: float | int) -> ir.Constant:
+    """A constant of `like`'s LLVM type."""
+    if isinstance(like.type, (ir.FloatType, ir.DoubleType, ir.HalfType)):
+        return ir.Constant(like.type, float(value))
+    return ir.Constant(like.type, int(value))
+
+
+def _intrinsic(k: Emitter, name: str, *args: ir.Value) -> ir.Value:
+    ty = args[0].type
+    suffix = "f32" if isinstance(ty, ir.FloatType) else "f64"
+    full = f"{name}.{suffix}"
+    fn = k.module.globals.get(full)
+    if fn is None:
+        fn = ir.Function(k.module, ir.FunctionType(ty, [ty] * len(args)), full)
+    return k.b.call(fn, list(args))
+
+
+def _libm(k: Emitter, name: str, x: ir.Value) -> ir.Value:
+    """A call to libm's `name` (float: `namef`)."""
+    full = name + ("f" if isinstance(x.type, ir.FloatType) else "")
+    fn = k.module.globals.get(full)
+    if fn is None:
+        fn = ir.Function(k.module, ir.FunctionType(x.type, [x.type]), full)
+    return k.b.call(fn, [x])
+
+
+def _compute_dtype(dtype: np.dtype) -> np.dtype:
+    return F32 if dtype == F16 else np.dtype(dtype)
+
+
+def _promote(k: Emitter, x: ir.Value, dtype: np.dtype) -> ir.Value:
+    return k.b.fpext(x, llvm_type(F32)) if dtype == F16 else x
+
+
+def _store_as(k: Emitter, r: ir.Value, dtype: np.dtype) -> ir.Value:
+    """A computed value in the output's storage type (i1 -> bool byte, float -> half)."""
+    if r.type == I1:
+        return k.b.zext(r, I8)
+    if dtype == F16 and isinstance(r.type, ir.FloatType):
+        return k.b.fptrunc(r, llvm_type(F16))
+    return r
+
+
+def _lt(k: Emitter, dt: np.dtype, a: ir.Value, b: ir.Value) -> ir.Value:
+    return k.less(dt, a, b)
+
+
+def _gt(k: Emitter, dt: np.dtype, a: ir.Value, b: ir.Value) -> ir.Value:
+    return k.less(dt, b, a)
+
+
+def _isnan(k: Emitter, x: ir.Value) -> ir.Value:
+    return k.b.fcmp_unordered("uno", x, x)
+
+
+def _max(k: Emitter, dt: np.dtype, a: ir.Value, b: ir.Value) -> ir.Value:
+    """max(a, b); NaN if either is NaN (as onnxruntime's Max)."""
+    m = k.b.select(_gt(k, dt, a, b), a, b)
+    return k.b.select(_isnan(k, a), a, m) if _kind(dt) == "f" else m
+
+
+def _min(k: Emitter, dt: np.dtype, a: ir.Value, b: ir.Value) -> ir.Value:
+    m = k.b.select(_lt(k, dt, a, b), a, b)
+    return k.b.select(_isnan(k, a), a, m) if _kind(dt) == "f" else m
+
+
+def float_to_int(k: Emitter, v: ir.Value, dst: np.dtype) -> ir.Value:
+    """float/double -> integer as C's static_cast does on the platforms onnxruntime ships:
+    narrow types go through int32 (so 300.0 -> int8 gives 44, -1.0 -> uint8 gives 255).
+    Values outside int32/int64 are undefined (onnxruntime's result is too)."""
+    dst = np.dtype(dst)
+    if dst.itemsize == 8:
+        return k.b.fptosi(v, I64)
+    i = k.b.fptosi(v, I32)
+    return i if dst.itemsize == 4 else k.b.trunc(i, llvm_type(dst))
+
+
+def emit_cast(k: Emitter, v: ir.Value, src: np.dtype, dst: np.dtype) -> ir.Value:
+    """One element from `src` to `dst` with onnxruntime's Cast semantics."""
+    src, dst = np.dtype(src), np.dtype(dst)
+    if src == dst:
+        return v
+    if src == F16:
+        v, src = k.b.fpext(v, llvm_type(F32)), F32
+        if dst == F32:
+            return v
+    if dst == BOOL:
+        nz = (k.b.fcmp_unordered("!=", v, _c(v, 0)) if _kind(src) == "f"
+              else k.b.icmp_unsigned("!=", v, _c(v, 0)))
+        return k.b.zext(nz, I8)
+    if dst == F16:
+        # through float32, as onnxruntime (double -> float16 rounds twice)
+        f = emit_cast(k, v, src, F32)
+        return k.b.fptrunc(f, llvm_type(F16))
+    if _kind(src) == "f" and _kind(dst) in "iu":
+        return float_to_int(k, v, dst)
+    return k.convert(v, src, dst)
+
+
+# -- the elementwise base ---------------------------------------------------------------------
 
 
 class Elementwise(Op):
-    """Shape rule shared by elementwise ops: broadcast the inputs, keep input 0's dtype."""
+    """Broadcast the operands, check dtypes against the schema, compute per element.
 
-    arity: ClassVar[int] = 1
+    `operands` are the inputs that are read elementwise (default: all present inputs).
+    `compute` gets them loaded (float16 already widened to float32) and `dt`, the compute
+    dtype of operand `main`; it returns the result in that dtype, or an i1 for bool outputs.
+    """
+
+    #: how many leading inputs are elementwise operands (None: all)
+    arity: ClassVar[int | None] = None
+    #: which operand's dtype `compute` is told
+    main: ClassVar[int] = 0
+    #: widen float16 operands to float32 before `compute`
+    promote_half: ClassVar[bool] = True
+    #: work per element, in multiply-adds (decides when the loop is worth threads)
+    cost: ClassVar[int] = 1
+
+    def operands(self, node: Node) -> list[Value]:
+        ins = node.inputs if self.arity is None else node.inputs[: self.arity]
+        return [v for v in ins if v is not None]
+
+    def out_dtype(self, node: Node, schema: onnx.defs.OpSchema,
+                  bound: dict[str, np.dtype]) -> np.dtype:
+        return _output_dtype(node, schema, bound)
+
+    def check(self, node: Node, schema: onnx.defs.OpSchema, bound: dict[str, np.dtype]) -> None:
+        """Attribute checks of the op (raise ModelError/UnsupportedOpError)."""
+
+    def out_shape(self, node: Node, ctx: InferContext) -> tuple[Dim, ...]:
+        ops = self.operands(node)
+        return broadcast_shapes(node, ctx, *(v.type.shape for v in ops))
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        self.check_dtypes(node)
-        ins = [v for v in node.inputs[: self.arity] if v is not None]
-        for v in ins[1:]:
-            if v.type.dtype != ins[0].type.dtype:
-                raise ModelError(
-                    f"{node.describe()}: inputs have different dtypes "
-                    f"({ins[0].type.dtype.name} and {v.type.dtype.name})"
-                )
-        shape = broadcast_shapes(node, ctx, *(v.type.shape for v in ins))
-        return [TensorType(ins[0].type.dtype, shape)]
+        schema = schema_of(node)
+        bound = bind_types(node, schema)
+        if not self.operands(node):
+            raise ModelError(f"{node.describe()}: needs at least one input")
+        self.check(node, schema, bound)
+        return [TensorType(self.out_dtype(node, schema, bound), self.out_shape(node, ctx))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        ins = [v for v in node.inputs[: self.arity] if v is not None]
-        emit_elementwise(k, node.outputs[0], ins, lambda k, xs: self.compute(k, node, xs))
+        ops = self.operands(node)
+        out = node.outputs[0]
+        dtypes = [v.type.dtype for v in ops]
+        main = dtypes[min(self.main, len(dtypes) - 1)]
+        dt = _compute_dtype(main) if self.promote_half else main
 
-    def compute(self, k: Emitter, node: Node, xs: list[ir.Value]) -> ir.Value:
+        def fn(k: Emitter, xs: list[ir.Value]) -> ir.Value:
+            if self.promote_half:
+                xs = [_promote(k, x, d) for x, d in zip(xs, dtypes)]
+            return _store_as(k, self.compute(k, node, xs, dt), out.type.dtype)
+
+        emit_elementwise(k, out, ops, fn, self.cost)
+
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         raise NotImplementedError
+
+
+def _register_all(*classes: type[Op]) -> None:
+    for cls in classes:
+        if not getattr(cls, "dtypes_fixed", False):
+            cls.dtypes = spec_dtypes(cls.op_type, getattr(cls, "main", 0))
+        register(cls)
 
 
 # -- binary arithmetic ------------------------------------------------------------------------
 
 
-class Binary(Elementwise):
-    arity = 2
-    float_op: ClassVar[str]
-
-    def compute(self, k: Emitter, node: Node, xs: list[ir.Value]) -> ir.Value:
-        return getattr(k.b, self.float_op)(xs[0], xs[1])
-
-
-@register
-class Add(Binary):
+class Add(Elementwise):
     op_type = "Add"
-    float_op = "fadd"
+
+    def compute(self, k, node, xs, dt):
+        return k.add(dt, xs[0], xs[1])
 
 
-@register
-class Sub(Binary):
+class Sub(Elementwise):
     op_type = "Sub"
-    float_op = "fsub"
+
+    def compute(self, k, node, xs, dt):
+        return k.sub(dt, xs[0], xs[1])
 
 
-@register
-class Mul(Binary):
+class Mul(Elementwise):
     op_type = "Mul"
-    float_op = "fmul"
+
+    def compute(self, k, node, xs, dt):
+        return k.mul(dt, xs[0], xs[1])
 
 
-@register
-class Div(Binary):
+def _safe_divisor(k: Emitter, dt: np.dtype, b: ir.Value) -> ir.Value:
+    """b, with 0 and -1 replaced by 1: x/0 and MIN/-1 trap on x86; callers fix the result."""
+    bad = k.b.icmp_unsigned("==", b, _c(b, 0))
+    if _kind(dt) == "i":
+        bad = k.b.or_(bad, k.b.icmp_signed("==", b, _c(b, -1)))
+    return k.b.select(bad, _c(b, 1), b)
+
+
+class Div(Elementwise):
+    """Integer division truncates toward zero (as onnxruntime); x/0 is 0 for integers
+    (undefined in onnxruntime, which crashes) so that no input can trap."""
+
     op_type = "Div"
-    float_op = "fdiv"
+    cost = 4
+
+    def compute(self, k, node, xs, dt):
+        a, b = xs
+        if _kind(dt) == "f":
+            return k.b.fdiv(a, b)
+        q = k.div(dt, a, _safe_divisor(k, dt, b))
+        if _kind(dt) == "i":
+            q = k.b.select(k.b.icmp_signed("==", b, _c(b, -1)), k.b.sub(_c(a, 0), a), q)
+        return k.b.select(k.b.icmp_unsigned("==", b, _c(b, 0)), _c(a, 0), q)
+
+
+class Mod(Elementwise):
+    """fmod=1: C fmod (sign of the dividend); fmod=0: Python's % (sign of the divisor).
+    Integer x mod 0 is 0 here (undefined in ONNX)."""
+
+    op_type = "Mod"
+    cost = 16
+
+    def check(self, node, schema, bound):
+        fmod = int(node.attrs.get("fmod", 0))
+        if fmod not in (0, 1):
+            raise ModelError(f"{node.describe()}: fmod must be 0 or 1, got {fmod}")
+        if not fmod and _kind(bound["T"]) == "f" and node.opset < 28:
+            raise ModelError(f"{node.describe()}: Mod of floating-point inputs needs fmod=1 before "
+                             "opset 28; set fmod=1 (C fmod) or export with opset 28")
+
+    def compute(self, k, node, xs, dt):
+        a, b = xs
+        fmod = int(node.attrs.get("fmod", 0))
+        if _kind(dt) == "f":
+            r = k.b.frem(a, b)
+            if fmod:
+                return r
+            # floor mod: move a nonzero remainder to the divisor's side; a zero one takes its sign
+            differ = k.b.xor(k.b.fcmp_ordered("<", r, _c(r, 0)), k.b.fcmp_ordered("<", b, _c(b, 0)))
+            nonzero = k.b.fcmp_ordered("!=", r, _c(r, 0))
+            r = k.b.select(k.b.and_(differ, nonzero), k.b.fadd(r, b), r)
+            zero = k.b.fcmp_ordered("==", r, _c(r, 0))
+            return k.b.select(zero, _intrinsic(k, "llvm.copysign", _c(r, 0), b), r)
+        sb = _safe_divisor(k, dt, b)
+        r = k.b.srem(a, sb) if _kind(dt) == "i" else k.b.urem(a, sb)
+        if not fmod and _kind(dt) == "i":
+            differ = k.b.icmp_signed("<", k.b.xor(r, b), _c(r, 0))
+            nonzero = k.b.icmp_signed("!=", r, _c(r, 0))
+            r = k.b.select(k.b.and_(differ, nonzero), k.b.add(r, b), r)
+        return r
+
+
+class Pow(Elementwise):
+    """Base and exponent may differ in dtype; the output has the base's. As onnxruntime (C++
+    std::pow): float32 ** float32 in float32, everything else in float64, converted back."""
+
+    op_type = "Pow"
+    cost = 40
+    promote_half = True
+
+    def compute(self, k, node, xs, dt):
+        x, y = xs
+        base = node.inputs[0].type.dtype  # type: ignore[union-attr]
+        ydt = _compute_dtype(node.inputs[1].type.dtype)  # type: ignore[union-attr]
+        small = _small_exponent(node)
+        if small is not None:
+            r = x
+            for _ in range(small - 1):
+                r = k.mul(dt, r, x)
+            return r
+        work = F32 if (dt == F32 and ydt == F32) else F64
+        xw = k.convert(x, dt, work)
+        yw = k.convert(y, ydt, work)
+        r = _intrinsic(k, "llvm.pow", xw, yw)
+        if _kind(base) == "f":
+            return k.convert(r, work, dt)
+        return float_to_int(k, r, base)
+
+
+def _small_exponent(node: Node) -> int | None:
+    """2 or 3 when the exponent is that constant everywhere (x*x is what onnxruntime does)."""
+    y = node.input(1)
+    if y is None or y.const is None or y.const.size == 0:
+        return None
+    vals = np.unique(np.asarray(y.const).reshape(-1))
+    if len(vals) == 1 and float(vals[0]) in (2.0, 3.0):
+        return int(vals[0])
+    return None
+
+
+class BitShift(Elementwise):
+    op_type = "BitShift"
+
+    def check(self, node, schema, bound):
+        direction = node.attrs.get("direction")
+        if direction not in ("LEFT", "RIGHT"):
+            raise ModelError(f"{node.describe()}: direction must be \"LEFT\" or \"RIGHT\", "
+                             f"got {direction!r}")
+
+    def compute(self, k, node, xs, dt):
+        x, y = xs
+        bits = dt.itemsize * 8
+        in_range = k.b.icmp_unsigned("<", y, _c(y, bits))  # negative counts are huge unsigned
+        amount = k.b.and_(y, _c(y, bits - 1))
+        if node.attrs["direction"] == "LEFT":
+            return k.b.select(in_range, k.b.shl(x, amount), _c(x, 0))
+        if _kind(dt) == "i":
+            return k.b.select(in_range, k.b.ashr(x, amount), k.b.ashr(x, _c(x, bits - 1)))
+        return k.b.select(in_range, k.b.lshr(x, amount), _c(x, 0))
+
+
+class BitwiseAnd(Elementwise):
+    op_type = "BitwiseAnd"
+
+    def compute(self, k, node, xs, dt):
+        return k.b.and_(xs[0], xs[1])
+
+
+class BitwiseOr(Elementwise):
+    op_type = "BitwiseOr"
+
+    def compute(self, k, node, xs, dt):
+        return k.b.or_(xs[0], xs[1])
+
+
+class BitwiseXor(Elementwise):
+    op_type = "BitwiseXor"
+
+    def compute(self, k, node, xs, dt):
+        return k.b.xor(xs[0], xs[1])
+
+
+class BitwiseNot(Elementwise):
+    op_type = "BitwiseNot"
+
+    def compute(self, k, node, xs, dt):
+        return k.b.xor(xs[0], _c(xs[0], -1))
+
+
+# -- variadic -------------------------------------------------------------------------------
+
+
+class Max(Elementwise):
+    op_type = "Max"
+
+    def compute(self, k, node, xs, dt):
+        r = xs[0]
+        for x in xs[1:]:
+            r = _max(k, dt, r, x)
+        return r
+
+
+class Min(Elementwise):
+    op_type = "Min"
+
+    def compute(self, k, node, xs, dt):
+        r = xs[0]
+        for x in xs[1:]:
+            r = _min(k, dt, r, x)
+        return r
+
+
+class Sum(Elementwise):
+    op_type = "Sum"
+
+    def compute(self, k, node, xs, dt):
+        r = xs[0]
+        for x in xs[1:]:
+            r = k.add(dt, r, x)
+        return r
+
+
+class Mean(Sum):
+    op_type = "Mean"
+
+    def compute(self, k, node, xs, dt):
+        return k.b.fdiv(super().compute(k, node, xs, dt), _c(xs[0], len(xs)))
+
+
+# -- comparisons and logic -------------------------------------------------------------------
+
+
+class Equal(Elementwise):
+    op_type = "Equal"
+
+    def compute(self, k, node, xs, dt):
+        if _kind(dt) == "f":
+            return k.b.fcmp_ordered("==", xs[0], xs[1])
+        return k.b.icmp_unsigned("==", xs[0], xs[1])
+
+
+class Less(Elementwise):
+    op_type = "Less"
+
+    def compute(self, k, node, xs, dt):
+        return _lt(k, dt, xs[0], xs[1])
+
+
+class Greater(Elementwise):
+    op_type = "Greater"
+
+    def compute(self, k, node, xs, dt):
+        return _gt(k, dt, xs[0], xs[1])
+
+
+def _cmp(dt: np.dtype, k: Emitter, op: str, a: ir.Value, b: ir.Value) -> ir.Value:
+    if _kind(dt) == "f":
+        return k.b.fcmp_ordered(op, a, b)
+    if _kind(dt) == "i":
+        return k.b.icmp_signed(op, a, b)
+    return k.b.icmp_unsigned(op, a, b)
+
+
+class LessOrEqual(Elementwise):
+    op_type = "LessOrEqual"
+
+    def compute(self, k, node, xs, dt):
+        return _cmp(dt, k, "<=", xs[0], xs[1])
+
+
+class GreaterOrEqual(Elementwise):
+    op_type = "GreaterOrEqual"
+
+    def compute(self, k, node, xs, dt):
+        return _cmp(dt, k, ">=", xs[0], xs[1])
+
+
+# bool tensors hold 0 or 1 per byte, so logic works on the bytes directly
+
+
+class And(Elementwise):
+    op_type = "And"
+
+    def compute(self, k, node, xs, dt):
+        return k.b.and_(xs[0], xs[1])
+
+
+class Or(Elementwise):
+    op_type = "Or"
+
+    def compute(self, k, node, xs, dt):
+        return k.b.or_(xs[0], xs[1])
+
+
+class Xor(Elementwise):
+    op_type = "Xor"
+
+    def compute(self, k, node, xs, dt):
+        return k.b.xor(xs[0], xs[1])
+
+
+class Not(Elementwise):
+    op_type = "Not"
+
+    def compute(self, k, node, xs, dt):
+        return k.b.xor(xs[0], _c(xs[0], 1))
+
+
+class Where(Elementwise):
+    op_type = "Where"
+    main = 1
+    promote_half = False
+
+    def compute(self, k, node, xs, dt):
+        cond = k.b.icmp_unsigned("!=", xs[0], _c(xs[0], 0))
+        return k.b.select(cond, xs[1], xs[2])
+
+
+class IsNaN(Elementwise):
+    op_type = "IsNaN"
+
+    def compute(self, k, node, xs, dt):
+        return _isnan(k, xs[0])
+
+
+class IsInf(Elementwise):
+    op_type = "IsInf"
+
+    def compute(self, k, node, xs, dt):
+        x = xs[0]
+        pos = k.b.fcmp_ordered("==", x, _c(x, float("inf")))
+        neg = k.b.fcmp_ordered("==", x, _c(x, float("-inf")))
+        want_pos = int(node.attrs.get("detect_positive", 1))
+        want_neg = int(node.attrs.get("detect_negative", 1))
+        if want_pos and want_neg:
+            return k.b.or_(pos, neg)
+        if want_pos:
+            return pos
+        if want_neg:
+            return neg
+        return ir.Constant(I1, 0)
+
+
+# -- casts ------------------------------------------------------------------------------------
+
+
+class Cast(Elementwise):
+    """Any pair of cuvil's dtypes; float -> int truncates, out-of-range results are undefined."""
+
+    op_type = "Cast"
+    arity = 1
+    promote_half = False
+    dtypes_fixed = True
+    dtypes = DTYPES
+
+    def target(self, node: Node) -> np.dtype:
+        to = node.attrs.get("to")
+        if to is None:
+            raise ModelError(f"{node.describe()}: missing the `to` attribute")
+        try:
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))
+        except Exception:
+            dtype = None
+        if dtype is None or dtype.name not in DTYPES:
+            name = onnx.TensorProto.DataType.Name(int(to)) if int(to) in onnx.TensorProto.DataType.values() \
+                else str(to)
+            raise UnsupportedOpError(f"{node.describe()}: casts to {name}; cuvil compiles casts to "
+                                     f"{', '.join(DTYPES)} only")
+        return dtype
+
+    def out_dtype(self, node, schema, bound):
+        return self.target(node)
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        x = node.inputs[0]
+        assert x is not None
+        src, dst = x.type.dtype, node.outputs[0].type.dtype
+        emit_elementwise(k, node.outputs[0], [x], lambda k, xs: emit_cast(k, xs[0], src, dst))
+
+
+class CastLike(Cast):
+    op_type = "CastLike"
+
+    def target(self, node: Node) -> np.dtype:
+        like = node.inputs[1]
+        assert like is not None
+        return like.type.dtype
+
+    def out_dtype(self, node, schema, bound):
+        return self.target(node)
+
+
+# -- unary math -------------------------------------------------------------------------------
+
+
+class Abs(Elementwise):
+    op_type = "Abs"
+
+    def compute(self, k, node, xs, dt):
+        x = xs[0]
+        if _kind(dt) == "f":
+            return _intrinsic(k, "llvm.fabs", x)
+        if _kind(dt) == "u":
+            return x
+        return k.b.select(k.b.icmp_signed("<", x, _c(x, 0)), k.b.sub(_c(x, 0), x), x)
+
+
+class Neg(Elementwise):
+    op_type = "Neg"
+
+    def compute(self, k, node, xs, dt):
+        x = xs[0]
+        return k.b.fneg(x) if _kind(dt) == "f" else k.b.sub(_c(x, 0), x)
+
+
+class Sign(Elementwise):
+    op_type = "Sign"
+
+    def compute(self, k, node, xs, dt):
+        x = xs[0]
+        pos = _gt(k, dt, x, _c(x, 0))
+        neg = _lt(k, dt, x, _c(x, 0))
+        r = k.b.select(pos, _c(x, 1), k.b.select(neg, _c(x, -1), _c(x, 0)))
+        return k.b.select(_isnan(k, x), x, r) if _kind(dt) == "f" else r
+
+
+def _round_half_even(k: Emitter, x: ir.Value) -> ir.Value:
+    # adding 2^p (p = mantissa bits) rounds |x| < 2^p to an integer in the current (nearest-
+    # even) mode; larger values, inf and NaN are integers already or stay as they are
+    big = _c(x, 2.0 ** (23 if isinstance(x.type, ir.FloatType) else 52))
+    a = _intrinsic(k, "llvm.fabs", x)
+    r = k.b.fsub(k.b.fadd(a, big), big)
+    r = _intrinsic(k, "llvm.copysign", r, x)
+    return k.b.select(k.b.fcmp_ordered("<", a, big), r, x)
+
+
+#: float -> float functions of one input, by op type
+_FLOAT_UNARY: dict[str, Callable[[Emitter, ir.Value], ir.Value]] = {
+    "Exp": lambda k, x: vecmath.exp(k.b, x),
+    "Log": lambda k, x: vecmath.log(k.b, x),
+    "Tanh": lambda k, x: vecmath.tanh(k.b, x),
+    "Erf": lambda k, x: vecmath.erf(k.b, x),
+    "Sigmoid": lambda k, x: vecmath.sigmoid(k.b, x),
+    "Softplus": lambda k, x: vecmath.softplus(k.b, x),
+    "Sqrt": lambda k, x: _intrinsic(k, "llvm.sqrt", x),
+    "Floor": lambda k, x: _intrinsic(k, "llvm.floor", x),
+    "Ceil": lambda k, x: _intrinsic(k, "llvm.ceil", x),
+    "Round": _round_half_even,
+    "Reciprocal": lambda k, x: k.b.fdiv(_c(x, 1), x),
+    "Softsign": lambda k, x: k.b.fdiv(x, k.b.fadd(_c(x, 1), _intrinsic(k, "llvm.fabs", x))),
+    "Mish": lambda k, x: k.b.fmul(x, vecmath.tanh(k.b, vecmath.softplus(k.b, x))),
+    # libm: accuracy first (LLVM's intrinsics for these become libm calls too)
+    "Sin": lambda k, x: _intrinsic(k, "llvm.sin", x),
+    "Cos": lambda k, x: _intrinsic(k, "llvm.cos", x),
+    "Tan": lambda k, x: _libm(k, "tan", x),
+    "Asin": lambda k, x: _libm(k, "asin", x),
+    "Acos": lambda k, x: _libm(k, "acos", x),
+    "Atan": lambda k, x: _libm(k, "atan", x),
+    "Sinh": lambda k, x: _libm(k, "sinh", x),
+    "Cosh": lambda k, x: _libm(k, "cosh", x),
+    "Asinh": lambda k, x: _libm(k, "asinh", x),
+    "Acosh": lambda k, x: _libm(k, "acosh", x),
+    "Atanh": lambda k, x: _libm(k, "atanh", x),
+}
+
+
+#: work per element of the costlier functions, in multiply-adds (for threading decisions)
+_UNARY_COST = {"Exp": 12, "Log": 14, "Tanh": 18, "Erf": 20, "Sigmoid": 16, "Softplus": 32,
+               "Mish": 50, "Sqrt": 4, "Reciprocal": 4, "Softsign": 4}
+
+
+class FloatUnary(Elementwise):
+    """A float function of one input from the table above."""
+
+    def compute(self, k, node, xs, dt):
+        return _FLOAT_UNARY[node.op_type](k, xs[0])
+
+
+_UNARY_CLASSES = [type(name, (FloatUnary,), {"op_type": name, "__doc__": f"{name} (float).",
+                                             "cost": _UNARY_COST.get(name, 40)})
+                  for name in _FLOAT_UNARY]
 
 
 # -- activations ------------------------------------------------------------------------------
 
 
-@register
+def _f(node: Node, name: str, default: float) -> float:
+    return float(node.attrs.get(name, default))
+
+
 class Relu(Elementwise):
     op_type = "Relu"
 
-    def compute(self, k: Emitter, node: Node, xs: list[ir.Value]) -> ir.Value:
-        return k.fmax(xs[0], k.const(np.float32, 0.0))
+    def compute(self, k, node, xs, dt):
+        x = xs[0]
+        return k.b.select(_lt(k, dt, x, _c(x, 0)), _c(x, 0), x)
 
 
-@register
-class Sigmoid(Elementwise):
-    op_type = "Sigmoid"
+class LeakyRelu(Elementwise):
+    op_type = "LeakyRelu"
 
-    def compute(self, k: Emitter, node: Node, xs: list[ir.Value]) -> ir.Value:
-        one = ir.Constant(xs[0].type, 1.0)
-        e = k.intrinsic("llvm.exp", [k.b.fneg(xs[0])])
-        return k.b.fdiv(one, k.b.fadd(one, e))
-
-
-@register
-class Tanh(Elementwise):
-    op_type = "Tanh"
-
-    def compute(self, k: Emitter, node: Node, xs: list[ir.Value]) -> ir.Value:
-        return k.intrinsic("llvm.tanh", xs)
+    def compute(self, k, node, xs, dt):
+        x = xs[0]
+        scaled = k.b.fmul(x, _c(x, _f(node, "alpha", 0.01)))
+        return k.b.select(k.b.fcmp_ordered("<", x, _c(x, 0)), scaled, x)
 
 
-@register
+class PRelu(Elementwise):
+    """slope broadcasts to X (unidirectionally): the output has X's shape."""
+
+    op_type = "PRelu"
+
+    def out_shape(self, node, ctx):
+        x, slope = node.inputs[0], node.inputs[1]
+        assert x is not None and slope is not None
+        shape = super().out_shape(node, ctx)
+        if len(shape) != x.type.rank or any(a != b for a, b in zip(shape, x.type.shape)):
+            raise ModelError(f"{node.describe()}: slope of shape {list(slope.type.shape)} must "
+                             f"broadcast to X's shape {list(x.type.shape)} without growing it")
+        return x.type.shape
+
+    def compute(self, k, node, xs, dt):
+        x, slope = xs
+        return k.b.select(_lt(k, dt, x, _c(x, 0)), k.mul(dt, x, slope), x)
+
+
+class Elu(Elementwise):
+    op_type = "Elu"
+    cost = 14
+
+    def compute(self, k, node, xs, dt):
+        x = xs[0]
+        neg = k.b.fmul(_c(x, _f(node, "alpha", 1.0)), vecmath.expm1(k.b, x))
+        return k.b.select(k.b.fcmp_ordered("<", x, _c(x, 0)), neg, x)
+
+
+class Selu(Elementwise):
+    op_type = "Selu"
+    cost = 14
+
+    def compute(self, k, node, xs, dt):
+        x = xs[0]
+        alpha = _f(node, "alpha", 1.67326319217681884765625)
+        gamma = _f(node, "gamma", 1.05070102214813232421875)
+        neg = k.b.fmul(_c(x, alpha), vecmath.expm1(k.b, x))
+        r = k.b.select(k.b.fcmp_ordered(">", x, _c(x, 0)), x, neg)
+        return k.b.fmul(_c(x, gamma), r)
+
+
+class Celu(Elementwise):
+    op_type = "Celu"
+    cost = 16
+
+    def compute(self, k, node, xs, dt):
+        x = xs[0]
+        alpha = _f(node, "alpha", 1.0)
+        neg = k.b.fmul(_c(x, alpha), vecmath.expm1(k.b, k.b.fdiv(x, _c(x, alpha))))
+        return k.b.select(k.b.fcmp_ordered(">", x, _c(x, 0)), x, neg)
+
+
+class ThresholdedRelu(Elementwise):
+    op_type = "ThresholdedRelu"
+
+    def compute(self, k, node, xs, dt):
+        x = xs[0]
+        return k.b.select(k.b.fcmp_ordered(">", x, _c(x, _f(node, "alpha", 1.0))), x, _c(x, 0))
+
+
+def _hard_sigmoid(k: Emitter, x: ir.Value, alpha: float, beta: float) -> ir.Value:
+    y = k.b.fadd(k.b.fmul(x, _c(x, alpha)), _c(x, beta))
+    y = k.b.select(k.b.fcmp_ordered(">", y, _c(x, 1)), _c(x, 1), y)
+    return k.b.select(k.b.fcmp_ordered("<", y, _c(x, 0)), _c(x, 0), y)
+
+
+class HardSigmoid(Elementwise):
+    op_type = "HardSigmoid"
+
+    def compute(self, k, node, xs, dt):
+        return _hard_sigmoid(k, xs[0], _f(node, "alpha", 0.2), _f(node, "beta", 0.5))
+
+
+class HardSwish(Elementwise):
+    op_type = "HardSwish"
+
+    def compute(self, k, node, xs, dt):
+        return k.b.fmul(xs[0], _hard_sigmoid(k, xs[0], 1 / 6, 0.5))
+
+
+class Gelu(Elementwise):
+    op_type = "Gelu"
+    cost = 24
+
+    def check(self, node, schema, bound):
+        if node.attrs.get("approximate", "none") not in ("none", "tanh"):
+            raise ModelError(f"{node.describe()}: approximate must be \"none\" or \"tanh\", got "
+                             f"{node.attrs.get('approximate')!r}")
+
+    def compute(self, k, node, xs, dt):
+        x = xs[0]
+        b = k.b
+        if node.attrs.get("approximate", "none") == "tanh":
+            inner = b.fmul(_c(x, np.sqrt(2 / np.pi)),
+                           b.fadd(x, b.fmul(_c(x, 0.044715), b.fmul(x, b.fmul(x, x)))))
+            t = vecmath.tanh(b, inner)
+        else:
+            t = vecmath.erf(b, b.fmul(x, _c(x, np.sqrt(0.5))))
+        return b.fmul(b.fmul(_c(x, 0.5), x), b.fadd(_c(x, 1), t))
+
+
 class Clip(Elementwise):
-    """Clip: bounds are attributes up to opset 6 and optional constant inputs from 11 on."""
+    """Bounds are attributes before opset 11, optional scalar inputs (run-time values are
+    fine) from 11 on. Clip(NaN) is NaN; min > max gives max, as the spec says."""
 
     op_type = "Clip"
 
-    def bounds(self, node: Node) -> tuple[float | None, float | None]:
-        if node.opset < 11:
-            return node.attrs.get("min"), node.attrs.get("max")
-        lo = const_input(node, 1, "min")
-        hi = const_input(node, 2, "max")
-        return (None if lo is None else float(lo)), (None if hi is None else float(hi))
+    def out_shape(self, node, ctx):
+        x = node.inputs[0]
+        assert x is not None
+        for i in (1, 2):
+            v = node.input(i)
+            if v is not None and v.type.numel != 1:
+                raise ModelError(f"{node.describe()}: {('min', 'max')[i - 1]} must be a scalar, "
+                                 f"got shape {list(v.type.shape)}")
+        return x.type.shape
 
-    def compute(self, k: Emitter, node: Node, xs: list[ir.Value]) -> ir.Value:
-        lo, hi = self.bounds(node)
-        x = xs[0]
+    def lower(self, node: Node, k: Emitter) -> None:
+        x = node.inputs[0]
+        assert x is not None
+        if node.opset >= 11:
+            # scalar bounds: read as rank-0 operands so that they broadcast
+            ops = [x]
+            for i in (1, 2):
+                v = node.input(i)
+                if v is not None:
+                    scalar = Value(v.name, TensorType(v.type.dtype, ()))
+                    k.buffers[scalar] = k.buffers[v]
+                    ops.append(scalar)
+        else:
+            ops = [x]
+        dt = _compute_dtype(x.type.dtype)
+        out = node.outputs[0]
+
+        def fn(k: Emitter, xs: list[ir.Value]) -> ir.Value:
+            xs = [_promote(k, v, x.type.dtype) for v in xs]
+            return _store_as(k, self.compute(k, node, xs, dt), out.type.dtype)
+
+        emit_elementwise(k, out, ops, fn)
+
+    def compute(self, k, node, xs, dt):
+        y = xs[0]
+        if node.opset < 11:
+            lo: ir.Value | None = _c(y, _f(node, "min", -3.4028234663852886e38))
+            hi: ir.Value | None = _c(y, _f(node, "max", 3.4028234663852886e38))
+        else:
+            rest = iter(xs[1:])
+            lo = next(rest) if node.input(1) is not None else None
+            hi = next(rest) if node.input(2) is not None else None
         if lo is not None:
-            x = k.fmax(x, ir.Constant(x.type, lo))
+            y = k.b.select(_lt(k, dt, y, lo), lo, y)
         if hi is not None:
-            x = k.fmin(x, ir.Constant(x.type, hi))
-        return x
+            y = k.b.select(_gt(k, dt, y, hi), hi, y)
+        return y
+
+
+class Shrink(Elementwise):
+    """x < -lambd: x + bias; x > lambd: x - bias; else 0. Integers are computed in float32
+    and truncated back, as onnxruntime does."""
+
+    op_type = "Shrink"
+
+    def compute(self, k, node, xs, dt):
+        x = xs[0]
+        work = F64 if dt == F64 else F32
+        xf = k.convert(x, dt, work)
+        lambd, bias = _f(node, "lambd", 0.5), _f(node, "bias", 0.0)
+        lo = k.b.fcmp_ordered("<", xf, _c(xf, -lambd))
+        hi = k.b.fcmp_ordered(">", xf, _c(xf, lambd))
+        r = k.b.select(lo, k.b.fadd(xf, _c(xf, bias)),
+                       k.b.select(hi, k.b.fsub(xf, _c(xf, bias)), _c(xf, 0)))
+        if _kind(dt) == "f":
+            return r
+        return float_to_int(k, r, dt)
+
+
+_register_all(
+    Add, Sub, Mul, Div, Mod, Pow, BitShift, BitwiseAnd, BitwiseOr, BitwiseXor, BitwiseNot,
+    Max, Min, Sum, Mean,
+    Equal, Less, Greater, LessOrEqual, GreaterOrEqual, And, Or, Xor, Not, Where, IsNaN, IsInf,
+    Cast, CastLike,
+    Abs, Neg, Sign, *_UNARY_CLASSES,
+    Relu, LeakyRelu, PRelu, Elu, Selu, Celu, ThresholdedRelu, HardSigmoid, HardSwish, Gelu,
+    Clip, Shrink,
+)
 
 
 # -- identities -------------------------------------------------------------------------------
@@ -190,7 +1061,7 @@ class Copy(Op):
     """Ops whose output 0 is input 0 unchanged; lowered as a copy when not aliased away."""
 
     is_view = True
-    dtypes = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "bool")
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         x = node.inputs[0]
