@@ -225,12 +225,17 @@ def test_pad_wrap_mode() -> None:
 def test_transpose_blocked_large() -> None:
     """Sizes that are not multiples of the tile, and a perm that keeps no axis in place."""
     model = _model([helper.make_node("Transpose", ["x"], ["y"], perm=[2, 0, 1]),
-                    helper.make_node("Transpose", ["x"], ["z"], perm=[1, 2, 0])],
-                   {"x": ("float32", ["a", 33, "b"])}, ["y", "z"])
+                    helper.make_node("Transpose", ["x"], ["z"], perm=[1, 2, 0]),
+                    helper.make_node("Transpose", ["x8"], ["y8"], perm=[2, 0, 1]),
+                    helper.make_node("Transpose", ["s"], ["t"], perm=[1, 0])],
+                   {"x": ("float32", ["a", 33, "b"]), "x8": ("uint8", ["a", 33, "b"]),
+                    "s": ("float16", [300, 257])}, ["y", "z", "y8", "t"])
     compiled = cuvil.compile(model)
     rng = np.random.default_rng(2)
-    for a, b in ((17, 50), (1, 1), (64, 3)):
-        _check(compiled, model, {"x": rng.standard_normal((a, 33, b)).astype(np.float32)})
+    s = rng.standard_normal((300, 257)).astype(np.float16)
+    for a, b in ((17, 50), (1, 1), (64, 3), (9, 301)):
+        _check(compiled, model, {"x": rng.standard_normal((a, 33, b)).astype(np.float32),
+                                 "x8": _data(rng, "uint8", (a, 33, b)), "s": s})
 
 
 # -- opset forms ----------------------------------------------------------------------------
@@ -296,10 +301,17 @@ def test_shape_size_range_constantofshape_at_run_time() -> None:
         n("ConstantOfShape", ["shape"], ["zeros"]),
         n("ConstantOfShape", ["shape_tail"], ["sevens"],
           value=numpy_helper.from_array(np.array([7], np.int32))),
+        n("ConstantOfShape", ["shape_mid"], ["halves"],
+          value=numpy_helper.from_array(np.array([2.5], np.float16))),
+        n("ConstantOfShape", ["shape"], ["trues"],
+          value=numpy_helper.from_array(np.array([True]))),
+        n("ConstantOfShape", ["shape_tail"], ["big_ints"],
+          value=numpy_helper.from_array(np.array([-(2**40)], np.int64))),
         n("Add", ["shape", "shape"], ["shape2"]),
         n("Add", ["size", "size"], ["size2"]),
     ], {"x": ("float32", ["n", "m", 3])},
         ["shape", "shape_tail", "shape_mid", "size", "range", "range_f", "zeros", "sevens",
+         "halves", "trues", "big_ints",
          "shape2", "size2", "quarter"],
         {"one": np.int64(1), "zero": np.int64(0), "two": np.int64(2), "four": np.float32(4.0),
          "half": np.float32(0.5)})
