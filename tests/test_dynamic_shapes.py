@@ -26,11 +26,12 @@ DATA = Path(__file__).parent / "data"
 
 
 def _model(nodes: list[onnx.NodeProto], inputs: dict[str, tuple[int, list[Any]]],
-           outputs: list[str], inits: dict[str, np.ndarray] | None = None,
+           outputs: list[Any], inits: dict[str, np.ndarray] | None = None,
            opset: int = 17) -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes, "dyn", [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
-        [helper.make_empty_tensor_value_info(o) for o in outputs],
+        [helper.make_tensor_value_info(*o) if isinstance(o, tuple)
+         else helper.make_empty_tensor_value_info(o) for o in outputs],
         [numpy_helper.from_array(np.asarray(a), n) for n, a in (inits or {}).items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
@@ -151,6 +152,30 @@ def test_shape_arithmetic_chains_compile_once_and_run_at_every_size() -> None:
     rng = np.random.default_rng(0)
     for shape in ((2, 5, 7), (1, 1, 1), (3, 8, 9), (2, 3, 2)):
         _compare(compiled, model, {"x": rng.standard_normal(shape).astype(np.float32)})
+
+
+def test_tensorflow_style_int32_shape_chain() -> None:
+    """tf2onnx computes shapes in int32: Cast, Slice, ReduceProd, Concat, Cast back, Range."""
+    n = helper.make_node
+    model = _model([
+        n("Shape", ["x"], ["s64"]),
+        n("Cast", ["s64"], ["s"], to=TensorProto.INT32),
+        n("Slice", ["s", "one", "three"], ["hw"]),
+        n("ReduceProd", ["hw"], ["hw_prod"], keepdims=1),
+        n("Slice", ["s", "zero", "one"], ["b"]),
+        n("Concat", ["b", "hw_prod", "c"], ["target32"], axis=0),
+        n("Cast", ["target32"], ["target"], to=TensorProto.INT64),
+        n("Reshape", ["x", "target"], ["flat"]),
+        n("Squeeze", ["hw_prod", "zero"], ["count"]),
+        n("Range", ["zero_s", "count", "one_s"], ["positions"]),
+    ], {"x": (TensorProto.FLOAT, ["batch", "height", "width", 3])},
+        [("flat", TensorProto.FLOAT, ["batch", "hw", 3]), ("positions", TensorProto.INT32, ["hw"])],
+        {"zero": _i64(0), "one": _i64(1), "three": _i64(3), "c": np.array([3], np.int32),
+         "zero_s": np.int32(0), "one_s": np.int32(1)}, opset=13)
+    compiled = cuvil.compile(model)
+    assert compiled.outputs[0].shape == ("batch", "height*width", 3)
+    for shape in ((2, 3, 5, 3), (1, 1, 1, 3)):
+        _compare(compiled, model, {"x": np.random.rand(*shape).astype(np.float32)})
 
 
 # -- PyTorch exports -------------------------------------------------------------------------
