@@ -481,6 +481,16 @@ def _better(k: Emitter, dtype: np.dtype, largest: bool, va: ir.Value, ia: ir.Val
     return k.b.or_(strict, k.b.and_(equal, k.b.icmp_signed("<", ia, ib)))
 
 
+def _beats(k: Emitter, dtype: np.dtype, largest: bool, va: ir.Value, vb: ir.Value) -> ir.Value:
+    """The value-only part of `_better`: a strictly before b."""
+    if dtype.kind == "f":
+        if largest:
+            return k.b.and_(k.b.fcmp_unordered(">", va, vb), k.b.fcmp_ordered("ord", vb, vb))
+        return k.b.and_(k.b.fcmp_unordered("<", va, vb), k.b.fcmp_ordered("ord", va, va))
+    cmp = k.b.icmp_unsigned if dtype.kind in "ub" else k.b.icmp_signed
+    return cmp(">" if largest else "<", va, vb)
+
+
 @register
 class TopK(Op):
     """TopK with a compile-time k; rows are selected with a bounded heap kept in the outputs
@@ -534,7 +544,7 @@ class TopK(Op):
         vv = _flat(k, vals, (outer, kk, inner))
         iv = _flat(k, idxs, (outer, kk, inner))
         kv = k.dim(kk)
-        count = _entry_alloca(k, I64, "count")
+        worst = _entry_alloca(k, llvm_type(dtype), "worst")
         pos_slot = _entry_alloca(k, I64, "pos")
 
         def better(a: tuple[ir.Value, ir.Value], b: tuple[ir.Value, ir.Value]) -> ir.Value:
@@ -584,16 +594,15 @@ class TopK(Op):
                 put(k.b.load(pos_slot), item)
 
             with k.if_then(k.b.icmp_signed(">", kv, k.i64(0))):
-                k.b.store(k.i64(0), count)
-                with k.loop(xv.dims[1], name="j") as j:
-                    item = (k.load(xv, [o, j, i]), j)
-                    c = k.b.load(count)
-                    with k.b.if_else(k.b.icmp_signed("<", c, kv)) as (filling, full):
-                        with filling:
-                            sift_up(item, c)
-                            k.b.store(k.b.add(c, k.i64(1)), count)
-                        with full, k.if_then(better(item, get(k.i64(0)))):
-                            sift_down(item, kv)
+                with k.loop(kv, name="fill") as j:
+                    sift_up((k.load(xv, [o, j, i]), j), j)
+                k.b.store(get(k.i64(0))[0], worst)
+                with k.loop(xv.dims[1], start=kv, name="j") as j:
+                    # a later element with an equal value loses the tie: compare values only
+                    v = k.load(xv, [o, j, i])
+                    with k.b.if_then(_beats(k, dtype, largest, v, k.b.load(worst)), likely=False):
+                        sift_down((v, j), kv)
+                        k.b.store(get(k.i64(0))[0], worst)
                 # heap sort: move the worst to the end, repeatedly
                 with k.loop(k.b.sub(kv, k.i64(1)), name="sort") as t:
                     end = k.b.sub(k.b.sub(kv, k.i64(1)), t)
