@@ -22,6 +22,7 @@ from cuvil.compiler.ops import (
     UNCHECKED,
     InferContext,
     Op,
+    broadcast_shapes,
     const_or_symbolic_input,
     normalize_axis,
     register,
@@ -524,8 +525,7 @@ class Split(Op):
         offset: Dim = 0
         for v, s in zip(node.outputs, split):
             chunk = simplify_dim(s * inner * itemsize)
-            if v.users or v in k.buffers:
-                _copy_rows(k, k.buffers[v], chunk, 0, k.buffers[x], row_x, offset, outer, chunk)
+            _copy_rows(k, k.buffers[v], chunk, 0, k.buffers[x], row_x, offset, outer, chunk)
             offset = simplify_dim(offset + chunk)
 
 
@@ -785,8 +785,6 @@ class Expand(Op):
     dtypes = ALL_DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        from cuvil.compiler.ops import broadcast_shapes
-
         x = _x(node)
         shape = _dim_values(node, 1, "shape")
         if shape is None:
@@ -886,7 +884,7 @@ class Shape(Op):
         return shape[start:end]
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        return [TensorType(np.int64, (max(len(self._dims(node)), 0),))]
+        return [TensorType(np.int64, (len(self._dims(node)),))]
 
     def lower(self, node: Node, k: Emitter) -> None:
         _store_dims(k, node.outputs[0], self._dims(node))
