@@ -29,6 +29,7 @@ from cuvil.compiler.ops.reduce import (
     stack_array,
     tile_width,
     tiles,
+    vexp,
 )
 from cuvil.errors import ModelError, UnsupportedOpError
 
@@ -223,7 +224,7 @@ def _softmax(k: Emitter, L: _Lanes, size: ir.Value, comp: np.dtype, mode: str) -
     with k.loop(size, name="r0") as r, L.each() as j:
         k.store(mx, [j], binary_intrinsic(k, "llvm.maximum", k.load(mx, [j]), L.load_x(r, j, comp)))
     with k.loop(size, name="r1") as r, L.each() as j:
-        e = k.intrinsic("llvm.exp", [b.fsub(L.load_x(r, j, comp), k.load(mx, [j]))])
+        e = vexp(k, b.fsub(L.load_x(r, j, comp), k.load(mx, [j])))
         if keep:
             L.store_y(r, j, e, comp)
         k.store(total, [j], k.fadd_reduce(k.load(total, [j]), e))
@@ -239,7 +240,7 @@ def _softmax(k: Emitter, L: _Lanes, size: ir.Value, comp: np.dtype, mode: str) -
         elif keep:
             v = b.fmul(k.load(L.y, L.index(r, j)), k.load(total, [j]))
         else:
-            e = k.intrinsic("llvm.exp", [b.fsub(L.load_x(r, j, comp), k.load(mx, [j]))])
+            e = vexp(k, b.fsub(L.load_x(r, j, comp), k.load(mx, [j])))
             v = b.fmul(e, k.load(total, [j]))
         L.store_y(r, j, v, comp)
 

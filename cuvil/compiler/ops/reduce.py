@@ -19,13 +19,14 @@ from typing import Callable, ClassVar
 import numpy as np
 from llvmlite import ir
 
+from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import REDUCE_FLAGS, Emitter, View, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, simplify_dim
 from cuvil.compiler.ops import InferContext, Op, const_input, normalize_axis, register
 from cuvil.errors import ModelError
 
 __all__ = ["TILE", "Reducer", "binary_intrinsic", "emit_reduce", "entry_alloca", "interleave",
-           "split_groups", "stack_array", "tile_width", "tiles"]
+           "split_groups", "stack_array", "tile_width", "tiles", "vexp"]
 
 #: outputs accumulated side by side when the innermost axis is kept
 TILE = 256
@@ -47,6 +48,12 @@ def binary_intrinsic(k: Emitter, name: str, a: ir.Value, b: ir.Value) -> ir.Valu
     one-operand ones)."""
     fn = k.module.declare_intrinsic(name, [a.type], ir.FunctionType(a.type, [a.type, a.type]))
     return k.b.call(fn, [a, b])
+
+
+def vexp(k: Emitter, x: ir.Value) -> ir.Value:
+    """exp written with arithmetic only (`vecmath`), so loops around it vectorize; a libm
+    call per element would keep them scalar."""
+    return vecmath.exp(k.b, x)
 
 
 def tile_width(inner: Dim) -> int:
@@ -233,7 +240,7 @@ def emit_reduce(k: Emitter, x_val: Value, out_ptr: ir.Value, out_dtype: np.dtype
                 shift = lse_shift(k, result)
                 k.b.store(k.const(acc, 0.0), slot)
                 with _each(k, red_dims, "r") as ridx:
-                    e = k.intrinsic("llvm.exp", [k.b.fsub(load(kidx, ridx), shift)])
+                    e = vexp(k, k.b.fsub(load(kidx, ridx), shift))
                     k.b.store(k.fadd_reduce(k.b.load(slot), e), slot)
                 result = k.b.fadd(shift, k.intrinsic("llvm.log", [k.b.load(slot)]))
             k.store(out, kidx, red.finish(k, result, count, acc, out_dtype))
@@ -261,7 +268,7 @@ def emit_reduce(k: Emitter, x_val: Value, out_ptr: ir.Value, out_dtype: np.dtype
                 k.store(tile2, [j], k.const(acc, 0.0))
 
             def add_exp(j: ir.Value, v: ir.Value) -> None:
-                e = k.intrinsic("llvm.exp", [b.fsub(v, k.load(tile, [j]))])
+                e = vexp(k, b.fsub(v, k.load(tile, [j])))
                 k.store(tile2, [j], k.fadd_reduce(k.load(tile2, [j]), e))
 
             sweep(add_exp)
