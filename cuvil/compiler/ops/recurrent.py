@@ -20,18 +20,24 @@ take an alpha (beta), and a missing value defaults to 0.01 (LeakyRelu), 0.2/0.5
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 from llvmlite import ir
 
+from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import I64, PTR, Emitter, llvm_type
+from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_gemm, emit_parallel_gemm, isa_of
 from cuvil.compiler.ir import Dim, Node, TensorType, simplify_dim
 from cuvil.compiler.ops import UNCHECKED, InferContext, Op, register
 from cuvil.errors import ModelError, UnsupportedOpError
 
 __all__ = ["GRU", "LSTM", "RNN", "RecurrentScratch"]
+
+#: node attribute set once W and R are stored transposed (constant float32 weights)
+_PACKED = "cuvil_packed_weights"
 
 # name -> (takes alpha, takes beta, default alpha, default beta), as onnxruntime reads them
 _ACTIVATIONS: dict[str, tuple[bool, bool, float, float]] = {
@@ -57,7 +63,8 @@ class Activation:
 
 
 def emit_activation(k: Emitter, act: Activation, x: ir.Value) -> ir.Value:
-    """act(x) for a float scalar; exp-based functions cannot overflow into NaN."""
+    """act(x) for a float scalar, in branch-free arithmetic (`vecmath`) so that the loops
+    applying it vectorize; exp-based functions cannot overflow into NaN."""
     b = k.b
     ty = x.type
 
@@ -66,10 +73,9 @@ def emit_activation(k: Emitter, act: Activation, x: ir.Value) -> ir.Value:
 
     name = act.name
     if name == "sigmoid":
-        # 1/(1+e^-x): e^-x overflows to inf for very negative x, giving exactly 0
-        return b.fdiv(c(1.0), b.fadd(c(1.0), k.intrinsic("llvm.exp", [b.fneg(x)])))
+        return vecmath.sigmoid(b, x)
     if name == "tanh":
-        return k.intrinsic("llvm.tanh", [x])
+        return vecmath.tanh(b, x)
     if name == "relu":
         return b.select(b.fcmp_ordered("<", x, c(0.0)), c(0.0), x)
     if name == "affine":
@@ -79,20 +85,17 @@ def emit_activation(k: Emitter, act: Activation, x: ir.Value) -> ir.Value:
     if name == "thresholdedrelu":
         return b.select(b.fcmp_ordered(">", x, c(act.alpha)), x, c(0.0))
     if name == "scaledtanh":
-        return b.fmul(c(act.alpha), k.intrinsic("llvm.tanh", [b.fmul(x, c(act.beta))]))
+        return b.fmul(c(act.alpha), vecmath.tanh(b, b.fmul(x, c(act.beta))))
     if name == "hardsigmoid":
         y = b.fadd(b.fmul(x, c(act.alpha)), c(act.beta))
         return k.fmin(k.fmax(y, c(0.0)), c(1.0))
     if name == "elu":
-        em1 = b.fmul(c(act.alpha), b.fsub(k.intrinsic("llvm.exp", [x]), c(1.0)))
+        em1 = b.fmul(c(act.alpha), vecmath.expm1(b, x))
         return b.select(b.fcmp_ordered("<", x, c(0.0)), em1, x)
     if name == "softsign":
         return b.fdiv(x, b.fadd(c(1.0), k.intrinsic("llvm.fabs", [x])))
     if name == "softplus":
-        # log(1 + e^x) = max(x, 0) + log1p(e^-|x|): no overflow for large x
-        e = k.intrinsic("llvm.exp", [b.fneg(k.intrinsic("llvm.fabs", [x]))])
-        pos = b.select(b.fcmp_ordered(">", x, c(0.0)), x, c(0.0))
-        return b.fadd(pos, k.intrinsic("llvm.log", [b.fadd(c(1.0), e)]))
+        return vecmath.softplus(b, x)
     raise AssertionError(name)
 
 
@@ -111,12 +114,19 @@ class _Geometry:
     dtype: np.dtype
     acts: list[list[Activation]] = field(default_factory=list)  # per direction
     clip: float | None = None
+    #: W and R are stored transposed for the GEMM kernel (see `_Recurrent._pack_weights`)
+    packed: bool = False
+
+    @property
+    def width(self) -> int:
+        """Gates x hidden: the width of one direction's projection."""
+        return self.gates * self.hidden
 
     def scratch_elements(self) -> Dim:
-        g, h = self.gates * self.hidden, self.hidden
-        # projection, its bias row, h and c states, one row of gates, one row of r*h (GRU)
-        return simplify_dim((self.seq * self.batch + 1) * self.dirs * g + 2 * self.batch * h
-                            + g + h)
+        g, h, n = self.width, self.hidden, self.batch
+        # projection, its bias row, then per direction the h and c states, the gates and r*h
+        # (GRU) of each row
+        return simplify_dim((self.seq * n + 1) * self.dirs * g + self.dirs * n * (3 * h + g))
 
 
 class _Recurrent(Op):
@@ -137,7 +147,8 @@ class _Recurrent(Op):
         x, w, r = node.input(0), node.input(1), node.input(2)
         if x is None or w is None or r is None:
             raise ModelError(f"{node.describe()}: inputs X, W and R are required")
-        for v, want in ((x, 3), (w, 3), (r, 3)):
+        packed = bool(node.attrs.get(_PACKED, 0))
+        for v, want in ((x, 3), (w, 2 if packed else 3), (r, 3)):
             if v.type.rank != want:
                 raise ModelError(f"{node.describe()}: input {v.name!r} must have rank {want}, "
                                  f"got {v.type}")
@@ -157,8 +168,12 @@ class _Recurrent(Op):
         seq, batch, input_size = x.type.shape if layout == 0 else (
             x.type.shape[1], x.type.shape[0], x.type.shape[2])
 
+        w_shape, r_shape = w.type.shape, r.type.shape
+        if packed:  # back to ONNX's [dirs, gates*hidden, input] and [dirs, gates*hidden, hidden]
+            w_shape = (dirs, simplify_dim(w_shape[1] // dirs), w_shape[0])
+            r_shape = (r_shape[0], r_shape[2], r_shape[1])
         hidden_attr = node.attrs.get("hidden_size")
-        r_hidden = r.type.shape[2]
+        r_hidden = r_shape[2]
         if hidden_attr is not None:
             hidden = int(hidden_attr)
         elif isinstance(r_hidden, int):
@@ -169,11 +184,11 @@ class _Recurrent(Op):
         if hidden <= 0:
             raise ModelError(f"{node.describe()}: hidden_size must be positive, got {hidden}")
         g = self.gates * hidden
-        ctx.dims_equal(node, w.type.shape[0], dirs, f"W's dim 0 (directions for {direction})")
-        ctx.dims_equal(node, w.type.shape[1], g, f"W's dim 1 ({self.gates} x hidden_size)")
-        ctx.dims_equal(node, w.type.shape[2], input_size, "W's dim 2 (X's input size)")
-        ctx.dims_equal(node, r.type.shape[0], dirs, "R's dim 0 (directions)")
-        ctx.dims_equal(node, r.type.shape[1], g, f"R's dim 1 ({self.gates} x hidden_size)")
+        ctx.dims_equal(node, w_shape[0], dirs, f"W's dim 0 (directions for {direction})")
+        ctx.dims_equal(node, w_shape[1], g, f"W's dim 1 ({self.gates} x hidden_size)")
+        ctx.dims_equal(node, w_shape[2], input_size, "W's dim 2 (X's input size)")
+        ctx.dims_equal(node, r_shape[0], dirs, "R's dim 0 (directions)")
+        ctx.dims_equal(node, r_shape[1], g, f"R's dim 1 ({self.gates} x hidden_size)")
         ctx.dims_equal(node, r_hidden, hidden, "R's dim 2 (hidden_size)")
 
         state_shape = (dirs, batch, hidden) if layout == 0 else (batch, dirs, hidden)
@@ -206,7 +221,7 @@ class _Recurrent(Op):
 
         clip = node.attrs.get("clip")
         geo = _Geometry(self.gates, hidden, dirs, reverse, layout, seq, batch, input_size,
-                        x.type.dtype, clip=None if clip is None else float(clip))
+                        x.type.dtype, clip=None if clip is None else float(clip), packed=packed)
         if geo.clip is not None and not geo.clip > 0:
             raise ModelError(f"{node.describe()}: clip must be positive, got {geo.clip}")
         geo.acts = self._activations(node, dirs)
@@ -248,6 +263,7 @@ class _Recurrent(Op):
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         geo = self._geometry(node, ctx)
         self._attach_scratch(node, ctx, geo)
+        self._pack_weights(node, ctx, geo)
         s, n, d, h = geo.seq, geo.batch, geo.dirs, geo.hidden
         y = (s, d, n, h) if geo.layout == 0 else (n, s, d, h)
         state = (d, n, h) if geo.layout == 0 else (n, d, h)
@@ -266,6 +282,24 @@ class _Recurrent(Op):
                             domain="cuvil", opset=1))
         node.inputs = [*node.inputs, *[None] * (self.n_inputs - len(node.inputs)), value]
 
+    def _pack_weights(self, node: Node, ctx: InferContext, geo: _Geometry) -> None:
+        """Constant float32 W and R become W^T [input, dirs*gates*hidden] and R^T [dirs,
+        hidden, gates*hidden]: the layout of B in the shared GEMM kernel (unit-stride rows)."""
+        w, r = node.inputs[1], node.inputs[2]
+        if geo.packed or geo.dtype != np.float32 or w is None or r is None \
+                or w.const is None or r.const is None:
+            return
+        graph = ctx.graph
+        wt = np.ascontiguousarray(w.const.transpose(2, 0, 1).reshape(w.const.shape[2], -1))
+        rt = np.ascontiguousarray(r.const.transpose(0, 2, 1))
+        for i, (old, arr) in enumerate(((w, wt), (r, rt)), start=1):
+            new = graph.constant(arr, f"{old.name}_packed")
+            if node in old.users:
+                old.users.remove(node)
+            new.users.append(node)
+            node.inputs[i] = new
+        node.attrs = {**node.attrs, _PACKED: 1}
+
     # -- lowering ------------------------------------------------------------------------
     def lower(self, node: Node, k: Emitter) -> None:
         geo = self._geometry(node, UNCHECKED)
@@ -279,8 +313,9 @@ class _Recurrent(Op):
         """True when Rb of the last gate is applied inside the recurrence, not projected."""
         return False
 
-    def step(self, low: _Lowering, d: int, b: ir.Value, row: ir.Value) -> None:
-        """Update the states of batch row `b` from the projection row `row` (direction d)."""
+    def step(self, low: _Lowering, d: int, s: ir.Value) -> None:
+        """One time step of direction d for every batch row (`low.rows` visits the active
+        ones)."""
         raise NotImplementedError
 
 
@@ -307,43 +342,109 @@ def _dot_function(k: Emitter, dtype: np.dtype) -> ir.Function:
     return fn
 
 
-class _Lowering:
-    """The code of one recurrent node: the projection, then per direction the recurrence."""
+def _rows_function(k: Emitter) -> ir.Function:
+    """`void f(m, n, kk, a, lda, b, ldb, c, ldc)`: C[m, n] = A[m, kk] @ B[kk, n] in float32,
+    for the few rows (batch rows) of a recurrent step.
 
-    def __init__(self, op: _Recurrent, node: Node, k: Emitter, geo: _Geometry) -> None:
+    With one or two rows the product is bound by reading B (R^T, often larger than L2), so
+    B is read in its memory order, once per pair of rows: for each k, C[i, :] += A[i, k] *
+    B[k, :] and the same for row i+1, with the C rows staying in L1. (The shared GEMM kernel
+    walks B by column panels, and takes rows past its MR-row tiles one at a time.)
+    """
+    name = "cuvil.recurrent_rows.float32"
+    if name in k.module.globals:
+        return k.module.globals[name]
+    f32 = ir.FloatType()
+    fn = ir.Function(k.module, ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, PTR, I64,
+                                                              PTR, I64]), name)
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    m, n, kk, a, lda, bm, ldb, c, ldc = fn.args
+    for arg in (a, bm, c):
+        arg.add_attribute("noalias")
+    e = Emitter(k.module, fn, ir.Constant(PTR, None), [], {})
+    b = e.b
+
+    def at(base: ir.Value, row: ir.Value, ld: ir.Value, col: ir.Value) -> ir.Value:
+        return b.gep(base, [b.add(b.mul(row, ld), col)], source_etype=f32, inbounds=True)
+
+    def rows(i0: ir.Value, count: int) -> None:
+        for r in range(count):
+            e.memset(at(c, b.add(i0, e.i64(r)), ldc, e.i64(0)), 0, b.mul(n, e.i64(4)))
+        with e.loop(kk, name="k") as p:
+            xs = [b.load(at(a, b.add(i0, e.i64(r)), lda, p), typ=f32) for r in range(count)]
+            brow = at(bm, p, ldb, e.i64(0))
+            crows = [at(c, b.add(i0, e.i64(r)), ldc, e.i64(0)) for r in range(count)]
+            with e.loop(n, name="j") as j:
+                bv = b.load(b.gep(brow, [j], source_etype=f32, inbounds=True), typ=f32)
+                for x, crow in zip(xs, crows):
+                    ptr = b.gep(crow, [j], source_etype=f32, inbounds=True)
+                    b.store(b.call(_fmuladd_decl(k.module, f32), [x, bv, b.load(ptr, typ=f32)]), ptr)
+
+    quads = b.mul(e.floordiv(m, e.i64(4)), e.i64(4))
+    with e.loop(quads, step=4, name="i4") as i:
+        rows(i, 4)
+    pairs = b.add(quads, b.mul(e.floordiv(b.sub(m, quads), e.i64(2)), e.i64(2)))
+    with e.loop(pairs, start=quads, step=2, name="i2") as i:
+        rows(i, 2)
+    with e.loop(m, start=pairs, name="i1") as i:
+        rows(i, 1)
+    b.ret_void()
+    return fn
+
+
+def _fmuladd_decl(module: ir.Module, ty: ir.Type) -> ir.Function:
+    name = "llvm.fmuladd.f32"
+    if name in module.globals:
+        return module.globals[name]
+    return ir.Function(module, ir.FunctionType(ty, [ty, ty, ty]), name)
+
+
+class _Lowering:
+    """The code of one recurrent node: the projection, then per direction the recurrence.
+
+    Scratch (in elements): ``proj[seq*batch, dirs*g]`` (rows in X's order), ``bias[dirs*g]``,
+    then per direction (so that the two directions can run on two threads) the h and c states
+    ``[batch, hidden]``, gate sums ``gates[batch, g]`` and ``aux[batch, hidden]`` (GRU's r*h),
+    with g = gates x hidden. An instance's state pointers are those of direction `d`.
+    """
+
+    def __init__(self, op: _Recurrent, node: Node, k: Emitter, geo: _Geometry, d: int = 0) -> None:
         self.op, self.node, self.k, self.geo = op, node, k, geo
         self.dtype = geo.dtype
         self.ty = llvm_type(geo.dtype)
         scratch = node.inputs[op.n_inputs]
         assert scratch is not None
-        s, n, d, g, h = geo.seq, geo.batch, geo.dirs, geo.gates * geo.hidden, geo.hidden
+        s, n, g, h = geo.seq, geo.batch, geo.width, geo.hidden
         base = k.buffers[scratch]
-        self.proj = base  # [seq*batch rows in X's order, dirs*g]
-        self.bias_row = self._ptr(base, k.dim(simplify_dim(s * n * d * g)))  # [dirs*g]
-        offset: Dim = (s * n + 1) * d * g
-        self.h_state = self._ptr(base, k.dim(simplify_dim(offset)))  # [batch, hidden]
-        self.c_state = self._ptr(base, k.dim(simplify_dim(offset + n * h)))  # [batch, hidden]
-        self.gate_row = self._ptr(base, k.dim(simplify_dim(offset + 2 * n * h)))  # [g]
-        self.aux_row = self._ptr(base, k.dim(simplify_dim(offset + 2 * n * h + g)))  # [hidden]
+        self.proj = base
+        start: Dim = s * n * geo.dirs * g
+        self.bias_row = self._ptr(base, k.dim(simplify_dim(start)))
+        offsets: list[Dim] = [start + geo.dirs * g + d * n * (3 * h + g)]
+        for size in (n * h, n * h, n * g):
+            offsets.append(offsets[-1] + size)
+        self.h_state, self.c_state, self.gates, self.aux = (
+            self._ptr(base, k.dim(simplify_dim(o))) for o in offsets)
 
     # -- small helpers -------------------------------------------------------------------
-    def _ptr(self, base: ir.Value, index: ir.Value) -> ir.Value:
+    def _ptr(self, base: ir.Value, index: ir.Value | int) -> ir.Value:
+        index = self.k.i64(index) if isinstance(index, int) else index
         return self.k.b.gep(base, [index], source_etype=self.ty, inbounds=True)
 
-    def ld(self, base: ir.Value, index: ir.Value) -> ir.Value:
+    def ld(self, base: ir.Value, index: ir.Value | int) -> ir.Value:
         return self.k.b.load(self._ptr(base, index), typ=self.ty)
 
-    def st(self, base: ir.Value, index: ir.Value, value: ir.Value) -> None:
+    def st(self, base: ir.Value, index: ir.Value | int, value: ir.Value) -> None:
         self.k.b.store(value, self._ptr(base, index))
 
     def c(self, v: float) -> ir.Constant:
         return ir.Constant(self.ty, float(v))
 
-    def add(self, a: ir.Value, b: ir.Value) -> ir.Value:
-        return self.k.b.add(a, b)
+    def add(self, a: ir.Value, b: ir.Value | int) -> ir.Value:
+        return self.k.b.add(a, self.k.i64(b) if isinstance(b, int) else b)
 
-    def mul(self, a: ir.Value, b: ir.Value) -> ir.Value:
-        return self.k.b.mul(a, b)
+    def mul(self, a: ir.Value, b: ir.Value | int) -> ir.Value:
+        return self.k.b.mul(a, self.k.i64(b) if isinstance(b, int) else b)
 
     def input_ptr(self, i: int) -> ir.Value | None:
         v = self.node.input(i)
@@ -352,25 +453,17 @@ class _Lowering:
     def output_ptr(self, i: int) -> ir.Value | None:
         return self.k.buffers[self.node.outputs[i]] if i < len(self.node.outputs) else None
 
-    def acc_slot(self) -> ir.Value:
-        """A stack slot in the entry block (LLVM turns it into a register)."""
-        b = self.k.b
-        with b.goto_entry_block():
-            if b.block.terminator is not None:
-                b.position_before(b.block.terminator)
-            return b.alloca(self.ty)
-
     def activate(self, d: int, which: int, x: ir.Value, clip: bool = True) -> ir.Value:
         """Activation `which` of direction d; `clip` bounds its input (all but LSTM's h)."""
         if clip and self.geo.clip is not None:
             x = self.k.fmin(self.k.fmax(x, self.c(-self.geo.clip)), self.c(self.geo.clip))
         return emit_activation(self.k, self.geo.acts[d][which], x)
 
-    def dot(self, a: ir.Value, b: ir.Value, n: ir.Value | int, init: ir.Value) -> ir.Value:
-        """init + sum(a[i] * b[i] for i < n), reassociated so it vectorizes."""
-        fn = _dot_function(self.k, self.dtype)
-        return self.k.b.call(fn, [a, b, self.k.dim(n), init])
+    def row_of(self, base: ir.Value, b: ir.Value, width: int) -> ir.Value:
+        """Pointer to row b of a [batch, width] scratch array."""
+        return self._ptr(base, self.mul(b, width))
 
+    # -- indexing ------------------------------------------------------------------------
     def state_index(self, d: int, b: ir.Value) -> ir.Value:
         """Element offset of row b of direction d in a [dirs, batch, hidden] (layout 0) or
         [batch, dirs, hidden] (layout 1) tensor."""
@@ -378,18 +471,17 @@ class _Lowering:
         if geo.layout == 0:
             outer = self.add(self.mul(k.i64(d), k.dim(geo.batch)), b)
         else:
-            outer = self.add(self.mul(b, k.i64(geo.dirs)), k.i64(d))
-        return self.mul(outer, k.i64(geo.hidden))
+            outer = self.add(self.mul(b, geo.dirs), d)
+        return self.mul(outer, geo.hidden)
 
     def y_index(self, d: int, t: ir.Value, b: ir.Value) -> ir.Value:
         """Element offset of Y[t, d, b, :] (layout 0) or Y[b, t, d, :] (layout 1)."""
         geo, k = self.geo, self.k
-        dd, h = k.i64(geo.dirs), k.i64(geo.hidden)
         if geo.layout == 0:
-            outer = self.add(self.mul(self.add(self.mul(t, dd), k.i64(d)), k.dim(geo.batch)), b)
+            outer = self.add(self.mul(self.add(self.mul(t, geo.dirs), d), k.dim(geo.batch)), b)
         else:
-            outer = self.add(self.mul(self.add(self.mul(b, k.dim(geo.seq)), t), dd), k.i64(d))
-        return self.mul(outer, h)
+            outer = self.add(self.mul(self.add(self.mul(b, k.dim(geo.seq)), t), geo.dirs), d)
+        return self.mul(outer, geo.hidden)
 
     def x_row(self, t: ir.Value, b: ir.Value) -> ir.Value:
         """Row of X (and of the projection) holding step t of batch row b."""
@@ -398,105 +490,156 @@ class _Lowering:
             return self.add(self.mul(t, self.k.dim(geo.batch)), b)
         return self.add(self.mul(b, self.k.dim(geo.seq)), t)
 
-    # -- the node ------------------------------------------------------------------------
-    def emit(self) -> None:
-        k, geo = self.k, self.geo
-        lens = self.node.input(4)
-        if lens is not None:
-            with k.loop(geo.batch, name="lens") as b:
-                n = self.seq_len(b)
-                bad = k.b.or_(k.b.icmp_signed("<", n, k.i64(0)),
-                              k.b.icmp_signed(">", n, k.dim(geo.seq)))
-                k.fail_if(bad)
-        self.project()
-        for d in range(geo.dirs):
-            self.direction(d)
-
     def seq_len(self, b: ir.Value) -> ir.Value:
         lens = self.node.input(4)
         if lens is None:
             return self.k.dim(self.geo.seq)
-        p = self.k.b.gep(self.k.buffers[lens], [b], source_etype=llvm_type(lens.type.dtype),
-                         inbounds=True)
-        v = self.k.b.load(p, typ=llvm_type(lens.type.dtype))
-        return self.k.convert(v, lens.type.dtype, np.int64)
+        ty = llvm_type(lens.type.dtype)
+        p = self.k.b.gep(self.k.buffers[lens], [b], source_etype=ty, inbounds=True)
+        return self.k.convert(self.k.b.load(p, typ=ty), lens.type.dtype, np.int64)
+
+    # -- the node ------------------------------------------------------------------------
+    def emit(self) -> None:
+        k, geo = self.k, self.geo
+        if self.node.input(4) is not None:
+            with k.loop(geo.batch, name="lens") as b:
+                n = self.seq_len(b)
+                k.fail_if(k.b.or_(k.b.icmp_signed("<", n, k.i64(0)),
+                                  k.b.icmp_signed(">", n, k.dim(geo.seq))))
+        self.project()
+        if geo.dirs == 1:
+            self.direction(0)
+            return
+        # the directions share nothing but the projection: one thread each
+        cost = simplify_dim(geo.seq * geo.batch * geo.width * (geo.hidden + 8))
+        with k.parallel_loop(2, cost=cost, name="direction") as d, \
+                k.b.if_else(k.b.icmp_signed("==", d, k.i64(0))) as (forward, backward):
+            with forward:
+                _Lowering(self.op, self.node, k, geo, 0).direction(0)
+            with backward:
+                _Lowering(self.op, self.node, k, geo, 1).direction(1)
+
+    def direction(self, d: int) -> None:
+        self.init_states(d)
+        with self.k.loop(self.geo.seq, name="step") as s:
+            self.op.step(self, d, s)
+        self.final_states(d)
 
     def project(self) -> None:
         """proj[row, d*g + j] = X[row] . W[d, j] + bias(d, j) for every row of X."""
-        k, geo, op = self.k, self.geo, self.op
-        g = geo.gates * geo.hidden
-        x, w = self.input_ptr(0), self.input_ptr(1)
-        bias = self.input_ptr(3)
+        k, geo = self.k, self.geo
+        g = geo.width
+        x, w, bias = self.input_ptr(0), self.input_ptr(1), self.input_ptr(3)
         assert x is not None and w is not None
         rows = k.dim(simplify_dim(geo.seq * geo.batch))
         width = k.i64(geo.dirs * g)
         isize = k.dim(geo.input_size)
-        # the bias of each projected column, once: Wb + Rb (GRU with linear_before_reset keeps
-        # Rb of its candidate gate for the recurrent part)
         if bias is not None:
+            # Wb + Rb per column; GRU with linear_before_reset keeps its candidate's Rb apart
+            apart = self.op.recurrent_bias_apart(self.node)
             with k.loop(width, name="bias") as col:
                 d = k.b.sdiv(col, k.i64(g))
                 j = k.b.srem(col, k.i64(g))
-                base = self.mul(d, k.i64(2 * g))
+                base = self.mul(d, 2 * g)
                 wb = self.ld(bias, self.add(base, j))
-                rb = self.ld(bias, self.add(self.add(base, k.i64(g)), j))
-                both = k.b.fadd(wb, rb)
-                if op.recurrent_bias_apart(self.node):
-                    keep = k.b.icmp_signed(">=", j, k.i64(2 * geo.hidden))
-                    both = k.b.select(keep, wb, both)
+                both = k.b.fadd(wb, self.ld(bias, self.add(self.add(base, g), j)))
+                if apart:
+                    both = k.b.select(k.b.icmp_signed(">=", j, k.i64(2 * geo.hidden)), wb, both)
                 self.st(self.bias_row, col, both)
+        if geo.packed:
+            emit_parallel_gemm(k, rows, width, isize, x, isize, w, width, self.proj, width,
+                               bias=self.bias_row if bias is not None else None,
+                               epilogue=Epilogue(bias="col" if bias is not None else "none"))
+            return
         with k.loop(rows, name="row") as r:
             xrow = self._ptr(x, self.mul(r, isize))
             prow = self._ptr(self.proj, self.mul(r, width))
             with k.loop(width, name="col") as col:
                 init = self.ld(self.bias_row, col) if bias is not None else self.c(0.0)
-                wrow = self._ptr(w, self.mul(col, isize))
-                self.st(prow, col, self.dot(xrow, wrow, isize, init))
+                self.st(prow, col, self.dot(xrow, self._ptr(w, self.mul(col, isize)), isize, init))
 
-    def direction(self, d: int) -> None:
+    def dot(self, a: ir.Value, b: ir.Value, n: ir.Value, init: ir.Value) -> ir.Value:
+        """init + sum(a[i] * b[i] for i < n), reassociated so it vectorizes."""
+        return self.k.b.call(_dot_function(self.k, self.dtype), [a, b, n, init])
+
+    def products(self, d: int, vec: ir.Value, first: int, count: int) -> None:
+        """gates[b, first:first+count] = vec[b] @ R[d, first:first+count]^T for every row b."""
         k, geo = self.k, self.geo
-        h = k.i64(geo.hidden)
-        init_h, init_c = self.input_ptr(5), self.input_ptr(6) if self.op.n_inputs > 6 else None
-        with k.loop(geo.batch, name="init") as b:
-            src = self.state_index(d, b)
-            dst = self.mul(b, h)
-            with k.loop(h, name="init_k") as j:
-                hv = self.ld(init_h, self.add(src, j)) if init_h is not None else self.c(0.0)
-                self.st(self.h_state, self.add(dst, j), hv)
-                if self.op.n_inputs > 6:
-                    cv = self.ld(init_c, self.add(src, j)) if init_c is not None else self.c(0.0)
-                    self.st(self.c_state, self.add(dst, j), cv)
-        y = self.output_ptr(0)
+        g, h = geo.width, geo.hidden
+        r = self.input_ptr(2)
+        assert r is not None
+        rd = self._ptr(r, d * g * h)
+        if geo.packed:  # R^T[d] is [hidden, g]
+            # whole tiles of the GEMM kernel for many rows, the few rows left in pairs
+            batch = k.dim(geo.batch)
+            mr = isa_of(k.module).mr
+            full = self.mul(k.floordiv(batch, k.i64(mr)), mr)
+            bd, cd = self._ptr(rd, first), self._ptr(self.gates, first)
+            emit_gemm(k, full, k.i64(count), k.i64(h), vec, k.i64(h), bd, k.i64(g), cd, k.i64(g))
+            k.b.call(_rows_function(k), [
+                k.b.sub(batch, full), k.i64(count), k.i64(h), self._ptr(vec, self.mul(full, h)),
+                k.i64(h), bd, k.i64(g), self._ptr(cd, self.mul(full, g)), k.i64(g)])
+            return
+        with k.loop(geo.batch, name="prod_b") as b:
+            vrow = self.row_of(vec, b, h)
+            grow = self.row_of(self.gates, b, g)
+            with k.loop(first + count, start=first, name="prod_j") as j:
+                self.st(grow, j, self.dot(self._ptr(rd, self.mul(j, h)), vrow, k.i64(h), self.c(0.0)))
+
+    def rows(self, d: int, s: ir.Value, body: Callable[[ir.Value, ir.Value], None],
+             write_y: bool = True) -> None:
+        """Run `body(b, proj_row)` for each batch row b whose sequence covers step s, with
+        `proj_row` pointing at direction d's projection of that row's current input; then
+        copy the new h into Y (`write_y`), or write zeros there for rows already ended."""
+        k, geo = self.k, self.geo
+        h = geo.hidden
+        y = self.output_ptr(0) if write_y else None
         has_lens = self.node.input(4) is not None
-        with k.loop(geo.seq, name="step") as s, k.loop(geo.batch, name="b") as b:
+        with k.loop(geo.batch, name="b") as b:
             n = self.seq_len(b)
-            active = k.b.icmp_signed("<", s, n)
-            with k.b.if_else(active) as (then, otherwise):
+            with k.b.if_else(k.b.icmp_signed("<", s, n)) as (then, otherwise):
                 with then:
                     t = k.b.sub(k.b.sub(n, k.i64(1)), s) if geo.reverse[d] else s
-                    self.op.step(self, d, b, self.x_row(t, b))
+                    row = self.x_row(t, b)
+                    body(b, self._ptr(self.proj, self.add(self.mul(row, geo.dirs * geo.width),
+                                                          d * geo.width)))
                     if y is not None:
-                        yi = self.y_index(d, t, b)
-                        hi = self.mul(b, h)
+                        yrow = self._ptr(y, self.y_index(d, t, b))
+                        hrow = self.row_of(self.h_state, b, h)
                         with k.loop(h, name="y") as j:
-                            self.st(y, self.add(yi, j), self.ld(self.h_state, self.add(hi, j)))
+                            self.st(yrow, j, self.ld(hrow, j))
                 with otherwise:
                     if y is not None and has_lens:
-                        yi = self.y_index(d, s, b)
+                        yrow = self._ptr(y, self.y_index(d, s, b))
                         with k.loop(h, name="y0") as j:
-                            self.st(y, self.add(yi, j), self.c(0.0))
+                            self.st(yrow, j, self.c(0.0))
+
+    def init_states(self, d: int) -> None:
+        k, h = self.k, self.geo.hidden
+        states = [(self.input_ptr(5), self.h_state)]
+        if self.op.n_inputs > 6:
+            states.append((self.input_ptr(6), self.c_state))
+        with k.loop(self.geo.batch, name="init") as b:
+            src = self.state_index(d, b)
+            for init, state in states:
+                dst = self.row_of(state, b, h)
+                with k.loop(h, name="init_k") as j:
+                    v = self.ld(init, self.add(src, j)) if init is not None else self.c(0.0)
+                    self.st(dst, j, v)
+
+    def final_states(self, d: int) -> None:
+        k, h = self.k, self.geo.hidden
         for out_index, state in ((1, self.h_state), (2, self.c_state)):
             out = self.output_ptr(out_index)
             if out is None:
                 continue
-            with k.loop(geo.batch, name="final") as b:
+            with k.loop(self.geo.batch, name="final") as b:
                 # a row whose sequence is empty ends with zero states (onnxruntime's choice)
                 empty = k.b.icmp_signed("==", self.seq_len(b), k.i64(0))
-                dst = self.state_index(d, b)
-                src = self.mul(b, h)
+                dst = self._ptr(out, self.state_index(d, b))
+                src = self.row_of(state, b, h)
                 with k.loop(h, name="final_k") as j:
-                    v = self.ld(state, self.add(src, j))
-                    self.st(out, self.add(dst, j), k.b.select(empty, self.c(0.0), v))
+                    self.st(dst, j, k.b.select(empty, self.c(0.0), self.ld(src, j)))
 
 
 @register
@@ -513,27 +656,6 @@ class RecurrentScratch(Op):
         pass
 
 
-def _rows(low: _Lowering, d: int, b: ir.Value, row: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """Pointers to the projection row of (row, d), the h state of b and R of direction d."""
-    k, geo = low.k, low.geo
-    g = geo.gates * geo.hidden
-    prow = low._ptr(low.proj, low.add(low.mul(row, k.i64(geo.dirs * g)), k.i64(d * g)))
-    hrow = low._ptr(low.h_state, low.mul(b, k.i64(geo.hidden)))
-    r = low.input_ptr(2)
-    assert r is not None
-    return prow, hrow, low._ptr(r, k.i64(d * g * geo.hidden))
-
-
-def _recurrent_products(low: _Lowering, prow: ir.Value | None, vec: ir.Value, rmat: ir.Value,
-                        first: int, count: int) -> None:
-    """gate_row[j] = prow[j] + R[j] . vec for j in [first, first + count)."""
-    k = low.k
-    hid = k.i64(low.geo.hidden)
-    with k.loop(first + count, start=first, name="gate") as j:
-        init = low.ld(prow, j) if prow is not None else low.c(0.0)
-        low.st(low.gate_row, j, low.dot(low._ptr(rmat, low.mul(j, hid)), vec, hid, init))
-
-
 @register
 class RNN(_Recurrent):
     """Ht = f(Xt*W^T + Ht-1*R^T + Wb + Rb)."""
@@ -544,17 +666,23 @@ class RNN(_Recurrent):
     default_acts = ("Tanh",)
     input_names = ("X", "W", "R", "B", "sequence_lens", "initial_h")
 
-    def step(self, low: _Lowering, d: int, b: ir.Value, row: ir.Value) -> None:
+    def step(self, low: _Lowering, d: int, s: ir.Value) -> None:
         k, hid = low.k, low.geo.hidden
-        prow, hrow, rmat = _rows(low, d, b, row)
-        _recurrent_products(low, prow, hrow, rmat, 0, hid)
-        with k.loop(hid, name="unit") as j:
-            low.st(hrow, j, low.activate(d, 0, low.ld(low.gate_row, j)))
+        low.products(d, low.h_state, 0, hid)
+
+        def unit(b: ir.Value, prow: ir.Value) -> None:
+            hrow, grow = low.row_of(low.h_state, b, hid), low.row_of(low.gates, b, hid)
+            with k.loop(hid, name="unit") as j:
+                low.st(hrow, j, low.activate(d, 0, k.b.fadd(low.ld(prow, j), low.ld(grow, j))))
+
+        low.rows(d, s, unit)
 
 
 @register
 class GRU(_Recurrent):
-    """Gates z, r, h (in W, R and B in that order); linear_before_reset picks where r applies."""
+    """Gates z, r, h (in W, R and B in that order); linear_before_reset picks where r applies:
+    h~ = g(Xt*Wh^T + (r * Ht-1)*Rh^T + Rbh + Wbh) (0) or g(Xt*Wh^T + r * (Ht-1*Rh^T + Rbh) +
+    Wbh) (1); Ht = (1 - z) * h~ + z * Ht-1."""
 
     op_type = "GRU"
     gates = 3
@@ -565,48 +693,63 @@ class GRU(_Recurrent):
     def recurrent_bias_apart(self, node: Node) -> bool:
         return bool(node.attrs.get("linear_before_reset", 0))
 
-    def step(self, low: _Lowering, d: int, b: ir.Value, row: ir.Value) -> None:
-        k, geo = low.k, low.geo
-        hid = geo.hidden
-        prow, hrow, rmat = _rows(low, d, b, row)
-        gr = low.gate_row
+    def step(self, low: _Lowering, d: int, s: ir.Value) -> None:
+        k, hid = low.k, low.geo.hidden
+        g = 3 * hid
         fb = k.b
         one = low.c(1.0)
-        if self.recurrent_bias_apart(low.node):
-            # h~ = g(Xt*Wh^T + r * (Ht-1*Rh^T + Rbh) + Wbh)
-            _recurrent_products(low, prow, hrow, rmat, 0, 2 * hid)
-            bias = low.input_ptr(3)
-            with k.loop(hid, name="gate_h") as j:
-                jj = low.add(j, k.i64(2 * hid))
-                init = (low.ld(bias, low.add(j, k.i64(d * 6 * hid + 5 * hid))) if bias is not None
-                        else low.c(0.0))
-                low.st(gr, jj, low.dot(low._ptr(rmat, low.mul(jj, k.i64(hid))), hrow, k.i64(hid),
-                                       init))
+        linear = self.recurrent_bias_apart(low.node)
+        bias = low.input_ptr(3)
+
+        def gate(prow: ir.Value, grow: ir.Value, j: ir.Value, index: int) -> ir.Value:
+            jj = low.add(j, index * hid)
+            return fb.fadd(low.ld(prow, jj), low.ld(grow, jj))
+
+        def update(b: ir.Value, prow: ir.Value) -> None:
+            hrow, grow = low.row_of(low.h_state, b, hid), low.row_of(low.gates, b, g)
             with k.loop(hid, name="unit") as j:
-                z = low.activate(d, 0, low.ld(gr, j))
-                r = low.activate(d, 0, low.ld(gr, low.add(j, k.i64(hid))))
-                jj = low.add(j, k.i64(2 * hid))
-                pre = fb.fadd(low.ld(prow, jj), fb.fmul(r, low.ld(gr, jj)))
+                z = low.activate(d, 0, gate(prow, grow, j, 0))
+                jj = low.add(j, 2 * hid)
+                if linear:
+                    r = low.activate(d, 0, gate(prow, grow, j, 1))
+                    rec = low.ld(grow, jj)
+                    if bias is not None:
+                        rec = fb.fadd(rec, low.ld(bias, low.add(j, d * 6 * hid + 5 * hid)))
+                    pre = fb.fadd(low.ld(prow, jj), fb.fmul(r, rec))
+                else:
+                    pre = gate(prow, grow, j, 2)
                 cand = low.activate(d, 1, pre)
                 hv = low.ld(hrow, j)
                 low.st(hrow, j, fb.fadd(fb.fmul(fb.fsub(one, z), cand), fb.fmul(z, hv)))
+
+        if linear:
+            low.products(d, low.h_state, 0, g)
+            low.rows(d, s, update)
             return
-        # h~ = g(Xt*Wh^T + (r * Ht-1)*Rh^T + Rbh + Wbh): r first, then the candidate's product
-        _recurrent_products(low, prow, hrow, rmat, 0, 2 * hid)
-        with k.loop(hid, name="reset") as j:
-            r = low.activate(d, 0, low.ld(gr, low.add(j, k.i64(hid))))
-            low.st(low.aux_row, j, fb.fmul(r, low.ld(hrow, j)))
-        _recurrent_products(low, prow, low.aux_row, rmat, 2 * hid, hid)
-        with k.loop(hid, name="unit") as j:
-            z = low.activate(d, 0, low.ld(gr, j))
-            cand = low.activate(d, 1, low.ld(gr, low.add(j, k.i64(2 * hid))))
-            hv = low.ld(hrow, j)
-            low.st(hrow, j, fb.fadd(fb.fmul(fb.fsub(one, z), cand), fb.fmul(z, hv)))
+        low.products(d, low.h_state, 0, 2 * hid)
+
+        def reset(b: ir.Value, prow: ir.Value) -> None:
+            hrow, grow = low.row_of(low.h_state, b, hid), low.row_of(low.gates, b, g)
+            arow = low.row_of(low.aux, b, hid)
+            with k.loop(hid, name="reset") as j:
+                r = low.activate(d, 0, gate(prow, grow, j, 1))
+                low.st(arow, j, fb.fmul(r, low.ld(hrow, j)))
+
+        # rows that have ended get r*h = 0: their products are not used, but stay finite
+        with k.loop(low.geo.batch, name="aux0") as b:
+            arow = low.row_of(low.aux, b, hid)
+            with k.loop(hid, name="aux0_k") as j:
+                low.st(arow, j, low.c(0.0))
+        low.rows(d, s, reset, write_y=False)
+        low.products(d, low.aux, 2 * hid, hid)
+        low.rows(d, s, update)
 
 
 @register
 class LSTM(_Recurrent):
-    """Gates i, o, f, c (in W, R and B in that order), peepholes P = [Pi, Po, Pf]."""
+    """Gates i, o, f, c (in W, R and B in that order), peepholes P = [Pi, Po, Pf]:
+    i = f(.. + Pi*Ct-1), f = f(.. + Pf*Ct-1) (or 1 - i with input_forget), c~ = g(..),
+    Ct = f*Ct-1 + i*c~, o = f(.. + Po*Ct), Ht = o*h(Ct)."""
 
     op_type = "LSTM"
     gates = 4
@@ -618,31 +761,35 @@ class LSTM(_Recurrent):
         if node.attrs.get("input_forget", 0) not in (0, 1):
             raise ModelError(f"{node.describe()}: input_forget must be 0 or 1")
 
-    def step(self, low: _Lowering, d: int, b: ir.Value, row: ir.Value) -> None:
-        k, geo = low.k, low.geo
-        hid = geo.hidden
-        prow, hrow, rmat = _rows(low, d, b, row)
-        crow = low._ptr(low.c_state, low.mul(b, k.i64(hid)))
+    def step(self, low: _Lowering, d: int, s: ir.Value) -> None:
+        k, hid = low.k, low.geo.hidden
+        g = 4 * hid
         peep = low.input_ptr(7)
         couple = bool(low.node.attrs.get("input_forget", 0))
-        gr = low.gate_row
         fb = k.b
-        _recurrent_products(low, prow, hrow, rmat, 0, 4 * hid)
+        low.products(d, low.h_state, 0, g)
 
-        def gate(j: ir.Value, index: int, cell: ir.Value | None) -> ir.Value:
-            pre = low.ld(gr, low.add(j, k.i64(index * hid)))
-            if peep is not None and cell is not None:
-                # P holds [Pi, Po, Pf]: gate order i=0, o=1, f=2
-                p = low.ld(peep, low.add(j, k.i64(d * 3 * hid + index * hid)))
-                pre = fb.fadd(pre, fb.fmul(p, cell))
-            return pre
+        def unit(b: ir.Value, prow: ir.Value) -> None:
+            hrow, grow = low.row_of(low.h_state, b, hid), low.row_of(low.gates, b, g)
+            crow = low.row_of(low.c_state, b, hid)
 
-        with k.loop(hid, name="unit") as j:
-            c_prev = low.ld(crow, j)
-            i = low.activate(d, 0, gate(j, 0, c_prev))
-            f = fb.fsub(low.c(1.0), i) if couple else low.activate(d, 0, gate(j, 2, c_prev))
-            cand = low.activate(d, 1, gate(j, 3, None))
-            c_new = fb.fadd(fb.fmul(f, c_prev), fb.fmul(i, cand))
-            o = low.activate(d, 0, gate(j, 1, c_new))
-            low.st(crow, j, c_new)
-            low.st(hrow, j, fb.fmul(o, low.activate(d, 2, c_new, clip=False)))
+            def gate(j: ir.Value, index: int, cell: ir.Value | None) -> ir.Value:
+                jj = low.add(j, index * hid)
+                pre = fb.fadd(low.ld(prow, jj), low.ld(grow, jj))
+                if peep is not None and cell is not None:
+                    # P holds [Pi, Po, Pf]; the gate order is i=0, o=1, f=2
+                    p = low.ld(peep, low.add(j, d * 3 * hid + index * hid))
+                    pre = fb.fadd(pre, fb.fmul(p, cell))
+                return pre
+
+            with k.loop(hid, name="unit") as j:
+                c_prev = low.ld(crow, j)
+                i = low.activate(d, 0, gate(j, 0, c_prev))
+                f = fb.fsub(low.c(1.0), i) if couple else low.activate(d, 0, gate(j, 2, c_prev))
+                cand = low.activate(d, 1, gate(j, 3, None))
+                c_new = fb.fadd(fb.fmul(f, c_prev), fb.fmul(i, cand))
+                o = low.activate(d, 0, gate(j, 1, c_new))
+                low.st(crow, j, c_new)
+                low.st(hrow, j, fb.fmul(o, low.activate(d, 2, c_new, clip=False)))
+
+        low.rows(d, s, unit)
