@@ -17,7 +17,7 @@ from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.ir import Dim, Node, TensorType
 from cuvil.compiler.ops import UNCHECKED, InferContext, Op, broadcast_shapes, register
 from cuvil.compiler.ops._window import compute_dtype, entry_alloca
-from cuvil.compiler.ops.gemm import emit_matmul
+from cuvil.compiler.ops.gemm import emit_matmul, emit_matmul_dot, prefers_dot
 from cuvil.errors import ModelError
 
 _TERM = re.compile(r"^[A-Za-z]*(\.\.\.)?[A-Za-z]*$")
@@ -203,8 +203,11 @@ def _emit_contraction(k: Emitter, eq: Equation, labels: list[str], a: View, b: V
                            [index[lab] for lab in loop_labels])
             return replace(v, ptr=k.element_ptr(v, off))
 
-        emit_matmul(k, matrix(at(a), row, red), matrix(at(b), red, col), matrix(at(y), row, col),
-                    accumulate=bool(outer_sum))
+        a2, b2, y2 = matrix(at(a), row, red), matrix(at(b), red, col), matrix(at(y), row, col)
+        if prefers_dot(a2, b2):
+            emit_matmul_dot(k, a2, b2, y2, c=y2 if outer_sum else None)
+        else:
+            emit_matmul(k, a2, b2, y2, accumulate=bool(outer_sum))
 
 
 def _emit_loops(k: Emitter, eq: Equation, labels: list[str], ops: list[View], y: View) -> None:

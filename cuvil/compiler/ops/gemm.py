@@ -1,12 +1,15 @@
 """Matrix products: Gemm and MatMul (with numpy batch broadcasting).
 
-float32 and float64 use `emit_matmul` (rows of the output updated in place); float16 sums
-each output element in a float32 register (`emit_matmul_dot`) and rounds it once.
+float32 and float64 use `emit_matmul` (rows of the output updated in place) unless the right
+operand is stored transposed (`prefers_dot`); float16 sums each output element in a float32
+register (`emit_matmul_dot`) and rounds it once.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+
+from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.ir import Dim, Node, TensorType
@@ -67,6 +70,17 @@ def emit_matmul_dot(k: Emitter, a: View, b: View, y: View, alpha: float = 1.0,
         k.store(y, [i, j], k.convert(result, ct, y.dtype))
 
 
+def _unit(stride: ir.Value) -> bool:
+    return isinstance(stride, ir.Constant) and int(stride.constant) == 1
+
+
+def prefers_dot(a: View, b: View) -> bool:
+    """True when b[K,N] is strided along N but both operands are contiguous along K (b is a
+    transposed matrix read at run time, as in attention scores): then summing dot products
+    reads memory in order, where `emit_matmul` would stride through b."""
+    return not _unit(b.strides[1]) and _unit(a.strides[1]) and _unit(b.strides[0])
+
+
 def _check_same_dtype(node: Node) -> None:
     dtypes = {v.type.dtype for v in node.inputs if v is not None}
     if len(dtypes) > 1:
@@ -117,7 +131,7 @@ class Gemm(Op):
         alpha = float(node.attrs.get("alpha", 1.0))
         beta = float(node.attrs.get("beta", 1.0))
         accumulate = c_val is not None and beta != 0.0
-        if compute_dtype(y.dtype) != y.dtype:
+        if compute_dtype(y.dtype) != y.dtype or prefers_dot(a, b):
             c = k.broadcast_to(k.view(c_val), y_val.type.shape) if accumulate else None
             emit_matmul_dot(k, a, b, y, alpha=alpha, c=c, beta=beta)
             return
@@ -175,7 +189,8 @@ class MatMul(Op):
         y_full = k.contiguous(y.ptr, y.dtype, (*batch_shape, a.shape[-2], b.shape[-1]))
         a_b = _broadcast_batch(k, a, batch_shape)
         b_b = _broadcast_batch(k, b, batch_shape)
-        kernel = emit_matmul if compute_dtype(y.dtype) == y.dtype else emit_matmul_dot
+        dot = compute_dtype(y.dtype) != y.dtype or prefers_dot(a, b)
+        kernel = emit_matmul_dot if dot else emit_matmul
         with k.loops([k.dim(d) for d in batch_shape], name="batch") as idx:
             kernel(k, _at(k, a_b, idx), _at(k, b_b, idx), _at(k, y_full, idx))
 
