@@ -18,6 +18,7 @@ from typing import Callable, ClassVar
 import numpy as np
 from llvmlite import ir
 
+from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import Emitter, View, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel
 from cuvil.compiler.ops import InferContext, Op, normalize_axis, register
@@ -378,7 +379,8 @@ class LRN(_Float):
             with k.loop(cnt, name="j2") as j:
                 base = b.fadd(k.const(comp, bias),
                               b.fmul(k.const(comp, alpha / size), k.load(tile, [j])))
-                scale = binary_intrinsic(k, "llvm.pow", base, k.const(comp, -beta))
+                # base^-beta as exp(-beta * log(base)), both vectorizable (libm pow is not)
+                scale = vexp(k, b.fmul(k.const(comp, -beta), vecmath.log(b, base)))
                 idx = [n, c, b.add(t, j)]
                 v = b.fmul(k.convert(k.load(x, idx), x.dtype, comp), scale)
                 k.store(y, idx, k.convert(v, comp, y.dtype))
