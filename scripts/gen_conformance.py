@@ -80,7 +80,8 @@ def profile(cases: list[runner.Case], n: int) -> dict[str, Any]:
             inits = {i.name for i in model.graph.initializer}
             names = [vi.name for vi in model.graph.input if vi.name not in inits]
             feeds = dict(zip(names, case.data_sets[0][0]))
-            bind = {k: feeds[k] for k in scope.compile_time_inputs(model) if k in feeds}
+            names_to_bind = case.bind if case.bind is not None else scope.compile_time_inputs(model)
+            bind = {k: feeds[k] for k in names_to_bind if k in feeds}
         prof.enable()
         try:
             CuvilBackend.prepare(model, bind=bind or None)
@@ -182,7 +183,8 @@ def write_docs(results: list[dict[str, Any]], meta: dict[str, Any], out_dir: Pat
     w("")
 
     failures = [r for r in results if r["status"] == "fail"]
-    missing = collections.Counter(u for r in failures for u in r.get("unsupported", []))
+    missing = collections.Counter(re.sub(r" \(opset \d+\)$", "", u)
+                                  for r in failures for u in r.get("unsupported", []))
     if missing:
         w("## Unsupported operators")
         w("")

@@ -68,6 +68,9 @@ class Case:
     model_path: str | None = None  # model cases
     data_sets: list[tuple[list[Any], list[Any]]] | None = None  # node cases
     expected_path: str | None = None  # light: the stored output
+    #: graph inputs bound to their test values before compiling (scope.COMPILE_TIME_INPUTS);
+    #: None: derived from the model
+    bind: list[str] | None = None
     scope: str | None = None  # out-of-scope category key, None when in scope
     timeout: int = NODE_TIMEOUT
 
@@ -95,15 +98,19 @@ def node_cases() -> list[Case]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the generators overflow casts on purpose
         raw = collect_testcases(None)
-    ops = {c.name: c.model.graph.node[0].op_type for c in raw if len(c.model.graph.node) == 1}
+    by_name = {c.name: c for c in raw}
     cases = []
     for c in raw:
-        base = re.sub(r"_expanded(_ver\d+)?$", "", c.name)
-        op = ops.get(base) or ops.get(c.name) or "?"
+        # an *_expanded case is its op's function body: it tests the op of the base case and
+        # binds the inputs the base case binds (Range's limit, a window's size...)
+        base = by_name.get(re.sub(r"_expanded(_ver\d+)?$", "", c.name), c)
+        op = base.model.graph.node[0].op_type if len(base.model.graph.node) == 1 else "?"
+        graph_inputs = {vi.name for vi in c.model.graph.input}
+        bind = [n for n in scope.compile_time_inputs(base.model) if n in graph_inputs]
         cat = scope.classify(c.model, c.name)
         cases.append(Case(
             id=f"node/{c.name}", kind="node", name=c.name, rtol=c.rtol, atol=c.atol, op=op,
-            model_bytes=c.model.SerializeToString(),
+            bind=bind, model_bytes=c.model.SerializeToString(),
             data_sets=[([_to_array(a) for a in ins], [_to_array(a) for a in outs])
                        for ins, outs in c.data_sets],
             scope=cat.key if cat else None,
@@ -258,7 +265,7 @@ def run_case(case: Case) -> dict[str, Any]:
     try:
         model = case.model()
         data_sets = _data_sets(case, model)
-        to_bind = scope.compile_time_inputs(model)
+        to_bind = case.bind if case.bind is not None else scope.compile_time_inputs(model)
         inits = {i.name for i in model.graph.initializer}
         input_names = [vi.name for vi in model.graph.input if vi.name not in inits]
         output_names = [vi.name for vi in model.graph.output]
