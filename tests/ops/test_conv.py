@@ -219,3 +219,12 @@ def test_conv_transpose_errors():
                              output_shape=[11]))
     with pytest.raises(ModelError, match="pads remove"):
         cuvil.compile(_model("ConvTranspose", [1, 1, 2], [1, 1, 2], pads=[2, 2]))
+
+
+def test_empty_auto_pad_means_notset():
+    # some exporters write auto_pad="" (onnxruntime reads it as NOTSET)
+    rng = np.random.default_rng(12)
+    check_cases([Case("Conv", ["x", "w"], {"auto_pad": "", "pads": [1, 0, 2, 1]},
+                      feeds={"x": ("float32", [1, 2, 5, 6])},
+                      consts={"w": rng.standard_normal([3, 2, 3, 3]).astype(np.float32)},
+                      oracle_attrs={"pads": [1, 0, 2, 1]})])

@@ -26,6 +26,18 @@ class Window:
     out: tuple[Dim, ...]
 
 
+def auto_pad_of(node: Node) -> str:
+    """The auto_pad attribute; an empty string means NOTSET (as in onnxruntime)."""
+    auto_pad = node.attrs.get("auto_pad", "NOTSET")
+    if isinstance(auto_pad, bytes):
+        auto_pad = auto_pad.decode()
+    auto_pad = auto_pad or "NOTSET"
+    if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+        raise ModelError(f"{node.describe()}: unknown auto_pad {auto_pad!r}; expected NOTSET, "
+                         "SAME_UPPER, SAME_LOWER or VALID")
+    return auto_pad
+
+
 def window(node: Node, ctx: InferContext, spatial: Sequence[Dim], kernel: Sequence[int],
            ceil_mode: bool = False) -> Window:
     r = len(spatial)
@@ -39,9 +51,7 @@ def window(node: Node, ctx: InferContext, spatial: Sequence[Dim], kernel: Sequen
         )
     if min(strides + dilations + kernel, default=1) < 1:
         raise ModelError(f"{node.describe()}: kernel, strides and dilations must be >= 1")
-    auto_pad = node.attrs.get("auto_pad", "NOTSET")
-    if isinstance(auto_pad, bytes):
-        auto_pad = auto_pad.decode()
+    auto_pad = auto_pad_of(node)
     extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         out = [simplify_dim(sympy.ceiling(sympy.sympify(n) / s)) for n, s in zip(spatial, strides)]
@@ -51,12 +61,8 @@ def window(node: Node, ctx: InferContext, spatial: Sequence[Dim], kernel: Sequen
         big = [simplify_dim(t - h) for t, h in zip(total, small)]
         begin, end = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
         return Window(kernel, strides, dilations, tuple(begin), tuple(end), tuple(out))
-    if auto_pad == "VALID":
-        pads = [0] * (2 * r)
-    elif auto_pad == "NOTSET":
-        pads = [int(p) for p in node.attrs.get("pads", [0] * (2 * r))]
-    else:
-        raise ModelError(f"{node.describe()}: unknown auto_pad {auto_pad!r}")
+    pads = [int(p) for p in node.attrs.get("pads", [0] * (2 * r))] if auto_pad == "NOTSET" \
+        else [0] * (2 * r)
     if len(pads) != 2 * r or min(pads, default=0) < 0:
         raise ModelError(f"{node.describe()}: pads {pads} must be {2 * r} non-negative ints")
     begin, end = pads[:r], pads[r:]

@@ -21,6 +21,7 @@ from cuvil.compiler.ir import Dim, Node, TensorType, Value, simplify_dim
 from cuvil.compiler.ops import UNCHECKED, InferContext, Op, register
 from cuvil.compiler.ops._window import (
     Window,
+    auto_pad_of,
     ceil_div,
     clamp,
     compute_dtype,
@@ -228,9 +229,7 @@ def transposed_window(node: Node, ctx: InferContext) -> TransposedWindow:
         if p >= max(s, d):
             raise ModelError(f"{node.describe()}: output_padding {list(out_pad)} must be smaller "
                              f"than the stride or the dilation (axis {axis}: {p} >= max({s}, {d}))")
-    auto_pad = node.attrs.get("auto_pad", "NOTSET")
-    if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
-        raise ModelError(f"{node.describe()}: unknown auto_pad {auto_pad!r}")
+    auto_pad = auto_pad_of(node)
     # the output of an unpadded transposed convolution
     full = [simplify_dim(s * (sympy.sympify(n) - 1) + p + (kk - 1) * d + 1)
             for n, s, p, kk, d in zip(spatial, strides, out_pad, kernel, dilations)]
