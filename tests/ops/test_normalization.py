@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from batch_oracle import Case, check_cases
+from batch_oracle import Case, backend_cases, check_backend_cases, check_cases
 from onnx import helper
 
 import cuvil
@@ -357,6 +357,22 @@ def test_lrn_follows_the_spec(shape, size, dtype):
     x = _rng(5).standard_normal(shape).astype(dtype)
     np.testing.assert_allclose(cuvil.compile(model)(x), lrn_formula(x, size, 0.02, 0.6, 1.5),
                                rtol=1e-5, atol=1e-6)
+
+
+# -- onnx's backend node tests ---------------------------------------------------------------
+
+BACKEND = {"batch_normalization": "BatchNormalization", "softmax": "Softmax", "logsoftmax": "LogSoftmax",
+           "hardmax": "Hardmax", "layernormalization": "LayerNormalization",
+           "instance_normalization": "InstanceNormalization", "groupnormalization": "GroupNormalization",
+           "lrn": "LRN", "meanvariancenormalization": "MeanVarianceNormalization",
+           "lpnormalization": "LpNormalization"}
+
+
+def test_onnx_backend_node_cases():
+    """Every single-node case, training-mode BatchNormalization included."""
+    tests = [t for module, op in BACKEND.items() for t in backend_cases(module, [op])]
+    assert len(tests) >= 40
+    check_backend_cases(tests)
 
 
 # -- errors ---------------------------------------------------------------------------------

@@ -7,10 +7,12 @@ Cases are batched (one compile per test) by `batch_oracle.check_cases`.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import onnx
 import pytest
-from batch_oracle import Case, check_cases
+from batch_oracle import Case, backend_cases, check_backend_cases, check_cases
 from onnx import helper
 
 import cuvil
@@ -174,6 +176,38 @@ def test_one_compiled_model_serves_many_sizes():
         x = rng.standard_normal((b, t, 8)).astype(np.float32)
         np.testing.assert_allclose(m(x), x.sum(axis=1), rtol=1e-5, atol=1e-5)
     assert list(m.outputs[0].shape) == ["b", 8]
+
+
+# -- onnx's backend node tests ---------------------------------------------------------------
+
+
+def with_axes_bound(test):
+    """A backend test whose axes graph input becomes an initializer (cuvil needs axes at compile
+    time), with the data sets' axes dropped from the feeds."""
+    model = onnx.ModelProto()
+    model.CopyFrom(test.model)
+    node = model.graph.node[0]
+    init_names = {t.name for t in model.graph.initializer}
+    inputs = [vi.name for vi in model.graph.input if vi.name not in init_names]
+    if len(node.input) < 2 or node.input[1] not in inputs:
+        return test
+    pos = inputs.index(node.input[1])
+    first_inputs = test.data_sets[0][0]
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(first_inputs[pos]),
+                                                                node.input[1]))
+    kept = [vi for vi in model.graph.input if vi.name != node.input[1]]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    data = [([a for i, a in enumerate(ins) if i != pos], outs) for ins, outs in test.data_sets]
+    return SimpleNamespace(name=test.name, model=model, data_sets=data, rtol=test.rtol, atol=test.atol)
+
+
+def test_onnx_backend_node_cases():
+    modules = {"ReduceLogSum": "reduce_log_sum", "ReduceLogSumExp": "reduce_log_sum_exp"}
+    tests = [with_axes_bound(t) for op in OPS
+             for t in backend_cases(modules.get(op, op.lower()), [op])]
+    assert len(tests) >= 90
+    check_backend_cases(tests)
 
 
 # -- errors ---------------------------------------------------------------------------------
