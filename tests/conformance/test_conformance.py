@@ -118,12 +118,35 @@ def test_conformance_meets_targets():
 
 if PER_CASE:
 
+    class _Worker:
+        """One worker process for the session, replaced when a case kills it."""
+
+        def __init__(self, markers: str) -> None:
+            self.markers = markers
+            self.pool = runner._pool(1, markers)
+
+        def run(self, case: runner.Case) -> dict:
+            import concurrent.futures as cf
+
+            try:
+                return self.pool.submit(runner._work, case).result()
+            except cf.process.BrokenProcessPool:
+                self.pool = runner._pool(1, self.markers)
+                return runner._crashed(case, "the worker process died (crash, or over the "
+                                             f"{case.timeout} s time limit)")
+
+    @pytest.fixture(scope="module")
+    def worker(tmp_path_factory):
+        w = _Worker(str(tmp_path_factory.mktemp("markers")))
+        yield w
+        w.pool.shutdown()
+
     @pytest.mark.parametrize("case", _cases(), ids=lambda c: c.id)
-    def test_case(case: runner.Case) -> None:
+    def test_case(case: runner.Case, worker) -> None:
         if case.scope:
             cat = scope.category(case.scope)
             pytest.skip(f"out of scope ({cat.title}): {cat.reason}")
-        result = runner.run_case(case)
+        result = worker.run(case)
         if result["status"] != "pass":
             pytest.fail(f"{case.id} ({result['stage']}): {result['error']}\n"
                         f"{result.get('traceback', '')}", pytrace=False)
