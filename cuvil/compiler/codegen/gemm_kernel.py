@@ -57,7 +57,11 @@ class Epilogue:
         return f"{self.bias}{'_relu' if self.relu else ''}"
 
 
-def gemm_function(module: ir.Module, epilogue: Epilogue = Epilogue()) -> ir.Function:
+#: no bias, no activation
+PLAIN = Epilogue()
+
+
+def gemm_function(module: ir.Module, epilogue: Epilogue = PLAIN) -> ir.Function:
     """`void gemm(M, N, K, A, lda, B, ldb, C, ldc, accumulate, bias)` (all i64 but pointers).
 
     C[i, j] = (accumulate ? C[i, j] : 0) + sum_k A[i, k] * B[k, j] (+ bias) (then ReLU).
@@ -210,7 +214,7 @@ def _splat(b: ir.IRBuilder, x: ir.Value, width: int) -> ir.Value:
 def emit_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,
               b_ptr: ir.Value, ldb: ir.Value, c: ir.Value, ldc: ir.Value, *,
               accumulate: bool = False, bias: ir.Value | None = None,
-              epilogue: Epilogue = Epilogue()) -> None:
+              epilogue: Epilogue = PLAIN) -> None:
     """Call the module's kernel from the current function (one thread)."""
     fn = gemm_function(k.module, epilogue)
     k.b.call(fn, [m, n, kk, a, lda, b_ptr, ldb, c, ldc, ir.Constant(I1, int(accumulate)),
@@ -220,7 +224,7 @@ def emit_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, l
 def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,
                        lda: ir.Value, b_ptr: ir.Value, ldb: ir.Value, c: ir.Value, ldc: ir.Value,
                        *, accumulate: bool = False, bias: ir.Value | None = None,
-                       epilogue: Epilogue = Epilogue()) -> None:
+                       epilogue: Epilogue = PLAIN) -> None:
     """The same product split over threads into blocks of rows (or of columns when M is small)."""
     isa = isa_of(k.module)
     b = k.b

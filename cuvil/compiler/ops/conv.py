@@ -1,7 +1,8 @@
 """Convolution and transposed convolution over any number of spatial dims, with padding
 (explicit or auto_pad), strides, dilations and groups.
 
-float32 and float64 accumulate each kernel tap into the output in place, one row at a time:
+float32 convolutions run as matrix products on the shared GEMM kernel (`_conv_gemm`).
+float64 accumulates each kernel tap into the output in place, one row at a time:
 the innermost spatial loop has a computed valid range, so it has no branch and vectorizes.
 float16 is computed per output element in a float32 register (accumulating in float16
 memory would round after every tap) and rounded once.
@@ -19,6 +20,7 @@ from llvmlite import ir
 from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, simplify_dim
 from cuvil.compiler.ops import UNCHECKED, InferContext, Op, register
+from cuvil.compiler.ops._conv_gemm import im2col_bytes, lower_conv_gemm
 from cuvil.compiler.ops._window import (
     Window,
     auto_pad_of,
@@ -29,6 +31,7 @@ from cuvil.compiler.ops._window import (
     kernel_range,
     window,
 )
+from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
 from cuvil.errors import ModelError, UnsupportedOpError
 
 FLOATS = ("float32", "float64", "float16")
@@ -94,6 +97,11 @@ class Conv(Op):
         win = conv_window(node, ctx)
         return [TensorType(x.type.dtype, (x.type.shape[0], m, *win.out))]
 
+    def scratch_bytes(self, node: Node) -> Dim:
+        if node.outputs[0].type.dtype.name != "float32":
+            return 0
+        return im2col_bytes(node, conv_window(node, UNCHECKED))
+
     def lower(self, node: Node, k: Emitter) -> None:
         x_val, w_val, b_val = node.inputs[0], node.inputs[1], node.input(2)
         assert x_val is not None and w_val is not None
@@ -103,6 +111,10 @@ class Conv(Op):
         group = int(node.attrs.get("group", 1))
         m, cg = int(w_val.type.shape[0]), int(w_val.type.shape[1])
         mg = m // group
+        if y.dtype.name == "float32":
+            lower_conv_gemm(node, k, win, activation=node.attrs.get(FUSED_ACTIVATION))
+            return
+        assert FUSED_ACTIVATION not in node.attrs, "activations are fused into float32 convs only"
         if compute_dtype(y.dtype) != y.dtype:
             _conv_gather(k, x, w, y, bias, win, cg, mg)
             return

@@ -12,7 +12,8 @@ from dataclasses import replace
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import Emitter, View
-from cuvil.compiler.ir import Dim, Node, TensorType
+from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue, emit_parallel_gemm
+from cuvil.compiler.ir import Dim, Node, TensorType, Value
 from cuvil.compiler.ops import UNCHECKED, InferContext, Op, broadcast_shapes, register
 from cuvil.compiler.ops._window import compute_dtype, entry_alloca
 from cuvil.errors import ModelError
@@ -81,6 +82,24 @@ def prefers_dot(a: View, b: View) -> bool:
     return not _unit(b.strides[1]) and _unit(a.strides[1]) and _unit(b.strides[0])
 
 
+#: attribute a fusion pass sets on Conv/Gemm to apply an activation in the kernel's epilogue
+FUSED_ACTIVATION = "cuvil.fused_activation"
+
+
+def uses_kernel(a: View, b: View, y: View) -> bool:
+    """float32 products whose operands' rows are contiguous run on the shared GEMM kernel."""
+    return (y.dtype.name == "float32" and _unit(a.strides[1]) and _unit(b.strides[1])
+            and _unit(y.strides[1]))
+
+
+def emit_kernel_matmul(k: Emitter, a: View, b: View, y: View, *, accumulate: bool = False,
+                       bias: ir.Value | None = None, epilogue: Epilogue = PLAIN) -> None:
+    """y = a @ b (+ y) (+ bias) on the shared, threaded GEMM kernel (`uses_kernel` holds)."""
+    emit_parallel_gemm(k, a.dims[0], b.dims[1], a.dims[1], a.ptr, a.strides[0], b.ptr,
+                       b.strides[0], y.ptr, y.strides[0], accumulate=accumulate, bias=bias,
+                       epilogue=epilogue)
+
+
 def _check_same_dtype(node: Node) -> None:
     dtypes = {v.type.dtype for v in node.inputs if v is not None}
     if len(dtypes) > 1:
@@ -131,19 +150,51 @@ class Gemm(Op):
         alpha = float(node.attrs.get("alpha", 1.0))
         beta = float(node.attrs.get("beta", 1.0))
         accumulate = c_val is not None and beta != 0.0
+        relu = node.attrs.get(FUSED_ACTIVATION) == "Relu"
+        if alpha == 1.0 and uses_kernel(a, b, y):
+            bias_kind = _bias_kind(c_val, y_val.type.shape) if accumulate and beta == 1.0 else None
+            if bias_kind is not None:
+                assert c_val is not None
+                emit_kernel_matmul(k, a, b, y, bias=k.buffers[c_val],
+                                   epilogue=Epilogue(bias_kind, relu=relu))
+                return
+            if accumulate:
+                _fill_scaled(k, c_val, y, y_val.type.shape, beta)
+            emit_kernel_matmul(k, a, b, y, accumulate=accumulate, epilogue=Epilogue(relu=relu))
+            return
+        assert not relu, "the activation fusion pass only fuses into kernel-eligible Gemms"
         if compute_dtype(y.dtype) != y.dtype or prefers_dot(a, b):
             c = k.broadcast_to(k.view(c_val), y_val.type.shape) if accumulate else None
             emit_matmul_dot(k, a, b, y, alpha=alpha, c=c, beta=beta)
             return
         if accumulate:
-            assert c_val is not None
-            c = k.broadcast_to(k.view(c_val), y_val.type.shape)
-            with k.loops(y.dims) as idx:
-                cv = k.load(c, idx)
-                if beta != 1.0:
-                    cv = k.b.fmul(cv, k.const(y.dtype, beta))
-                k.store(y, idx, cv)
+            _fill_scaled(k, c_val, y, y_val.type.shape, beta)
         emit_matmul(k, a, b, y, alpha=alpha, accumulate=accumulate)
+
+
+def _bias_kind(c: Value | None, out: tuple[Dim, ...]) -> str | None:
+    """"col" when C is one value per output column, "row" when one per row, else None."""
+    if c is None:
+        return None
+    shape = tuple(c.type.shape)
+    n, m = out[1], out[0]
+    if shape in ((n,), (1, n)) and not (n == 1 and m != 1):
+        return "col"
+    if shape == (m, 1) and m != 1:
+        return "row"
+    return None
+
+
+def _fill_scaled(k: Emitter, c_val: Value | None, y: View, shape: tuple[Dim, ...],
+                 beta: float) -> None:
+    """y = beta * C broadcast to y's shape, before a product accumulates into it."""
+    assert c_val is not None
+    c = k.broadcast_to(k.view(c_val), shape)
+    with k.loops(y.dims) as idx:
+        cv = k.load(c, idx)
+        if beta != 1.0:
+            cv = k.b.fmul(cv, k.const(y.dtype, beta))
+        k.store(y, idx, cv)
 
 
 @register
@@ -191,6 +242,8 @@ class MatMul(Op):
         b_b = _broadcast_batch(k, b, batch_shape)
         dot = compute_dtype(y.dtype) != y.dtype or prefers_dot(a, b)
         kernel = emit_matmul_dot if dot else emit_matmul
+        if uses_kernel(a, b, y_full):
+            kernel = emit_kernel_matmul
         with k.loops([k.dim(d) for d in batch_shape], name="batch") as idx:
             kernel(k, _at(k, a_b, idx), _at(k, b_b, idx), _at(k, y_full, idx))
 
