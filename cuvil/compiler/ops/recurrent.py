@@ -1,21 +1,27 @@
 """Recurrent layers: LSTM, GRU and RNN (ONNX opsets 7, 14 and 22).
 
 All three share one structure. The input projection of every step does not depend on the
-recurrence, so it is one product up front: ``xproj[seq*batch, dirs*gates*hidden] = X @ W^T``
-(biases folded in). Then, for each direction and step, each batch row adds its recurrent
-product ``h @ R^T`` and applies the gate math in place on its state. Batch rows are
+recurrence, so it is one product up front: ``proj[seq*batch, dirs*gates*hidden] = X @ W^T``
+(biases folded in), through the shared GEMM kernel on the runtime's threads. Then, per
+direction and step, the recurrent product ``gates[batch, :] = h @ R^T`` for all batch rows,
+and the gate math of each row, which updates its states in place. Batch rows are
 independent, which is what makes per-row sequence lengths simple: a row whose sequence has
 ended keeps its state (so Y_h/Y_c hold its last valid step) and writes zeros into Y, as
-onnxruntime does.
+onnxruntime does. The two directions of a bidirectional layer run on two threads.
 
-Scratch memory (the projection, the states and one row of gates) is a `cuvil.RecurrentScratch`
-value that `infer` adds to the graph just before the node and appends to the node's inputs:
-the memory planner then places it in the workspace for the node's lifetime.
+Constant float32 W and R are stored transposed at compile time (the GEMM kernel reads B in
+rows); run-time weights and float64 use plain dot products instead.
+
+Scratch memory (the projection and, per direction, the states, gate sums and GRU's r*h) is
+a `cuvil.RecurrentScratch` value that `infer` adds to the graph just before the node and
+appends to the node's inputs: the memory planner then places it in the workspace for the
+node's lifetime.
 
 Activation functions and their ``activation_alpha``/``activation_beta`` follow onnxruntime:
 names are case-insensitive, the alpha (beta) list is consumed in order by the functions that
 take an alpha (beta), and a missing value defaults to 0.01 (LeakyRelu), 0.2/0.5
-(HardSigmoid), 1.0 (Elu), else 0.
+(HardSigmoid), 1.0 (Elu), else 0. ``clip`` bounds the input of every activation but LSTM's
+h (as onnxruntime). Sequence lengths outside [0, seq_length] fail the call.
 """
 
 from __future__ import annotations
@@ -122,11 +128,26 @@ class _Geometry:
         """Gates x hidden: the width of one direction's projection."""
         return self.gates * self.hidden
 
+    @property
+    def proj_pitch(self) -> int:
+        """Elements reserved per projection row (all directions), a multiple of 16."""
+        return _round16(self.dirs * self.width)
+
+    @property
+    def state_pitch(self) -> int:
+        """Elements reserved per batch row and direction for h, c, gates and r*h."""
+        return _round16(3 * self.hidden + self.width)
+
     def scratch_elements(self) -> Dim:
-        g, h, n = self.width, self.hidden, self.batch
         # projection, its bias row, then per direction the h and c states, the gates and r*h
-        # (GRU) of each row
-        return simplify_dim((self.seq * n + 1) * self.dirs * g + self.dirs * n * (3 * h + g))
+        # (GRU) of each row. Every part is a multiple of 16 elements (64 bytes and more), so
+        # the memory planner's 64-byte alignment of the size stays a plain polynomial.
+        return simplify_dim((self.seq * self.batch + 1) * self.proj_pitch
+                            + self.dirs * self.batch * self.state_pitch)
+
+
+def _round16(n: int) -> int:
+    return -(-n // 16) * 16
 
 
 class _Recurrent(Op):
@@ -415,16 +436,18 @@ class _Lowering:
         self.ty = llvm_type(geo.dtype)
         scratch = node.inputs[op.n_inputs]
         assert scratch is not None
-        s, n, g, h = geo.seq, geo.batch, geo.width, geo.hidden
+        # the dims as LLVM values, once (lowering a symbolic dim costs sympy work each time)
+        self.seq, self.batch, self.input_size = (k.dim(geo.seq), k.dim(geo.batch),
+                                                 k.dim(geo.input_size))
+        h = geo.hidden
         base = k.buffers[scratch]
         self.proj = base
-        start: Dim = s * n * geo.dirs * g
-        self.bias_row = self._ptr(base, k.dim(simplify_dim(start)))
-        offsets: list[Dim] = [start + geo.dirs * g + d * n * (3 * h + g)]
-        for size in (n * h, n * h, n * g):
-            offsets.append(offsets[-1] + size)
-        self.h_state, self.c_state, self.gates, self.aux = (
-            self._ptr(base, k.dim(simplify_dim(o))) for o in offsets)
+        self.bias_row = self._ptr(base, self.mul(self.mul(self.seq, self.batch), geo.proj_pitch))
+        states = self._ptr(self.bias_row, geo.proj_pitch)
+        self.h_state = self._ptr(states, self.mul(self.batch, d * geo.state_pitch))
+        self.c_state = self._ptr(self.h_state, self.mul(self.batch, h))
+        self.gates = self._ptr(self.c_state, self.mul(self.batch, h))
+        self.aux = self._ptr(self.gates, self.mul(self.batch, geo.width))
 
     # -- small helpers -------------------------------------------------------------------
     def _ptr(self, base: ir.Value, index: ir.Value | int) -> ir.Value:
@@ -469,31 +492,31 @@ class _Lowering:
         [batch, dirs, hidden] (layout 1) tensor."""
         geo, k = self.geo, self.k
         if geo.layout == 0:
-            outer = self.add(self.mul(k.i64(d), k.dim(geo.batch)), b)
+            outer = self.add(self.mul(k.i64(d), self.batch), b)
         else:
             outer = self.add(self.mul(b, geo.dirs), d)
         return self.mul(outer, geo.hidden)
 
     def y_index(self, d: int, t: ir.Value, b: ir.Value) -> ir.Value:
         """Element offset of Y[t, d, b, :] (layout 0) or Y[b, t, d, :] (layout 1)."""
-        geo, k = self.geo, self.k
+        geo = self.geo
         if geo.layout == 0:
-            outer = self.add(self.mul(self.add(self.mul(t, geo.dirs), d), k.dim(geo.batch)), b)
+            outer = self.add(self.mul(self.add(self.mul(t, geo.dirs), d), self.batch), b)
         else:
-            outer = self.add(self.mul(self.add(self.mul(b, k.dim(geo.seq)), t), geo.dirs), d)
+            outer = self.add(self.mul(self.add(self.mul(b, self.seq), t), geo.dirs), d)
         return self.mul(outer, geo.hidden)
 
     def x_row(self, t: ir.Value, b: ir.Value) -> ir.Value:
         """Row of X (and of the projection) holding step t of batch row b."""
         geo = self.geo
         if geo.layout == 0:
-            return self.add(self.mul(t, self.k.dim(geo.batch)), b)
-        return self.add(self.mul(b, self.k.dim(geo.seq)), t)
+            return self.add(self.mul(t, self.batch), b)
+        return self.add(self.mul(b, self.seq), t)
 
     def seq_len(self, b: ir.Value) -> ir.Value:
         lens = self.node.input(4)
         if lens is None:
-            return self.k.dim(self.geo.seq)
+            return self.seq
         ty = llvm_type(lens.type.dtype)
         p = self.k.b.gep(self.k.buffers[lens], [b], source_etype=ty, inbounds=True)
         return self.k.convert(self.k.b.load(p, typ=ty), lens.type.dtype, np.int64)
@@ -502,16 +525,16 @@ class _Lowering:
     def emit(self) -> None:
         k, geo = self.k, self.geo
         if self.node.input(4) is not None:
-            with k.loop(geo.batch, name="lens") as b:
+            with k.loop(self.batch, name="lens") as b:
                 n = self.seq_len(b)
                 k.fail_if(k.b.or_(k.b.icmp_signed("<", n, k.i64(0)),
-                                  k.b.icmp_signed(">", n, k.dim(geo.seq))))
+                                  k.b.icmp_signed(">", n, self.seq)))
         self.project()
         if geo.dirs == 1:
             self.direction(0)
             return
         # the directions share nothing but the projection: one thread each
-        cost = simplify_dim(geo.seq * geo.batch * geo.width * (geo.hidden + 8))
+        cost = self.mul(self.mul(self.seq, self.batch), geo.width * (geo.hidden + 8))
         with k.parallel_loop(2, cost=cost, name="direction") as d, \
                 k.b.if_else(k.b.icmp_signed("==", d, k.i64(0))) as (forward, backward):
             with forward:
@@ -521,7 +544,7 @@ class _Lowering:
 
     def direction(self, d: int) -> None:
         self.init_states(d)
-        with self.k.loop(self.geo.seq, name="step") as s:
+        with self.k.loop(self.seq, name="step") as s:
             self.op.step(self, d, s)
         self.final_states(d)
 
@@ -531,9 +554,9 @@ class _Lowering:
         g = geo.width
         x, w, bias = self.input_ptr(0), self.input_ptr(1), self.input_ptr(3)
         assert x is not None and w is not None
-        rows = k.dim(simplify_dim(geo.seq * geo.batch))
+        rows = self.mul(self.seq, self.batch)
         width = k.i64(geo.dirs * g)
-        isize = k.dim(geo.input_size)
+        isize = self.input_size
         if bias is not None:
             # Wb + Rb per column; GRU with linear_before_reset keeps its candidate's Rb apart
             apart = self.op.recurrent_bias_apart(self.node)
@@ -571,7 +594,7 @@ class _Lowering:
         rd = self._ptr(r, d * g * h)
         if geo.packed:  # R^T[d] is [hidden, g]
             # whole tiles of the GEMM kernel for many rows, the few rows left in pairs
-            batch = k.dim(geo.batch)
+            batch = self.batch
             mr = isa_of(k.module).mr
             full = self.mul(k.floordiv(batch, k.i64(mr)), mr)
             bd, cd = self._ptr(rd, first), self._ptr(self.gates, first)
@@ -580,7 +603,7 @@ class _Lowering:
                 k.b.sub(batch, full), k.i64(count), k.i64(h), self._ptr(vec, self.mul(full, h)),
                 k.i64(h), bd, k.i64(g), self._ptr(cd, self.mul(full, g)), k.i64(g)])
             return
-        with k.loop(geo.batch, name="prod_b") as b:
+        with k.loop(self.batch, name="prod_b") as b:
             vrow = self.row_of(vec, b, h)
             grow = self.row_of(self.gates, b, g)
             with k.loop(first + count, start=first, name="prod_j") as j:
@@ -595,7 +618,7 @@ class _Lowering:
         h = geo.hidden
         y = self.output_ptr(0) if write_y else None
         has_lens = self.node.input(4) is not None
-        with k.loop(geo.batch, name="b") as b:
+        with k.loop(self.batch, name="b") as b:
             n = self.seq_len(b)
             with k.b.if_else(k.b.icmp_signed("<", s, n)) as (then, otherwise):
                 with then:
@@ -619,7 +642,7 @@ class _Lowering:
         states = [(self.input_ptr(5), self.h_state)]
         if self.op.n_inputs > 6:
             states.append((self.input_ptr(6), self.c_state))
-        with k.loop(self.geo.batch, name="init") as b:
+        with k.loop(self.batch, name="init") as b:
             src = self.state_index(d, b)
             for init, state in states:
                 dst = self.row_of(state, b, h)
@@ -633,7 +656,7 @@ class _Lowering:
             out = self.output_ptr(out_index)
             if out is None:
                 continue
-            with k.loop(self.geo.batch, name="final") as b:
+            with k.loop(self.batch, name="final") as b:
                 # a row whose sequence is empty ends with zero states (onnxruntime's choice)
                 empty = k.b.icmp_signed("==", self.seq_len(b), k.i64(0))
                 dst = self._ptr(out, self.state_index(d, b))
@@ -736,7 +759,7 @@ class GRU(_Recurrent):
                 low.st(arow, j, fb.fmul(r, low.ld(hrow, j)))
 
         # rows that have ended get r*h = 0: their products are not used, but stay finite
-        with k.loop(low.geo.batch, name="aux0") as b:
+        with k.loop(low.batch, name="aux0") as b:
             arow = low.row_of(low.aux, b, hid)
             with k.loop(hid, name="aux0_k") as j:
                 low.st(arow, j, low.c(0.0))
