@@ -114,6 +114,21 @@ def test_conformance_meets_targets():
     assert all(t["meets_target"] for t in totals.values()), _report(results, totals)
 
 
+@pytest.mark.slow
+def test_a_case_that_ends_its_worker_fails_alone():
+    """A case whose worker dies (here: over its time limit) is reported; the others still run."""
+    import dataclasses
+
+    light = [c for c in runner.light_cases() if c.name == "test_squeezenet"]
+    node = [c for c in _cases() if c.id in ("node/test_relu", "node/test_abs")]
+    assert light and len(node) == 2
+    doomed = dataclasses.replace(light[0], timeout=1)  # compiling it takes far longer
+    results = {r["id"]: r for r in runner.run_all([doomed, *node], workers=2)}
+    assert results[doomed.id]["stage"] == "crash"
+    assert "time limit" in results[doomed.id]["error"]
+    assert all(results[c.id]["stage"] != "crash" for c in node)
+
+
 # -- one test per case (CUVIL_CONFORMANCE=cases) ---------------------------------------------
 
 if PER_CASE:
