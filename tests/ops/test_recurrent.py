@@ -320,6 +320,27 @@ def test_unknown_activation_is_unsupported() -> None:
         cuvil.compile(_simple("RNN", activations=["Gelu"]))
 
 
+def test_hidden_size_from_r() -> None:
+    """Without the (optional) hidden_size attribute the size comes from R; onnxruntime needs
+    the attribute, so it runs the same node with it."""
+    rng = np.random.default_rng(5)
+    case = random_case(rng, 0, op="LSTM", hidden=6, isize=4)
+    oracle = build([case], oracle=True)
+    for attr in list(case.node.attribute):
+        if attr.name == "hidden_size":
+            case.node.attribute.remove(attr)
+    compiled = cuvil.compile(build([case]))
+    feeds = make_feeds(rng, [case], 5, 2)
+    failures = compare([case], compiled.run(feeds), run_ort(oracle, feeds), 1e-4, 1e-5, "no hidden_size")
+    assert not failures, "\n".join(failures)
+
+
+def test_float16_is_unsupported() -> None:
+    rng = np.random.default_rng(6)
+    with pytest.raises(UnsupportedOpError, match="float16"):
+        cuvil.compile(build([random_case(rng, 0, dtype=np.float16, op="GRU")]))
+
+
 def test_wrong_activation_count_is_a_model_error() -> None:
     with pytest.raises(ModelError, match="activations"):
         cuvil.compile(_simple("LSTM", activations=["Sigmoid", "Tanh"]))
