@@ -57,6 +57,9 @@ def _collapse(out_shape: Sequence[Dim], in_shapes: Sequence[Sequence[Dim]]) -> l
 
 #: elements per task when a contiguous loop is split over threads
 BLOCK = 8192
+#: static loops with less work than this (elements x cost) stay plain loops: the runtime would
+#: run them inline anyway, and a plain loop compiles to less code
+SERIAL_WORK = 32768
 
 
 def emit_elementwise(
@@ -88,10 +91,15 @@ def emit_elementwise(
     def body(out_view: View, in_views: list[View], idx: list[ir.Value]) -> None:
         values = [k.load(v, idx) for v in in_views]
         k.store(out_view, idx, fn(k, values))
+        loop_indices.extend(idx)
 
-    if not groups:
+    loop_indices: list[ir.Value] = []
+    total = _product(full)
+    if not groups or (isinstance(total, int) and total * cost < SERIAL_WORK):
         out_view, in_views = views()
-        body(out_view, in_views, [])
+        with k.loops(out_view.dims) as idx:
+            body(out_view, in_views, idx)
+        _keep_rolled(k, loop_indices)
         return
     if len(groups) == 1:
         total = k.dim(full[0])
@@ -104,12 +112,35 @@ def emit_elementwise(
             stop = k.b.select(k.b.icmp_signed("<", stop, n), stop, n)
             with k.loop(stop, start=start) as i:
                 body(out_view, in_views, [i])
+        _keep_rolled(k, loop_indices)
         return
     inner = _product(full[1:])
     with k.parallel_loop(full[0], cost=inner * cost, name="row") as i0:
         out_view, in_views = views()
         with k.loops(out_view.dims[1:]) as idx:
             body(out_view, in_views, [i0, *idx])
+    _keep_rolled(k, loop_indices)
+
+
+def _keep_rolled(k: Emitter, indices: Sequence[ir.Value]) -> None:
+    """Mark the closed loops of `indices` (loop phis) not to be unrolled.
+
+    Fully unrolled short loops (a broadcast [4, 5] block, say) become long straight-line code
+    that the SLP vectorizer spends seconds on; the loop vectorizer still handles the loops.
+    The mark goes on each loop's latch branch: the terminator of the phi's back-edge block.
+    """
+    for phi in indices:
+        if not isinstance(phi, ir.PhiInstr):
+            continue
+        for _, block in phi.incomings[1:]:
+            term = block.terminator
+            if term is None or "llvm.loop" in term.metadata:
+                continue
+            disable = k.module.add_metadata([ir.MetaDataString(k.module, "llvm.loop.unroll.disable")])
+            # a loop id is a node of its own whose first operand is itself
+            loop_id = ir.values.MDValue(k.module, [disable], name=str(len(k.module.metadata)))
+            loop_id.operands = (loop_id, disable)
+            term.set_metadata("llvm.loop", loop_id)
 
 
 def _product(dims: Sequence[Dim]) -> Dim:
@@ -846,7 +877,8 @@ _UNARY_CLASSES = [type(name, (FloatUnary,), {"op_type": name, "__doc__": f"{name
 
 
 def _f(node: Node, name: str, default: float) -> float:
-    return float(node.attrs.get(name, default))
+    """A float attribute; ONNX stores them as float32, defaults included (0.01 is 0.01f)."""
+    return float(np.float32(node.attrs.get(name, default)))
 
 
 class Relu(Elementwise):
@@ -970,7 +1002,8 @@ class Gelu(Elementwise):
 
 class Clip(Elementwise):
     """Bounds are attributes before opset 11, optional scalar inputs (run-time values are
-    fine) from 11 on. Clip(NaN) is NaN; min > max gives max, as the spec says."""
+    fine) from 11 on; an absent bound is the dtype's lowest/max (so floats clip infinities).
+    Clip(NaN) is NaN; min > max gives max, as the spec says."""
 
     op_type = "Clip"
 
@@ -1016,6 +1049,11 @@ class Clip(Elementwise):
             rest = iter(xs[1:])
             lo = next(rest) if node.input(1) is not None else None
             hi = next(rest) if node.input(2) is not None else None
+            if _kind(dt) == "f":
+                # absent bounds are the dtype's lowest/max: Clip(inf) is the largest finite
+                big = float(np.finfo(node.inputs[0].type.dtype).max)  # type: ignore[union-attr]
+                lo = _c(y, -big) if lo is None else lo
+                hi = _c(y, big) if hi is None else hi
         if lo is not None:
             y = k.b.select(_lt(k, dt, y, lo), lo, y)
         if hi is not None:
