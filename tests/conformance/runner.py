@@ -21,7 +21,6 @@ import json
 import os
 import re
 import signal
-import sys
 import tempfile
 import time
 import traceback
@@ -53,6 +52,8 @@ DATA_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data"
 MODEL_KINDS = ("pytorch-converted", "pytorch-operator", "simple")
 #: seconds a case may take (compile + run) before its worker is ended
 NODE_TIMEOUT = 300
+#: cases a worker runs before its pool is replaced
+CASES_PER_WORKER = 100
 MODEL_TIMEOUT = 1800
 
 
@@ -341,8 +342,6 @@ def _pool(workers: int, markers: str) -> cf.ProcessPoolExecutor:
     kwargs: dict[str, Any] = {"max_workers": workers, "initializer": _init_worker,
                               "initargs": (markers,),
                               "mp_context": multiprocessing.get_context("spawn")}
-    if sys.version_info >= (3, 11):
-        kwargs["max_tasks_per_child"] = 200  # fresh-ish workers: loaded libraries pile up
     return cf.ProcessPoolExecutor(**kwargs)
 
 
@@ -371,39 +370,49 @@ def run_all(cases: Sequence[Case], workers: int | None = None,
         if progress:
             progress(r, len(results) - (len(cases) - total), total)
 
+    # Each batch gets a new pool, so that workers stay fresh-ish (every case leaves a loaded
+    # library behind). Not max_tasks_per_child: its worker replacement can hang on 3.11.
+    batch_size = workers * CASES_PER_WORKER
     with tempfile.TemporaryDirectory(prefix="cuvil-conformance-") as markers:
-        pending = todo
-        failed_pools = 0
-        while pending:
-            with _pool(min(workers, len(pending)), markers) as pool:
-                futures = {pool.submit(_work, c): c for c in pending}
-                for f in cf.as_completed(futures):
-                    with contextlib.suppress(cf.process.BrokenProcessPool):
-                        done(f.result())
-            left = [c for c in pending if c.id not in results]
-            suspects = set()
-            for m in Path(markers).glob("*.running"):
-                suspects.add(m.read_text())
-                m.unlink()
-            if left and not suspects:  # the pool broke with no case running
-                failed_pools += 1
-                if failed_pools >= 2:
-                    for c in left:
-                        done(_crashed(c, "the worker processes could not start"))
-                    break
-            for c in left:
-                if c.id not in suspects:
-                    continue
-                with _pool(1, markers) as alone:
-                    try:
-                        done(alone.submit(_work, c).result())
-                    except cf.process.BrokenProcessPool:
-                        done(_crashed(c, f"the worker process died (crash, or over the "
-                                         f"{c.timeout} s time limit)"))
-                for m in Path(markers).glob("*.running"):
-                    m.unlink()
-            pending = [c for c in left if c.id not in results]
+        for first in range(0, len(todo), batch_size):
+            _run_batch(todo[first:first + batch_size], workers, markers, results, done)
     return [results[c.id] for c in cases]
+
+
+def _run_batch(batch: list[Case], workers: int, markers: str, results: dict[str, Any],
+               done: Callable[[dict[str, Any]], None]) -> None:
+    """Run `batch` in one pool; re-run alone each case that was running when a worker died."""
+    pending = batch
+    failed_pools = 0
+    while pending:
+        with _pool(min(workers, len(pending)), markers) as pool:
+            futures = {pool.submit(_work, c): c for c in pending}
+            for f in cf.as_completed(futures):
+                with contextlib.suppress(cf.process.BrokenProcessPool):
+                    done(f.result())
+        left = [c for c in pending if c.id not in results]
+        suspects = set()
+        for m in Path(markers).glob("*.running"):
+            suspects.add(m.read_text())
+            m.unlink()
+        if left and not suspects:  # the pool broke with no case running
+            failed_pools += 1
+            if failed_pools >= 2:
+                for c in left:
+                    done(_crashed(c, "the worker processes could not start"))
+                break
+        for c in left:
+            if c.id not in suspects:
+                continue
+            with _pool(1, markers) as alone:
+                try:
+                    done(alone.submit(_work, c).result())
+                except cf.process.BrokenProcessPool:
+                    done(_crashed(c, f"the worker process died (crash, or over the "
+                                     f"{c.timeout} s time limit)"))
+            for m in Path(markers).glob("*.running"):
+                m.unlink()
+        pending = [c for c in left if c.id not in results]
 
 
 # ------------------------------------------------------------------------------ summing up
