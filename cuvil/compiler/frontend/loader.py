@@ -40,8 +40,12 @@ def load_onnx(source: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, st
     if not data:
         raise ModelError(f"{label}: the file is empty; re-export the model")
     model = onnx.ModelProto()
+    fmt = _format_of(path)
     try:
-        model.ParseFromString(data)
+        if fmt in (None, "protobuf"):
+            model.ParseFromString(data)
+        else:  # onnx's text formats (.onnxtxt, .textproto, .json...), chosen by extension
+            model = onnx.load_model_from_string(data, format=fmt)
     except Exception as exc:  # protobuf raises DecodeError and friends
         raise ModelError(
             f"{label}: not a readable ONNX model ({type(exc).__name__}); the file may be "
@@ -54,6 +58,13 @@ def load_onnx(source: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, st
         )
     _load_external_data(model, path, label)
     return model, label
+
+
+def _format_of(path: Path) -> str | None:
+    try:
+        return onnx.serialization.registry.get_format_from_file_extension(path.suffix)
+    except Exception:  # older onnx without the registry: binary protobuf only
+        return None
 
 
 def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
