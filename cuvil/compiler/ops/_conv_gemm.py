@@ -54,7 +54,7 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window, activation: str | None 
     in_plane = k.dim(numel(x_val.type.shape[2:]))
     x_ptr, w_ptr, y_ptr = k.buffers[x_val], k.buffers[w_val], k.buffers[y_val]
     bias = k.buffers[b_val] if b_val is not None else None
-    epilogue = Epilogue("row" if bias is not None else "none", relu=activation == "relu")
+    epilogue = Epilogue("row" if bias is not None else "none", relu=activation == "Relu")
     pointwise = is_pointwise(win)
     with k.loop(k.dim(x_val.type.shape[0]), name="n") as n, k.loop(group, name="g") as g:
         first_channel = b.add(b.mul(n, k.dim(c_in)), b.mul(g, k.i64(cg)))
