@@ -13,9 +13,7 @@ Constant float32 W and R are stored transposed at compile time (the GEMM kernel 
 rows); run-time weights and float64 use plain dot products instead.
 
 Scratch memory (the projection and, per direction, the states, gate sums and GRU's r*h) is
-a `cuvil.RecurrentScratch` value that `infer` adds to the graph just before the node and
-appends to the node's inputs: the memory planner then places it in the workspace for the
-node's lifetime.
+the node's workspace scratch (`scratch_bytes`).
 
 Activation functions and their ``activation_alpha``/``activation_beta`` follow onnxruntime:
 names are case-insensitive, the alpha (beta) list is consumed in order by the functions that
@@ -40,7 +38,7 @@ from cuvil.compiler.ir import Dim, Node, TensorType, simplify_dim
 from cuvil.compiler.ops import UNCHECKED, InferContext, Op, register
 from cuvil.errors import ModelError, UnsupportedOpError
 
-__all__ = ["GRU", "LSTM", "RNN", "RecurrentScratch"]
+__all__ = ["GRU", "LSTM", "RNN"]
 
 #: node attribute set once W and R are stored transposed (constant float32 weights)
 _PACKED = "cuvil_packed_weights"
@@ -156,7 +154,7 @@ class _Recurrent(Op):
     since = 7
     dtypes = ("float32", "float64")
     gates: ClassVar[int]
-    #: number of ONNX inputs (the scratch value comes after them)
+    #: number of ONNX inputs
     n_inputs: ClassVar[int]
     default_acts: ClassVar[tuple[str, ...]]
     #: input index -> its role, for messages
@@ -283,7 +281,6 @@ class _Recurrent(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         geo = self._geometry(node, ctx)
-        self._attach_scratch(node, ctx, geo)
         self._pack_weights(node, ctx, geo)
         s, n, d, h = geo.seq, geo.batch, geo.dirs, geo.hidden
         y = (s, d, n, h) if geo.layout == 0 else (n, s, d, h)
@@ -292,16 +289,6 @@ class _Recurrent(Op):
         if self.n_inputs > 6:
             outs.append(TensorType(geo.dtype, state))
         return outs
-
-    def _attach_scratch(self, node: Node, ctx: InferContext, geo: _Geometry) -> None:
-        if len(node.inputs) > self.n_inputs:
-            return  # already attached (infer ran before)
-        graph = ctx.graph
-        base = node.name or (node.outputs[0].name if node.outputs else node.op_type)
-        value = graph.value(f"{base}_scratch", TensorType(geo.dtype, (geo.scratch_elements(),)))
-        graph.add_node(Node("RecurrentScratch", [], [value], name=f"{base}_scratch",
-                            domain="cuvil", opset=1))
-        node.inputs = [*node.inputs, *[None] * (self.n_inputs - len(node.inputs)), value]
 
     def _pack_weights(self, node: Node, ctx: InferContext, geo: _Geometry) -> None:
         """Constant float32 W and R become W^T [input, dirs*gates*hidden] and R^T [dirs,
@@ -315,20 +302,25 @@ class _Recurrent(Op):
         rt = np.ascontiguousarray(r.const.transpose(0, 2, 1))
         for i, (old, arr) in enumerate(((w, wt), (r, rt)), start=1):
             new = graph.constant(arr, f"{old.name}_packed")
-            if node in old.users:
+            if node in old.users:  # (the importer registers the users after `infer`)
                 old.users.remove(node)
-            new.users.append(node)
+                new.users.append(node)
             node.inputs[i] = new
         node.attrs = {**node.attrs, _PACKED: 1}
 
     # -- lowering ------------------------------------------------------------------------
+    def scratch_bytes(self, node: Node) -> Dim:
+        geo = self._geometry(node, UNCHECKED)
+        return simplify_dim(geo.scratch_elements() * geo.dtype.itemsize)
+
     def lower(self, node: Node, k: Emitter) -> None:
         geo = self._geometry(node, UNCHECKED)
         # a big loop nest called once: inlining it into the run function gains nothing and
         # makes LLVM's function passes work on one huge function (slow compiles)
         if "noinline" not in k.function.attributes:
             k.function.attributes.add("noinline")
-        _Lowering(self, node, k, geo).emit()
+        assert k.scratch is not None
+        _Lowering(self, node, k, geo, k.scratch).emit()
 
     def recurrent_bias_apart(self, node: Node) -> bool:
         """True when Rb of the last gate is applied inside the recurrence, not projected."""
@@ -430,17 +422,15 @@ class _Lowering:
     with g = gates x hidden. An instance's state pointers are those of direction `d`.
     """
 
-    def __init__(self, op: _Recurrent, node: Node, k: Emitter, geo: _Geometry, d: int = 0) -> None:
+    def __init__(self, op: _Recurrent, node: Node, k: Emitter, geo: _Geometry, base: ir.Value,
+                 d: int = 0) -> None:
         self.op, self.node, self.k, self.geo = op, node, k, geo
         self.dtype = geo.dtype
         self.ty = llvm_type(geo.dtype)
-        scratch = node.inputs[op.n_inputs]
-        assert scratch is not None
         # the dims as LLVM values, once (lowering a symbolic dim costs sympy work each time)
         self.seq, self.batch, self.input_size = (k.dim(geo.seq), k.dim(geo.batch),
                                                  k.dim(geo.input_size))
         h = geo.hidden
-        base = k.buffers[scratch]
         self.proj = base
         self.bias_row = self._ptr(base, self.mul(self.mul(self.seq, self.batch), geo.proj_pitch))
         states = self._ptr(self.bias_row, geo.proj_pitch)
@@ -535,12 +525,13 @@ class _Lowering:
             return
         # the directions share nothing but the projection: one thread each
         cost = self.mul(self.mul(self.seq, self.batch), geo.width * (geo.hidden + 8))
-        with k.parallel_loop(2, cost=cost, name="direction") as d, \
+        with k.parallel_loop(2, cost=cost, name="direction", carry=[self.proj]) as d, \
                 k.b.if_else(k.b.icmp_signed("==", d, k.i64(0))) as (forward, backward):
+            base = k.carried[0]
             with forward:
-                _Lowering(self.op, self.node, k, geo, 0).direction(0)
+                _Lowering(self.op, self.node, k, geo, base, 0).direction(0)
             with backward:
-                _Lowering(self.op, self.node, k, geo, 1).direction(1)
+                _Lowering(self.op, self.node, k, geo, base, 1).direction(1)
 
     def direction(self, d: int) -> None:
         self.init_states(d)
@@ -663,20 +654,6 @@ class _Lowering:
                 src = self.row_of(state, b, h)
                 with k.loop(h, name="final_k") as j:
                     self.st(dst, j, k.b.select(empty, self.c(0.0), self.ld(src, j)))
-
-
-@register
-class RecurrentScratch(Op):
-    """The scratch memory of a recurrent node (see the module docstring): no code."""
-
-    op_type = "RecurrentScratch"
-    domain = "cuvil"
-
-    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        return [node.outputs[0].type]
-
-    def lower(self, node: Node, k: Emitter) -> None:
-        pass
 
 
 @register
