@@ -46,12 +46,12 @@ class Case:
 def random_case(rng: np.random.Generator, i: int, dtype: Any = np.float32, opset: int = 22,
                 static: tuple[int, int] | None = None, op: str | None = None,
                 hidden: int | None = None, isize: int | None = None, exotic: bool = True,
-                lengths: bool = True) -> Case:
+                lengths: bool = True, **overrides: Any) -> Case:
     """One recurrent node with random attributes, optional inputs and requested outputs.
 
     With `static` = (seq, batch) the shapes are fixed and sequence_lens may be a constant;
     otherwise they use the symbols "seq" and "batch". `exotic` allows clip, input_forget and
-    non-default activations; `lengths` allows sequence_lens.
+    non-default activations; `lengths` allows sequence_lens. `overrides` set attributes.
     """
     op = op or str(rng.choice(list(GATES)))
     g = GATES[op]
@@ -71,6 +71,10 @@ def random_case(rng: np.random.Generator, i: int, dtype: Any = np.float32, opset
         attrs["input_forget"] = 1
     if op == "GRU" and rng.random() < 0.5:
         attrs["linear_before_reset"] = 1
+    attrs.update(overrides)
+    direction = attrs["direction"]
+    dirs = 2 if direction == "bidirectional" else 1
+    layout = attrs.get("layout", 0)
     if exotic and rng.random() < 0.4:
         names, alphas, betas = [], [], []
         for _ in range(PER_DIRECTION[op] * dirs):
@@ -274,15 +278,21 @@ def test_float64() -> None:
 
 
 def test_larger_shapes() -> None:
-    """Hidden and input sizes past the vector width, long sequence (the vectorized loops)."""
+    """Hidden and input sizes past the vector width, a long sequence, and batches below and
+    past the GEMM kernel's row tile (the vectorized and tiled paths)."""
     rng = np.random.default_rng(3)
     cases = [random_case(rng, i, op=op, hidden=h, isize=n, exotic=False)
              for i, (op, h, n) in enumerate([("LSTM", 37, 21), ("GRU", 33, 40), ("RNN", 64, 17),
                                              ("LSTM", 16, 64), ("GRU", 20, 9)])]
+    cases.append(random_case(rng, 5, op="GRU", hidden=24, isize=8, exotic=False,
+                             linear_before_reset=0, direction="bidirectional"))
     model, oracle = build(cases), build(cases, oracle=True)
     compiled = cuvil.compile(model)
-    feeds = make_feeds(rng, cases, 40, 4)
-    failures = compare(cases, compiled.run(feeds), run_ort(oracle, feeds), 1e-4, 1e-5, "large")
+    failures = []
+    for seq, batch in [(40, 4), (12, 13)]:
+        feeds = make_feeds(rng, cases, seq, batch)
+        failures += compare(cases, compiled.run(feeds), run_ort(oracle, feeds), 1e-4, 1e-5,
+                            f"seq={seq} batch={batch}")
     assert not failures, f"{len(failures)} mismatches:\n" + "\n".join(failures)
 
 
