@@ -359,10 +359,11 @@ def _rows_function(k: Emitter) -> ir.Function:
     """`void f(m, n, kk, a, lda, b, ldb, c, ldc)`: C[m, n] = A[m, kk] @ B[kk, n] in float32,
     for the few rows (batch rows) of a recurrent step.
 
-    With one or two rows the product is bound by reading B (R^T, often larger than L2), so
-    B is read in its memory order, once per pair of rows: for each k, C[i, :] += A[i, k] *
-    B[k, :] and the same for row i+1, with the C rows staying in L1. (The shared GEMM kernel
-    walks B by column panels, and takes rows past its MR-row tiles one at a time.)
+    With few rows the product is bound by reading B (R^T, often larger than L2), so B is read
+    in its memory order, once per group of up to four rows: for each k, C[i, :] += A[i, k] *
+    B[k, :] for each row i of the group, with the C rows staying in L1. (The shared GEMM
+    kernel walks B by column panels, and takes the rows past its MR-row tiles one at a time,
+    latency-bound on two accumulators.)
     """
     name = "cuvil.recurrent_rows.float32"
     if name in k.module.globals:
@@ -392,7 +393,7 @@ def _rows_function(k: Emitter) -> ir.Function:
                 bv = b.load(b.gep(brow, [j], source_etype=f32, inbounds=True), typ=f32)
                 for x, crow in zip(xs, crows):
                     ptr = b.gep(crow, [j], source_etype=f32, inbounds=True)
-                    b.store(b.call(_fmuladd_decl(k.module, f32), [x, bv, b.load(ptr, typ=f32)]), ptr)
+                    b.store(e.intrinsic("llvm.fmuladd", [x, bv, b.load(ptr, typ=f32)]), ptr)
 
     quads = b.mul(e.floordiv(m, e.i64(4)), e.i64(4))
     with e.loop(quads, step=4, name="i4") as i:
@@ -404,13 +405,6 @@ def _rows_function(k: Emitter) -> ir.Function:
         rows(i, 1)
     b.ret_void()
     return fn
-
-
-def _fmuladd_decl(module: ir.Module, ty: ir.Type) -> ir.Function:
-    name = "llvm.fmuladd.f32"
-    if name in module.globals:
-        return module.globals[name]
-    return ir.Function(module, ir.FunctionType(ty, [ty, ty, ty]), name)
 
 
 class _Lowering:
