@@ -85,6 +85,8 @@ class Op:
     is_view: ClassVar[bool] = False
     #: dtypes the lowering handles for its main inputs
     dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    #: set when the op is registered only to explain why cuvil cannot compile it (docs/ops.md)
+    not_compiled: ClassVar[str] = ""
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         raise NotImplementedError

@@ -769,6 +769,7 @@ class NonZero(Op):
     op_type = "NonZero"
     since = 9
     dtypes = ALL_DTYPES
+    not_compiled = "output shape depends on the input's values (folded when the input is constant)"
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         raise UnsupportedOpError(
