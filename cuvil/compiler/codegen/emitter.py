@@ -125,6 +125,16 @@ class Emitter:
         #: the node's scratch memory (`Op.scratch_bytes`), 64-byte aligned; None if it has none
         self.scratch: ir.Value | None = None
 
+    @property
+    def symbols(self) -> list[str]:
+        """The dim symbols in the order of the run-time dim array (for emitting more functions)."""
+        return list(self._symbol_index)
+
+    @property
+    def dims_ptr(self) -> ir.Value:
+        """The current function's pointer to the run-time dim array."""
+        return self._dims_ptr
+
     # -- constants and dims -------------------------------------------------------------
     @staticmethod
     def i64(n: int) -> ir.Constant:

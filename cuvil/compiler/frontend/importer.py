@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import keyword
 import re
-from collections.abc import Mapping, Sequence
+from collections import ChainMap
+from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from cuvil.compiler.frontend.loader import check_and_upgrade, load_onnx
 from cuvil.compiler.frontend.shape_values import propagate
 from cuvil.compiler.ir import Dim, Graph, Node, TensorType, Value, symbol
 from cuvil.compiler.ops import InferContext, lookup
+from cuvil.compiler.ops.control import SubgraphOp
 from cuvil.compiler.passes.fold_constants import fold_node
 from cuvil.errors import CuvilError, ModelError, UnsupportedOpError
 
@@ -100,82 +102,338 @@ def import_model(source: str | Path | onnx.ModelProto,
         raise ModelError(f"{label}: inputs {sorted(pins)} are pinned in the config but the model "
                          f"has no such inputs; its inputs are {[v.name for v in graph.inputs]}")
 
-    ctx = InferContext(graph)
-    unsupported: dict[tuple[str, str, int], list[str]] = {}
-    unknown: set[str] = set()  # outputs of unsupported nodes: their users cannot be typed
-    for index, pn in enumerate(g.node):
-        node_label = pn.name or (pn.output[0] if pn.output else f"#{index}")
-        if any(i in unknown for i in pn.input if i):
-            unknown.update(pn.output)
-            if lookup(pn.domain, pn.op_type, opsets.get(pn.domain or "", 0)) is None:
-                unsupported.setdefault((pn.domain or "ai.onnx", pn.op_type,
-                                        opsets.get(pn.domain, 0)), []).append(node_label)
-            continue
-        try:
-            node = _make_node(pn, values, opsets, label, node_label)
-        except CuvilError:
-            raise
-        if pn.op_type == "Constant" and pn.domain in ("", "ai.onnx"):
-            values[pn.output[0]] = graph.constant(_constant_value(pn, label), pn.output[0])
-            continue
-        folded = None
-        if node.inputs and all(v is None or v.is_const for v in node.inputs):
-            folded = fold_node(pn, [v.const if v is not None else None for v in node.inputs],
-                               opsets, model.ir_version)
-        if folded is not None:
-            for name, arr in zip(pn.output, folded):
-                if name:
-                    values[name] = graph.constant(arr, name)
-            continue
-        known = propagate(node, len(pn.output))
-        if known is not None:
-            _add_known_values(graph, node, pn, known, values)
-            continue
-        op = lookup(node.domain, node.op_type, node.opset)
-        if op is None:
-            unsupported.setdefault((pn.domain or "ai.onnx", pn.op_type, node.opset),
-                                   []).append(node_label)
-            unknown.update(pn.output)
-            continue
-        # the outputs exist (untyped) while the rule runs, so it can see how many there are
-        node.outputs = [graph.value(out_name or f"{node_label}_unused", _UNTYPED)
-                        for out_name in pn.output]
-        try:
-            types = op.infer(node, ctx)
-        except CuvilError:
-            raise
-        except Exception as exc:
-            raise ModelError(f"{label}: {node.describe()}: cannot infer output shapes: "
-                             f"{type(exc).__name__}: {exc}") from None
-        node.outputs = node.outputs[:len(types)]
-        for out_name, v, t in zip(pn.output, node.outputs, types):
-            v.type = t
-            if out_name:
-                values[out_name] = v
-        graph.add_node(node)
+    importer = _Importer(graph, opsets, label, model.ir_version)
+    scope: Scope = ChainMap(values)
+    importer.nodes(g.node, scope, graph)
 
-    if unsupported:
+    if importer.unsupported:
         lines = [f"  {domain} {op} (opset {ver}): used by {', '.join(repr(n) for n in names[:8])}"
                  + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-                 for (domain, op, ver), names in sorted(unsupported.items())]
+                 for (domain, op, ver), names in sorted(importer.unsupported.items())]
         raise UnsupportedOpError(
-            f"{label}: cuvil cannot compile {len(unsupported)} operator(s) used by this model:\n"
-            + "\n".join(lines)
+            f"{label}: cuvil cannot compile {len(importer.unsupported)} operator(s) used by this "
+            "model:\n" + "\n".join(lines)
             + "\nSee docs/ops.md for the supported operators; an older or newer export opset "
             "may avoid them."
         )
 
     for vi in g.output:
-        if vi.name not in values:
+        if vi.name not in scope:
             raise ModelError(f"{label}: graph output {vi.name!r} is not produced by any node")
-        graph.outputs.append(values[vi.name])
+        graph.outputs.append(scope[vi.name])
     _check_symbols_known(graph, label)
     return graph
 
 
+#: names in scope: ONNX names -> values; a subgraph's scope is a child of its node's scope, so
+#: it reads enclosing values by name and its own names shadow (never clobber) outer ones
+Scope = ChainMap  # ChainMap[str, Value]
+
+#: stands in a scope for the outputs of unsupported nodes: their users cannot be typed
+_UNKNOWN = Value("<unknown>", _UNTYPED)
+
+#: a Loop with a compile-time trip count whose body cannot be compiled as a run-time loop (it
+#: needs the iteration number as a constant, or its carried values change shape) is unrolled
+#: when trip count x body size stays within this many nodes
+UNROLL_MAX_NODES = 2048
+
+
+class _Importer:
+    """Types ONNX nodes into a cuvil graph; subgraphs (If/Loop/Scan bodies) recurse."""
+
+    def __init__(self, main: Graph, opsets: dict[str, int], label: str, ir_version: int) -> None:
+        self.main = main
+        self.opsets = opsets
+        self.label = label
+        self.ir_version = ir_version
+        #: run-time constraints of every scope go to the model's graph
+        self.ctx = InferContext(main)
+        self.unsupported: dict[tuple[str, str, int], list[str]] = {}
+
+    def nodes(self, protos: Sequence[onnx.NodeProto], scope: Scope, graph: Graph) -> None:
+        for index, pn in enumerate(protos):
+            self.node(pn, index, scope, graph)
+
+    def node(self, pn: onnx.NodeProto, index: int, scope: Scope, graph: Graph) -> None:
+        """Type one node into `graph`, folding it when its inputs are known; binds its outputs."""
+        node_label = pn.name or (pn.output[0] if pn.output else f"#{index}")
+        std = pn.domain in ("", "ai.onnx")
+        if any(scope.get(i) is _UNKNOWN for i in pn.input if i):
+            self._unknown(pn, scope)
+            if lookup(pn.domain, pn.op_type, self.opsets.get(pn.domain or "", 0)) is None:
+                self.unsupported.setdefault((pn.domain or "ai.onnx", pn.op_type,
+                                             self.opsets.get(pn.domain, 0)), []).append(node_label)
+            return
+        node = _make_node(pn, scope, self.opsets, self.label, node_label)
+        if pn.op_type == "Constant" and std:
+            scope[pn.output[0]] = graph.constant(_constant_value(pn, self.label), pn.output[0])
+            return
+        if pn.op_type == "If" and std:
+            cond = _known_flag(node.input(0))
+            if cond is not None:  # the common case in exports: decided by shapes or constants
+                self._inline_if(pn, node_label, cond, scope, graph)
+                return
+        folded = None
+        if node.inputs and all(v is None or v.is_const for v in node.inputs):
+            folded = fold_node(pn, [v.const if v is not None else None for v in node.inputs],
+                               self.opsets, self.ir_version)
+        if folded is not None:
+            for name, arr in zip(pn.output, folded):
+                if name:
+                    scope[name] = graph.constant(arr, name)
+            return
+        known = propagate(node, len(pn.output))
+        if known is not None:
+            _add_known_values(graph, node, pn, known, scope)
+            return
+        op = lookup(node.domain, node.op_type, node.opset)
+        if op is None:
+            self.unsupported.setdefault((pn.domain or "ai.onnx", pn.op_type, node.opset),
+                                        []).append(node_label)
+            self._unknown(pn, scope)
+            return
+        if pn.op_type == "Loop" and std:
+            self._loop(pn, node, op, node_label, scope, graph)
+            return
+        self._typed(pn, node, op, node_label, scope, graph)
+
+    def _typed(self, pn: onnx.NodeProto, node: Node, op: Any, node_label: str, scope: Scope,
+               graph: Graph) -> None:
+        """Import the node's subgraphs, run its shape rule and add it to `graph`."""
+        if isinstance(op, SubgraphOp):
+            bodies = {}
+            for attr in op.graph_attrs:
+                proto = node.attrs.get(attr)
+                if proto is None:
+                    raise ModelError(f"{self.label}: {node.describe()} has no {attr!r} graph")
+                body = self.subgraph(proto, op.bind_subgraph(node, attr, proto), scope,
+                                     f"{graph.name}.{node_label}.{attr}")
+                if body is None:  # an unsupported op inside: reported with the others
+                    self._unknown(pn, scope)
+                    return
+                bodies[attr] = body
+            op.attach(node, bodies)
+        # the outputs exist (untyped, unnamed in the graph) while the rule runs, so it can see
+        # how many there are; they take their names once the rule accepts the node
+        node.outputs = [Value(out_name or f"{node_label}_unused", _UNTYPED) for out_name in pn.output]
+        try:
+            types = op.infer(node, self.ctx)
+        except CuvilError:
+            raise
+        except Exception as exc:
+            raise ModelError(f"{self.label}: {node.describe()}: cannot infer output shapes: "
+                             f"{type(exc).__name__}: {exc}") from None
+        node.outputs = node.outputs[:len(types)]
+        for out_name, v, t in zip(pn.output, node.outputs, types):
+            v.name = graph.unique_name(v.name)
+            v.type = t
+            if out_name:
+                scope[out_name] = v
+        graph.add_node(node)
+
+    def _unknown(self, pn: onnx.NodeProto, scope: Scope) -> None:
+        for name in pn.output:
+            if name:
+                scope[name] = _UNKNOWN
+
+    def subgraph(self, proto: onnx.GraphProto, bindings: Sequence[TensorType | np.ndarray],
+                 scope: Scope, name: str) -> Graph | None:
+        """A body as a graph of its own: its formal inputs hold `bindings` (a run-time value of
+        that type, or a constant); names of enclosing scopes resolve to the enclosing values
+        (the node captures them, see `SubgraphOp.attach`). None when an op inside is unsupported."""
+        body = Graph(name)
+        inner = scope.new_child()
+        if len(bindings) != len(proto.input):
+            raise ModelError(f"{self.label}: subgraph {name!r} has {len(proto.input)} inputs, "
+                             f"expected {len(bindings)}")
+        for vi, b in zip(proto.input, bindings):
+            if isinstance(b, TensorType):
+                v = body.value(vi.name or "unused", b)
+                body.inputs.append(v)
+            else:
+                v = body.constant(np.asarray(b), vi.name or "unused")
+            if vi.name:
+                inner[vi.name] = v
+        for init in proto.initializer:
+            inner[init.name] = body.constant(numpy_helper.to_array(init), init.name)
+        self.nodes(proto.node, inner, body)
+        outputs = [self._lookup(inner, vo.name, name) for vo in proto.output]
+        if any(v is _UNKNOWN for v in outputs):
+            return None
+        body.outputs = outputs
+        return body
+
+    def _lookup(self, scope: Scope, name: str, where: str) -> Value:
+        v = scope.get(name) if name else None
+        if v is None:
+            raise ModelError(f"{self.label}: {where}: output {name!r} is not produced by any node "
+                             "of the subgraph nor defined around it")
+        return v
+
+    def _bind(self, name: str, v: Value, scope: Scope, graph: Graph, node_label: str) -> None:
+        """Make `name` (an output of an inlined node) hold `v` under its own name."""
+        if v is _UNKNOWN:
+            scope[name] = v
+        elif v.is_const:
+            scope[name] = graph.constant(v.const, name)  # type: ignore[arg-type]
+        else:  # a graph output must carry its ONNX name: an Identity (a view, free otherwise)
+            tmp = scope.new_child({" source": v})
+            self.node(onnx.helper.make_node("Identity", [" source"], [name], name=node_label),
+                      0, tmp, graph)
+            scope[name] = tmp[name]
+
+    def _inline_if(self, pn: onnx.NodeProto, node_label: str, cond: bool, scope: Scope,
+                   graph: Graph) -> None:
+        """Replace an If on a compile-time condition by the branch it takes."""
+        attr = "then_branch" if cond else "else_branch"
+        branch = next((a.g for a in pn.attribute if a.name == attr), None)
+        if branch is None:
+            raise ModelError(f"{self.label}: If node {node_label!r} has no {attr}")
+        inner = scope.new_child()
+        for init in branch.initializer:
+            inner[init.name] = graph.constant(numpy_helper.to_array(init), init.name)
+        self.nodes(branch.node, inner, graph)
+        if len(branch.output) < len([o for o in pn.output if o]):
+            raise ModelError(f"{self.label}: If node {node_label!r} has {len(pn.output)} outputs "
+                             f"but its {attr} produces {len(branch.output)}")
+        for out_name, bo in zip(pn.output, branch.output):
+            if out_name:
+                self._bind(out_name, self._lookup(inner, bo.name, f"If {node_label!r} {attr}"),
+                           scope, graph, node_label)
+
+    # -- Loop ---------------------------------------------------------------------------
+
+    def _loop(self, pn: onnx.NodeProto, node: Node, op: Any, node_label: str, scope: Scope,
+              graph: Graph) -> None:
+        """A run-time loop when its body compiles as one; else, with a small compile-time trip
+        count, the body unrolled into the graph (iteration numbers become constants)."""
+        unsupported = {k: list(v) for k, v in self.unsupported.items()}
+        constraints = len(self.main.constraints)
+        try:
+            self._typed(pn, node, op, node_label, scope, graph)
+            return
+        except CuvilError as exc:
+            rolled_error = exc
+        trip = self._unroll_count(pn, node)
+        if trip is None:
+            raise rolled_error
+        # start over: what the failed attempt recorded does not hold for the unrolled loop
+        self.unsupported = unsupported
+        del self.main.constraints[constraints:]
+        first = len(graph.nodes)
+        try:
+            self._unroll(pn, node, node_label, trip, scope, graph)
+        except CuvilError as exc:
+            for n in graph.nodes[first:][::-1]:
+                graph.remove_node(n)
+            self.unsupported = unsupported
+            del self.main.constraints[constraints:]
+            raise ModelError(f"{rolled_error}\n(unrolling the loop instead failed too: {exc})") \
+                from None
+
+    def _unroll_count(self, pn: onnx.NodeProto, node: Node) -> int | None:
+        """The trip count if the loop may be unrolled: known M (or a known false cond), and a
+        body small enough."""
+        body = node.attrs.get("body")
+        if not isinstance(body, onnx.GraphProto):
+            return None
+        m = node.input(0)
+        m_known = m.known_values() if m is not None else None
+        cond = node.input(1)
+        if cond is not None and _known_flag(cond) is None:
+            return None
+        if cond is not None and not _known_flag(cond):
+            return 0
+        if m_known is None or len(m_known) != 1 or not isinstance(m_known[0], int):
+            return None
+        trip = max(int(m_known[0]), 0)
+        if trip * max(len(body.node), 1) > UNROLL_MAX_NODES:
+            return None
+        return trip
+
+    def _unroll(self, pn: onnx.NodeProto, node: Node, node_label: str, trip: int, scope: Scope,
+                graph: Graph) -> None:
+        body: onnx.GraphProto = node.attrs["body"]
+        names_in = [vi.name for vi in body.input]
+        names_out = [vo.name for vo in body.output]
+        n = len(pn.input) - 2
+        if len(names_in) != n + 2 or len(names_out) < n + 1:
+            raise ModelError(f"{self.label}: {node.describe()}: the body has {len(names_in)} inputs "
+                             f"and {len(names_out)} outputs for {n} loop-carried values")
+        k = len(names_out) - 1 - n
+        carried: list[Value] = [v for v in node.inputs[2:2 + n]]  # type: ignore[misc]
+        parts: list[list[Value]] = [[] for _ in range(k)]
+        for t in range(trip):
+            inner = scope.new_child()
+            if names_in[0]:
+                inner[names_in[0]] = graph.constant(np.array(t, dtype=np.int64), names_in[0])
+            if names_in[1]:
+                inner[names_in[1]] = graph.constant(np.array(True), names_in[1])
+            for name, v in zip(names_in[2:], carried):
+                if name:
+                    inner[name] = v
+            for init in body.initializer:
+                inner[init.name] = graph.constant(numpy_helper.to_array(init), init.name)
+            self.nodes(body.node, inner, graph)
+            outs = [self._lookup(inner, name, f"{node.describe()} body") for name in names_out]
+            if any(v is _UNKNOWN for v in outs):
+                self._unknown(pn, scope)
+                return
+            go = _known_flag(outs[0])
+            if go is None:
+                raise UnsupportedOpError(
+                    f"{self.label}: {node.describe()}: the body's condition is computed at run "
+                    "time, so the loop cannot be unrolled")
+            carried = outs[1:1 + n]
+            for part, v in zip(parts, outs[1 + n:]):
+                part.append(v)
+            if not go:
+                break
+        for out_name, v in zip(pn.output[:n], carried):
+            if out_name:
+                self._bind(out_name, v, scope, graph, node_label)
+        for j, out_name in enumerate(pn.output[n:n + k]):
+            if not out_name:
+                continue
+            if not parts[j]:
+                raise UnsupportedOpError(
+                    f"{self.label}: {node.describe()}: the loop runs no iteration, so its scan "
+                    f"output {out_name!r} has no element type and shape to take")
+            self._stack(parts[j], out_name, node_label, scope, graph)
+
+    def _stack(self, parts: list[Value], out_name: str, node_label: str, scope: Scope,
+               graph: Graph) -> None:
+        """Bind `out_name` to the per-iteration values stacked along a new first axis."""
+        work = scope.new_child({" axes": graph.constant(np.array([0], dtype=np.int64), "axes")})
+        stacked = []
+        for t, v in enumerate(parts):
+            work[f" part{t}"] = v
+            if self.opsets.get("", 0) >= 13:
+                pn = onnx.helper.make_node("Unsqueeze", [f" part{t}", " axes"], [f" row{t}"],
+                                           name=node_label)
+            else:
+                pn = onnx.helper.make_node("Unsqueeze", [f" part{t}"], [f" row{t}"], axes=[0],
+                                           name=node_label)
+            self.node(pn, 0, work, graph)
+            stacked.append(f" row{t}")
+        self.node(onnx.helper.make_node("Concat", stacked, [out_name], axis=0, name=node_label),
+                  0, work, graph)
+        scope[out_name] = work[out_name]
+
+
+def _known_flag(v: Value | None) -> bool | None:
+    """The truth of a one-element condition known at compile time, else None."""
+    if v is None:
+        return None
+    known = v.known_values()
+    if known is None or len(known) != 1 or not sympy.sympify(known[0]).is_number:
+        return None
+    return bool(known[0])
+
+
 def _add_known_values(graph: Graph, node: Node, pn: onnx.NodeProto,
                       known: list[tuple[TensorType, tuple[Dim, ...]]],
-                      values: dict[str, Value]) -> None:
+                      values: MutableMapping[str, Value]) -> None:
     """Outputs of shape arithmetic known at compile time: constants when every element is a
     number, else values carrying their dims (`Value.sym_value`), each produced by a
     `cuvil.SymbolicValue` node that computes the elements from the dims when the tensor is
@@ -195,7 +453,7 @@ def _add_known_values(graph: Graph, node: Node, pn: onnx.NodeProto,
         values[out_name] = v
 
 
-def _make_node(pn: onnx.NodeProto, values: dict[str, Value], opsets: dict[str, int], label: str,
+def _make_node(pn: onnx.NodeProto, values: Mapping[str, Value], opsets: dict[str, int], label: str,
                node_label: str) -> Node:
     inputs: list[Value | None] = []
     for name in pn.input:
