@@ -1,8 +1,10 @@
-"""LSTM, GRU and RNN against onnxruntime (and the ONNX backend node test data).
+"""LSTM, GRU and RNN against onnxruntime, onnx's reference evaluator (float64) and the ONNX
+backend node test cases, plus a CRNN exported from PyTorch.
 
 Random cases are batched: one model holds many independent recurrent nodes (each with its own
 inputs and weights), compiled once by cuvil and run by onnxruntime as a whole, at several
-values of the symbolic sequence and batch dims.
+values of the symbolic sequence and batch dims. onnxruntime runs GRU and RNN with layout 0
+only, so its copy of the model computes layout-1 nodes with layout 0 between Transposes.
 """
 
 from __future__ import annotations
@@ -385,7 +387,8 @@ def test_backend_cases_found() -> None:
     assert len(BACKEND) >= 18
 
 
-def _merged(cases: list[Any]) -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[tuple[Any, str]]]:
+def _merged(cases: list[Any]) -> tuple[onnx.ModelProto, dict[str, np.ndarray],
+                                       list[tuple[Any, str, np.ndarray]]]:
     """All backend cases as one model (names prefixed per case), its feeds, and for each
     expected output its case and prefixed name: one compile instead of one per case."""
     nodes, inputs, outputs, feeds, expected = [], [], [], {}, []
