@@ -417,9 +417,9 @@ def _every_float32(step: int) -> np.ndarray:
 
 
 def _check_accuracy(name: str, got: np.ndarray, x: np.ndarray, want: np.ndarray, dtype,
-                    max_rel: float) -> None:
+                    max_rel: float, flush: bool = False) -> None:
     """Relative error on normal results; exact (after rounding) on the rest: inf, 0, NaN,
-    subnormal results (within one subnormal step)."""
+    subnormal results (within one subnormal step, or 0 with `flush`)."""
     info = np.finfo(dtype)
     got64 = got.astype(np.float64)
     normal = np.isfinite(want) & (np.abs(want) >= info.tiny) & (np.abs(want) <= info.max)
@@ -431,8 +431,9 @@ def _check_accuracy(name: str, got: np.ndarray, x: np.ndarray, want: np.ndarray,
     with np.errstate(over="ignore"):
         rounded = want[~normal].astype(dtype).astype(np.float64)
     other = got64[~normal]
+    step = float(info.tiny if flush else info.smallest_subnormal)
     ok = (other == rounded) | (np.isnan(other) & np.isnan(rounded)) | \
-        (np.abs(other - want[~normal]) <= float(info.smallest_subnormal))
+        (np.abs(other - want[~normal]) <= step)
     assert ok.all(), (f"{name}: special values wrong at x={x[~normal][~ok][:5]!r}: got "
                       f"{other[~ok][:5]!r}, want {want[~normal][~ok][:5]!r}")
 
@@ -440,7 +441,8 @@ def _check_accuracy(name: str, got: np.ndarray, x: np.ndarray, want: np.ndarray,
 def test_vecmath_float32_accuracy_over_all_floats():
     """Every 379th float32 (11 million values: all binades, subnormals, both signs), plus the
     specials, through the vectorized functions; reference: float64 numpy (math.erf)."""
-    x = np.concatenate([_every_float32(379), np.array(SPECIALS, np.float32),
+    nans = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF, 0x7FBFFFFF], np.uint32)
+    x = np.concatenate([_every_float32(379), np.array(SPECIALS, np.float32), nans.view(np.float32),
                         np.array([88.72283, 88.72284, -87.33654, -103.97208, -103.9721, 9.01,
                                   3.92, 0.8, 0.9, 0.34657359, -0.34657359], np.float32)])
     ops = ("Exp", "Log", "Tanh", "Sigmoid", "Softplus", "Erf")
@@ -458,8 +460,13 @@ def test_vecmath_float32_accuracy_over_all_floats():
     sub = x[::7]  # math.erf is slow in Python
     erf = np.frompyfunc(math.erf, 1, 1)(sub.astype(np.float64)).astype(np.float64)
     for op, want in refs.items():
-        _check_accuracy(op, got[op], x, want, np.float32, 1e-6)
+        # sigmoid flushes results below the normal range to 0
+        _check_accuracy(op, got[op], x, want, np.float32, 1e-6, flush=op == "Sigmoid")
     _check_accuracy("Erf", got["Erf"][::7], sub, erf, np.float32, 1e-6)
+    # never outside the function's range, not even by rounding
+    finite = ~np.isnan(x)
+    assert np.abs(got["Tanh"][finite]).max() <= 1 and np.abs(got["Erf"][finite]).max() <= 1
+    assert got["Sigmoid"][finite].min() >= 0 and got["Sigmoid"][finite].max() <= 1
 
 
 def test_vecmath_float64_accuracy():
@@ -467,9 +474,11 @@ def test_vecmath_float64_accuracy():
     bits = rng.integers(0, 2 ** 63, 1_500_000, dtype=np.uint64)
     x = np.concatenate([bits.view(np.float64), -bits[:500_000].view(np.float64),
                         rng.uniform(-750, 750, 500_000), 1 + rng.uniform(-1e-3, 1e-3, 100_000),
-                        np.array(SPECIALS), np.array([709.782712893384, 709.7827128933841,
+                        np.array(SPECIALS),
+                        np.array([0x7FF8000000000000, 0xFFF8000000000000, 0x7FF0000000000001,
+                                  0xFFFFFFFFFFFFFFFF], np.uint64).view(np.float64),
+                        np.array([709.782712893384, 709.7827128933841,
                                                       -745.1332191019411, -708.3964185322641])])
-    x = x[np.isfinite(x) | np.isinf(x) | np.isnan(x)]
     from oracle import make_model
 
     ops = ("Exp", "Log", "Sigmoid", "Softplus")
@@ -481,7 +490,7 @@ def test_vecmath_float64_accuracy():
                 "Sigmoid": np.where(x >= 0, 1 / (1 + np.exp(-x)), np.exp(x) / (1 + np.exp(x))),
                 "Softplus": np.logaddexp(0, x)}
     for op, want in refs.items():
-        _check_accuracy(op, got[op], x, want, np.float64, 2e-15)
+        _check_accuracy(op, got[op], x, want, np.float64, 2e-15, flush=op == "Sigmoid")
 
 
 # -- errors -----------------------------------------------------------------------------------
