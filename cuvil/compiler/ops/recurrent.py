@@ -41,7 +41,7 @@ from cuvil.errors import ModelError, UnsupportedOpError
 __all__ = ["GRU", "LSTM", "RNN"]
 
 #: node attribute set once W and R are stored transposed (constant float32 weights)
-_PACKED = "cuvil_packed_weights"
+_PACKED = "cuvil.packed_weights"
 
 # name -> (takes alpha, takes beta, default alpha, default beta), as onnxruntime reads them
 _ACTIVATIONS: dict[str, tuple[bool, bool, float, float]] = {
