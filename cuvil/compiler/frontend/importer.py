@@ -149,6 +149,9 @@ class _Importer:
         #: run-time constraints of every scope go to the model's graph
         self.ctx = InferContext(main)
         self.unsupported: dict[tuple[str, str, int], list[str]] = {}
+        #: prepended to the names of values made while inlining a branch or unrolling a loop,
+        #: so that they never take a name the enclosing graph gives later (a graph output's)
+        self.prefix = ""
 
     def nodes(self, protos: Sequence[onnx.NodeProto], scope: Scope, graph: Graph) -> None:
         for index, pn in enumerate(protos):
@@ -166,7 +169,8 @@ class _Importer:
             return
         node = _make_node(pn, scope, self.opsets, self.label, node_label)
         if pn.op_type == "Constant" and std:
-            scope[pn.output[0]] = graph.constant(_constant_value(pn, self.label), pn.output[0])
+            scope[pn.output[0]] = graph.constant(_constant_value(pn, self.label),
+                                                 self.prefix + pn.output[0])
             return
         if pn.op_type == "If" and std:
             cond = _known_flag(node.input(0))
@@ -180,11 +184,11 @@ class _Importer:
         if folded is not None:
             for name, arr in zip(pn.output, folded):
                 if name:
-                    scope[name] = graph.constant(arr, name)
+                    scope[name] = graph.constant(arr, self.prefix + name)
             return
         known = propagate(node, len(pn.output))
         if known is not None:
-            _add_known_values(graph, node, pn, known, scope)
+            _add_known_values(graph, node, pn, known, scope, self.prefix)
             return
         op = lookup(node.domain, node.op_type, node.opset)
         if op is None:
@@ -215,7 +219,8 @@ class _Importer:
             op.attach(node, bodies)
         # the outputs exist (untyped, unnamed in the graph) while the rule runs, so it can see
         # how many there are; they take their names once the rule accepts the node
-        node.outputs = [Value(out_name or f"{node_label}_unused", _UNTYPED) for out_name in pn.output]
+        node.outputs = [Value(self.prefix + (out_name or f"{node_label}_unused"), _UNTYPED)
+                        for out_name in pn.output]
         try:
             types = op.infer(node, self.ctx)
         except CuvilError:
@@ -241,8 +246,9 @@ class _Importer:
         """A body as a graph of its own: its formal inputs hold `bindings` (a run-time value of
         that type, or a constant); names of enclosing scopes resolve to the enclosing values
         (the node captures them, see `SubgraphOp.attach`). None when an op inside is unsupported."""
-        body = Graph(name)
+        body = Graph(name)  # a namespace of its own
         inner = scope.new_child()
+        outer_prefix, self.prefix = self.prefix, ""
         if len(bindings) != len(proto.input):
             raise ModelError(f"{self.label}: subgraph {name!r} has {len(proto.input)} inputs, "
                              f"expected {len(bindings)}")
@@ -256,7 +262,10 @@ class _Importer:
                 inner[vi.name] = v
         for init in proto.initializer:
             inner[init.name] = body.constant(numpy_helper.to_array(init), init.name)
-        self.nodes(proto.node, inner, body)
+        try:
+            self.nodes(proto.node, inner, body)
+        finally:
+            self.prefix = outer_prefix
         outputs = [self._lookup(inner, vo.name, name) for vo in proto.output]
         if any(v is _UNKNOWN for v in outputs):
             return None
@@ -286,13 +295,18 @@ class _Importer:
                    graph: Graph) -> None:
         """Replace an If on a compile-time condition by the branch it takes."""
         attr = "then_branch" if cond else "else_branch"
-        branch = next((a.g for a in pn.attribute if a.name == attr), None)
+        branch = _graph_attr(pn, attr)
         if branch is None:
             raise ModelError(f"{self.label}: If node {node_label!r} has no {attr}")
         inner = scope.new_child()
-        for init in branch.initializer:
-            inner[init.name] = graph.constant(numpy_helper.to_array(init), init.name)
-        self.nodes(branch.node, inner, graph)
+        outer_prefix = self.prefix
+        self.prefix = f"{outer_prefix}{node_label}/"
+        try:
+            for init in branch.initializer:
+                inner[init.name] = graph.constant(numpy_helper.to_array(init), self.prefix + init.name)
+            self.nodes(branch.node, inner, graph)
+        finally:
+            self.prefix = outer_prefix
         if len(branch.output) < len([o for o in pn.output if o]):
             raise ModelError(f"{self.label}: If node {node_label!r} has {len(pn.output)} outputs "
                              f"but its {attr} produces {len(branch.output)}")
@@ -328,14 +342,14 @@ class _Importer:
                 graph.remove_node(n)
             self.unsupported = unsupported
             del self.main.constraints[constraints:]
-            raise ModelError(f"{rolled_error}\n(unrolling the loop instead failed too: {exc})") \
-                from None
+            raise type(rolled_error)(
+                f"{rolled_error}\n(unrolling the loop instead failed too: {exc})") from None
 
     def _unroll_count(self, pn: onnx.NodeProto, node: Node) -> int | None:
         """The trip count if the loop may be unrolled: known M (or a known false cond), and a
         body small enough."""
-        body = node.attrs.get("body")
-        if not isinstance(body, onnx.GraphProto):
+        body = _graph_attr(pn, "body")
+        if body is None:
             return None
         m = node.input(0)
         m_known = m.known_values() if m is not None else None
@@ -353,7 +367,8 @@ class _Importer:
 
     def _unroll(self, pn: onnx.NodeProto, node: Node, node_label: str, trip: int, scope: Scope,
                 graph: Graph) -> None:
-        body: onnx.GraphProto = node.attrs["body"]
+        body = _graph_attr(pn, "body")
+        assert body is not None
         names_in = [vi.name for vi in body.input]
         names_out = [vo.name for vo in body.output]
         n = len(pn.input) - 2
@@ -363,18 +378,25 @@ class _Importer:
         k = len(names_out) - 1 - n
         carried: list[Value] = [v for v in node.inputs[2:2 + n]]  # type: ignore[misc]
         parts: list[list[Value]] = [[] for _ in range(k)]
+        outer_prefix = self.prefix
         for t in range(trip):
             inner = scope.new_child()
-            if names_in[0]:
-                inner[names_in[0]] = graph.constant(np.array(t, dtype=np.int64), names_in[0])
-            if names_in[1]:
-                inner[names_in[1]] = graph.constant(np.array(True), names_in[1])
-            for name, v in zip(names_in[2:], carried):
-                if name:
-                    inner[name] = v
-            for init in body.initializer:
-                inner[init.name] = graph.constant(numpy_helper.to_array(init), init.name)
-            self.nodes(body.node, inner, graph)
+            self.prefix = f"{outer_prefix}{node_label}/{t}/"
+            try:
+                if names_in[0]:
+                    inner[names_in[0]] = graph.constant(np.array(t, dtype=np.int64),
+                                                        self.prefix + names_in[0])
+                if names_in[1]:
+                    inner[names_in[1]] = graph.constant(np.array(True), self.prefix + names_in[1])
+                for name, v in zip(names_in[2:], carried):
+                    if name:
+                        inner[name] = v
+                for init in body.initializer:
+                    inner[init.name] = graph.constant(numpy_helper.to_array(init),
+                                                      self.prefix + init.name)
+                self.nodes(body.node, inner, graph)
+            finally:
+                self.prefix = outer_prefix
             outs = [self._lookup(inner, name, f"{node.describe()} body") for name in names_out]
             if any(v is _UNKNOWN for v in outs):
                 self._unknown(pn, scope)
@@ -404,21 +426,31 @@ class _Importer:
     def _stack(self, parts: list[Value], out_name: str, node_label: str, scope: Scope,
                graph: Graph) -> None:
         """Bind `out_name` to the per-iteration values stacked along a new first axis."""
-        work = scope.new_child({" axes": graph.constant(np.array([0], dtype=np.int64), "axes")})
-        stacked = []
-        for t, v in enumerate(parts):
-            work[f" part{t}"] = v
-            if self.opsets.get("", 0) >= 13:
-                pn = onnx.helper.make_node("Unsqueeze", [f" part{t}", " axes"], [f" row{t}"],
-                                           name=node_label)
-            else:
-                pn = onnx.helper.make_node("Unsqueeze", [f" part{t}"], [f" row{t}"], axes=[0],
-                                           name=node_label)
-            self.node(pn, 0, work, graph)
-            stacked.append(f" row{t}")
-        self.node(onnx.helper.make_node("Concat", stacked, [out_name], axis=0, name=node_label),
+        outer_prefix = self.prefix
+        self.prefix = f"{outer_prefix}{node_label}/"
+        try:
+            work = scope.new_child({" axes": graph.constant(np.array([0], dtype=np.int64),
+                                                            self.prefix + "axes")})
+            rows = []
+            for t, v in enumerate(parts):
+                work[f" part{t}"] = v
+                if self.opsets.get("", 0) >= 13:
+                    pn = onnx.helper.make_node("Unsqueeze", [f" part{t}", " axes"], [f" row{t}"],
+                                               name=node_label)
+                else:
+                    pn = onnx.helper.make_node("Unsqueeze", [f" part{t}"], [f" row{t}"], axes=[0],
+                                               name=node_label)
+                self.node(pn, 0, work, graph)
+                rows.append(f" row{t}")
+        finally:
+            self.prefix = outer_prefix  # the loop's output takes its own name
+        self.node(onnx.helper.make_node("Concat", rows, [out_name], axis=0, name=node_label),
                   0, work, graph)
         scope[out_name] = work[out_name]
+
+
+def _graph_attr(pn: onnx.NodeProto, name: str) -> onnx.GraphProto | None:
+    return next((a.g for a in pn.attribute if a.name == name and a.type == a.GRAPH), None)
 
 
 def _known_flag(v: Value | None) -> bool | None:
@@ -433,7 +465,7 @@ def _known_flag(v: Value | None) -> bool | None:
 
 def _add_known_values(graph: Graph, node: Node, pn: onnx.NodeProto,
                       known: list[tuple[TensorType, tuple[Dim, ...]]],
-                      values: MutableMapping[str, Value]) -> None:
+                      values: MutableMapping[str, Value], prefix: str = "") -> None:
     """Outputs of shape arithmetic known at compile time: constants when every element is a
     number, else values carrying their dims (`Value.sym_value`), each produced by a
     `cuvil.SymbolicValue` node that computes the elements from the dims when the tensor is
@@ -444,9 +476,9 @@ def _add_known_values(graph: Graph, node: Node, pn: onnx.NodeProto,
         if all(sympy.sympify(x).is_number for x in elements):
             arr = np.array([float(x) if t.dtype.kind == "f" else int(x) for x in elements],
                            dtype=t.dtype).reshape(tuple(int(d) for d in t.shape))
-            values[out_name] = graph.constant(arr, out_name)
+            values[out_name] = graph.constant(arr, prefix + out_name)
             continue
-        v = graph.value(out_name, t)
+        v = graph.value(prefix + out_name, t)
         v.sym_value = elements
         graph.add_node(Node("SymbolicValue", [], [v], {"source_op": node.op_type},
                             name=node.name or out_name, domain="cuvil", opset=1))
