@@ -355,10 +355,18 @@ def test_clip_before_opset_11_and_at_11():
                 sizes=SIZES, opset=11)
 
 
-def test_mod_float_floor_semantics_at_opset_28():
-    """From opset 28 fmod=0 applies to floats too (result takes the divisor's sign)."""
+def test_opset_28_float_floor_mod_and_signed_bit_shifts():
+    """From opset 28 fmod=0 applies to floats (the result takes the divisor's sign) and
+    BitShift takes signed integers (arithmetic right shift; counts out of range give 0, or
+    -1 for a negative value shifted right). onnxruntime has neither: onnx's reference."""
     cases = [Case("Mod", ["a", "b"], {}, feeds={"a": ("float32", ["n", 64]), "b": ("float32", [64])},
-                  data=floats(-5, 5, specials=True), oracle="reference")]
+                  data=floats(-5, 5, specials=True), oracle="reference", label="Mod float fmod=0")]
+    for dtype in ("int8", "int32", "int64"):
+        for direction in ("LEFT", "RIGHT"):
+            cases.append(Case("BitShift", ["a", "b"], {"direction": direction},
+                              feeds={"a": (dtype, ["n", 40]), "b": (dtype, [40])},
+                              data=ints(-70, 70), oracle="reference",
+                              label=f"BitShift {dtype} {direction}"))
     check_cases(cases, sizes=SIZES, opset=28, rtol=1e-6, atol=1e-6)
 
 
@@ -439,10 +447,10 @@ def _check_accuracy(name: str, got: np.ndarray, x: np.ndarray, want: np.ndarray,
 
 
 def test_vecmath_float32_accuracy_over_all_floats():
-    """Every 379th float32 (11 million values: all binades, subnormals, both signs), plus the
+    """Every 757th float32 (5.7 million values: all binades, subnormals, both signs), plus the
     specials, through the vectorized functions; reference: float64 numpy (math.erf)."""
     nans = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF, 0x7FBFFFFF], np.uint32)
-    x = np.concatenate([_every_float32(379), np.array(SPECIALS, np.float32), nans.view(np.float32),
+    x = np.concatenate([_every_float32(757), np.array(SPECIALS, np.float32), nans.view(np.float32),
                         np.array([88.72283, 88.72284, -87.33654, -103.97208, -103.9721, 9.01,
                                   3.92, 0.8, 0.9, 0.34657359, -0.34657359], np.float32)])
     ops = ("Exp", "Log", "Tanh", "Sigmoid", "Softplus", "Erf")
