@@ -292,6 +292,48 @@ def test_run_time_if_inside_a_loop_body() -> None:
         compiled = assert_matches_ort(m, {"x": floats(2, 2), "M": np.array(trips)}, compiled=compiled)
 
 
+def test_loops_running_zero_or_more_times_with_a_passed_through_value() -> None:
+    """The body returns one carried value unchanged (its input name as output); M = 0 gives
+    the initial values and empty scan outputs."""
+    through = body("body", [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                            helper.make_node("Neg", ["v"], ["v_out"]),
+                            helper.make_node("Identity", ["v"], ["row"])],
+                   [ITER, COND, ("v", np.float32, [2]), ("p", np.float32, [3])],
+                   [("cond_out", np.bool_, []), ("v_out", np.float32, [2]), ("p", np.float32, [3]),
+                    ("row", np.float32, [2])])
+    m = model([helper.make_node("Loop", ["zero", "", "x", "q"], ["y0", "p0", "rows0"], body=through),
+               helper.make_node("Loop", ["three", "", "x", "q"], ["y3", "p3", "rows3"], body=through)],
+              {"x": (np.float32, [2]), "q": (np.float32, [3])},
+              {"y0": (np.float32, [2]), "p0": (np.float32, [3]), "rows0": (np.float32, [0, 2]),
+               "y3": (np.float32, [2]), "p3": (np.float32, [3]), "rows3": (np.float32, [3, 2])},
+              {"zero": np.array(0, dtype=np.int64), "three": np.array(3, dtype=np.int64)})
+    assert_matches_ort(m, {"x": floats(2), "q": floats(3)})
+
+
+def test_loop_inside_a_run_time_branch() -> None:
+    """The then-branch runs a loop (its scratch nested in the If's); the else-branch is one op."""
+    loop_body = body("body", [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                              helper.make_node("MatMul", ["v", "w"], ["mm"]),
+                              helper.make_node("Tanh", ["mm"], ["v_out"]),
+                              helper.make_node("ReduceMax", ["v_out"], ["row"], axes=[1], keepdims=0)],
+                     [ITER, COND, ("v", np.float32, ["n", 3])],
+                     [("cond_out", np.bool_, []), ("v_out", np.float32, ["n", 3]),
+                      ("row", np.float32, ["n"])])
+    then = body("then", [helper.make_node("Loop", ["four", "", "x"], ["t", "rows"], body=loop_body),
+                         helper.make_node("ReduceMax", ["rows"], ["r"], axes=[0], keepdims=0)],
+                [], [("t", np.float32, ["n", 3]), ("r", np.float32, ["n"])])
+    other = body("else", [helper.make_node("Neg", ["x"], ["t"]),
+                          helper.make_node("ReduceMin", ["x"], ["r"], axes=[1], keepdims=0)],
+                 [], [("t", np.float32, ["n", 3]), ("r", np.float32, ["n"])])
+    m = model([helper.make_node("If", ["c"], ["a", "b"], then_branch=then, else_branch=other)],
+              {"c": (np.bool_, []), "x": (np.float32, ["n", 3])},
+              {"a": (np.float32, ["n", 3]), "b": (np.float32, ["n"])},
+              {"four": np.array(4, dtype=np.int64), "w": floats(3, 3)})
+    compiled = None
+    for n, c in [(2, True), (2, False), (6, True)]:
+        compiled = assert_matches_ort(m, {"c": np.array(c), "x": floats(n, 3)}, compiled=compiled)
+
+
 SLICE_BODY = body("body", [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
                            helper.make_node("Add", ["i", "one"], ["end"]),
                            helper.make_node("Unsqueeze", ["i", "axes"], ["start1"]),

@@ -264,6 +264,9 @@ class _Importer:
             inner[init.name] = body.constant(numpy_helper.to_array(init), init.name)
         try:
             self.nodes(proto.node, inner, body)
+        except CuvilError:
+            _forget(body)
+            raise
         finally:
             self.prefix = outer_prefix
         outputs = [self._lookup(inner, vo.name, name) for vo in proto.output]
@@ -328,6 +331,9 @@ class _Importer:
             return
         except CuvilError as exc:
             rolled_error = exc
+            for body in node.attrs.values():
+                if isinstance(body, Graph):
+                    _forget(body)
         trip = self._unroll_count(pn, node)
         if trip is None:
             raise rolled_error
@@ -447,6 +453,18 @@ class _Importer:
         self.node(onnx.helper.make_node("Concat", rows, [out_name], axis=0, name=node_label),
                   0, work, graph)
         scope[out_name] = work[out_name]
+
+
+def _forget(body: Graph) -> None:
+    """Drop a discarded body's nodes from the users of the values they read (enclosing
+    values among them), so that passes do not count them."""
+    for n in body.nodes:
+        for v in n.inputs:
+            if v is not None and n in v.users:
+                v.users.remove(n)
+        for a in n.attrs.values():
+            if isinstance(a, Graph):
+                _forget(a)
 
 
 def _graph_attr(pn: onnx.NodeProto, name: str) -> onnx.GraphProto | None:
