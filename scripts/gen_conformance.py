@@ -157,7 +157,12 @@ def write_docs(results: list[dict[str, Any]], meta: dict[str, Any], out_dir: Pat
     w(f"One full run took {meta['wall_s'] / 60:.1f} min of wall time with {meta['workers']} worker "
       f"processes ({meta['cpu_count']} CPUs); compiling took {meta['compile_s']:.0f} s and running "
       f"{meta['run_s']:.1f} s of worker time in total"
-      + (f", with CUVIL_OPT_LEVEL={meta['opt_level']}" if meta.get("opt_level") else "") + ".")
+      + (f", with CUVIL_OPT_LEVEL={meta['opt_level']}" if meta.get("opt_level") else "") + "."
+      + (f" The {meta['rerun']['cases']} cases that had not passed were run again afterwards "
+         f"({meta['rerun']['wall_s'] / 60:.1f} min)." if meta.get("rerun") else "")
+      + (f" The machine's load average was {meta['load_avg'][0]} before and {meta['load_avg'][1]} "
+         "after the run (other processes competed for the CPUs, so times are upper bounds)."
+         if meta.get("load_avg") and max(meta["load_avg"]) > meta["cpu_count"] else ""))
     w("")
 
     w("## Out of scope")
@@ -273,11 +278,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also profile N compiles in this process and report the stages")
+    parser.add_argument("--from-json", type=Path, metavar="FILE",
+                        help="rewrite the docs from an earlier run's conformance.json, no run")
+    parser.add_argument("--rerun-failed", type=Path, metavar="FILE",
+                        help="keep the passes of an earlier run's conformance.json and run only "
+                             "the other in-scope cases again")
     args = parser.parse_args(argv)
+
+    if args.from_json:
+        data = json.loads(args.from_json.read_text())
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_docs(data["results"], data["meta"], args.out)
+        return 0
 
     import onnx
 
     start = time.perf_counter()
+    load_before = os.getloadavg()[1]
     cases = runner.all_cases([k.strip() for k in args.kinds.split(",") if k.strip()])
     collected = time.perf_counter() - start
     in_scope = sum(1 for c in cases if not c.scope)
@@ -288,7 +305,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{done}/{total}] {time.perf_counter() - start:.0f} s  {r['id']}: {r['status']}"
                   f" ({r['compile_s']:.1f} s)", file=sys.stderr)
 
-    results = runner.run_all(cases, workers=args.workers, progress=progress)
+    kept: dict[str, dict[str, Any]] = {}
+    previous: dict[str, Any] = {}
+    if args.rerun_failed:
+        previous = json.loads(args.rerun_failed.read_text())
+        kept = {r["id"]: r for r in previous["results"] if r["status"] == "pass"}
+    again = [c for c in cases if c.id not in kept or c.scope]
+    fresh = {r["id"]: r for r in runner.run_all(again, workers=args.workers, progress=progress)}
+    results = [fresh.get(c.id) or kept[c.id] for c in cases]
     wall = time.perf_counter() - start
     meta: dict[str, Any] = {
         "onnx_version": onnx.__version__,
@@ -299,7 +323,14 @@ def main(argv: list[str] | None = None) -> int:
         "compile_s": round(sum(r["compile_s"] for r in results), 1),
         "run_s": round(sum(r["run_s"] for r in results), 2),
         "opt_level": os.environ.get("CUVIL_OPT_LEVEL") or None,
+        # the machine's 5-minute load average before and after: other work slows a run down
+        "load_avg": [round(load_before, 1), round(os.getloadavg()[1], 1)],
     }
+    if previous:  # the times of the full run; say how many cases ran again
+        for key in ("wall_s", "compile_s", "run_s", "load_avg", "profile"):
+            meta[key] = previous["meta"].get(key)
+        meta["compile_s"] = round(sum(r["compile_s"] for r in results), 1)
+        meta["rerun"] = {"cases": sum(1 for c in again if not c.scope), "wall_s": round(wall, 1)}
     if args.profile:
         meta["profile"] = profile([c for c in cases if c.kind == "node"], args.profile) or None
     args.out.mkdir(parents=True, exist_ok=True)

@@ -102,13 +102,13 @@ def node_cases() -> list[Case]:
     by_name = {c.name: c for c in raw}
     cases = []
     for c in raw:
-        # an *_expanded case is its op's function body: it tests the op of the base case and
-        # binds the inputs the base case binds (Range's limit, a window's size...)
+        # an *_expanded case is its op's function body: it tests the op of the base case, is in
+        # scope when that is, and binds the inputs the base case binds (a window's size...)
         base = by_name.get(re.sub(r"_expanded(_ver\d+)?$", "", c.name), c)
         op = base.model.graph.node[0].op_type if len(base.model.graph.node) == 1 else "?"
         graph_inputs = {vi.name for vi in c.model.graph.input}
         bind = [n for n in scope.compile_time_inputs(base.model) if n in graph_inputs]
-        cat = scope.classify(c.model, c.name)
+        cat = scope.classify(c.model, c.name) or scope.classify(base.model, base.name)
         cases.append(Case(
             id=f"node/{c.name}", kind="node", name=c.name, rtol=c.rtol, atol=c.atol, op=op,
             bind=bind, model_bytes=c.model.SerializeToString(),
@@ -211,6 +211,8 @@ def compare(outputs: Sequence[Any], expected: Sequence[Any], names: Sequence[str
         return f"{len(outputs)} outputs, expected {len(expected)}"
     for i, (have, want) in enumerate(zip(outputs, expected)):
         label = f"output {i} ({names[i]!r})" if i < len(names) else f"output {i}"
+        if isinstance(want, np.generic):  # some cases store scalars as numpy scalars
+            want = np.asarray(want)
         if not isinstance(want, np.ndarray):
             return f"{label}: expected a {type(want).__name__}, not a tensor"
         have = np.asarray(have)
