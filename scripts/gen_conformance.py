@@ -158,6 +158,9 @@ def write_docs(results: list[dict[str, Any]], meta: dict[str, Any], out_dir: Pat
       f"processes ({meta['cpu_count']} CPUs); compiling took {meta['compile_s']:.0f} s and running "
       f"{meta['run_s']:.1f} s of worker time in total"
       + (f", with CUVIL_OPT_LEVEL={meta['opt_level']}" if meta.get("opt_level") else "") + "."
+      + (f" The cases took {meta['cpu_s']:.0f} CPU seconds (compiler and zig), about "
+         f"{meta['cpu_s'] / 60 / meta['cpu_count']:.1f} min on {meta['cpu_count']} idle CPUs."
+         if meta.get("cpu_s") else "")
       + (f" The {meta['rerun']['cases']} cases that had not passed were run again afterwards "
          f"({meta['rerun']['wall_s'] / 60:.1f} min)." if meta.get("rerun") else "")
       + (f" The machine's load average was {meta['load_avg'][0]} before and {meta['load_avg'][1]} "
@@ -322,12 +325,13 @@ def main(argv: list[str] | None = None) -> int:
         "collect_s": round(collected, 1),
         "compile_s": round(sum(r["compile_s"] for r in results), 1),
         "run_s": round(sum(r["run_s"] for r in results), 2),
+        "cpu_s": round(sum(r.get("cpu_s", 0.0) for r in results), 1),
         "opt_level": os.environ.get("CUVIL_OPT_LEVEL") or None,
         # the machine's 5-minute load average before and after: other work slows a run down
         "load_avg": [round(load_before, 1), round(os.getloadavg()[1], 1)],
     }
     if previous:  # the times of the full run; say how many cases ran again
-        for key in ("wall_s", "compile_s", "run_s", "load_avg", "profile"):
+        for key in ("wall_s", "compile_s", "run_s", "cpu_s", "load_avg", "profile"):
             meta[key] = previous["meta"].get(key)
         meta["compile_s"] = round(sum(r["compile_s"] for r in results), 1)
         meta["rerun"] = {"cases": sum(1 for c in again if not c.scope), "wall_s": round(wall, 1)}

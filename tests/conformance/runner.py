@@ -260,11 +260,31 @@ def first_line(exc: BaseException) -> str:
 
 def run_case(case: Case) -> dict[str, Any]:
     """Prepare, run and compare one case; never raises (the result says what happened)."""
-    from cuvil.onnx_backend import CuvilBackend
-
     result: dict[str, Any] = {"id": case.id, "kind": case.kind, "name": case.name, "op": case.op,
                               "scope": case.scope, "status": "fail", "stage": "load", "error": "",
                               "compile_s": 0.0, "run_s": 0.0}
+    cpu_start = _cpu_seconds()
+    try:
+        _run_case(case, result)
+    finally:
+        # CPU time of this process and its children (zig): unlike wall time, it does not
+        # grow when other work shares the machine
+        result["cpu_s"] = round(_cpu_seconds() - cpu_start, 3)
+    return result
+
+
+def _cpu_seconds() -> float:
+    try:
+        import resource
+    except ImportError:  # Windows has no resource module
+        return time.process_time()
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _run_case(case: Case, result: dict[str, Any]) -> None:
+    from cuvil.onnx_backend import CuvilBackend
+
     try:
         model = case.model()
         data_sets = _data_sets(case, model)
@@ -293,7 +313,7 @@ def run_case(case: Case) -> dict[str, Any]:
                               case.rtol, case.atol)
             if problem:
                 result["error"] = clean(problem)
-                return result
+                return
         result["status"] = "pass"
         result["stage"] = ""
     except Exception as exc:
@@ -305,7 +325,6 @@ def run_case(case: Case) -> dict[str, Any]:
         result["error_type"] = type(exc).__name__
         result["traceback"] = clean("".join(traceback.format_exception(type(exc), exc,
                                                                         exc.__traceback__))[-4000:])
-    return result
 
 
 # ---------------------------------------------------------------------------- in parallel
