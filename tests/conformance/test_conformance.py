@@ -95,7 +95,8 @@ def _report(results, totals) -> str:
         lines.append(f"  {group}: {t['passed']}/{t['in_scope']} in scope passed = {t['rate']:.1%}"
                      f"{target}")
     failures = [r for r in results if r["status"] == "fail"]
-    causes = collections.Counter(u for r in failures for u in r.get("unsupported", []))
+    causes = collections.Counter(u.split(" (opset")[0] for r in failures
+                                 for u in r.get("unsupported", []))
     if causes:
         lines.append("  unsupported operators (failing cases): " + ", ".join(
             f"{op} ({n})" for op, n in causes.most_common(25)))
