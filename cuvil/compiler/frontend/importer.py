@@ -204,23 +204,26 @@ class _Importer:
     def _typed(self, pn: onnx.NodeProto, node: Node, op: Any, node_label: str, scope: Scope,
                graph: Graph) -> None:
         """Import the node's subgraphs, run its shape rule and add it to `graph`."""
+        # the outputs exist (untyped, unnamed in the graph) while the rule runs, so it can see
+        # how many there are; they take their names once the rule accepts the node
+        node.outputs = [Value(self.prefix + (out_name or f"{node_label}_unused"), _UNTYPED)
+                        for out_name in pn.output]
         if isinstance(op, SubgraphOp):
             bodies = {}
             for attr in op.graph_attrs:
                 proto = node.attrs.get(attr)
                 if proto is None:
                     raise ModelError(f"{self.label}: {node.describe()} has no {attr!r} graph")
-                body = self.subgraph(proto, op.bind_subgraph(node, attr, proto), scope,
-                                     f"{graph.name}.{node_label}.{attr}")
+                try:
+                    body = self.subgraph(proto, op.bind_subgraph(node, attr, proto), scope,
+                                         f"{graph.name}.{node_label}.{attr}")
+                except CuvilError as exc:
+                    raise type(exc)(f"{exc}\n(in the {attr} of {node.describe()})") from None
                 if body is None:  # an unsupported op inside: reported with the others
                     self._unknown(pn, scope)
                     return
                 bodies[attr] = body
             op.attach(node, bodies)
-        # the outputs exist (untyped, unnamed in the graph) while the rule runs, so it can see
-        # how many there are; they take their names once the rule accepts the node
-        node.outputs = [Value(self.prefix + (out_name or f"{node_label}_unused"), _UNTYPED)
-                        for out_name in pn.output]
         try:
             types = op.infer(node, self.ctx)
         except CuvilError:
@@ -335,8 +338,9 @@ class _Importer:
                 if isinstance(body, Graph):
                     _forget(body)
         trip = self._unroll_count(pn, node)
-        if trip is None:
-            raise rolled_error
+        if isinstance(trip, str):
+            raise type(rolled_error)(
+                f"{rolled_error}\n(the loop cannot be unrolled instead: {trip})") from None
         # start over: what the failed attempt recorded does not hold for the unrolled loop
         self.unsupported = unsupported
         del self.main.constraints[constraints:]
@@ -351,24 +355,26 @@ class _Importer:
             raise type(rolled_error)(
                 f"{rolled_error}\n(unrolling the loop instead failed too: {exc})") from None
 
-    def _unroll_count(self, pn: onnx.NodeProto, node: Node) -> int | None:
-        """The trip count if the loop may be unrolled: known M (or a known false cond), and a
-        body small enough."""
+    def _unroll_count(self, pn: onnx.NodeProto, node: Node) -> int | str:
+        """The trip count if the loop may be unrolled (known M, or a known false condition,
+        and a body small enough), else why not."""
         body = _graph_attr(pn, "body")
         if body is None:
-            return None
+            return "it has no body"
         m = node.input(0)
         m_known = m.known_values() if m is not None else None
         cond = node.input(1)
         if cond is not None and _known_flag(cond) is None:
-            return None
+            return f"its condition {cond.name!r} is computed at run time"
         if cond is not None and not _known_flag(cond):
             return 0
+        if m is None:
+            return "it has no trip count M"
         if m_known is None or len(m_known) != 1 or not isinstance(m_known[0], int):
-            return None
+            return f"its trip count M ({m.name!r}) is not a constant"
         trip = max(int(m_known[0]), 0)
         if trip * max(len(body.node), 1) > UNROLL_MAX_NODES:
-            return None
+            return f"{trip} iterations of {len(body.node)} nodes are too many"
         return trip
 
     def _unroll(self, pn: onnx.NodeProto, node: Node, node_label: str, trip: int, scope: Scope,
