@@ -318,8 +318,9 @@ def _layout(body: Graph, carried: Sequence[TensorType], slots: Sequence[tuple[st
 class _Iterations:
     """Emits `for i in range(trip) while go: body` with double-buffered carried values.
 
-    `carried_in(parity)` / `carried_out(parity)` are the pointers of the carried values the
-    iteration reads and writes; after the loop, `final(count)` are those of the last values.
+    `carried_in(i)` / `carried_out(i)` point at the copies of the carried values iteration i
+    reads and writes (the two copies alternate); `finish(count, outputs)` copies the values
+    the last iteration wrote (the initial ones after no iteration) to `outputs`.
     """
 
     def __init__(self, k: Emitter, lay: _Layout, carried: Sequence[TensorType]) -> None:
