@@ -1,8 +1,12 @@
 """The ONNX conformance gate: onnx's node tests and shipped model tests through cuvil.
 
-Default: one slow test runs every case in worker processes and fails when a pass rate falls
-below its target in `scope.TARGETS` (>= 90% of in-scope node cases, every light model,
->= 95% of pytorch-converted + pytorch-operator), listing the failures and their causes.
+Default (CI): one slow test runs the shipped model tests in worker processes and fails when a
+pass rate falls below its target in `scope.TARGETS` (every light model, >= 95% of
+pytorch-converted + pytorch-operator), listing the failures and their causes.
+
+CUVIL_CONFORMANCE=full adds onnx's ~1900 node cases (>= 90% of those in scope), which take
+about 26 minutes on 2 cores: too long for CI's budget, so they gate by hand and in
+docs/conformance.md for now.
 
 Per-case mode, to see failures one by one (and select them with -k):
 
@@ -23,6 +27,7 @@ import pytest
 from conformance import runner, scope
 
 PER_CASE = os.environ.get("CUVIL_CONFORMANCE", "") == "cases"
+FULL = os.environ.get("CUVIL_CONFORMANCE", "") == "full"
 
 
 @functools.cache
@@ -106,13 +111,27 @@ def _report(results, totals) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(PER_CASE, reason="CUVIL_CONFORMANCE=cases runs the cases one by one instead")
+@pytest.mark.skipif(not FULL, reason="the full gate (all ~1900 node cases: about 26 min on 2 "
+                    "cores) runs with CUVIL_CONFORMANCE=full; CI runs the model gate below")
 def test_conformance_meets_targets():
     results = runner.run_all(_cases())
     totals = runner.summarize(results)
     for group in scope.TARGETS:
         assert group in totals, f"no {group} cases were collected: is the onnx package complete?"
     assert all(t["meets_target"] for t in totals.values()), _report(results, totals)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(PER_CASE or FULL, reason="the full gate covers the models too")
+def test_model_conformance_meets_targets():
+    """The shipped models (light_*, pytorch-converted, pytorch-operator): what fits CI's time."""
+    groups = ("light", "pytorch")
+    results = runner.run_all([c for c in _cases() if c.kind in
+                              ("light", "pytorch-converted", "pytorch-operator")])
+    totals = runner.summarize(results)
+    for group in groups:
+        assert group in totals, f"no {group} cases were collected: is the onnx package complete?"
+    assert all(totals[g]["meets_target"] for g in groups), _report(results, totals)
 
 
 @pytest.mark.slow
