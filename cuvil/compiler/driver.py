@@ -111,7 +111,8 @@ def compile_model(
         runtime_obj = zig.compile_c(RUNTIME_SOURCE, workdir / f"threadpool.{arch.name}.o", arch,
                                     log=log)
         objects[arch.name] = [*objs, weights_obj, runtime_obj]
-    library = zig.link_library(tgt, objects, workdir / library_file, libs=("m", "pthread"), log=log)
+    library = zig.link_library(tgt, objects, workdir / library_file, libs=("m", "pthread"),
+                               strip=True, log=log)  # no debug info (zig's runtime carries ~1 MB)
     say(f"cuvil: {name}: built {library.name} in {time.perf_counter() - start:.1f} s")
     return CompiledModel(name, library, sig)
 
