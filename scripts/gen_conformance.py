@@ -97,7 +97,8 @@ def profile(cases: list[runner.Case], n: int) -> dict[str, Any]:
     # cumulative time of the functions that mark each stage
     marks = {
         "import (frontend, shape rules, constant folding)": ("importer.py", "import_model"),
-        "of which constant folding (onnx ReferenceEvaluator)": ("fold_constants.py", "fold_node"),
+        "constant folding (onnx ReferenceEvaluator; part of import)": ("fold_constants.py",
+                                                                        "fold_node"),
         "passes": ("passes/__init__.py", "run_passes"),
         "memory plan": ("plan_memory.py", "plan_memory"),
         "LLVM IR building (llvmlite.ir)": ("module.py", "build_module"),
@@ -266,7 +267,7 @@ def write_docs(results: list[dict[str, Any]], meta: dict[str, Any], out_dir: Pat
         w("")
         w("| stage | CPU s | share |")
         w("| --- | ---: | ---: |")
-        for label, secs in prof["stages"].items():
+        for label, secs in sorted(prof["stages"].items(), key=lambda kv: -kv[1]):
             share = secs / prof["cpu_s"] if prof["cpu_s"] else 0
             w(f"| {label} | {secs:.2f} | {share:.0%} |")
         w("")
