@@ -10,7 +10,7 @@ memory would round after every tap) and rounded once.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -131,9 +131,11 @@ class Conv(Op):
                     _accumulate_rows(k, x, y, n, oc, ic, kpos, wv, win)
 
 
-def _accumulate_rows(k: Emitter, x: View, y: View, n: ir.Value, oc: ir.Value, ic: ir.Value,
-                     kpos: Sequence[ir.Value], wv: ir.Value, win: Window) -> None:
-    """y[n, oc, o...] += wv * x[n, ic, o*s + kpos*d - pad] for every in-bounds output position.
+def _walk_taps(k: Emitter, win: Window | TransposedWindow, kpos: Sequence[ir.Value],
+               walk_dims: Sequence[ir.Value], reach_dims: Sequence[ir.Value],
+               body: Callable[[list[ir.Value], list[ir.Value]], None]) -> None:
+    """body(walked, reached) for every position `walked` (over walk_dims) whose partner
+    `reached` = walked*s + kpos*d - pad lies inside reach_dims, for one kernel tap.
 
     Outer spatial dims are checked per position; the innermost one gets a computed valid range
     so its loop has no branch and vectorizes.
@@ -141,31 +143,35 @@ def _accumulate_rows(k: Emitter, x: View, y: View, n: ir.Value, oc: ir.Value, ic
     r = len(win.kernel)
     b = k.b
 
-    def offset(axis: int) -> ir.Value:
-        return b.sub(b.mul(kpos[axis], k.i64(win.dilations[axis])), k.dim(win.pads_begin[axis]))
-
-    def nest(axis: int, out_idx: list[ir.Value], in_idx: list[ir.Value]) -> None:
+    def nest(axis: int, walked: list[ir.Value], reached: list[ir.Value]) -> None:
         s = win.strides[axis]
-        start = offset(axis)
+        offset = b.sub(b.mul(kpos[axis], k.i64(win.dilations[axis])), k.dim(win.pads_begin[axis]))
         if axis == r - 1:
-            size = x.dims[2 + axis]
-            # valid o: 0 <= o*s + start < size  ->  ceil(-start/s) <= o < ceil((size-start)/s)
-            lo = clamp(k, ceil_div(k, b.neg(start), s), k.i64(0), y.dims[2 + axis])
-            hi = clamp(k, ceil_div(k, b.sub(size, start), s), lo, y.dims[2 + axis])
-            with k.loop(hi, start=lo, name="ow") as o:
-                i = b.add(b.mul(o, k.i64(s)), start)
-                xv = k.load(x, [n, ic, *in_idx, i])
-                idx = [n, oc, *out_idx, o]
-                k.store(y, idx, k.fmul_add(wv, xv, k.load(y, idx)))
+            # valid w: 0 <= w*s + offset < size  ->  ceil(-offset/s) <= w < ceil((size-offset)/s)
+            lo = clamp(k, ceil_div(k, b.neg(offset), s), k.i64(0), walk_dims[axis])
+            hi = clamp(k, ceil_div(k, b.sub(reach_dims[axis], offset), s), lo, walk_dims[axis])
+            with k.loop(hi, start=lo, name="w") as w:
+                body([*walked, w], [*reached, b.add(b.mul(w, k.i64(s)), offset)])
             return
-        with k.loop(y.dims[2 + axis], name=f"o{axis}") as o:
-            i = b.add(b.mul(o, k.i64(s)), start)
-            inside = b.and_(b.icmp_signed(">=", i, k.i64(0)),
-                            b.icmp_signed("<", i, x.dims[2 + axis]))
+        with k.loop(walk_dims[axis], name=f"w{axis}") as w:
+            t = b.add(b.mul(w, k.i64(s)), offset)
+            inside = b.and_(b.icmp_signed(">=", t, k.i64(0)),
+                            b.icmp_signed("<", t, reach_dims[axis]))
             with k.if_then(inside):
-                nest(axis + 1, [*out_idx, o], [*in_idx, i])
+                nest(axis + 1, [*walked, w], [*reached, t])
 
     nest(0, [], [])
+
+
+def _accumulate_rows(k: Emitter, x: View, y: View, n: ir.Value, oc: ir.Value, ic: ir.Value,
+                     kpos: Sequence[ir.Value], wv: ir.Value, win: Window) -> None:
+    """y[n, oc, o...] += wv * x[n, ic, o*s + kpos*d - pad] for every in-bounds output position."""
+
+    def body(o: list[ir.Value], i: list[ir.Value]) -> None:
+        idx = [n, oc, *o]
+        k.store(y, idx, k.fmul_add(wv, k.load(x, [n, ic, *i]), k.load(y, idx)))
+
+    _walk_taps(k, win, kpos, y.dims[2:], x.dims[2:], body)
 
 
 def _conv_gather(k: Emitter, x: View, w: View, y: View, bias: View | None, win: Window,
@@ -344,32 +350,13 @@ class ConvTranspose(Op):
 def _scatter_rows(k: Emitter, x: View, y: View, n: ir.Value, oc: ir.Value, ic: ir.Value,
                   kpos: Sequence[ir.Value], wv: ir.Value, win: TransposedWindow) -> None:
     """y[n, oc, i*s + kpos*d - pad] += wv * x[n, ic, i] for every input position i whose
-    target is inside the output (the innermost axis over a computed range, without branches)."""
-    r = len(win.kernel)
-    b = k.b
+    target is inside the output."""
 
-    def nest(axis: int, out_idx: list[ir.Value], in_idx: list[ir.Value]) -> None:
-        s = win.strides[axis]
-        offset = b.sub(b.mul(kpos[axis], k.i64(win.dilations[axis])), k.dim(win.pads_begin[axis]))
-        if axis == r - 1:
-            size = y.dims[2 + axis]
-            # valid i: 0 <= i*s + offset < size
-            lo = clamp(k, ceil_div(k, b.neg(offset), s), k.i64(0), x.dims[2 + axis])
-            hi = clamp(k, ceil_div(k, b.sub(size, offset), s), lo, x.dims[2 + axis])
-            with k.loop(hi, start=lo, name="iw") as i:
-                o = b.add(b.mul(i, k.i64(s)), offset)
-                xv = k.load(x, [n, ic, *in_idx, i])
-                idx = [n, oc, *out_idx, o]
-                k.store(y, idx, k.fmul_add(wv, xv, k.load(y, idx)))
-            return
-        with k.loop(x.dims[2 + axis], name=f"i{axis}") as i:
-            o = b.add(b.mul(i, k.i64(s)), offset)
-            inside = b.and_(b.icmp_signed(">=", o, k.i64(0)),
-                            b.icmp_signed("<", o, y.dims[2 + axis]))
-            with k.if_then(inside):
-                nest(axis + 1, [*out_idx, o], [*in_idx, i])
+    def body(i: list[ir.Value], o: list[ir.Value]) -> None:
+        idx = [n, oc, *o]
+        k.store(y, idx, k.fmul_add(wv, k.load(x, [n, ic, *i]), k.load(y, idx)))
 
-    nest(0, [], [])
+    _walk_taps(k, win, kpos, x.dims[2:], y.dims[2:], body)
 
 
 def _transposed_gather(k: Emitter, x: View, w: View, y: View, bias: View | None,
