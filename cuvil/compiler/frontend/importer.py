@@ -16,6 +16,7 @@ import onnx
 import sympy
 from onnx import numpy_helper
 
+from cuvil.compiler.frontend.functions import expandable, function_body
 from cuvil.compiler.frontend.loader import check_and_upgrade, load_onnx
 from cuvil.compiler.frontend.shape_values import propagate
 from cuvil.compiler.ir import Dim, Graph, Node, TensorType, Value, symbol
@@ -163,7 +164,9 @@ class _Importer:
         std = pn.domain in ("", "ai.onnx")
         if any(scope.get(i) is _UNKNOWN for i in pn.input if i):
             self._unknown(pn, scope)
-            if lookup(pn.domain, pn.op_type, self.opsets.get(pn.domain or "", 0)) is None:
+            opset = self.opsets.get(pn.domain or "", 0)
+            if lookup(pn.domain, pn.op_type, opset) is None and not expandable(pn.domain, pn.op_type,
+                                                                                opset):
                 self.unsupported.setdefault((pn.domain or "ai.onnx", pn.op_type,
                                              self.opsets.get(pn.domain, 0)), []).append(node_label)
             return
@@ -191,6 +194,8 @@ class _Importer:
             _add_known_values(graph, node, pn, known, scope, self.prefix)
             return
         op = lookup(node.domain, node.op_type, node.opset)
+        if op is None and self._expand(pn, node, node_label, scope, graph):
+            return
         if op is None:
             self.unsupported.setdefault((pn.domain or "ai.onnx", pn.op_type, node.opset),
                                         []).append(node_label)
@@ -320,6 +325,51 @@ class _Importer:
             if out_name:
                 self._bind(out_name, self._lookup(inner, bo.name, f"If {node_label!r} {attr}"),
                            scope, graph, node_label)
+
+    def _expand(self, pn: onnx.NodeProto, node: Node, node_label: str, scope: Scope,
+                graph: Graph) -> bool:
+        """Compile the body onnx defines for an op cuvil has no kernel for; False when onnx
+        defines none. An op inside the body that cuvil cannot compile is reported as the
+        node's own op, the one the user sees in the model."""
+        body = function_body(pn, node.opset, [v.type if v is not None else None for v in node.inputs])
+        if body is None:
+            return False
+        unsupported = {k: list(v) for k, v in self.unsupported.items()}
+        inner = scope.new_child()
+        missing = set()
+        for formal, actual in zip(body.input, [*pn.input, *[""] * len(body.input)]):
+            if actual:
+                inner[formal] = scope[actual]
+            else:
+                missing.add(formal)
+        nodes = []
+        for fn in body.node:  # omitted optional inputs stay omitted inside the body
+            if missing.intersection(fn.input):
+                fn = onnx.NodeProto.FromString(fn.SerializeToString())
+                fn.input[:] = ["" if i in missing else i for i in fn.input]
+            nodes.append(fn)
+        outer_prefix, outer_opsets = self.prefix, self.opsets
+        self.prefix = f"{outer_prefix}{node_label}/"
+        self.opsets = {**outer_opsets, **{("" if i.domain == "ai.onnx" else i.domain): int(i.version)
+                                          for i in body.opset_import}}
+        try:
+            self.nodes(nodes, inner, graph)
+        except CuvilError as exc:
+            raise type(exc)(f"{exc}\n(in the body onnx defines for {node.describe()}, which cuvil "
+                            "compiles in its place)") from None
+        finally:
+            self.prefix, self.opsets = outer_prefix, outer_opsets
+        if self.unsupported != unsupported:
+            self.unsupported = unsupported
+            self.unsupported.setdefault((pn.domain or "ai.onnx", pn.op_type, node.opset),
+                                        []).append(node_label)
+            self._unknown(pn, scope)
+            return True
+        for out_name, formal in zip(pn.output, body.output):
+            if out_name:
+                self._bind(out_name, self._lookup(inner, formal, f"body of {node.describe()}"),
+                           scope, graph, node_label)
+        return True
 
     # -- Loop ---------------------------------------------------------------------------
 
