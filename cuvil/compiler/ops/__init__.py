@@ -219,6 +219,7 @@ def _import_families() -> None:
         reduce,
         resize,
         shape,
+        spectral,
     )
 
 
