@@ -1147,3 +1147,34 @@ class Dropout(Copy):
         if len(node.outputs) > 1:
             mask = node.outputs[1]
             k.memset(k.buffers[mask], 1, k.dim(mask.type.nbytes))
+
+
+@register
+class BitCast(Copy):
+    """The input's bytes read as another dtype of the same width: no conversion, and no copy
+    when the memory planner lets the output share the input's storage."""
+
+    op_type = "BitCast"
+    since = 26
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        self.check_dtypes(node)
+        x = node.inputs[0]
+        assert x is not None
+        to = node.attrs.get("to")
+        if to is None:
+            raise ModelError(f"{node.describe()}: missing the `to` attribute")
+        try:
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))
+        except Exception:
+            dtype = None
+        if dtype is None or dtype.name not in DTYPES:
+            name = onnx.TensorProto.DataType.Name(int(to)) if int(to) in onnx.TensorProto.DataType.values() \
+                else str(to)
+            raise UnsupportedOpError(f"{node.describe()}: bit-casts to {name}; cuvil compiles "
+                                     f"tensors of {', '.join(DTYPES)} only")
+        if dtype.itemsize != x.type.dtype.itemsize:
+            raise ModelError(f"{node.describe()}: cannot bit-cast {x.type.dtype.name} "
+                             f"({8 * x.type.dtype.itemsize} bits) to {dtype.name} "
+                             f"({8 * dtype.itemsize} bits); BitCast needs types of the same width")
+        return [TensorType(dtype, x.type.shape)]
