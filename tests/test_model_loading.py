@@ -221,3 +221,22 @@ def test_external_data_round_trip_keeps_the_weights(tmp_path):
     np.testing.assert_array_equal(values["w1"], W1)
     np.testing.assert_array_equal(values["b1"], B1)
     np.testing.assert_array_equal(values["w2"], W2)
+
+
+def test_opset_6_prelu_slopes_are_per_channel_and_the_callers_model_is_kept():
+    # before opset 7 a PRelu slope of C values applied along axis 1 (old PyTorch exports rely
+    # on it); numpy-style broadcasting of [C] against [N, C, H, W] would be wrong or fail
+    slope = np.array([0.1, -0.5, 2.0], dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("PRelu", ["x", "slope"], ["y"])], "old",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, 4, 5]),
+         helper.make_tensor_value_info("slope", onnx.TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3, 4, 5])],
+        [numpy_helper.from_array(slope, "slope")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)])
+    model.ir_version = 3
+    before = model.SerializeToString()
+    x = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    got = cuvil.compile(model)(x)
+    np.testing.assert_allclose(got, np.where(x >= 0, x, x * slope[:, None, None]), rtol=1e-6)
+    assert model.SerializeToString() == before

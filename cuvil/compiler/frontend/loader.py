@@ -161,6 +161,7 @@ def check_and_upgrade(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
         raise ModelError(f"{label}: the ONNX checker rejects the model: {exc}") from None
     opset = default_opset(model)
     if opset < MIN_OPSET:
+        model = _per_channel_prelu_slopes(model)
         try:
             model = onnx.version_converter.convert_version(model, UPGRADE_TO)
         except Exception as exc:
@@ -168,6 +169,36 @@ def check_and_upgrade(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
                 f"{label}: opset {opset} is too old and onnx's version converter could not "
                 f"upgrade it to {UPGRADE_TO} ({exc}); re-export the model with a newer opset"
             ) from None
+    return model
+
+
+def _per_channel_prelu_slopes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Before opset 7, PRelu applied a slope of C values per channel (axis 1), as Caffe2 did
+    and old PyTorch exports assume; from opset 7 it broadcasts numpy-style, which the version
+    converter does not account for. Reshape such slopes to [C, 1, ...] before upgrading (in a
+    copy: the caller's ModelProto stays as it was)."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    inits = {t.name: t for t in model.graph.initializer}
+    ranks = {}
+    for vi in [*model.graph.input, *model.graph.value_info]:
+        if vi.type.tensor_type.HasField("shape"):
+            ranks[vi.name] = len(vi.type.tensor_type.shape.dim)
+    for node in model.graph.node:
+        if node.op_type != "PRelu" or len(node.input) != 2 or node.input[1] not in inits:
+            continue
+        slope, rank = inits[node.input[1]], ranks.get(node.input[0], 0)
+        if len(slope.dims) == 1 and slope.dims[0] > 1 and rank > 2:
+            per_channel = onnx.TensorProto()
+            per_channel.CopyFrom(slope)
+            per_channel.name = f"{slope.name}_per_channel"
+            per_channel.dims[:] = [slope.dims[0]] + [1] * (rank - 2)
+            if per_channel.name not in inits:
+                model.graph.initializer.append(per_channel)
+                inits[per_channel.name] = per_channel
+                if model.ir_version < 4:  # initializers were graph inputs too
+                    model.graph.input.append(onnx.helper.make_tensor_value_info(
+                        per_channel.name, per_channel.data_type, per_channel.dims))
+            node.input[1] = per_channel.name
     return model
 
 
