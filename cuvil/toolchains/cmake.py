@@ -2,7 +2,7 @@
 
 `write_cmake_toolchain` writes `<path>` plus small compiler wrapper scripts next to it
 (`<stem>-cc`, `<stem>-c++`, `<stem>-ar`, `<stem>-ranlib`), each running
-`<python> -m ziglang <tool> -target <zig target>`. Pass the file to CMake (or scikit-build-core)
+`<zig from the ziglang package> <tool> -target <zig target>`. Pass the file to CMake (or scikit-build-core)
 with `-DCMAKE_TOOLCHAIN_FILE=<path>`.
 """
 

@@ -1,7 +1,7 @@
 """The zig driver: compile C, embed binary blobs, link shared libraries, fuse universal Mach-O.
 
-zig always runs as `sys.executable -m ziglang` (the `ziglang` wheel), never a system compiler,
-so a model build needs nothing but Python packages. Every output is written to a temporary
+zig always comes from the `ziglang` wheel (its binary, as `python -m ziglang` runs it), never a
+system compiler, so a model build needs nothing but Python packages. Every output is written to a temporary
 file next to it and renamed into place, so a failed step never leaves a half-written file.
 """
 
@@ -50,13 +50,20 @@ _warned_first_link: set[str] = set()
 # ------------------------------------------------------------------------------ running
 
 
+@cache
 def zig_command() -> list[str]:
-    """The argv prefix that runs zig: the running Python with `-m ziglang`."""
-    if importlib.util.find_spec("ziglang") is None:
+    """The argv prefix that runs zig from the `ziglang` package: its binary, which the
+    package's `python -m ziglang` would exec, started directly to spare a Python start-up
+    per step (two per model compile); `-m ziglang` if the binary is not where it should be."""
+    spec = importlib.util.find_spec("ziglang")
+    if spec is None or not spec.submodule_search_locations:
         raise ToolchainError(
             f"the 'ziglang' package is not installed for {sys.executable}; "
             "install it with: python -m pip install ziglang"
         )
+    binary = Path(next(iter(spec.submodule_search_locations))) / ("zig.exe" if os.name == "nt" else "zig")
+    if binary.is_file() and os.access(binary, os.X_OK):
+        return [str(binary)]
     return [sys.executable, "-m", "ziglang"]
 
 
