@@ -1,18 +1,16 @@
 """The ONNX conformance gate: onnx's node tests and shipped model tests through cuvil.
 
-Default (CI): one slow test runs the shipped model tests in worker processes and fails when a
-pass rate falls below its target in `scope.TARGETS` (every light model, >= 95% of
-pytorch-converted + pytorch-operator), listing the failures and their causes.
+Default (CI): one slow test runs every case (onnx's node tests, the light_* models,
+pytorch-converted, pytorch-operator and simple) in worker processes, writes the report
+(conformance.md/.json, as `scripts/gen_conformance.py` does for docs/) to build/conformance/,
+and fails when a pass rate falls below its target in `scope.TARGETS` (>= 90% of the node
+cases in scope, every light model, >= 95% of pytorch-converted + pytorch-operator), listing
+the failures and their causes.
 
-CUVIL_CONFORMANCE=full adds onnx's ~1900 node cases (>= 90% of those in scope). A full run
-measured 734 CPU seconds (about 6 min on 2 idle cores; 12 min wall on a busy 2-core machine,
-26 min on a very busy one): they gate by hand and in docs/conformance.md for now.
-
-Per-case mode, to see failures one by one (and select them with -k):
+CUVIL_CONFORMANCE=models runs only the shipped models (about 3 min on 2 cores), for a quick
+local check. Per-case mode, to see failures one by one (and select them with -k):
 
     CUVIL_CONFORMANCE=cases python -m pytest tests/conformance -k "relu or light"
-
-`python scripts/gen_conformance.py` runs the same collection and writes docs/conformance.md.
 """
 
 from __future__ import annotations
@@ -20,14 +18,19 @@ from __future__ import annotations
 import collections
 import functools
 import os
+import time
+from pathlib import Path
 
 import onnx
 import pytest
 
-from conformance import runner, scope
+from conformance import report, runner, scope
 
-PER_CASE = os.environ.get("CUVIL_CONFORMANCE", "") == "cases"
-FULL = os.environ.get("CUVIL_CONFORMANCE", "") == "full"
+MODE = os.environ.get("CUVIL_CONFORMANCE", "")
+PER_CASE = MODE == "cases"
+MODELS_ONLY = MODE == "models"
+#: where the gate writes the report of its run (the repository's build/ is not committed)
+REPORT_DIR = Path(__file__).resolve().parents[2] / "build" / "conformance"
 
 
 @functools.cache
@@ -110,28 +113,34 @@ def _report(results, totals) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not FULL, reason="the full gate (all ~1900 node cases: about 6 min of CPU on "
-                    "2 cores) runs with CUVIL_CONFORMANCE=full; CI runs the model gate below")
-def test_conformance_meets_targets():
-    results = runner.run_all(_cases())
+def _gate(kinds: tuple[str, ...], groups: tuple[str, ...]) -> None:
+    start, load_before = time.perf_counter(), os.getloadavg()[1]
+    cases = runner.all_cases(kinds)
+    collected = time.perf_counter() - start
+    results = runner.run_all(cases)
     totals = runner.summarize(results)
-    for group in scope.TARGETS:
-        assert group in totals, f"no {group} cases were collected: is the onnx package complete?"
-    assert all(t["meets_target"] for t in totals.values()), _report(results, totals)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(PER_CASE or FULL, reason="the full gate covers the models too")
-def test_model_conformance_meets_targets():
-    """The shipped models (light_*, pytorch-converted, pytorch-operator): what fits CI's time."""
-    groups = ("light", "pytorch")
-    # collected directly: the node cases' collection alone takes ~15 s
-    results = runner.run_all(runner.all_cases(("light", "pytorch-converted", "pytorch-operator")))
-    totals = runner.summarize(results)
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    meta = report.run_meta(results, os.cpu_count() or 1, time.perf_counter() - start, collected,
+                           load_before)
+    report.write_docs(results, meta, REPORT_DIR)
+    print(f"conformance report: {REPORT_DIR / 'conformance.md'}")
     for group in groups:
         assert group in totals, f"no {group} cases were collected: is the onnx package complete?"
     assert all(totals[g]["meets_target"] for g in groups), _report(results, totals)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(PER_CASE or MODELS_ONLY, reason="CUVIL_CONFORMANCE selects another gate")
+def test_conformance_meets_targets():
+    _gate(("node", "light", *runner.MODEL_KINDS), tuple(scope.TARGETS))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not MODELS_ONLY, reason="the full gate covers the models too; "
+                    "CUVIL_CONFORMANCE=models runs only them")
+def test_model_conformance_meets_targets():
+    """The shipped models only (light_*, pytorch-converted, pytorch-operator)."""
+    _gate(("light", "pytorch-converted", "pytorch-operator"), ("light", "pytorch"))
 
 
 @pytest.mark.slow
