@@ -228,3 +228,101 @@ def test_empty_auto_pad_means_notset():
                       feeds={"x": ("float32", [1, 2, 5, 6])},
                       consts={"w": rng.standard_normal([3, 2, 3, 3]).astype(np.float32)},
                       oracle_attrs={"pads": [1, 0, 2, 1]})])
+
+
+# -- Col2Im ------------------------------------------------------------------------------------
+
+
+def col2im_case(rng: np.random.Generator, r: int, dtype: str = "float32", oracle: str = "ort",
+                symbolic_batch: bool = False) -> Case:
+    block = [int(rng.integers(1, 4)) for _ in range(r)]
+    attrs: dict = {}
+    if rng.random() < 0.8:
+        attrs["strides"] = [int(rng.integers(1, 4)) for _ in range(r)]
+    if rng.random() < 0.7:
+        attrs["pads"] = [int(rng.integers(0, 3)) for _ in range(2 * r)]
+    if rng.random() < 0.5:
+        attrs["dilations"] = [int(rng.integers(1, 3)) for _ in range(r)]
+    s = attrs.get("strides", [1] * r)
+    p = attrs.get("pads", [0] * 2 * r)
+    d = attrs.get("dilations", [1] * r)
+    image = [int(rng.integers(1, 8)) + d[a] * (block[a] - 1) for a in range(r)]
+    blocks = [(image[a] + p[a] + p[r + a] - d[a] * (block[a] - 1) - 1) // s[a] + 1 for a in range(r)]
+    c = int(rng.integers(1, 4))
+    shape = ["n" if symbolic_batch else 2, c * int(np.prod(block)), int(np.prod(blocks))]
+    return Case("Col2Im", ["x", "image", "block"], attrs, feeds={"x": (dtype, shape)},
+                consts={"image": np.array(image, np.int64), "block": np.array(block, np.int64)},
+                oracle=oracle)
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+def test_col2im_random(rank):
+    rng = np.random.default_rng(100 + rank)
+    # onnxruntime 1.32 misplaces padded 3-D blocks (checked against a direct loop); onnx's
+    # reference evaluator is the oracle there
+    oracle = "ort" if rank == 2 else "reference"
+    cases = [col2im_case(rng, rank, oracle=oracle, symbolic_batch=i % 2 == 0) for i in range(12)]
+    check_cases(cases, opset=18, sizes=({"n": 1}, {"n": 3}))
+
+
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")  # int8 sums wrap, in both
+def test_col2im_other_dtypes_against_reference():
+    rng = np.random.default_rng(7)
+    cases = [col2im_case(rng, 2, dtype, oracle="reference")
+             for dtype in ("float64", "int32", "int64", "int8", "uint8") for _ in range(2)]
+    check_cases(cases, opset=18)
+    check_cases([col2im_case(rng, 2, "float16", oracle="reference") for _ in range(3)], opset=18,
+                **F16)
+
+
+def test_col2im_image_shape_from_the_input_dims():
+    # image_shape = Shape(ref)[2:]: symbolic spatial dims; L (the block count) is checked at
+    # call time against them
+    from onnx import numpy_helper
+
+    nodes = [helper.make_node("Shape", ["ref"], ["ref_shape"], start=2),
+             helper.make_node("Col2Im", ["x", "ref_shape", "block"], ["y"], strides=[2, 1],
+                              pads=[1, 0, 0, 1])]
+    g = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("x", 1, ["n", 12, "l"]),
+         helper.make_tensor_value_info("ref", 1, [1, 1, "h", "w"])],
+        [helper.make_tensor_value_info("y", 1, ["n", 2, "h", "w"])],
+        [numpy_helper.from_array(np.array([2, 3], np.int64), "block")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    compiled = cuvil.compile(model)
+    from oracle import assert_matches_ort
+
+    rng = np.random.default_rng(5)
+    for n, h, w in [(1, 4, 5), (2, 7, 3)]:
+        blocks = ((h + 1 - 2) // 2 + 1) * ((w + 1 - 3) + 1)
+        feeds = {"x": rng.standard_normal((n, 12, blocks)).astype(np.float32),
+                 "ref": np.zeros((1, 1, h, w), np.float32)}
+        assert_matches_ort(model, feeds, compiled=compiled)
+    with pytest.raises(ValueError, match="number of block positions"):
+        compiled.run({"x": np.zeros((1, 12, 5), np.float32), "ref": np.zeros((1, 1, 4, 5), np.float32)})
+
+
+@pytest.mark.parametrize("image,block,attrs,x_shape,message", [
+    ([4, 4], [2, 2], {}, [1, 8, 10], "must equal the number of block positions"),
+    ([4, 4], [2, 2], {}, [1, 6, 9], "not a multiple of the block size"),
+    ([4, 4], [2], {}, [1, 8, 9], "same number"),
+    ([4, 4], [2, 2], {"strides": [1]}, [1, 8, 9], "strides \\[1\\] must hold 2 values"),
+    ([2, 4], [3, 2], {}, [1, 12, 3], "does not fit in the padded image"),
+    ([4, 4], [2, 2], {"pads": [0, 0, -1, 0]}, [1, 8, 9], "pads"),
+])
+def test_col2im_errors(image, block, attrs, x_shape, message):
+    from onnx import numpy_helper
+
+    g = helper.make_graph(
+        [helper.make_node("Col2Im", ["x", "image", "block"], ["y"], name="fold", **attrs)], "g",
+        [helper.make_tensor_value_info("x", 1, x_shape)],
+        [helper.make_tensor_value_info("y", 1, ["a", "b", "c", "d"])],
+        [numpy_helper.from_array(np.array(image, np.int64), "image"),
+         numpy_helper.from_array(np.array(block, np.int64), "block")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    with pytest.raises(ModelError, match=message) as info:
+        cuvil.compile(model)
+    assert "'fold'" in str(info.value)

@@ -6,6 +6,9 @@ float64 accumulates each kernel tap into the output in place, one row at a time:
 the innermost spatial loop has a computed valid range, so it has no branch and vectorizes.
 float16 is computed per output element in a float32 register (accumulating in float16
 memory would round after every tap) and rounded once.
+
+Col2Im (the inverse of im2col) gathers, for each image element, the column entries that
+land on it, the way the float16 transposed convolution does.
 """
 
 from __future__ import annotations
@@ -14,12 +17,20 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import sympy
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import Emitter, View
-from cuvil.compiler.ir import Dim, Node, TensorType, Value, simplify_dim
-from cuvil.compiler.ops import UNCHECKED, InferContext, Op, register
+from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
+from cuvil.compiler.ops import (
+    UNCHECKED,
+    InferContext,
+    Op,
+    const_input,
+    const_or_symbolic_input,
+    register,
+)
 from cuvil.compiler.ops._conv_gemm import im2col_bytes, lower_conv_gemm
 from cuvil.compiler.ops._window import (
     Window,
@@ -390,3 +401,122 @@ def _transposed_gather(k: Emitter, x: View, w: View, y: View, bias: View | None,
                 wv = k.convert(k.load(w, [ic, m_in_g, *kpos]), w.dtype, ct)
                 b.store(k.fmul_add(wv, xv, b.load(acc)), acc)
         k.store(y, [n, oc, *o], k.convert(b.load(acc), ct, y.dtype))
+
+
+# -- Col2Im -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Col2ImGeometry:
+    image: tuple[Dim, ...]
+    block: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads_begin: tuple[int, ...]
+    blocks: tuple[Dim, ...]  # block positions along each spatial axis
+
+
+def _col2im_geometry(node: Node, ctx: InferContext) -> _Col2ImGeometry:
+    x = node.inputs[0]
+    assert x is not None
+    if x.type.rank != 3:
+        raise ModelError(f"{node.describe()}: the input {x.type} must have rank 3: "
+                         "[N, C * prod(block_shape), L]")
+    image_v = const_or_symbolic_input(node, 1, "image_shape")
+    block_v = const_input(node, 2, "block_shape")
+    if image_v is None or block_v is None:
+        raise ModelError(f"{node.describe()}: the image_shape and block_shape inputs are required")
+    image = tuple(simplify_dim(d) for d in image_v)
+    block = tuple(int(b) for b in np.asarray(block_v).reshape(-1))
+    r = len(image)
+    if r < 1 or len(block) != r:
+        raise ModelError(f"{node.describe()}: image_shape {list(image)} and block_shape "
+                         f"{list(block)} must list the same number (>= 1) of spatial dims")
+    if any(b < 1 for b in block):
+        raise ModelError(f"{node.describe()}: block_shape {list(block)} must be positive")
+
+    def ints(name: str, default: int, count: int, least: int) -> tuple[int, ...]:
+        values = tuple(int(v) for v in node.attrs.get(name, [default] * count))
+        if len(values) != count or any(v < least for v in values):
+            raise ModelError(f"{node.describe()}: {name} {list(values)} must hold {count} values "
+                             f">= {least} for {r} spatial dims")
+        return values
+
+    strides = ints("strides", 1, r, 1)
+    dilations = ints("dilations", 1, r, 1)
+    pads = ints("pads", 0, 2 * r, 0)
+    blocks = []
+    for a in range(r):
+        if not isinstance(image[a], int):
+            ctx.require(node, sympy.Ge(image[a], 1), f"image_shape[{a}] ({image[a]}) must be >= 1")
+        elif image[a] < 1:
+            raise ModelError(f"{node.describe()}: image_shape {list(image)} must be positive")
+        span = simplify_dim(image[a] + pads[a] + pads[r + a] - dilations[a] * (block[a] - 1) - 1)
+        if isinstance(span, int) and span < 0:
+            raise ModelError(f"{node.describe()}: the dilated block ({dilations[a] * (block[a] - 1) + 1}) "
+                             f"does not fit in the padded image along spatial dim {a}")
+        if not isinstance(span, int):
+            ctx.require(node, sympy.Ge(span, 0), f"the dilated block must fit in the padded image "
+                        f"along spatial dim {a}")
+        blocks.append(simplify_dim(sympy.floor(sympy.sympify(span) / strides[a]) + 1))
+    taps = int(np.prod(block))
+    channels = x.type.shape[1]
+    if isinstance(channels, int) and channels % taps:
+        raise ModelError(f"{node.describe()}: input dim 1 ({channels}) is not a multiple of the "
+                         f"block size prod({list(block)}) = {taps}")
+    if not isinstance(channels, int):
+        ctx.require(node, sympy.Eq(sympy.Mod(channels, taps), 0),
+                    f"input dim 1 ({channels}) must be a multiple of the block size {taps}")
+    ctx.dims_equal(node, x.type.shape[2], numel(blocks),
+                   "input dim 2 (L) must equal the number of block positions")
+    return _Col2ImGeometry(image, block, strides, dilations, pads[:r], tuple(blocks))
+
+
+@register
+class Col2Im(Op):
+    """Sums column blocks back into an image: each output element gathers the block taps that
+    land on it (tap t at block position l covers o = l*s + t*d - pad), accumulated in a
+    register (float32 for float16) and stored once."""
+
+    op_type = "Col2Im"
+    since = 18
+    dtypes = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8")
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        self.check_dtypes(node)
+        x = node.inputs[0]
+        assert x is not None
+        g = _col2im_geometry(node, ctx)
+        channels = simplify_dim(sympy.sympify(x.type.shape[1]) / int(np.prod(g.block)))
+        return [TensorType(x.type.dtype, (x.type.shape[0], channels, *g.image))]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        x_val, y_val = node.inputs[0], node.outputs[0]
+        assert x_val is not None
+        g = _col2im_geometry(node, UNCHECKED)
+        r = len(g.block)
+        taps = int(np.prod(g.block))
+        x = k.contiguous(k.buffers[x_val], x_val.type.dtype,
+                         (y_val.type.shape[0], y_val.type.shape[1], *g.block, *g.blocks))
+        y = k.view(y_val)
+        ct = compute_dtype(y.dtype)
+        b = k.b
+        acc = entry_alloca(k, k.const(ct, 0).type, "acc")
+        blocks = [k.dim(d) for d in g.blocks]
+        assert taps >= 1
+        with k.loops(y.dims[:2], name="nc") as (n, c), k.loops(y.dims[2:], name="o") as o:
+            b.store(k.const(ct, 0), acc)
+            with k.loops(g.block, name="tap") as tap:
+                ok = ir.Constant(ir.IntType(1), 1)
+                pos = []
+                for a in range(r):
+                    t = b.sub(b.add(o[a], k.i64(g.pads_begin[a])), b.mul(tap[a], k.i64(g.dilations[a])))
+                    i = k.floordiv(t, k.i64(g.strides[a]))
+                    exact = b.icmp_signed("==", b.mul(i, k.i64(g.strides[a])), t)
+                    inside = b.and_(b.icmp_signed(">=", i, k.i64(0)), b.icmp_signed("<", i, blocks[a]))
+                    ok = b.and_(ok, b.and_(exact, inside))
+                    pos.append(i)
+                with k.if_then(ok):
+                    v = k.convert(k.load(x, [n, c, *tap, *pos]), x.dtype, ct)
+                    b.store(k.add(ct, b.load(acc), v), acc)
+            k.store(y, [n, c, *o], k.convert(b.load(acc), ct, y.dtype))

@@ -1,5 +1,5 @@
 """Indexing ops: Gather, GatherElements, GatherND, Scatter, ScatterElements, ScatterND,
-OneHot, TopK, ArgMax, ArgMin, CumSum, Trilu (and NonZero, which cuvil cannot compile).
+OneHot, TopK, ArgMax, ArgMin, CumSum, CumProd, Trilu (and NonZero, which cuvil cannot compile).
 
 Index inputs read at run time are checked: a negative index counts from the end of its axis
 (as in numpy); one outside the axis makes the node return `STATUS_INDEX_OUT_OF_RANGE`, which
@@ -706,6 +706,8 @@ class CumSum(Op):
         reverse = bool(node.attrs.get("reverse", 0))
         dtype = x.type.dtype
         outer, n, inner = numel(shape[:axis]), shape[axis], numel(shape[axis + 1:])
+        if isinstance(n, int) and n == 0:
+            return
         xv = _flat(k, x, (outer, n, inner))
         y = _flat(k, out, (outer, n, inner))
         nv = k.dim(n)
@@ -714,14 +716,24 @@ class CumSum(Op):
         with k.loop(xv.dims[0], name="o") as o:
             with k.loop(xv.dims[2], name="i0") as i:
                 k.store(y, [o, first, i],
-                        k.const(dtype, 0) if exclusive else k.load(xv, [o, first, i]))
+                        k.const(dtype, self.identity) if exclusive else k.load(xv, [o, first, i]))
             with k.loop(nv, start=1, name="t") as t:
                 j = k.b.sub(last, t) if reverse else t
                 prev = k.b.add(j, k.i64(1)) if reverse else k.b.sub(j, k.i64(1))
                 src = prev if exclusive else j
                 with k.loop(xv.dims[2], name="i") as i:
-                    k.store(y, [o, j, i], k.add(dtype, k.load(y, [o, prev, i]),
-                                                k.load(xv, [o, src, i])))
+                    k.store(y, [o, j, i], self.combine(k, dtype, k.load(y, [o, prev, i]),
+                                                       k.load(xv, [o, src, i])))
+
+
+@register
+class CumProd(CumSum):
+    op_type = "CumProd"
+    since = 26
+    identity = 1
+
+    def combine(self, k: Emitter, dtype: np.dtype, acc: ir.Value, x: ir.Value) -> ir.Value:
+        return k.mul(dtype, acc, x)
 
 
 @register
