@@ -323,6 +323,47 @@ def test_cum_sum() -> None:
     check(cases, opset=14)
 
 
+def test_cum_prod() -> None:
+    import batch_oracle as bo
+
+    def small_ints(rng: np.random.Generator, dtype: Any, shape: Any) -> np.ndarray:
+        return rng.integers(-3, 4, shape).astype(dtype)  # products stay well inside int32
+
+    def near_one(rng: np.random.Generator, dtype: Any, shape: Any) -> np.ndarray:
+        return (rng.uniform(0.5, 1.5, shape) * rng.choice([-1, 1], shape)).astype(dtype)
+
+    cases = []
+    for axis in (0, 1, -1, -3):
+        for exclusive in (0, 1):
+            for reverse in (0, 1):
+                cases.append(bo.Case("CumProd", ["x", "axis"],
+                                     {"exclusive": exclusive, "reverse": reverse},
+                                     feeds={"x": ("float32", ["n", 5, "_m"])},
+                                     consts={"axis": np.array(axis, np.int64)}, data=near_one))
+    for dtype in ("int32", "int64", "float64"):
+        cases.append(bo.Case("CumProd", ["x", "axis"], {"exclusive": 1},
+                             feeds={"x": (dtype, [3, "_m"])},
+                             consts={"axis": np.array([1], np.int32)}, data=small_ints))
+    bo.check_cases(cases, sizes=[{"n": 1, "_m": 7}, {"n": 4, "_m": 1}, {"n": 2, "_m": 3}],
+                   opset=26)
+    tests = [baked(t, {"CumProd": [1]}) for t in bo.backend_cases("cumprod", ["CumProd"])]
+    assert len(tests) == 9
+    bo.check_backend_cases(tests)
+
+
+def test_cum_prod_rejects_a_bad_axis() -> None:
+    import batch_oracle as bo
+
+    model = bo.build([bo.Case("CumProd", ["x", "axis"], {}, feeds={"x": ("float32", [3, 4])},
+                              consts={"axis": np.array([0, 1], np.int64)})], opset=26)
+    with pytest.raises(ModelError, match=r"case0.*CumProd.*axis must be one integer"):
+        cuvil.compile(model)
+    model = bo.build([bo.Case("CumProd", ["x", "axis"], {}, feeds={"x": ("float32", [3, 4])},
+                              consts={"axis": np.array(2, np.int64)})], opset=26)
+    with pytest.raises(ModelError, match=r"case0.*CumProd.*axis 2 is out of range"):
+        cuvil.compile(model)
+
+
 def test_trilu() -> None:
     cases = []
     for upper in (0, 1):

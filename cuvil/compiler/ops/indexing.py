@@ -680,9 +680,17 @@ class ArgMin(_ArgExtreme):
 
 @register
 class CumSum(Op):
+    """Running sums along an axis, inclusive or exclusive (starting from the identity), forward
+    or reverse. CumProd is the same scan with another combining step and identity."""
+
     op_type = "CumSum"
     since = 11
     dtypes = ("float32", "float64", "int32", "int64", "float16", "int8", "int16", "uint8")
+    #: the first output of an exclusive scan
+    identity = 0
+
+    def combine(self, k: Emitter, dtype: np.dtype, acc: ir.Value, x: ir.Value) -> ir.Value:
+        return k.add(dtype, acc, x)
 
     def _axis(self, node: Node, rank: int) -> int:
         values = const_or_symbolic_input(node, 1, "axis")
