@@ -463,3 +463,38 @@ def test_onnx_backend_node_cases(group: str) -> None:
         except AssertionError as exc:
             failures.append(f"{case.name}: {' '.join(str(exc).split())[:300]}")
     assert not failures, "\n".join(failures)
+
+
+# -- EyeLike ---------------------------------------------------------------------------------
+
+
+def test_eye_like() -> None:
+    from batch_oracle import Case, backend_cases, check_backend_cases, check_cases
+
+    cases = []
+    for i, diag in enumerate((0, 1, 2, -1, -3, 9, -9)):
+        dtype = ("float32", "int32", "int64", "float64")[i % 4]
+        attrs = {"k": diag} if diag else {}
+        cases.append(Case("EyeLike", ["x"], attrs, feeds={"x": (dtype, ["_r", "_c"])}))
+    for to in (onnx.TensorProto.FLOAT, onnx.TensorProto.INT64, onnx.TensorProto.DOUBLE):
+        cases.append(Case("EyeLike", ["x"], {"dtype": to, "k": -1}, feeds={"x": ("int32", [3, 5])}))
+    # dtypes onnxruntime's EyeLike lacks
+    for dtype in ("uint8", "int8", "float16", "bool"):
+        to = int(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+        cases.append(Case("EyeLike", ["x"], {"k": 1, "dtype": to},
+                          feeds={"x": ("float32", [4, "_c"])}, oracle="reference"))
+    check_cases(cases, sizes=[{"_r": 4, "_c": 4}, {"_r": 2, "_c": 7}, {"_r": 6, "_c": 1}],
+                opset=22)
+    tests = backend_cases("eyelike", ["EyeLike"])
+    assert len(tests) == 3
+    check_backend_cases(tests)
+
+
+def test_eye_like_needs_a_matrix() -> None:
+    node = helper.make_node("EyeLike", ["x"], ["y"], name="eye")
+    graph = helper.make_graph([node], "bad", [helper.make_tensor_value_info("x", 1, [2, 3, 4])],
+                              [helper.make_tensor_value_info("y", 1, [2, 3, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+    model.ir_version = 10
+    with pytest.raises(ModelError, match=r"'eye' \(EyeLike\): the input must be 2-D"):
+        cuvil.compile(model)

@@ -1,7 +1,7 @@
 """Ops that move data without arithmetic: views (Flatten, Reshape, Squeeze, Unsqueeze),
 permutations (Transpose, DepthToSpace, SpaceToDepth), joins and cuts (Concat, Split, Slice,
-Pad, Expand, Tile), and tensors made from shapes (Shape, Size, Range, ConstantOfShape, Constant,
-and cuvil's SymbolicValue).
+Pad, Expand, Tile), and tensors made from shapes (Shape, Size, Range, ConstantOfShape, EyeLike,
+Constant, and cuvil's SymbolicValue).
 
 Shape inputs (Reshape's shape, Slice's starts, Expand's shape...) are read with
 `const_or_symbolic_input`, so they may be constants or values computed from the input dims
@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import onnx
 import sympy
 from llvmlite import ir
 
@@ -937,6 +938,53 @@ class ConstantOfShape(Op):
         c = k.const(value.dtype, value.item() if value.dtype.kind != "b" else int(value.item()))
         with k.loop(flat.dims[0], name="c") as i:
             k.store(flat, [i], c)
+
+
+@register
+class EyeLike(Op):
+    """A matrix of the input's shape with ones on diagonal k (0: main, > 0: above, < 0: below)
+    and zeros elsewhere, of the `dtype` attribute's type (default: the input's)."""
+
+    op_type = "EyeLike"
+    since = 9
+    dtypes = ALL_DTYPES
+
+    def _target(self, node: Node) -> np.dtype:
+        to = node.attrs.get("dtype")
+        if to is None:
+            return _x(node).type.dtype
+        try:
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))
+        except Exception:
+            dtype = None
+        if dtype is None or dtype.name not in ALL_DTYPES:
+            raise UnsupportedOpError(f"{node.describe()}: dtype {to} is not one cuvil compiles "
+                                     f"({', '.join(ALL_DTYPES)})")
+        return dtype
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        self.check_dtypes(node)
+        x = _x(node)
+        if x.type.rank != 2:
+            raise ModelError(f"{node.describe()}: the input must be 2-D, got {x.type}")
+        if not isinstance(node.attrs.get("k", 0), int):
+            raise ModelError(f"{node.describe()}: k must be an integer, got {node.attrs['k']!r}")
+        return [TensorType(self._target(node), x.type.shape)]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        out = node.outputs[0]
+        diag = int(node.attrs.get("k", 0))
+        k.memset(k.buffers[out], 0, k.dim(out.type.nbytes))
+        y = k.view(out)
+        rows, cols = y.dims
+        b = k.b
+        # rows i with 0 <= i + diag < cols
+        start = k.i64(max(-diag, 0))
+        stop = b.sub(cols, k.i64(diag))
+        stop = b.select(b.icmp_signed("<", rows, stop), rows, stop)
+        one = k.const(out.type.dtype, 1)
+        with k.loop(stop, start=start, name="d") as i:
+            k.store(y, [i, b.add(i, k.i64(diag))], one)
 
 
 @register
