@@ -364,6 +364,55 @@ def test_cum_prod_rejects_a_bad_axis() -> None:
         cuvil.compile(model)
 
 
+def _lengths_up_to(steps: int) -> Callable[..., np.ndarray]:
+    def make(rng: np.random.Generator, dtype: Any, shape: Any) -> np.ndarray:
+        if np.dtype(dtype) == np.int64 and len(shape) == 1:  # sequence_lens, ends included
+            return rng.choice([0, 1, steps, *range(steps + 1)], shape).astype(dtype)
+        return (rng.integers(-50, 50, shape) if np.dtype(dtype).kind in "iu"
+                else rng.standard_normal(shape)).astype(dtype)
+    return make
+
+
+def test_reverse_sequence() -> None:
+    import batch_oracle as bo
+
+    cases = []
+    for time_axis, dtype, rest in ((0, "float32", []), (1, "float32", ["_m"]),
+                                   (0, "int64", [2, "_m"]), (1, "float64", [3]),
+                                   (0, "uint8", ["_m"])):
+        batch_axis = 1 - time_axis
+        shape: list[Any] = [0, 0, *rest]
+        shape[time_axis], shape[batch_axis] = 6, "n"
+        cases.append(bo.Case("ReverseSequence", ["x", "lens"],
+                             {"time_axis": time_axis, "batch_axis": batch_axis},
+                             feeds={"x": (dtype, shape), "lens": ("int64", ["n"])},
+                             data=_lengths_up_to(6)))
+    bo.check_cases(cases, sizes=[{"n": 5, "_m": 3}, {"n": 1, "_m": 1}, {"n": 9, "_m": 4}],
+                   opset=10)
+    tests = [t for t in bo.backend_cases("reversesequence", ["ReverseSequence"])
+             if "bfloat16" not in t.name]
+    assert len(tests) == 2
+    bo.check_backend_cases(tests)
+
+
+def test_reverse_sequence_errors() -> None:
+    import batch_oracle as bo
+
+    model = bo.build([bo.Case("ReverseSequence", ["x", "lens"], {"time_axis": 1},
+                              feeds={"x": ("float32", [3, 4]), "lens": ("int64", [4])})], opset=10)
+    with pytest.raises(ModelError, match=r"case0.*time_axis \(1\) and batch_axis \(1\)"):
+        cuvil.compile(model)
+    model = bo.build([bo.Case("ReverseSequence", ["x", "lens"], {},
+                              feeds={"x": ("float32", [3, 4]), "lens": ("int64", [4])})], opset=10)
+    compiled = cuvil.compile(model, name="rev")
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for bad in ([0, 1, 4, 2], [0, -1, 1, 1]):
+        with pytest.raises(ValueError, match=r"model rev: node 'case0' \(ReverseSequence\)"):
+            compiled.run({"c0_x": x, "c0_lens": np.array(bad, np.int64)})
+    good = {"c0_x": x, "c0_lens": np.array([3, 0, 1, 2], np.int64)}
+    np.testing.assert_array_equal(compiled.run(good)["c0_y"], run_ort(model, good)["c0_y"])
+
+
 def test_trilu() -> None:
     cases = []
     for upper in (0, 1):

@@ -1,5 +1,6 @@
 """Indexing ops: Gather, GatherElements, GatherND, Scatter, ScatterElements, ScatterND,
-OneHot, TopK, ArgMax, ArgMin, CumSum, CumProd, Trilu (and NonZero, which cuvil cannot compile).
+OneHot, TopK, ArgMax, ArgMin, CumSum, CumProd, ReverseSequence, Trilu (and NonZero, which
+cuvil cannot compile).
 
 Index inputs read at run time are checked: a negative index counts from the end of its axis
 (as in numpy); one outside the axis makes the node return `STATUS_INDEX_OUT_OF_RANGE`, which
@@ -742,6 +743,70 @@ class CumProd(CumSum):
 
     def combine(self, k: Emitter, dtype: np.dtype, acc: ir.Value, x: ir.Value) -> ir.Value:
         return k.mul(dtype, acc, x)
+
+
+@register
+class ReverseSequence(Op):
+    """Reverses the first sequence_lens[b] steps of each batch entry b along the time axis
+    (time_axis and batch_axis are 0 and 1, either way round); later steps are copied. A
+    length outside [0, time steps] fails the call before anything is written."""
+
+    op_type = "ReverseSequence"
+    since = 10
+    dtypes = ALL_DTYPES
+
+    def _axes(self, node: Node) -> tuple[int, int]:
+        time_axis = int(node.attrs.get("time_axis", 0))
+        batch_axis = int(node.attrs.get("batch_axis", 1))
+        if {time_axis, batch_axis} != {0, 1}:
+            raise ModelError(f"{node.describe()}: time_axis ({time_axis}) and batch_axis "
+                             f"({batch_axis}) must be 0 and 1, one each")
+        return time_axis, batch_axis
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        self.check_dtypes(node)
+        x, lens = _in(node, 0), _in(node, 1)
+        _, batch_axis = self._axes(node)
+        if x.type.rank < 2:
+            raise ModelError(f"{node.describe()}: input must have rank >= 2, got {x.type}")
+        _check_index_dtype(node, lens, "sequence_lens", ("int64",))
+        if lens.type.rank != 1:
+            raise ModelError(f"{node.describe()}: sequence_lens must be 1-D (one length per batch "
+                             f"entry), got {lens.type}")
+        ctx.dims_equal(node, lens.type.shape[0], x.type.shape[batch_axis],
+                       "sequence_lens' length and the batch dim")
+        if lens.const is not None and isinstance(x.type.shape[1 - batch_axis], int):
+            steps = x.type.shape[1 - batch_axis]
+            flat = np.asarray(lens.const).reshape(-1)
+            bad = flat[(flat < 0) | (flat > steps)]
+            if bad.size:
+                raise ModelError(f"{node.describe()}: sequence_lens holds {int(bad[0])}, outside "
+                                 f"[0, {steps}] (the time steps)")
+        return [x.type]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        x, lens, out = _in(node, 0), _in(node, 1), node.outputs[0]
+        time_axis, batch_axis = self._axes(node)
+        shape = x.type.shape
+        inner = numel(shape[2:])
+        xv = _flat(k, x, (shape[0], shape[1], inner))
+        y = _flat(k, out, (shape[0], shape[1], inner))
+        lv = _flat(k, lens, (shape[batch_axis],))
+        steps, batch = xv.dims[time_axis], xv.dims[batch_axis]
+        b = k.b
+        with k.loop(batch, name="chk") as bb:
+            # unsigned: negative lengths count as huge
+            k.fail_if(b.icmp_unsigned(">", k.load(lv, [bb]), steps))
+        zero = k.i64(0)
+        with k.loop(batch, name="b") as bb:
+            n = k.load(lv, [bb])
+            with k.loop(steps, name="t") as t:
+                src = b.select(b.icmp_signed("<", t, n), b.sub(b.sub(n, k.i64(1)), t), t)
+
+                def at(step: ir.Value) -> list[ir.Value]:
+                    return [step, bb, zero] if time_axis == 0 else [bb, step, zero]
+
+                _copy_elements(k, y, k.offset(y, at(t)), xv, k.offset(xv, at(src)), inner)
 
 
 @register
