@@ -410,6 +410,91 @@ class ScatterND(Op):
                     k.store(y, [off, s], combine(k, old, k.load(uv, [j, s])))
 
 
+@register
+class TensorScatter(Op):
+    """A KV-cache update: the past cache with, for each batch entry b, the update's rows written
+    along `axis` from write_indices[b] on (0 without write_indices); "circular" wraps them
+    around the axis. In "linear" mode a write past the axis fails the run."""
+
+    op_type = "TensorScatter"
+    since = 24
+    dtypes = ALL_DTYPES
+
+    def _geometry(self, node: Node) -> tuple[int, bool]:
+        past = _in(node, 0)
+        r = past.type.rank
+        if r < 2:
+            raise ModelError(f"{node.describe()}: past_cache {past.type} must have rank >= 2 "
+                             "(batch, ..., sequence, ...)")
+        axis = normalize_axis(node, int(node.attrs.get("axis", -2)), r)
+        if axis == 0:
+            raise ModelError(f"{node.describe()}: axis {node.attrs.get('axis')} is the batch axis; "
+                             "the sequence axis must be another one")
+        mode = node.attrs.get("mode", "linear")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        if mode not in ("linear", "circular"):
+            raise ModelError(f"{node.describe()}: mode {mode!r} is not 'linear' or 'circular'")
+        return axis, mode == "circular"
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        self.check_dtypes(node)
+        past, upd = _in(node, 0), _in(node, 1)
+        axis, _ = self._geometry(node)
+        if upd.type.dtype != past.type.dtype:
+            raise ModelError(f"{node.describe()}: update has dtype {upd.type.dtype.name}, "
+                             f"past_cache {past.type.dtype.name}")
+        if upd.type.rank != past.type.rank:
+            raise ModelError(f"{node.describe()}: update {upd.type} and past_cache {past.type} "
+                             "must have the same rank")
+        for a, (u, p) in enumerate(zip(upd.type.shape, past.type.shape)):
+            if a != axis:
+                ctx.dims_equal(node, u, p, f"update dim {a} vs past_cache dim {a}")
+        seq, max_seq = upd.type.shape[axis], past.type.shape[axis]
+        if isinstance(seq, int) and isinstance(max_seq, int):
+            if seq > max_seq:
+                raise ModelError(f"{node.describe()}: the update's sequence length {seq} exceeds "
+                                 f"the cache's {max_seq} (axis {axis})")
+        else:
+            ctx.require(node, sympy.Le(seq, max_seq), f"the update's sequence length ({seq}) "
+                        f"must not exceed the cache's ({max_seq})")
+        wi = node.input(2)
+        if wi is not None:
+            _check_index_dtype(node, wi, "write_indices", ("int64",))
+            if wi.type.rank != 1:
+                raise ModelError(f"{node.describe()}: write_indices {wi.type} must be 1-D "
+                                 "(one index per batch entry)")
+            ctx.dims_equal(node, wi.type.shape[0], past.type.shape[0],
+                           "write_indices length vs the batch size")
+        return [past.type]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        past, upd, wi, out = _in(node, 0), _in(node, 1), node.input(2), node.outputs[0]
+        axis, circular = self._geometry(node)
+        shape = past.type.shape
+        per_batch, inner = numel(shape[1:axis]), numel(shape[axis + 1:])
+        seq = upd.type.shape[axis]
+        y = _flat(k, out, (shape[0], per_batch, shape[axis], inner))
+        uv = _flat(k, upd, (shape[0], per_batch, seq, inner))
+        iv = _flat(k, wi, (shape[0],)) if wi is not None else None
+        n, seq_v = y.dims[2], uv.dims[2]
+        if iv is not None and not circular:
+            # checked before writing: a write past the cache stops the run
+            with k.loop(iv.dims[0], name="chk") as bb:
+                start = _as_i64(k, k.load(iv, [bb]))
+                past_end = k.b.icmp_signed(">", k.b.add(start, seq_v), n)
+                k.fail_if(k.b.or_(k.b.icmp_signed("<", start, k.i64(0)), past_end))
+        _copy_input(k, past, out)
+        zero = k.i64(0)
+        with k.loop(y.dims[0], name="b") as bb:
+            start = _as_i64(k, k.load(iv, [bb])) if iv is not None else zero
+            with k.loop(y.dims[1], name="o") as o, k.loop(seq_v, name="s") as s:
+                at = k.b.add(start, s)
+                if circular:
+                    at = k.b.sub(at, k.b.mul(k.floordiv(at, n), n))
+                _copy_elements(k, y, k.offset(y, [bb, o, at, zero]), uv, k.offset(uv, [bb, o, s, zero]),
+                               inner)
+
+
 # -- encodings and selections -----------------------------------------------------------------
 
 
