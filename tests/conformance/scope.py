@@ -129,6 +129,7 @@ COMPILE_TIME_INPUTS: dict[str, tuple[int, ...]] = {
     "HammingWindow": (0,),
     "HannWindow": (0,),
     "MelWeightMatrix": (0, 1, 2, 3, 4),
+    "MaxUnpool": (2,),
     "Loop": (0, 1),
     "OneHot": (1,),
     "Pad": (1, 2, 3),

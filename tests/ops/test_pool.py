@@ -13,10 +13,13 @@ Cases are batched (one compile per test) by `batch_oracle.check_cases`.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
+import onnx
 import pytest
 from batch_oracle import Case, backend_cases, check_backend_cases, check_cases
-from onnx import helper
+from onnx import helper, numpy_helper
 
 import cuvil
 from cuvil.errors import ModelError
@@ -215,3 +218,141 @@ def test_max_roi_pool_rejects_a_batch_index_out_of_range():
         compiled.run({"x": x, "rois": np.array([[1, 0, 0, 2, 2]], np.float32)})
     assert compiled.run({"x": x, "rois": np.array([[0, 0, 0, 2, 2]], np.float32)})["y"].shape == \
         (1, 1, 2, 2)
+
+
+# -- MaxUnpool -------------------------------------------------------------------------------
+
+
+def _unpool_data(kernel, strides, pads):
+    """X values, and distinct flat indices into the unpooled tensor of X's (bound) shape."""
+    def make(rng, dtype, shape):
+        if np.dtype(dtype) != np.int64:
+            return rng.standard_normal(shape).astype(dtype)
+        r = len(kernel)
+        spatial = [(d - 1) * s - pads[a] - pads[r + a] + k
+                   for a, (d, s, k) in enumerate(zip(shape[2:], strides, kernel))]
+        total = int(np.prod([*shape[:2], *spatial]))
+        return rng.choice(total, int(np.prod(shape)), replace=False).reshape(shape).astype(np.int64)
+    return make
+
+
+def unpool(x, kernel, strides=None, pads=None, output_shape=None, dtype="float32", oracle="ort"):
+    r = len(kernel)
+    attrs = {"kernel_shape": kernel}
+    if strides is not None:
+        attrs["strides"] = strides
+    if pads is not None:
+        attrs["pads"] = pads
+    inputs, consts = ["x", "i"], {}
+    if output_shape is not None:
+        inputs.append("shape")
+        consts["shape"] = np.array(output_shape, np.int64)
+    return Case("MaxUnpool", inputs, attrs, feeds={"x": (dtype, x), "i": ("int64", x)},
+                consts=consts, oracle=oracle,
+                data=_unpool_data(kernel, strides or [1] * r, pads or [0] * (2 * r)))
+
+
+def test_max_unpool():
+    cases = [unpool(["n", 3, "_s0", "_s1"], [2, 2], [2, 2]),
+             unpool(["n", 2, "_s0", 4], [3, 2], [2, 1], [1, 0, 1, 1]),
+             unpool([2, 2, 5], [2], None, None),
+             unpool([1, 2, 2, 3, 2], [2, 2, 2], [2, 2, 2]),
+             unpool(["n", 2, 3, 2], [2, 2], [2, 2], dtype="float64", oracle="reference"),
+             unpool([1, 2, 3, 2], [3, 3], [2, 2], [1, 1, 1, 1], dtype="float16",
+                    oracle="reference")]
+    check_cases(cases, sizes=SIZES, opset=11)
+    tests = []
+    for t in backend_cases("maxunpool", ["MaxUnpool"]):
+        # output_shape is needed at compile time: bind it as the conformance suite does
+        model = onnx.ModelProto()
+        model.CopyFrom(t.model)
+        g = model.graph
+        data_sets = t.data_sets
+        if len(g.node[0].input) > 2:
+            name = g.node[0].input[2]
+            g.initializer.append(numpy_helper.from_array(np.asarray(data_sets[0][0][2]), name))
+            keep = [vi for vi in g.input if vi.name != name]
+            del g.input[:]
+            g.input.extend(keep)
+            data_sets = [(ins[:2], outs) for ins, outs in data_sets]
+        tests.append(SimpleNamespace(name=t.name, model=model, data_sets=data_sets, rtol=t.rtol,
+                                     atol=t.atol))
+    assert len(tests) == 2
+    check_backend_cases(tests)
+
+
+def test_max_unpool_with_output_shape():
+    from onnx.reference import ReferenceEvaluator
+    from oracle import run_ort
+
+    # (onnx's shape inference leaves these outputs unshaped: typed by hand here)
+    shapes = {"a": ([1, 2, 3, 3], [1, 2, 6, 6]), "b": ([2, 1, 2, 3], [2, 1, 5, 7])}
+    nodes, inputs, outputs, inits = [], [], [], []
+    for p, (x, out) in shapes.items():
+        nodes.append(helper.make_node("MaxUnpool", [p + "x", p + "i", p + "s"], [p + "y"],
+                                      kernel_shape=[2, 2], strides=[2, 2]))
+        inputs += [helper.make_tensor_value_info(p + "x", 1, x),
+                   helper.make_tensor_value_info(p + "i", 7, x)]
+        outputs.append(helper.make_tensor_value_info(p + "y", 1, out))
+        inits.append(numpy_helper.from_array(np.array(out, np.int64), p + "s"))
+    model = helper.make_model(helper.make_graph(nodes, "unpool", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 8
+    make = _unpool_data([2, 2], [2, 2], [0, 0, 0, 0])
+    rng = np.random.default_rng(5)
+    feeds = {p + n: make(rng, dt, x) for p, (x, _) in shapes.items()
+             for n, dt in (("x", "float32"), ("i", "int64"))}
+    got = cuvil.compile(model).run(feeds)
+    ref = dict(zip(["ay", "by"], ReferenceEvaluator(model).run(None, feeds)))
+    # output_shape = the unpooled shape: onnxruntime agrees; larger: onnx's reference (see
+    # MaxUnpool's docstring for how they differ)
+    np.testing.assert_array_equal(got["ay"], run_ort(model, feeds)[0])
+    np.testing.assert_array_equal(got["by"], ref["by"])
+
+
+def test_max_unpool_output_shape_from_the_input_dims():
+    from onnx.reference import ReferenceEvaluator
+
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["like"], ["s"]),
+         helper.make_node("MaxUnpool", ["x", "i", "s"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+        "unpool", [helper.make_tensor_value_info("x", 1, ["n", 1, 2, 2]),
+                   helper.make_tensor_value_info("i", 7, ["n", 1, 2, 2]),
+                   helper.make_tensor_value_info("like", 1, ["n", 1, "h", "w"])],
+        [helper.make_tensor_value_info("y", 1, ["n", 1, "h", "w"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 8
+    compiled = cuvil.compile(model)
+    rng = np.random.default_rng(3)
+    for n, h, w in ((1, 4, 4), (2, 5, 7)):
+        feeds = {"x": rng.standard_normal((n, 1, 2, 2)).astype(np.float32),
+                 "i": rng.choice(n * 16, (n, 1, 2, 2), replace=False).astype(np.int64),
+                 "like": np.zeros((n, 1, h, w), np.float32)}
+        np.testing.assert_array_equal(compiled.run(feeds)["y"],
+                                      ReferenceEvaluator(model).run(None, feeds)[0])
+    with pytest.raises(ValueError, match="at least the unpooled dim"):
+        compiled.run({**feeds, "like": np.zeros((2, 1, 3, 7), np.float32)})
+
+
+def test_max_unpool_errors():
+    def model(shape=(1, 1, 2, 2), output_shape=None, **attrs):
+        ins = ["x", "i"] + (["s"] if output_shape is not None else [])
+        inits = [] if output_shape is None else [
+            numpy_helper.from_array(np.array(output_shape, np.int64), "s")]
+        graph = helper.make_graph([helper.make_node("MaxUnpool", ins, ["y"], name="up", **attrs)],
+                                  "bad", [helper.make_tensor_value_info("x", 1, list(shape)),
+                                          helper.make_tensor_value_info("i", 7, list(shape))],
+                                  [helper.make_tensor_value_info("y", 1, [None] * len(shape))],
+                                  inits)
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+        m.ir_version = 8
+        return m
+
+    with pytest.raises(ModelError, match=r"'up' \(MaxUnpool\): kernel_shape \[2\] must be 2"):
+        cuvil.compile(model(kernel_shape=[2]))
+    with pytest.raises(ModelError, match=r"output_shape\[3\] = 3 is smaller than the unpooled dim 4"):
+        cuvil.compile(model(output_shape=[1, 1, 4, 3], kernel_shape=[2, 2], strides=[2, 2]))
+    compiled = cuvil.compile(model(kernel_shape=[2, 2], strides=[2, 2]))
+    x = np.ones((1, 1, 2, 2), np.float32)
+    with pytest.raises(ValueError, match=r"'up' \(MaxUnpool\): index out of range"):
+        compiled.run({"x": x, "i": np.array([0, 5, 16, 1], np.int64).reshape(1, 1, 2, 2)})

@@ -1,5 +1,6 @@
 """Pooling over any number of spatial dims: MaxPool (with its Indices output), AveragePool,
-LpPool, and the global variants GlobalMaxPool, GlobalAveragePool and GlobalLpPool.
+LpPool, the global variants GlobalMaxPool, GlobalAveragePool and GlobalLpPool, MaxRoiPool,
+and MaxUnpool.
 
 float16 is computed in float32 and rounded once per output. Each output's window is walked
 over its in-bounds kernel positions only (computed per axis), so padding costs no branches.
@@ -12,11 +13,12 @@ from contextlib import contextmanager
 from typing import ClassVar
 
 import numpy as np
+import sympy
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type
-from cuvil.compiler.ir import Node, TensorType
-from cuvil.compiler.ops import UNCHECKED, InferContext, Op, register
+from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
+from cuvil.compiler.ops import UNCHECKED, InferContext, Op, const_or_symbolic_input, register
 from cuvil.compiler.ops._window import (
     Window,
     ceil_div,
@@ -360,3 +362,111 @@ def _pooled_shape(node: Node) -> tuple[int, int]:
         raise ModelError(f"{node.describe()}: pooled_shape {pooled} must be two positive ints "
                          "(height, width)")
     return pooled[0], pooled[1]
+
+
+@register
+class MaxUnpool(Op):
+    """The inverse of MaxPool with Indices: a zero tensor with X's values written at the
+    indices, which are flat offsets into the unpooled tensor (N, C, (d - 1) * stride - pads +
+    kernel...), as MaxPool's Indices are into its input.
+
+    With output_shape (known at compile time, as constants or from the input dims), that
+    tensor is the top-left corner of a larger zero output, as in onnx's reference and its
+    backend tests (onnxruntime instead reads the indices as offsets into output_shape). An
+    index outside the unpooled tensor fails the call before anything is written.
+    """
+
+    op_type = "MaxUnpool"
+    since = 9
+    dtypes = FLOATS
+
+    def _shapes(self, node: Node, ctx: InferContext) -> tuple[tuple[Dim, ...], tuple[Dim, ...]]:
+        """(the unpooled shape the indices address, the output shape)."""
+        x, ind = node.inputs[0], node.input(1)
+        assert x is not None
+        if ind is None:
+            raise ModelError(f"{node.describe()}: input 1 (I, the indices) is required")
+        shape = x.type.shape
+        r = len(shape) - 2
+        if r < 1:
+            raise ModelError(f"{node.describe()}: X {x.type} must be N x C x spatial...")
+        if ind.type.dtype.name != "int64" or ind.type.rank != len(shape):
+            raise ModelError(f"{node.describe()}: I must be int64 of X's shape, got {ind.type}")
+        for a in range(len(shape)):
+            ctx.dims_equal(node, shape[a], ind.type.shape[a], f"dim {a} of X and I")
+        kernel = [int(v) for v in node.attrs.get("kernel_shape", [])]
+        strides = [int(v) for v in node.attrs.get("strides", [1] * r)]
+        pads = [int(v) for v in node.attrs.get("pads", [0] * (2 * r))]
+        if len(kernel) != r or min(kernel) < 1:
+            raise ModelError(f"{node.describe()}: kernel_shape {kernel} must be {r} positive ints "
+                             "(one per spatial dim)")
+        if len(strides) != r or min(strides) < 1:
+            raise ModelError(f"{node.describe()}: strides {strides} must be {r} positive ints")
+        if len(pads) != 2 * r or min(pads) < 0:
+            raise ModelError(f"{node.describe()}: pads {pads} must be {2 * r} non-negative ints "
+                             "(begins, then ends)")
+        unpooled: list[Dim] = [shape[0], shape[1]]
+        for a in range(r):
+            d = simplify_dim((shape[2 + a] - 1) * strides[a] - pads[a] - pads[r + a] + kernel[a])
+            if isinstance(d, int) and d < 1:
+                raise ModelError(f"{node.describe()}: spatial dim {a} unpools to {d}; the pads "
+                                 f"{pads} are too large for kernel {kernel}")
+            if not isinstance(d, int):
+                ctx.require(node, sympy.Ge(d, 1), f"spatial dim {a} unpools to {d} < 1")
+            unpooled.append(d)
+        given = const_or_symbolic_input(node, 2, "output_shape")
+        if given is None:
+            return tuple(unpooled), tuple(unpooled)
+        out = [simplify_dim(d) for d in given]
+        if len(out) != len(shape):
+            raise ModelError(f"{node.describe()}: output_shape {list(given)} must have "
+                             f"{len(shape)} entries (N, C, spatial...)")
+        for a, (want, least) in enumerate(zip(out, unpooled)):
+            if a < 2:
+                ctx.dims_equal(node, want, least, f"output_shape[{a}] and X's dim {a}")
+            elif isinstance(want, int) and isinstance(least, int):
+                if want < least:
+                    raise ModelError(f"{node.describe()}: output_shape[{a}] = {want} is smaller "
+                                     f"than the unpooled dim {least}")
+            else:
+                ctx.require(node, sympy.Ge(want, least), f"output_shape[{a}] ({want}) must be at "
+                            f"least the unpooled dim ({least})")
+        return tuple(unpooled), tuple(out)
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        self.check_dtypes(node)
+        x = node.inputs[0]
+        assert x is not None
+        _, out = self._shapes(node, ctx)
+        return [TensorType(x.type.dtype, out)]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        x_val, i_val, out = node.inputs[0], node.input(1), node.outputs[0]
+        assert x_val is not None and i_val is not None
+        unpooled, _ = self._shapes(node, UNCHECKED)
+        b = k.b
+        total = x_val.type.numel
+        xv = k.contiguous(k.buffers[x_val], x_val.type.dtype, (total,))
+        iv = k.contiguous(k.buffers[i_val], i_val.type.dtype, (total,))
+        size = k.dim(numel(unpooled))
+        with k.loop(xv.dims[0], name="chk") as i:
+            k.fail_if(b.icmp_unsigned(">=", k.load(iv, [i]), size))  # negative ones count as huge
+        k.memset(k.buffers[out], 0, k.dim(out.type.nbytes))
+        same = all(sympy.simplify(sympy.sympify(a) - c) == 0
+                   for a, c in zip(unpooled, out.type.shape))
+        if same:
+            y = k.contiguous(k.buffers[out], out.type.dtype, (out.type.numel,))
+            with k.loop(xv.dims[0], name="x") as i:
+                k.store(y, [k.load(iv, [i])], k.load(xv, [i]))
+            return
+        # the unpooled tensor is the output's top-left corner: split each index by its dims
+        y = k.view(out)
+        dims = [k.dim(d) for d in unpooled]
+        with k.loop(xv.dims[0], name="x") as i:
+            rest = k.load(iv, [i])
+            index: list[ir.Value] = []
+            for d in reversed(dims):
+                q = b.udiv(rest, d)
+                index.append(b.sub(rest, b.mul(q, d)))
+                rest = q
+            k.store(y, index[::-1], k.load(xv, [i]))
