@@ -59,6 +59,15 @@ def test_dft_opset20_lengths_axes_and_directions() -> None:
     check_cases(cases, opset=20, rtol=1e-4, atol=1e-4)
 
 
+def test_long_static_length_fills_its_table_at_run_time() -> None:
+    from cuvil.compiler.ops.spectral import MAX_TABLE
+
+    n = 2 * MAX_TABLE
+    check_cases([_dft([1, n, 1], axis=1, attrs={"onesided": 1}),
+                 _dft([1, 3 * MAX_TABLE // 4, 2], length=n, axis=1, attrs={"inverse": 1})],
+                opset=20, rtol=1e-3, atol=2e-2)
+
+
 def test_dft_opset17_axis_attribute() -> None:
     cases = [
         Case("DFT", ["x"], {}, feeds={"x": (F32, [2, 10, 1])}),   # default axis 1

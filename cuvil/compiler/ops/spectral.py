@@ -6,10 +6,11 @@ memory as complex float64 (zero-padded or truncated to the DFT length), transfor
 and written back in the output's dtype, so float32 and float16 accumulate in float64.
 
 The transform is a mixed-radix Stockham FFT (self-sorting, ping-ponging between two
-buffers): the length is factored into primes at run time and each factor p is one pass of
-p-point DFTs, so power-of-two lengths cost O(n log n) and a prime length degenerates to the
-direct O(n^2) sum. Twiddle factors come from one table of the n-th roots of unity: a
-constant in the library for static lengths, filled once per call for symbolic ones.
+buffers): the length is factored at run time (radix 4 while it divides, then prime factors)
+and each factor p is one pass of p-point DFTs, so power-of-two lengths cost O(n log n) and a
+prime length degenerates to the direct O(n^2) sum. Twiddle factors come from one table of
+the n-th roots of unity: a constant in the library for static lengths up to `MAX_TABLE`,
+filled once per call in scratch memory for longer and symbolic ones.
 """
 
 from __future__ import annotations
@@ -310,9 +311,18 @@ class STFT(Op):
 # -- lowering helpers -------------------------------------------------------------------------
 
 
+#: longest DFT whose twiddle table is a constant in the library (16 bytes per entry); longer
+#: and symbolic lengths fill it in scratch memory on each call
+MAX_TABLE = 1 << 14
+
+
+def _table_in_library(length: Dim) -> bool:
+    return isinstance(length, int) and length <= MAX_TABLE
+
+
 def _scratch_bytes(length: Dim) -> Dim:
-    """Two line buffers of complex float64, plus the twiddle table when the length is symbolic."""
-    buffers = 2 if isinstance(length, int) else 3
+    """Two line buffers of complex float64, plus the twiddle table unless it is a constant."""
+    buffers = 2 if _table_in_library(length) else 3
     return simplify_dim(buffers * 16 * length)
 
 
@@ -401,7 +411,8 @@ class _Fft:
         b = k.b
         self.bufs = (k.scratch, b.gep(k.scratch, [b.mul(self.n, k.i64(2))], source_etype=F64))
         sign = 1.0 if inverse else -1.0
-        if isinstance(length, int):
+        if _table_in_library(length):
+            assert isinstance(length, int)
             roots = np.exp(sign * 2j * np.pi * np.arange(length) / length)
             table = np.stack([roots.real, roots.imag], axis=-1).reshape(-1)
             ty = ir.ArrayType(F64, table.size)
