@@ -19,7 +19,8 @@ import sympy
 Dim = Union[int, sympy.Expr]
 
 #: dtypes cuvil compiles, by numpy name. Keys are also the names used in the ABI.
-DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "bool")
+DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
+          "uint32", "uint64", "bool")
 
 
 def symbol(name: str) -> sympy.Symbol:

@@ -8,7 +8,8 @@ from typing import Any
 _C_TYPES = {
     "float32": "float", "float64": "double", "float16": "uint16_t /* IEEE half */",
     "int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t",
-    "uint8": "uint8_t", "bool": "uint8_t /* 0 or 1 */",
+    "uint8": "uint8_t", "uint16": "uint16_t", "uint32": "uint32_t", "uint64": "uint64_t",
+    "bool": "uint8_t /* 0 or 1 */",
 }
 
 

@@ -536,8 +536,7 @@ def test_onnx_backend_node_tests() -> None:
     tests = [baked(t, {"TopK": [1], "CumSum": [1], "OneHot": [1]})
              for module, ops in modules.items() for t in backend_cases(module, ops)]
     unsupported = {"test_nonzero_example": "depends on the values of its input",
-                   "test_onehot_with_bfloat16_values": "bfloat16",
-                   "test_top_k_uint64": "uint64"}
+                   "test_onehot_with_bfloat16_values": "bfloat16"}
     for t in tests:
         if t.name in unsupported:
             with pytest.raises(UnsupportedOpError, match=unsupported[t.name]):

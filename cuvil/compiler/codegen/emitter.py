@@ -32,6 +32,9 @@ _LLVM_TYPES: dict[str, ir.Type] = {
     "float16": ir.HalfType(),
     "int8": I8,
     "uint8": I8,
+    "uint16": ir.IntType(16),
+    "uint32": I32,
+    "uint64": I64,
     "bool": I8,
     "int16": ir.IntType(16),
     "int32": I32,
@@ -402,7 +405,7 @@ class Emitter:
             return (self.b.fpext(value, to) if src.itemsize < dst.itemsize
                     else self.b.fptrunc(value, to))
         if ks == "f":
-            return self.b.fptoui(value, to) if kd == "u" else self.b.fptosi(value, to)
+            return self.float_to_uint(value, to) if kd == "u" else self.b.fptosi(value, to)
         if kd == "f":
             return self.b.uitofp(value, to) if ks in "ub" else self.b.sitofp(value, to)
         if src.itemsize == dst.itemsize:
@@ -410,6 +413,19 @@ class Emitter:
         if src.itemsize > dst.itemsize:
             return self.b.trunc(value, to)
         return self.b.zext(value, to) if ks in "ub" else self.b.sext(value, to)
+
+    def float_to_uint(self, value: ir.Value, to: ir.IntType) -> ir.Value:
+        """float -> unsigned as C's cast does on x86-64 (where onnxruntime runs): exact in
+        range, negative values within int64 wrap modulo 2**width (-1.0 -> all ones). LLVM's
+        fptoui would make every negative input poison instead."""
+        b = self.b
+        if to.width < 64:
+            return b.trunc(b.fptosi(value, I64), to)
+        # [2**63, 2**64) does not fit int64: convert value - 2**63 and put the top bit back
+        big = ir.Constant(value.type, 2.0 ** 63)
+        low = b.fptosi(value, I64)
+        high = b.xor(b.fptosi(b.fsub(value, big), I64), ir.Constant(I64, 1 << 63))
+        return b.select(b.fcmp_ordered(">=", value, big), high, low)
 
     def memcpy(self, dst: ir.Value, src: ir.Value, nbytes: ir.Value) -> None:
         fn = self.module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])

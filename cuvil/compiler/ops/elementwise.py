@@ -308,8 +308,12 @@ def _min(k: Emitter, dt: np.dtype, a: ir.Value, b: ir.Value) -> ir.Value:
 def float_to_int(k: Emitter, v: ir.Value, dst: np.dtype) -> ir.Value:
     """float/double -> integer as C's static_cast does on the platforms onnxruntime ships:
     narrow types go through int32 (so 300.0 -> int8 gives 44, -1.0 -> uint8 gives 255).
-    Values outside int32/int64 are undefined (onnxruntime's result is too)."""
+    uint32 goes through int64 and uint64 is exact up to 2**64 (negative values wrap, as
+    onnxruntime's -1.0 -> 4294967295). Values outside these ranges are undefined
+    (onnxruntime's result is too: it differs between its vectorized and scalar loops)."""
     dst = np.dtype(dst)
+    if dst.kind == "u" and dst.itemsize >= 4:
+        return k.float_to_uint(v, llvm_type(dst))
     if dst.itemsize == 8:
         return k.b.fptosi(v, I64)
     i = k.b.fptosi(v, I32)

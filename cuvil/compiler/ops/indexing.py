@@ -30,8 +30,10 @@ from cuvil.compiler.ops import (
 )
 from cuvil.errors import ModelError, UnsupportedOpError
 
-ALL_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "bool")
-NUMERIC = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8")
+ALL_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
+              "uint32", "uint64", "bool")
+NUMERIC = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
+           "uint32", "uint64")
 INDEX_DTYPES = ("int32", "int64")
 
 
@@ -583,7 +585,8 @@ class TopK(Op):
     (O(n log k)), then heap-sorted in place."""
 
     op_type = "TopK"
-    dtypes = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8")
+    dtypes = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+              "uint64")
 
     def _k(self, node: Node) -> Dim:
         if node.opset < 10:
@@ -698,7 +701,8 @@ class TopK(Op):
 
 
 class _ArgExtreme(Op):
-    dtypes = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8")
+    dtypes = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+              "uint64")
     largest: bool
 
     def _axis(self, node: Node, rank: int) -> int:
@@ -771,7 +775,8 @@ class CumSum(Op):
 
     op_type = "CumSum"
     since = 11
-    dtypes = ("float32", "float64", "int32", "int64", "float16", "int8", "int16", "uint8")
+    dtypes = ("float32", "float64", "int32", "int64", "float16", "int8", "int16", "uint8", "uint16",
+              "uint32", "uint64")
     #: the first output of an exclusive scan
     identity = 0
 

@@ -185,7 +185,8 @@ class Reducer:
             if acc_dtype.kind == "f":
                 acc = b.fdiv(acc, b.sitofp(count, acc.type))
             else:
-                acc = b.sdiv(acc, b.trunc(count, acc.type) if acc.type.width < 64 else count)
+                n = b.trunc(count, acc.type) if acc.type.width < 64 else count
+                acc = b.udiv(acc, n) if acc_dtype.kind == "u" else b.sdiv(acc, n)
         elif self.post == "sqrt":
             acc = k.intrinsic("llvm.sqrt", [acc])
         elif self.post == "log":
@@ -283,7 +284,7 @@ def emit_reduce(k: Emitter, x_val: Value, out_ptr: ir.Value, out_dtype: np.dtype
 
 
 _FLOATS = ("float32", "float64", "float16")
-_NUMERIC = (*_FLOATS, "int32", "int64")
+_NUMERIC = (*_FLOATS, "int32", "int64", "uint32", "uint64")
 
 
 class Reduce(Op):

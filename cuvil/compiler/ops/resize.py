@@ -35,7 +35,8 @@ from cuvil.compiler.ops import (
 )
 from cuvil.errors import ModelError, UnsupportedOpError
 
-ALL_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "bool")
+ALL_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
+              "uint32", "uint64", "bool")
 F32 = ir.FloatType()
 F64 = ir.DoubleType()
 

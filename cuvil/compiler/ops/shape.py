@@ -31,7 +31,8 @@ from cuvil.compiler.ops import (
 from cuvil.compiler.ops.elementwise import Copy, emit_elementwise
 from cuvil.errors import ModelError, UnsupportedOpError
 
-ALL_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "bool")
+ALL_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
+              "uint32", "uint64", "bool")
 
 #: a static start/end at least this large means "to the end" (dims never get this big)
 _HUGE = 1 << 31
