@@ -213,6 +213,7 @@ def _import_families() -> None:
         elementwise,
         gemm,
         indexing,
+        linalg,
         normalization,
         pool,
         recurrent,
