@@ -8,6 +8,7 @@ generated Python package evaluate exactly the same arithmetic.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Generic, Protocol, TypeVar
 
 import sympy
@@ -26,52 +27,78 @@ class IntOps(Protocol, Generic[T]):
     def min(self, a: T, b: T) -> T: ...
 
 
-def lower_dim(expr: Any, ops: IntOps[T]) -> T:
-    """Evaluate `expr` (int or sympy integer expression) with the integer operations `ops`."""
-    expr = sympy.sympify(expr)
+def lower_dim(expr: Any, ops: IntOps[T], memo: dict[int, Any] | None = None) -> T:
+    """Evaluate `expr` (int or sympy integer expression) with the integer operations `ops`.
+
+    Common subexpressions are evaluated once. A `memo` dict passed to several calls shares
+    them between the calls too (only for backends whose results stay valid, e.g. LLVM values
+    made in a function's entry block).
+    """
+    return _evaluate(_plan(sympy.sympify(expr)), ops, {} if memo is None else memo)
+
+
+# A plan is a tree of tuples: ("const", int), ("sym", name) or (op, left, right) with op an
+# `IntOps` method name. Planning calls sympy's `together`/`expand`, which are slow; a model's
+# dims repeat (every node's loops, every workspace offset), so plans are cached by expression.
+_Plan = tuple
+
+
+def _evaluate(plan: _Plan, ops: IntOps[T], memo: dict[int, Any]) -> T:
+    # keyed by identity (hashing nested tuples is slow); the entry keeps `plan` alive, so
+    # its id cannot be reused while the memo lives. Shared subplans come from `_plan`'s cache.
+    hit = memo.get(id(plan))
+    if hit is not None:
+        return hit[1]
+    if plan[0] == "const":
+        out = ops.const(plan[1])
+    elif plan[0] == "sym":
+        out = ops.sym(plan[1])
+    else:
+        out = getattr(ops, plan[0])(_evaluate(plan[1], ops, memo), _evaluate(plan[2], ops, memo))
+    memo[id(plan)] = (plan, out)
+    return out
+
+
+def _fold(op: str, plans: list[_Plan]) -> _Plan:
+    out = plans[0]
+    for p in plans[1:]:
+        out = (op, out, p)
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(expr: sympy.Expr) -> _Plan:
     if expr.is_Integer:
-        return ops.const(int(expr))
+        return ("const", int(expr))
     if expr.is_Symbol:
-        return ops.sym(expr.name)
+        return ("sym", expr.name)
     if isinstance(expr, (sympy.floor, sympy.ceiling)):
         num, den = sympy.fraction(sympy.together(expr.args[0]))
         if not den.is_Integer:
             raise ValueError(f"cannot lower {expr}: division by a non-constant")
-        n = lower_dim(sympy.expand(num), ops)
-        d = ops.const(int(den))
+        n = _plan(sympy.expand(num))
+        d = ("const", int(den))
         if isinstance(expr, sympy.floor):
-            return ops.floordiv(n, d)
+            return ("floordiv", n, d)
         # ceil(n/d) == -((-n) // d)
-        neg = ops.const(-1)
-        return ops.mul(neg, ops.floordiv(ops.mul(neg, n), d))
+        neg = ("const", -1)
+        return ("mul", neg, ("floordiv", ("mul", neg, n), d))
     if isinstance(expr, sympy.Mod):
-        return ops.mod(lower_dim(expr.args[0], ops), lower_dim(expr.args[1], ops))
+        return ("mod", _plan(expr.args[0]), _plan(expr.args[1]))
     if isinstance(expr, (sympy.Max, sympy.Min)):
-        fold = ops.max if isinstance(expr, sympy.Max) else ops.min
-        args = [lower_dim(a, ops) for a in expr.args]
-        out = args[0]
-        for a in args[1:]:
-            out = fold(out, a)
-        return out
+        return _fold("max" if isinstance(expr, sympy.Max) else "min", [_plan(a) for a in expr.args])
     if expr.is_Add or expr.is_Mul:
+        if all(a.is_integer for a in expr.args):  # no fraction to gather: skip `together`
+            return _fold("add" if expr.is_Add else "mul", [_plan(a) for a in expr.args])
         num, den = sympy.fraction(sympy.together(expr))
         if den != 1:
             # an exact division the shape rules guarantee (e.g. Reshape's -1)
             if not den.is_Integer:
                 raise ValueError(f"cannot lower {expr}: division by a non-constant")
-            return ops.floordiv(lower_dim(sympy.expand(num), ops), ops.const(int(den)))
-        combine = ops.add if expr.is_Add else ops.mul
-        args = [lower_dim(a, ops) for a in expr.args]
-        out = args[0]
-        for a in args[1:]:
-            out = combine(out, a)
-        return out
+            return ("floordiv", _plan(sympy.expand(num)), ("const", int(den)))
+        return _fold("add" if expr.is_Add else "mul", [_plan(a) for a in expr.args])
     if expr.is_Pow and expr.exp.is_Integer and int(expr.exp) > 0:
-        base = lower_dim(expr.base, ops)
-        out = base
-        for _ in range(int(expr.exp) - 1):
-            out = ops.mul(out, base)
-        return out
+        return _fold("mul", [_plan(expr.base)] * int(expr.exp))
     raise ValueError(f"cannot lower dim expression {expr}")
 
 

@@ -122,6 +122,8 @@ class Emitter:
         self._dims_ptr = dims_ptr
         self._symbol_index = {name: i for i, name in enumerate(symbols)}
         self._symbol_values: dict[str, ir.Value] = {}
+        #: per function (`parallel_loop` makes more): `lower_dim`'s memo of dim arithmetic
+        self._dim_memos: dict[ir.Function, dict[int, Any]] = {}
         self.buffers = buffers
         #: inside `parallel_loop(carry=...)`: the body's copies of the carried values
         self.carried: list[ir.Value] = []
@@ -166,7 +168,13 @@ class Emitter:
             return d
         if isinstance(d, (int, np.integer)):
             return self.i64(int(d))
-        return lower_dim(d, _LLVMIntOps(self))
+        # Computed in the entry block, where the symbols are loaded, once per function: the
+        # same dims (and their floor divisions) recur in every loop and workspace offset.
+        # Symbols first: `symbol_value` inside `goto_entry_block` would move the builder.
+        for name in sorted(str(s) for s in getattr(d, "free_symbols", ())):
+            self.symbol_value(name)
+        with self.b.goto_entry_block():
+            return lower_dim(d, _LLVMIntOps(self), self._dim_memos.setdefault(self.function, {}))
 
     def floordiv(self, a: ir.Value, b: ir.Value) -> ir.Value:
         """Python-style floor division of i64 values (sdiv rounds toward zero)."""
