@@ -15,7 +15,7 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I1, I64, Emitter, llvm_type
-from cuvil.compiler.ir import Node, TensorType, Value, numel
+from cuvil.compiler.ir import Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import InferContext, Op, register
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError, UnsupportedOpError
@@ -112,6 +112,8 @@ _PADDING = ("zeros", "border", "reflection")
 _TAPS = {"nearest": 1, "linear": 2, "cubic": 4}
 #: most taps (elements read per output) GridSample unrolls: cubic in 3-D
 _MAX_TAPS = 64
+#: grid points per task of the parallel loop
+_BLOCK = 64
 
 
 @register
@@ -176,15 +178,37 @@ class GridSample(Op):
         return [TensorType(dtype, (batch, x.type.shape[1], *grid.type.shape[1:-1]))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val, g_val, out = _in(node, 0, "X"), _in(node, 1, "grid"), node.outputs[0]
-        mode, padding, align = self._attrs(node)
-        dtype, gdtype = x_val.type.dtype, g_val.type.dtype
+        x_val, g_val = _in(node, 0, "X"), _in(node, 1, "grid")
+        mode, _, _ = self._attrs(node)
         shape = x_val.type.shape
         r = len(shape) - 2
         if any(isinstance(d, int) and d == 0 for d in shape[2:]):
             # nothing to sample from: every position is outside
             raise UnsupportedOpError(f"{node.describe()}: X {x_val.type} has an empty spatial "
                                      "dim; there is nothing to sample")
+        points = numel(g_val.type.shape[1:-1])
+        total = k.dim(simplify_dim(shape[0] * points))
+        # about 4 operations per tap and channel, and the coordinates' arithmetic
+        cost = simplify_dim(shape[1] * _TAPS[mode] ** r * 4 + 40 * r)
+        blocks = k.b.sdiv(k.b.add(total, k.i64(_BLOCK - 1)), k.i64(_BLOCK))
+        with k.parallel_loop(blocks, cost=simplify_dim(cost * _BLOCK), name="pts") as blk:
+            b = k.b
+            start = b.mul(blk, k.i64(_BLOCK))
+            stop = b.add(start, k.i64(_BLOCK))
+            end = k.dim(simplify_dim(shape[0] * points))
+            stop = b.select(b.icmp_signed("<", stop, end), stop, end)
+            per_image = k.dim(points)
+            with k.loop(stop, start=start, name="q") as q:
+                n = b.udiv(q, per_image)
+                self._point(node, k, n, b.sub(q, b.mul(n, per_image)))
+
+    def _point(self, node: Node, k: Emitter, n: ir.Value, p: ir.Value) -> None:
+        """Y[n, :, p]: the taps of grid point p of image n, then every channel."""
+        x_val, g_val, out = _in(node, 0, "X"), _in(node, 1, "grid"), node.outputs[0]
+        mode, padding, align = self._attrs(node)
+        dtype, gdtype = x_val.type.dtype, g_val.type.dtype
+        shape = x_val.type.shape
+        r = len(shape) - 2
         f = _Float(k, _compute_dtype(dtype, gdtype))
         b = k.b
         points = numel(g_val.type.shape[1:-1])
@@ -194,87 +218,86 @@ class GridSample(Op):
         lengths = [xv.dims[2 + a] for a in range(r)]
         strides = [xv.strides[2 + a] for a in range(r)]
         zero_i = k.i64(0)
-        with k.loop(yv.dims[0], name="n") as n, k.loop(yv.dims[2], name="p") as p:
-            # per spatial axis: the taps' indices (with a validity flag for "zeros") and weights
-            axis_taps: list[list[tuple[ir.Value, ir.Value | None, ir.Value | None]]] = []
-            for a in range(r):
-                length = f.of_int(lengths[a])
-                last = b.fsub(length, f.c(1))
-                lo, hi = (f.c(0), last) if align else (f.c(-0.5), b.fsub(length, f.c(0.5)))
-                g = k.convert(k.load(gv, [n, p, k.i64(r - 1 - a)]), gdtype, f.dtype)
-                if align:  # [-1, 1] -> [0, length - 1]
-                    pos = b.fmul(b.fdiv(b.fadd(g, f.c(1)), f.c(2)), last)
-                else:  # [-1, 1] -> [-0.5, length - 0.5]
-                    pos = b.fdiv(b.fsub(b.fmul(b.fadd(g, f.c(1)), length), f.c(1)), f.c(2))
-                if mode == "nearest":
-                    pos = k.intrinsic("llvm.roundeven", [pos])
+        # per spatial axis: the taps' indices (with a validity flag for "zeros") and weights
+        axis_taps: list[list[tuple[ir.Value, ir.Value | None, ir.Value | None]]] = []
+        for a in range(r):
+            length = f.of_int(lengths[a])
+            last = b.fsub(length, f.c(1))
+            lo, hi = (f.c(0), last) if align else (f.c(-0.5), b.fsub(length, f.c(0.5)))
+            g = k.convert(k.load(gv, [n, p, k.i64(r - 1 - a)]), gdtype, f.dtype)
+            if align:  # [-1, 1] -> [0, length - 1]
+                pos = b.fmul(b.fdiv(b.fadd(g, f.c(1)), f.c(2)), last)
+            else:  # [-1, 1] -> [-0.5, length - 0.5]
+                pos = b.fdiv(b.fsub(b.fmul(b.fadd(g, f.c(1)), length), f.c(1)), f.c(2))
+            if mode == "nearest":
+                pos = k.intrinsic("llvm.roundeven", [pos])
+            if padding == "reflection":
+                pos = f.reflect(pos, lo, hi)
+
+            def tap(at: ir.Value, length: ir.Value = length, last: ir.Value = last,
+                    lo: ir.Value = lo, hi: ir.Value = hi) -> tuple[ir.Value, ir.Value | None]:
+                """The element index of the tap at float position `at` (an integer value)."""
+                if padding == "zeros":
+                    inside = b.and_(b.fcmp_ordered(">=", at, f.c(0)),
+                                    b.fcmp_ordered("<=", at, last))
+                    return f.to_int(b.select(inside, at, f.c(0))), inside
                 if padding == "reflection":
-                    pos = f.reflect(pos, lo, hi)
+                    at = f.reflect(at, lo, hi)
+                return f.to_int(f.clamp(at, f.c(0), last)), None
 
-                def tap(at: ir.Value, length: ir.Value = length, last: ir.Value = last,
-                        lo: ir.Value = lo, hi: ir.Value = hi) -> tuple[ir.Value, ir.Value | None]:
-                    """The element index of the tap at float position `at` (an integer value)."""
-                    if padding == "zeros":
-                        inside = b.and_(b.fcmp_ordered(">=", at, f.c(0)),
-                                        b.fcmp_ordered("<=", at, last))
-                        return f.to_int(b.select(inside, at, f.c(0))), inside
-                    if padding == "reflection":
-                        at = f.reflect(at, lo, hi)
-                    return f.to_int(f.clamp(at, f.c(0), last)), None
+            if mode == "nearest":
+                i, ok = tap(k.intrinsic("llvm.trunc", [pos]))
+                axis_taps.append([(i, ok, None)])
+                continue
+            base = f.floor(pos)
+            frac = b.fsub(pos, base)
+            if mode == "linear":
+                nxt = b.fadd(base, f.c(1))
+                weights = [b.fsub(nxt, pos), frac]
+                starts = [base, nxt]
+            else:
+                weights = _cubic_coeffs(f, frac)
+                starts = [b.fadd(base, f.c(j - 1)) for j in range(4)]
+            axis_taps.append([(*tap(s), w) for s, w in zip(starts, weights)])
 
-                if mode == "nearest":
-                    i, ok = tap(k.intrinsic("llvm.trunc", [pos]))
-                    axis_taps.append([(i, ok, None)])
-                    continue
-                base = f.floor(pos)
-                frac = b.fsub(pos, base)
-                if mode == "linear":
-                    nxt = b.fadd(base, f.c(1))
-                    weights = [b.fsub(nxt, pos), frac]
-                    starts = [base, nxt]
-                else:
-                    weights = _cubic_coeffs(f, frac)
-                    starts = [b.fadd(base, f.c(j - 1)) for j in range(4)]
-                axis_taps.append([(*tap(s), w) for s, w in zip(starts, weights)])
+        # offsets of every tap combination, computed once for all channels
+        combos: dict[tuple[int, ...], tuple[ir.Value, ir.Value | None]] = {}
 
-            # offsets of every tap combination, computed once for all channels
-            combos: dict[tuple[int, ...], tuple[ir.Value, ir.Value | None]] = {}
+        def collect(a: int, key: tuple[int, ...], off: ir.Value, ok: ir.Value | None) -> None:
+            if a == r:
+                combos[key] = (off, ok)
+                return
+            for j, (i, valid, _) in enumerate(axis_taps[a]):
+                both = valid if ok is None else (ok if valid is None else b.and_(ok, valid))
+                collect(a + 1, (*key, j), b.add(off, b.mul(i, strides[a])), both)
 
-            def collect(a: int, key: tuple[int, ...], off: ir.Value, ok: ir.Value | None) -> None:
+        collect(0, (), zero_i, None)
+        with k.loop(yv.dims[1], name="c") as c:
+            origin = k.offset(xv, [n, c, *([zero_i] * r)])
+
+            def value(key: tuple[int, ...]) -> ir.Value:
+                off, ok = combos[key]
+                v = k.load_at(xv, b.add(origin, off))
+                if ok is not None:
+                    v = b.select(ok, v, k.const(dtype, 0))
+                return v if mode == "nearest" else k.convert(v, dtype, f.dtype)
+
+            def interpolate(a: int, key: tuple[int, ...]) -> ir.Value:
+                # the last spatial axis innermost, as onnxruntime nests its sums
                 if a == r:
-                    combos[key] = (off, ok)
-                    return
-                for j, (i, valid, _) in enumerate(axis_taps[a]):
-                    both = valid if ok is None else (ok if valid is None else b.and_(ok, valid))
-                    collect(a + 1, (*key, j), b.add(off, b.mul(i, strides[a])), both)
+                    return value(key)
+                acc: ir.Value | None = None
+                for j, (_, _, w) in enumerate(axis_taps[a]):
+                    v = interpolate(a + 1, (*key, j))
+                    term = v if w is None else b.fmul(w, v)
+                    acc = term if acc is None else b.fadd(acc, term)
+                assert acc is not None
+                return acc
 
-            collect(0, (), zero_i, None)
-            with k.loop(yv.dims[1], name="c") as c:
-                origin = k.offset(xv, [n, c, *([zero_i] * r)])
-
-                def value(key: tuple[int, ...]) -> ir.Value:
-                    off, ok = combos[key]
-                    v = k.load_at(xv, b.add(origin, off))
-                    if ok is not None:
-                        v = b.select(ok, v, k.const(dtype, 0))
-                    return v if mode == "nearest" else k.convert(v, dtype, f.dtype)
-
-                def interpolate(a: int, key: tuple[int, ...]) -> ir.Value:
-                    # the last spatial axis innermost, as onnxruntime nests its sums
-                    if a == r:
-                        return value(key)
-                    acc: ir.Value | None = None
-                    for j, (_, _, w) in enumerate(axis_taps[a]):
-                        v = interpolate(a + 1, (*key, j))
-                        term = v if w is None else b.fmul(w, v)
-                        acc = term if acc is None else b.fadd(acc, term)
-                    assert acc is not None
-                    return acc
-
-                result = interpolate(0, ())
-                if mode != "nearest":
-                    result = k.convert(result, f.dtype, dtype)
-                k.store(yv, [n, c, p], result)
+            result = interpolate(0, ())
+            if mode != "nearest":
+                result = k.convert(result, f.dtype, dtype)
+            k.store(yv, [n, c, p], result)
 
 
 # -- RoiAlign ---------------------------------------------------------------------------------
