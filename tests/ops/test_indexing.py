@@ -1,5 +1,6 @@
 """Indexing ops against onnxruntime: Gather, GatherElements, GatherND, Scatter(Elements),
-ScatterND, OneHot, TopK, ArgMax/ArgMin, CumSum, Trilu; run-time index errors; NonZero.
+ScatterND, OneHot, TopK, ArgMax/ArgMin, CumSum, CumProd, ReverseSequence, Trilu; run-time
+index errors; NonZero.
 
 Many single-node cases share one model (one compile): each case has its own inputs and
 outputs, and onnxruntime runs the same model as the oracle.

@@ -1,7 +1,8 @@
 """MaxPool (with Indices), AveragePool, LpPool and the global pools against onnxruntime:
 seeded random shapes and attributes (odd sizes, asymmetric pads, every auto_pad, strides
 larger than the kernel, dilations, ceil_mode, count_include_pad, storage_order, 1-D to 3-D),
-symbolic batch and spatial dims checked at several sizes, float16, float64 and 8-bit ints.
+symbolic batch and spatial dims checked at several sizes, float16, float64 and 8-bit ints;
+MaxRoiPool and MaxUnpool.
 
 Where onnxruntime departs from the ONNX spec (SAME padding with dilations: it sizes the pads
 from the undilated kernel; SAME padding that would be negative: it refuses or shifts the

@@ -1,5 +1,5 @@
 """Data-movement ops (Transpose, Concat, Slice, Split, Pad, Expand, Tile, Reshape, Squeeze,
-Unsqueeze, Flatten, DepthToSpace, SpaceToDepth, Shape, Size, Range, ConstantOfShape) against
+Unsqueeze, Flatten, DepthToSpace, SpaceToDepth, Shape, Size, Range, ConstantOfShape, EyeLike) against
 onnxruntime, and the ONNX backend node tests of these ops against their stored outputs.
 
 Many nodes share one model so that each dtype costs one compile; symbolic input dims let the
