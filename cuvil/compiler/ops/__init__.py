@@ -211,6 +211,7 @@ def _import_families() -> None:
     from cuvil.compiler.ops import (  # noqa: F401
         control,
         conv,
+        deform_conv,
         einsum,
         elementwise,
         gemm,
