@@ -225,6 +225,7 @@ def _import_families() -> None:
         sampling,
         shape,
         spectral,
+        text,
     )
 
 
