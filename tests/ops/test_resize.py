@@ -226,11 +226,78 @@ def test_symbolic_dims() -> None:
         compare(cases, model, compiled, feeds_for(cases, shapes))
 
 
+def test_antialias_downsampling() -> None:
+    """antialias = 1 (opset 18): the linear/cubic filter is stretched by 1/scale when shrinking."""
+    aa = {"antialias": 1}
+    cases = []
+    for mode in ("linear", "cubic"):
+        m = {**aa, "mode": mode}
+        cases += [
+            # 2-D downsampling by non-integer factors, by sizes and by scales
+            R(m, (1, 2, 37, 53), sizes=[1, 2, 16, 20]),
+            R(m, (1, 1, 37, 53), scales=[1, 1, 0.45, 0.3]),
+            # one axis up, one down; strong shrinking (wide windows)
+            R(m, (1, 1, 17, 23), scales=[1, 1, 2.3, 0.3]),
+            R(m, (2, 3, 17, 23), scales=[1, 1, 0.7, 1.6]),
+            R(m, (1, 1, 64, 9), sizes=[1, 1, 7, 9]),
+            # an axis whose length does not change although its scale is not 1
+            R(m, (1, 1, 5, 53), scales=[1, 1, 1.1, 0.3]),
+            # other coordinate modes; an output length of 1
+            R({**m, "coordinate_transformation_mode": "align_corners"}, (1, 1, 37, 53),
+              sizes=[1, 1, 16, 20]),
+            R({**m, "coordinate_transformation_mode": "asymmetric"}, (1, 1, 37, 53),
+              sizes=[1, 1, 16, 20]),
+            R({**m, "coordinate_transformation_mode": "pytorch_half_pixel"}, (1, 1, 37, 53),
+              sizes=[1, 1, 16, 1]),
+            R({**m, "coordinate_transformation_mode": "half_pixel_symmetric"}, (1, 1, 37, 53),
+              sizes=[1, 1, 16, 20]),
+            R({**m, "coordinate_transformation_mode": "tf_crop_and_resize", "extrapolation_value": 5.0},
+              (1, 1, 37, 53), sizes=[1, 1, 16, 20], roi=[0, 0, -0.2, 0.1, 1, 1, 0.9, 1.3]),
+            # 2-D input, NHWC, axes, keep_aspect_ratio_policy
+            R(m, (17, 23), scales=[0.4, 0.6]),
+            R(m, (1, 17, 23, 3), scales=[1, 0.4, 0.6, 1]),
+            R({**m, "axes": [2, 3], "keep_aspect_ratio_policy": "not_larger"}, (1, 2, 37, 53),
+              sizes=[20, 20]),
+        ]
+    cubic = {**aa, "mode": "cubic"}
+    cases += [
+        R({**cubic, "exclude_outside": 1}, (1, 1, 37, 53), sizes=[1, 1, 16, 20]),
+        R({**cubic, "exclude_outside": 1, "cubic_coeff_a": -0.5}, (1, 1, 37, 53), scales=[1, 1, 0.4, 1.5]),
+        R({**cubic, "cubic_coeff_a": -0.5}, (1, 1, 37, 53), scales=[1, 1, 0.3, 1.7]),
+        # trilinear: 3-D and 5-D
+        R({**aa, "mode": "linear"}, (13, 17, 23), scales=[0.5, 0.4, 0.6]),
+        R({**aa, "mode": "linear"}, (1, 2, 9, 17, 23), scales=[1, 1, 0.5, 0.4, 0.6]),
+    ]
+    check(cases, opset=19)
+
+
+def test_antialias_symbolic_dims() -> None:
+    """Symbolic lengths: the antialias windows and weights are computed at run time."""
+    aa = {"antialias": 1, "axes": [2, 3]}
+    cases = [
+        # fixed sizes: the scales are computed at run time
+        R({**aa, "mode": "linear"}, (1, 3, 37, 53), sizes=[16, 20], declared=["n", 3, "h", "w"]),
+        R({**aa, "mode": "cubic"}, (1, 3, 37, 53), sizes=[16, 20], declared=["n", 3, "h", "w"]),
+        R({**aa, "mode": "cubic", "exclude_outside": 1, "cubic_coeff_a": -0.5}, (1, 3, 37, 53),
+          sizes=[16, 20], declared=["n", 3, "h", "w"]),
+        R({**aa, "mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize",
+           "extrapolation_value": -2.0}, (1, 3, 37, 53), sizes=[16, 20], roi=[-0.1, 0.2, 0.8, 1.2],
+          declared=["n", 3, "h", "w"]),
+        # scales on symbolic dims (short binary fractions)
+        R({**aa, "mode": "cubic"}, (1, 3, 37, 53), scales=[0.25, 0.75], declared=["n", 3, "h", "w"]),
+        R({**aa, "mode": "linear", "coordinate_transformation_mode": "align_corners"}, (1, 3, 37, 53),
+          scales=[0.375, 1.5], declared=["n", 3, "h", "w"]),
+        R({**aa, "mode": "cubic"}, (1, 3, 37, 53), scales=[1.25, 0.5], declared=["n", 3, "h", "w"]),
+    ]
+    model = build(cases, opset=18)
+    compiled = cuvil.compile(model)
+    # (16, 20): the sized cases copy; (16, 41): one axis keeps its length; h = 3: 3 * 1.25 -> 3,
+    # a length kept although the scale is not 1 (onnxruntime copies that axis)
+    for n, h, w in ((1, 37, 53), (2, 16, 20), (1, 16, 41), (1, 61, 7), (1, 3, 11)):
+        compare(cases, model, compiled, feeds_for(cases, [(n, 3, h, w)] * len(cases)))
+
+
 def test_unsupported_configurations_are_named() -> None:
-    model = build([R({"mode": "linear", "antialias": 1}, (1, 1, 8, 8), scales=[1, 1, 0.5, 0.5])],
-                  opset=18)
-    with pytest.raises(UnsupportedOpError, match=r"case0.*antialias"):
-        cuvil.compile(model)
     model = build([R({"mode": "linear"}, (1, 1, 4, 4), scales=[1, 1, 2, 2], dtype=np.int32)],
                   opset=13)
     with pytest.raises(UnsupportedOpError, match=r"case0.*float32 input only"):
@@ -259,10 +326,6 @@ def test_onnx_backend_node_tests() -> None:
 
     tests = [baked(t, {"Resize": [1, 2, 3], "Upsample": [1]})
              for t in backend_cases("resize", ["Resize"]) + backend_cases("upsample", ["Upsample"])]
-    antialias = [t for t in tests if "antialias" in t.name]
-    for t in antialias:
-        with pytest.raises(UnsupportedOpError, match="antialias"):
-            cuvil.compile(t.model)
     # onnx's expected data sizes align_corners by scale * length, onnxruntime (and cuvil) by
     # the integer output length: check these against onnxruntime instead
     ort_cases = [t for t in tests if t.name in ("test_resize_downsample_scales_linear_align_corners",
@@ -273,6 +336,6 @@ def test_onnx_backend_node_tests() -> None:
         want = run_ort(t.model, feeds)
         for name, have in compiled.run(feeds).items():
             np.testing.assert_allclose(have, want[name], rtol=1e-5, atol=1e-6, err_msg=t.name)
-    runnable = [t for t in tests if t not in antialias and t not in ort_cases]
-    assert len(runnable) >= 34
+    runnable = [t for t in tests if t not in ort_cases]
+    assert len(runnable) >= 38
     check_backend_cases(runnable)

@@ -8,6 +8,10 @@ once against a small math interface (`_Math`) and evaluated either with numpy at
 when an axis' lengths are static (the taps become constant tables in the library), or as LLVM
 code at run time, when they are symbolic.
 
+With antialias (opset 18) a shrinking linear/cubic axis stretches its filter by 1/scale, so
+its tap count varies with the output coordinate: such axes loop over their taps (a table of
+first index, count and weights, or a window computed at run time), as onnxruntime computes them.
+
 Like onnxruntime: an axis whose scale is exactly 1 is copied unchanged whatever the
 coordinate mode, and a resize whose output shape equals its input shape is a plain copy.
 """
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import sympy
@@ -33,6 +37,7 @@ from cuvil.compiler.ops import (
     normalize_axis,
     register,
 )
+from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError, UnsupportedOpError
 
 ALL_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
@@ -72,6 +77,8 @@ class _Plan:
     exclude_outside: bool
     extrapolation: float
     axes: list[_Axis]
+    #: linear/cubic filter stretched by 1/scale when shrinking (opset 18 antialias = 1)
+    antialias: bool = False
 
     @property
     def extrapolate(self) -> bool:
@@ -115,9 +122,7 @@ def _plan(node: Node, ctx: InferContext) -> _Plan:
     exclude = bool(node.attrs.get("exclude_outside", 0))
     if exclude and mode != "cubic":
         raise ModelError(f"{node.describe()}: exclude_outside = 1 needs mode 'cubic'")
-    if int(node.attrs.get("antialias", 0)):
-        raise UnsupportedOpError(f"{node.describe()}: antialias = 1 is not supported by cuvil; "
-                                 "re-export without antialiasing (or resize in two steps)")
+    antialias = bool(int(node.attrs.get("antialias", 0))) and mode != "nearest"  # nearest ignores it
     policy = str(node.attrs.get("keep_aspect_ratio_policy", "stretch"))
     if policy not in ("stretch", "not_larger", "not_smaller"):
         raise ModelError(f"{node.describe()}: keep_aspect_ratio_policy {policy!r} is unknown")
@@ -193,7 +198,7 @@ def _plan(node: Node, ctx: InferContext) -> _Plan:
                     scale = np.float32(1)
                 out[a] = _Axis(n_in, n_out, scale, out[a].roi)
     return _Plan(mode, coordinate, nearest, np.float32(node.attrs.get("cubic_coeff_a", -0.75)),
-                 exclude, float(node.attrs.get("extrapolation_value", 0.0)), out)
+                 exclude, float(node.attrs.get("extrapolation_value", 0.0)), out, antialias)
 
 
 def _scaled_dim(node: Node, ctx: InferContext, n: Dim, s: np.float32) -> Dim:
@@ -319,6 +324,9 @@ class _NumpyMath(_Math):
     def iadd(self, a: Any, b: Any) -> Any:
         return a + b
 
+    def isub(self, a: Any, b: Any) -> Any:
+        return a - b
+
     def imin(self, a: Any, b: Any) -> Any:
         return np.minimum(a, b)
 
@@ -408,6 +416,9 @@ class _LLVMMath(_Math):
 
     def iadd(self, a: Any, b: Any) -> Any:
         return self.b.add(a, b)
+
+    def isub(self, a: Any, b: Any) -> Any:
+        return self.b.sub(a, b)
 
     def imin(self, a: Any, b: Any) -> Any:
         return self.b.select(self.b.icmp_signed("<", a, b), a, b)
@@ -516,6 +527,91 @@ def _taps(m: Any, plan: _Plan, x: Any, s: Any, n_out: Any, n_in: Any, n_in_int: 
     return taps, oob
 
 
+#: the filter's support (width) at scale 1, as in onnxruntime's antialias kernels
+_SUPPORT = {"linear": 2.0, "cubic": 4.0}
+
+
+def _aa_filter(m: Any, plan: _Plan, u: Any) -> Any:
+    """onnxruntime's antialias filter at distance u: the triangle (linear) or Keys' cubic."""
+    u = m.fabs(u)
+    one, zero = m.f32(1), m.f32(0)
+    if plan.mode == "linear":
+        return m.select(m.lt(u, one), m.sub(one, u), zero)
+    a = m.f32(plan.cubic_a)
+    near = m.add(m.mul(m.mul(m.sub(m.mul(m.add(a, m.f32(2)), u), m.add(a, m.f32(3))), u), u), one)
+    far = m.mul(m.sub(m.mul(m.add(m.mul(m.sub(u, m.f32(5)), u), m.f32(8)), u), m.f32(4)), a)
+    return m.select(m.lt(u, one), near, m.select(m.lt(u, m.f32(2)), far, zero))
+
+
+def _aa_window(m: Any, plan: _Plan, x: Any, s: Any, n_out: Any, n_in: Any, n_in_int: Any,
+               roi: tuple[Any, Any]) -> tuple[Any, ...]:
+    """onnxruntime's antialiased taps of output coordinate x: the filter, stretched by 1/s when
+    shrinking, covers input positions first .. first + count - 1; the normalised weight of
+    position p is `_aa_weight(p)` / (the sum over those positions). Positions outside the input
+    stand for its edge pixels (they are cut away with exclude_outside). Returns (center,
+    inv_scale, first, count, lo, hi, oob): [lo, hi) is the window inside the input (empty: the
+    output is 0), oob the out-of-roi flag or None."""
+    one, half = m.f32(1), m.f32(0.5)
+    stretch = m.div(one, s)
+    shrink = m.or_(m.gt(stretch, one), m.eq(stretch, one))
+    base = m.f32(_SUPPORT[plan.mode] / 2)
+    support = m.select(shrink, m.mul(base, stretch), base)
+    inv_scale = m.select(shrink, m.div(one, stretch), one)
+    c = m.trunc_int(m.ceil(support))
+    window = m.iadd(m.iadd(c, c), m.i64(1))
+    center = m.add(half, m.select(m.eq(stretch, one), x, _original(m, plan, x, s, n_out, n_in, roi)))
+    oob = None
+    if plan.extrapolate:
+        p = m.sub(center, half)
+        oob = m.or_(m.lt(p, m.f32(0)), m.gt(p, m.sub(n_in, one)))
+    xmin = m.trunc_int(m.floor(m.add(m.sub(center, support), half)))
+    xmax = m.trunc_int(m.floor(m.add(m.add(center, support), half)))
+    xmax = m.imin(m.imax(xmax, xmin), m.iadd(xmin, window))
+    zero = m.i64(0)
+    lo = m.imin(m.imax(xmin, zero), n_in_int)
+    hi = m.imin(m.imax(xmax, zero), n_in_int)
+    first, last = (lo, hi) if plan.exclude_outside else (xmin, xmax)
+    return center, inv_scale, first, m.isub(last, first), lo, hi, oob
+
+
+def _aa_weight(m: Any, plan: _Plan, p: Any, center: Any, inv_scale: Any) -> Any:
+    """The unnormalised weight of input position p (int64) in the window around center."""
+    return _aa_filter(m, plan, m.mul(m.add(m.sub(m.int_f32(p), center), m.f32(0.5)), inv_scale))
+
+
+def _aa_table(plan: _Plan, axis: _Axis) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Per output coordinate of a static axis: the first input index, the tap count and the
+    weights (rows padded with zeros to the largest count), and the out-of-roi flags (or None).
+    Like onnxruntime, an axis whose length does not change is copied (its taps are 1:1)."""
+    m = _NumpyMath()
+    n_out, n_in = int(axis.n_out), int(axis.n_in)
+    assert axis.scale is not None
+    coords = np.arange(n_out, dtype=np.float32)
+    center, inv_scale, first, count, lo, hi, oob = _aa_window(
+        m, plan, coords, axis.scale, np.float32(n_out), np.float32(n_in), np.int64(n_in), axis.roi)
+    first, count, lo, hi = (np.broadcast_to(v, (n_out,)) for v in (first, count, lo, hi))
+    oob = None if oob is None else np.broadcast_to(oob, (n_out,))
+    if n_out == n_in:
+        return np.arange(n_out), np.ones(n_out, np.int64), np.ones((n_out, 1), np.float32), oob
+    j = np.arange(max(int(count.max()), 1))
+    pos = first[:, None] + j
+    used = j < count[:, None]
+    raw = np.where(used, _aa_weight(m, plan, pos, center[:, None], inv_scale), np.float32(0))
+    raw = raw.astype(np.float32)
+    total = raw.sum(axis=1, dtype=np.float32)
+    with np.errstate(divide="ignore"):
+        inv_total = np.where(total == 0, np.float32(1), np.float32(1) / total).astype(np.float32)
+    # fold the weights of positions outside the input onto the edge pixels
+    used &= (lo < hi)[:, None]
+    rows = np.broadcast_to(np.arange(n_out)[:, None], pos.shape)
+    taps = np.clip(pos, 0, n_in - 1) - lo[:, None]
+    weights = np.zeros(pos.shape, np.float32)
+    np.add.at(weights, (rows[used], taps[used]), raw[used])
+    weights *= inv_total[:, None]
+    counts = np.maximum(hi - lo, 0)
+    return lo, counts, weights[:, :max(int(counts.max()), 1)], oob
+
+
 # -- lowering ---------------------------------------------------------------------------------
 
 
@@ -554,6 +650,15 @@ class _Resample(Op):
                 _Resampler(k, plan, xv, yv, node).emit()
 
 
+@dataclass
+class _TapLoop:
+    """An antialiased axis' taps: `count` of them, tap(j) -> (input index, weight)."""
+
+    count: ir.Value
+    stride: ir.Value
+    tap: Callable[[ir.Value], tuple[ir.Value, ir.Value]]
+
+
 class _Resampler:
     """Emits the loop nest: one loop per output axis, outermost first; each resized axis
     contributes its taps (from a table or computed) at its own loop level."""
@@ -562,6 +667,8 @@ class _Resampler:
         self.k, self.plan, self.x, self.y, self.node = k, plan, x, y, node
         self.dtype = x.dtype
         self.tables = 0
+        #: the antialiased axes' tap loops, outermost first (each level is emitted once)
+        self.aa_loops: list[_TapLoop] = []
 
     def emit(self) -> None:
         self._level(0, [(self.k.i64(0), None)], self.k.i64(0), None)
@@ -578,6 +685,11 @@ class _Resampler:
             stride = self.x.strides[a]
             if axis.identity:
                 new = [(k.b.add(off, k.b.mul(o, stride)), w) for off, w in combos]
+            elif self.plan.antialias:  # a variable number of taps: a loop in `_aa_sum`
+                new = combos
+                axis_oob = self._aa_loop(a, axis, o)
+                if axis_oob is not None:
+                    oob = axis_oob if oob is None else k.b.or_(oob, axis_oob)
             else:
                 taps, axis_oob = self._axis_taps(a, axis, o)
                 new = []
@@ -591,7 +703,9 @@ class _Resampler:
     def _store(self, combos: list[tuple[ir.Value, ir.Value | None]], out_off: ir.Value,
                oob: ir.Value | None) -> None:
         k = self.k
-        if combos[0][1] is None:
+        if self.aa_loops:
+            value = self._aa_sum(0, combos, k.i64(0))
+        elif combos[0][1] is None:
             value = k.load_at(self.x, combos[0][0])
         else:
             value = None
@@ -601,6 +715,76 @@ class _Resampler:
         if oob is not None:
             value = k.b.select(oob, k.const(self.dtype, self.plan.extrapolation), value)
         k.store_at(self.y, out_off, value)
+
+    def _aa_sum(self, level: int, combos: list[tuple[ir.Value, ir.Value | None]],
+                off: ir.Value) -> ir.Value:
+        """The weighted sum over the taps of antialiased axes `level`...: per axis, the sum of
+        weight times the inner axes' sum (onnxruntime's order: the innermost axis first)."""
+        k = self.k
+        loop = self.aa_loops[level]
+        acc = entry_alloca(k, F32, f"aa{level}")
+        k.b.store(ir.Constant(F32, 0.0), acc)
+        with k.loop(loop.count, name=f"aa{level}") as j:
+            i, w = loop.tap(j)
+            at = k.b.add(off, k.b.mul(i, loop.stride))
+            if level + 1 < len(self.aa_loops):
+                inner = self._aa_sum(level + 1, combos, at)
+            else:
+                inner = None
+                for c_off, c_w in combos:
+                    v = k.load_at(self.x, k.b.add(c_off, at))
+                    term = v if c_w is None else k.b.fmul(c_w, v)
+                    inner = term if inner is None else k.b.fadd(inner, term)
+            k.b.store(k.b.fadd(k.b.load(acc), k.b.fmul(w, inner)), acc)
+        return k.b.load(acc)
+
+    def _aa_loop(self, a: int, axis: _Axis, o: ir.Value) -> ir.Value | None:
+        """Adds axis a's tap loop (antialias) for output coordinate o; returns its out-of-roi
+        flag (or None). Static axes read tables; symbolic ones compute the window here and
+        the weights in the loop."""
+        k = self.k
+        stride = self.x.strides[a]
+        if axis.static:
+            lo, counts, weights, flags = _aa_table(self.plan, axis)
+            first = k.b.sext(self._table(lo.astype(np.int32), I32, o), I64)
+            count = k.b.sext(self._table(counts.astype(np.int32), I32, o), I64)
+            flat, width = weights.reshape(-1), weights.shape[1]
+
+            def table_tap(j: ir.Value) -> tuple[ir.Value, ir.Value]:
+                w = self._table(flat, F32, k.b.add(k.b.mul(o, k.i64(width)), j))
+                return k.b.add(first, j), w
+
+            self.aa_loops.append(_TapLoop(count, stride, table_tap))
+            if flags is None or not flags.any():
+                return None
+            return k.b.trunc(self._table(flags.astype(np.int8), ir.IntType(8), o), I1)
+        m = _LLVMMath(k)
+        n_in_int, n_out_int = k.dim(axis.n_in), k.dim(axis.n_out)
+        n_in, n_out = m.int_f32(n_in_int), m.int_f32(n_out_int)
+        s = m.f32(axis.scale) if axis.scale is not None else k.b.fdiv(n_out, n_in)
+        roi = (m.f32(axis.roi[0]), m.f32(axis.roi[1]))
+        center, inv_scale, first, count, lo, hi, oob = _aa_window(
+            m, self.plan, m.int_f32(o), s, n_out, n_in, n_in_int, roi)
+        zero, one = m.f32(0), m.f32(1)
+        total = entry_alloca(k, F32, f"total{a}")
+        k.b.store(zero, total)
+        with k.loop(count, name=f"w{a}") as j:
+            w = _aa_weight(m, self.plan, k.b.add(first, j), center, inv_scale)
+            k.b.store(k.b.fadd(k.b.load(total), w), total)
+        sum_w = k.b.load(total)
+        inv_total = k.b.select(k.b.fcmp_ordered("==", sum_w, zero), one, k.b.fdiv(one, sum_w))
+        copy = k.b.icmp_signed("==", n_in_int, n_out_int)  # onnxruntime copies such an axis
+        inside = k.b.select(k.b.icmp_signed("<", lo, hi), count, k.i64(0))
+        last = k.b.sub(n_in_int, k.i64(1))
+
+        def computed_tap(j: ir.Value) -> tuple[ir.Value, ir.Value]:
+            p = k.b.add(first, j)
+            i = m.imin(m.imax(p, m.i64(0)), last)  # outside positions stand for the edge pixels
+            w = k.b.fmul(_aa_weight(m, self.plan, p, center, inv_scale), inv_total)
+            return k.b.select(copy, o, i), k.b.select(copy, one, w)
+
+        self.aa_loops.append(_TapLoop(k.b.select(copy, k.i64(1), inside), stride, computed_tap))
+        return oob
 
     def _axis_taps(self, a: int, axis: _Axis,
                    o: ir.Value) -> tuple[list[tuple[ir.Value, ir.Value | None]], ir.Value | None]:
