@@ -9,10 +9,13 @@ the way im2col does for Conv: row (c, kh, kw), column (oh, ow) holds
 
 where (dy, dx) is the offset of tap (kh, kw) in the offset group of channel c. Bilinear
 corners outside the input read 0, and a position one pixel or more outside reads 0 altogether,
-as onnxruntime (and torchvision) sample. The output is then W_g @ columns: on the shared GEMM
-kernel for float32, row by row for float64 and float16 (float16 is sampled and summed in
-float32 and rounded once). The columns are built on the thread pool, one (channel, tap) row
-per task.
+as onnxruntime (and torchvision) sample. Outside corners are skipped, not weighted by 0, so an
+inf or NaN in X reaches only the outputs that sample it (as in onnx's reference; onnxruntime
+lets it spread further). The output is then W_g @ columns: on the shared GEMM kernel for
+float32, row by row for float64 and float16 (float16 is sampled and summed in float32 and
+rounded once). The columns are built on the thread pool: a task finds the sampling points of
+one tap and offset group for a block of positions once, and interpolates every channel they
+serve.
 
 Only 2-D convolutions (4-D X) are compiled: that is the case detection models use.
 """
@@ -22,9 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I64, Emitter, View, llvm_type
+from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type
 from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_parallel_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import UNCHECKED, InferContext, Op, register
@@ -160,53 +164,124 @@ def _product_gemm(node: Node, k: Emitter, geo: _Geometry, n: ir.Value, g: ir.Val
                        y_g, pv, bias=bias, epilogue=Epilogue("row" if bias is not None else "none"))
 
 
+#: output positions per task of the column build
+_BLOCK = 128
+
+
 def _columns(node: Node, k: Emitter, geo: _Geometry, n: ir.Value, g: ir.Value) -> None:
-    """scratch[(c, kh, kw), oh, ow] = mask * X[n, g*cg + c] sampled at the moved tap."""
+    """scratch[(c, kh, kw), p] = mask * X[n, g*cg + c] sampled at tap (kh, kw) moved by the
+    offset of output position p.
+
+    The sampling point depends on the tap, the position and the offset group, not on the
+    channel: each task takes one tap, one offset group and a block of positions, finds every
+    position's four corners and weights once, then interpolates each channel of the group
+    (and of the offset group) from them.
+    """
     x_val, off_val, mask_val = _in(node, 0, "X"), _in(node, 2, "offset"), node.input(4)
     dtype = x_val.type.dtype
     ct = compute_dtype(dtype)
     fty = llvm_type(ct)
     win = geo.win
-    kw_size = win.kernel[1]
     per_offset_group = geo.channels // geo.offset_group
-    # about 30 operations per sampled element
-    cost = simplify_dim(numel(win.out) * 30)
+    p = numel(win.out)
+    blocks = simplify_dim(sympy.floor((sympy.sympify(p) + _BLOCK - 1) / _BLOCK))
+    # per position: ~40 operations for the corners, ~12 per channel to interpolate
+    cost = _BLOCK * (40 + 12 * min(geo.cg, per_offset_group))
     assert k.scratch is not None
-    with k.parallel_loop(geo.rows, cost=cost, name="cols", carry=[n, g, k.scratch]) as row:
+    tasks = simplify_dim(blocks * geo.taps * geo.offset_group)
+    with k.parallel_loop(tasks, cost=cost, name="cols", carry=[n, g, k.scratch]) as t:
         n_, g_, scratch = k.carried
         b = k.b
+        zero = k.i64(0)
         x, off = k.view(x_val), k.view(off_val)
         mask = k.view(mask_val) if mask_val is not None else None
-        cols = k.contiguous(scratch, ct, (geo.rows, *win.out))
-        c = b.sdiv(row, k.i64(geo.taps))
-        tap = b.srem(row, k.i64(geo.taps))
-        kh, kw = b.sdiv(tap, k.i64(kw_size)), b.srem(tap, k.i64(kw_size))
-        ic = b.add(b.mul(g_, k.i64(geo.cg)), c)
-        og = b.sdiv(ic, k.i64(per_offset_group))
-        ch_y = b.add(b.mul(og, k.i64(2 * geo.taps)), b.mul(tap, k.i64(2)))
-        ch_x = b.add(ch_y, k.i64(1))
-        ch_m = b.add(b.mul(og, k.i64(geo.taps)), tap)
-        height, width = x.dims[2], x.dims[3]
-        origin = k.offset(x, [n_, ic, k.i64(0), k.i64(0)])
-        start_y = b.sub(b.mul(kh, k.i64(win.dilations[0])), k.dim(win.pads_begin[0]))
-        start_x = b.sub(b.mul(kw, k.i64(win.dilations[1])), k.dim(win.pads_begin[1]))
-        with k.loop(cols.dims[1], name="oh") as oh:
-            base_y = b.sitofp(b.add(b.mul(oh, k.i64(win.strides[0])), start_y), fty)
-            with k.loop(cols.dims[2], name="ow") as ow:
+        pv, nblocks = k.dim(p), k.dim(blocks)
+        block = b.srem(t, nblocks)
+        rest = b.sdiv(t, nblocks)
+        tap, og = b.srem(rest, k.i64(geo.taps)), b.sdiv(rest, k.i64(geo.taps))
+        # the channels of group g in offset group og
+        group_lo = b.mul(g_, k.i64(geo.cg))
+        c_lo = _imax(k, b.mul(og, k.i64(per_offset_group)), group_lo)
+        c_hi = _imin(k, b.mul(b.add(og, k.i64(1)), k.i64(per_offset_group)),
+                     b.add(group_lo, k.i64(geo.cg)))
+        with k.if_then(b.icmp_signed("<", c_lo, c_hi)):
+            p0 = b.mul(block, k.i64(_BLOCK))
+            p1 = _imin(k, b.add(p0, k.i64(_BLOCK)), pv)
+            # per corner: element offset (0 when outside), all-ones bits when inside else 0
+            # (an AND keeps the read value or zeroes it, whatever it holds), weight
+            ity = ir.IntType(ct.itemsize * 8)
+            corners = [(_entry_array(k, I64, f"at{i}"), I64) for i in range(4)]
+            keeps = [(_entry_array(k, ity, f"keep{i}"), ity) for i in range(4)]
+            weights = [(_entry_array(k, fty, f"w{i}"), fty) for i in range(4)]
+            scale = (_entry_array(k, fty, "mask"), fty)
+
+            def slot(array: tuple[ir.Value, ir.Type], j: ir.Value) -> ir.Value:
+                return b.gep(array[0], [j], inbounds=True, source_etype=array[1])
+
+            flat_off = k.contiguous(off.ptr, dtype, (off.shape[0], off.shape[1], p))
+            ch_y = b.add(b.mul(og, k.i64(2 * geo.taps)), b.mul(tap, k.i64(2)))
+            ch_x = b.add(ch_y, k.i64(1))
+            kh, kw = b.sdiv(tap, k.i64(win.kernel[1])), b.srem(tap, k.i64(win.kernel[1]))
+            start_y = b.sub(b.mul(kh, k.i64(win.dilations[0])), k.dim(win.pads_begin[0]))
+            start_x = b.sub(b.mul(kw, k.i64(win.dilations[1])), k.dim(win.pads_begin[1]))
+            out_w = k.dim(win.out[1])
+            with k.loop(p1, start=p0, name="q") as q:
+                j = b.sub(q, p0)
+                oh, ow = b.sdiv(q, out_w), b.srem(q, out_w)
+                base_y = b.sitofp(b.add(b.mul(oh, k.i64(win.strides[0])), start_y), fty)
                 base_x = b.sitofp(b.add(b.mul(ow, k.i64(win.strides[1])), start_x), fty)
-                dy = k.convert(k.load(off, [n_, ch_y, oh, ow]), dtype, ct)
-                dx = k.convert(k.load(off, [n_, ch_x, oh, ow]), dtype, ct)
-                v = _bilinear(k, x, origin, b.fadd(base_y, dy), b.fadd(base_x, dx), height, width,
-                              dtype, ct)
+                dy = k.convert(k.load(flat_off, [n_, ch_y, q]), dtype, ct)
+                dx = k.convert(k.load(flat_off, [n_, ch_x, q]), dtype, ct)
+                taps = _corners(k, b.fadd(base_y, dy), b.fadd(base_x, dx), x.dims[2], x.dims[3], ct)
+                for i, (at, ok, w) in enumerate(taps):
+                    b.store(b.select(ok, at, zero), slot(corners[i], j))
+                    b.store(b.sext(ok, ity), slot(keeps[i], j))
+                    b.store(w, slot(weights[i], j))
+                m = ir.Constant(fty, 1.0)
                 if mask is not None:
-                    v = b.fmul(v, k.convert(k.load(mask, [n_, ch_m, oh, ow]), dtype, ct))
-                k.store(cols, [row, oh, ow], v)
+                    flat_mask = k.contiguous(mask.ptr, dtype, (mask.shape[0], mask.shape[1], p))
+                    ch_m = b.add(b.mul(og, k.i64(geo.taps)), tap)
+                    m = k.convert(k.load(flat_mask, [n_, ch_m, q]), dtype, ct)
+                b.store(m, slot(scale, j))
+            cols = k.contiguous(scratch, ct, (geo.rows, p))
+            with k.loop(c_hi, start=c_lo, name="c") as c:
+                origin = k.offset(x, [n_, c, zero, zero])
+                row = b.add(b.mul(b.sub(c, group_lo), k.i64(geo.taps)), tap)
+                with k.loop(p1, start=p0, name="q1") as q:
+                    j = b.sub(q, p0)
+                    acc: ir.Value | None = None
+                    for i in range(4):
+                        at = b.load(slot(corners[i], j), typ=I64)
+                        v = k.convert(k.load_at(x, b.add(origin, at)), dtype, ct)
+                        v = b.bitcast(b.and_(b.bitcast(v, ity), b.load(slot(keeps[i], j), typ=ity)),
+                                      fty)
+                        term = b.fmul(b.load(slot(weights[i], j), typ=fty), v)
+                        acc = term if acc is None else b.fadd(acc, term)
+                    assert acc is not None
+                    if mask is not None:
+                        acc = b.fmul(acc, b.load(slot(scale, j), typ=fty))
+                    k.store(cols, [row, q], acc)
 
 
-def _bilinear(k: Emitter, x: View, origin: ir.Value, py: ir.Value, px: ir.Value, height: ir.Value,
-              width: ir.Value, dtype: np.dtype, ct: np.dtype) -> ir.Value:
-    """X's plane at `origin` interpolated at (py, px); corners outside read 0 and a position
-    at -1 or beyond, or at the size or beyond (or NaN), gives 0. Every load stays inside."""
+def _entry_array(k: Emitter, ty: ir.Type, name: str) -> ir.Value:
+    """_BLOCK elements of `ty` on the stack, allocated once in the entry block."""
+    with k.b.goto_block(k.function.entry_basic_block):
+        return k.b.alloca(ty, size=k.i64(_BLOCK), name=name)
+
+
+def _imin(k: Emitter, a: ir.Value, c: ir.Value) -> ir.Value:
+    return k.b.select(k.b.icmp_signed("<", a, c), a, c)
+
+
+def _imax(k: Emitter, a: ir.Value, c: ir.Value) -> ir.Value:
+    return k.b.select(k.b.icmp_signed(">", a, c), a, c)
+
+
+def _corners(k: Emitter, py: ir.Value, px: ir.Value, height: ir.Value, width: ir.Value,
+             ct: np.dtype) -> list[tuple[ir.Value, ir.Value, ir.Value]]:
+    """The four bilinear corners of (py, px) in an H x W plane, as (element offset, inside,
+    weight), in the order onnxruntime sums them. A point at -1 or beyond, or at the size or
+    beyond (or NaN), has all four outside."""
     b = k.b
     fty = llvm_type(ct)
 
@@ -229,16 +304,12 @@ def _bilinear(k: Emitter, x: View, origin: ir.Value, py: ir.Value, px: ir.Value,
     zero = k.i64(0)
     ok_y = (b.icmp_signed(">=", y0, zero), b.icmp_signed("<", y1, height))
     ok_x = (b.icmp_signed(">=", x0, zero), b.icmp_signed("<", x1, width))
-    acc: ir.Value | None = None
+    out = []
     for (yy, oky, wy) in ((y0, ok_y[0], hy), (y1, ok_y[1], ly)):
         for (xx, okx, wx) in ((x0, ok_x[0], hx), (x1, ok_x[1], lx)):
             ok = b.and_(inside, b.and_(oky, okx))
-            at = b.select(ok, b.add(b.mul(yy, width), xx), zero)
-            v = k.convert(k.load_at(x, b.add(origin, at)), dtype, ct)
-            term = b.fmul(b.fmul(wy, wx), b.select(ok, v, c(0.0)))
-            acc = term if acc is None else b.fadd(acc, term)
-    assert acc is not None
-    return acc
+            out.append((b.add(b.mul(yy, width), xx), ok, b.fmul(wy, wx)))
+    return out
 
 
 def _product_rows(node: Node, k: Emitter, geo: _Geometry, n: ir.Value, g: ir.Value) -> None:
