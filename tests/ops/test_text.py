@@ -18,6 +18,8 @@ import cuvil
 from cuvil.errors import ModelError, UnsupportedOpError
 
 VOCAB = np.array([-3, 0, 1, 2, 5, 7, 2**40])
+#: token ids spread too far apart for a table indexed by token (the trie's root is searched)
+SPARSE = np.array([-(2**40), -7, 0, 3, 2**33, 2**40, 11])
 SIZES = ({"_n": 3, "_c": 12}, {"_n": 1, "_c": 5}, {"_n": 2, "_c": 1}, {"_n": 4, "_c": 31})
 
 
@@ -26,25 +28,29 @@ def _tokens(rng, dtype, shape):
     return rng.choice(vocab, size=shape).astype(dtype)
 
 
-def _pool(rng, max_len):
+def _sparse_tokens(rng, dtype, shape):
+    return rng.choice(SPARSE, size=shape).astype(dtype)
+
+
+def _pool(rng, max_len, vocab=VOCAB[:5]):
     """ngram_counts and pool_int64s: a few distinct n-grams of each length up to max_len (some
-    lengths empty)."""
+    lengths empty), of tokens from `vocab`."""
     counts, pool = [], []
     for size in range(1, max_len + 1):
         counts.append(len(pool))
         number = int(rng.integers(0, 5)) if size > 1 else int(rng.integers(1, 5))
         seen = set()
         for _ in range(number):
-            gram = tuple(int(t) for t in rng.choice(VOCAB[:5], size=size))
+            gram = tuple(int(t) for t in rng.choice(vocab, size=size))
             if gram not in seen:
                 seen.add(gram)
                 pool += gram
     return counts, pool
 
 
-def tfidf_case(rng, two_d, dtype="int64"):
+def tfidf_case(rng, two_d, dtype="int64", sparse=False):
     max_len = int(rng.integers(1, 5))
-    counts, pool = _pool(rng, max_len)
+    counts, pool = _pool(rng, max_len, SPARSE[:6] if sparse else VOCAB[:5])
     # the number of n-grams over all lengths (loaded or not)
     grams = sum(((counts[i + 1] if i + 1 < len(counts) else len(pool)) - counts[i]) // (i + 1)
                 for i in range(len(counts)))
@@ -62,13 +68,15 @@ def tfidf_case(rng, two_d, dtype="int64"):
     if mode != "TF" and rng.random() < 0.7:
         attrs["weights"] = [float(w) for w in rng.uniform(-2, 3, grams).astype(np.float32)]
     shape = ["_n", "_c"] if two_d else ["_c"]
-    return Case("TfIdfVectorizer", ["x"], attrs, feeds={"x": (dtype, shape)}, data=_tokens)
+    return Case("TfIdfVectorizer", ["x"], attrs, feeds={"x": (dtype, shape)},
+                data=_sparse_tokens if sparse else _tokens)
 
 
 def test_random_pools_every_mode():
     rng = np.random.default_rng(0)
     cases = [tfidf_case(rng, two_d=i % 2 == 0, dtype="int64" if i % 3 else "int32")
              for i in range(40)]
+    cases += [tfidf_case(rng, two_d=i % 2 == 0, sparse=True) for i in range(12)]
     check_cases(cases, sizes=SIZES, opset=9, rtol=1e-6, atol=0)
 
 

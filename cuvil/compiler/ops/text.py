@@ -3,15 +3,17 @@
 The n-gram pool is known at compile time. It becomes a trie stored as constant tables in the
 library: a node per n-gram prefix, with its children's tokens sorted so that a step down is a
 binary search (unrolled: the search length is known at compile time), and the output column of
-the n-gram the node completes. At run time each row is scanned as onnxruntime scans it: for
-each skip distance d (1 to max_skip_count + 1) and start position s, the tokens at s, s + d,
-s + 2d... walk down the trie; every n-gram of a length in [min_gram_length, max_gram_length]
-met on the way counts once (1-grams only at d = 1, since skipping does not change them). As
-in onnxruntime, each occurrence updates its n-gram's output column right away: TF adds 1,
-TFIDF adds the n-gram's weight, IDF sets the column to it (the weights belong to the pool's
-n-grams, in pool order, as the ONNX spec says; onnx's reference evaluator reads them per
-output column instead, which only agrees when ngram_indexes is 0, 1, 2...). Rows run on the
-thread pool.
+the n-gram the node completes. The first step, from the root, is usually a direct table
+indexed by token id (vocabularies are mostly dense ids); every walk starts there.
+
+At run time each row is scanned as onnxruntime scans it: for each skip distance d (1 to
+max_skip_count + 1) and start position s, the tokens at s, s + d, s + 2d... walk down the
+trie; every n-gram of a length in [min_gram_length, max_gram_length] met on the way counts
+once (1-grams only at d = 1, since skipping does not change them). As in onnxruntime, each
+occurrence updates its n-gram's output column right away: TF adds 1, TFIDF adds the n-gram's
+weight, IDF sets the column to it (the weights belong to the pool's n-grams, in pool order,
+as the ONNX spec says; onnx's reference evaluator reads them per output column instead, which
+only agrees when ngram_indexes is 0, 1, 2...). Rows run on the thread pool.
 
 String tokens (pool_strings, string X) are not compiled: cuvil has no string tensors.
 """
@@ -19,11 +21,12 @@ String tokens (pool_strings, string X) are not compiled: cuvil has no string ten
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I64, Emitter
+from cuvil.compiler.codegen.emitter import I64, Emitter, View
 from cuvil.compiler.ir import Node, TensorType, simplify_dim
 from cuvil.compiler.ops import InferContext, Op, register
 from cuvil.compiler.ops._window import entry_alloca
@@ -44,11 +47,6 @@ class _Trie:
     child_key: list[int]
     child_node: list[int]
     depth: int  # the longest n-gram
-
-    @property
-    def search_steps(self) -> int:
-        """Halvings that bring any node's children range down to one candidate."""
-        return max(max(self.count) - 1, 0).bit_length()
 
 
 @dataclass(frozen=True)
@@ -161,6 +159,26 @@ def _table(k: Emitter, values: list[int] | list[float], ty: ir.Type, name: str) 
     return g
 
 
+#: the root's children get a direct table (indexed by token - smallest token) when the tokens
+#: span at most this many times their number (token ids are mostly a dense vocabulary)
+_DIRECT_SPREAD = 8
+
+
+def _root_table(k: Emitter, trie: _Trie) -> tuple[ir.GlobalVariable, int, int] | None:
+    """(table, smallest token, span) mapping a first token to its trie node (-1: none)."""
+    lo, hi = trie.first[0], trie.first[0] + trie.count[0]
+    tokens, children = trie.child_key[lo:hi], trie.child_node[lo:hi]
+    if not tokens:
+        return None
+    span = tokens[-1] - tokens[0] + 1
+    if span > max(_DIRECT_SPREAD * len(tokens), 1024):
+        return None
+    table = [-1] * span
+    for token, child in zip(tokens, children):
+        table[token - tokens[0]] = child
+    return _table(k, table, ir.IntType(32), "root"), tokens[0], span
+
+
 def _load(k: Emitter, table: ir.GlobalVariable, i: ir.Value) -> ir.Value:
     ptr = k.b.gep(table, [k.i64(0), i], inbounds=True, source_etype=table.value_type)
     return k.b.load(ptr, typ=table.value_type.element)
@@ -206,11 +224,16 @@ class TfIdfVectorizer(Op):
         keys = _table(k, [*trie.child_key, 0], I64, "keys")
         nodes = _table(k, [*trie.child_node, 0], I64, "nodes")
         weight = _table(k, trie.weight, F32, "weight") if spec.mode != "TF" else None
+        root = _root_table(k, trie)
+        # halvings for the children of the nodes searched by _find (the root is not, when it
+        # has a direct table)
+        searched = trie.count[1:] if root is not None else trie.count
+        steps = max(max(searched, default=0) - 1, 0).bit_length()
         depth = min(spec.max_gram, trie.depth)
         # distances after the first count n-grams of 2 tokens or more
         lo_skipped = max(spec.min_gram, 2)
         distances = 1 + (spec.max_skip if lo_skipped <= spec.max_gram else 0)
-        cost = simplify_dim(length * distances * max(depth, 1) * (8 + 4 * trie.search_steps)
+        cost = simplify_dim(length * distances * max(depth, 1) * (8 + 4 * steps)
                             + spec.columns * 2)
         with k.parallel_loop(rows, cost=cost, name="row") as r:
             b = k.b
@@ -219,47 +242,70 @@ class TfIdfVectorizer(Op):
             at = entry_alloca(k, I64, "node")
             pos = entry_alloca(k, I64, "pos")
             n_items = x.dims[1]
+            zero = k.i64(0)
+
+            def visit(child: ir.Value, n: ir.Value, lo: ir.Value) -> None:
+                """Count the n-gram ending at trie node `child` (-1: none), of length n."""
+                col = _load(k, column, b.select(b.icmp_signed(">=", child, zero), child, zero))
+                hit = b.and_(b.and_(b.icmp_signed(">=", child, zero), b.icmp_signed(">=", col, zero)),
+                             b.icmp_signed(">=", n, lo))
+                with k.if_then(hit):
+                    # per occurrence, as onnxruntime: TF counts, TFIDF sums the n-gram's
+                    # weight, IDF sets it
+                    if weight is None:
+                        v = b.fadd(k.load(y, [r, col]), ir.Constant(F32, 1.0))
+                    elif spec.mode == "TFIDF":
+                        v = b.fadd(k.load(y, [r, col]), _load(k, weight, child))
+                    else:
+                        v = _load(k, weight, child)
+                    k.store(y, [r, col], v)
+
+            def find(node: ir.Value | None, token: ir.Value) -> ir.Value:
+                if node is None and root is not None:
+                    table, low, span = root
+                    i = b.sub(token, k.i64(low))
+                    inside = b.icmp_unsigned("<", i, k.i64(span))
+                    child = b.sext(_load(k, table, b.select(inside, i, zero)), I64)
+                    return b.select(inside, child, k.i64(-1))
+                return self._find(k, steps, node or zero, token, first, count, keys, nodes)
+
             with k.loop(spec.columns, name="c0") as c:
                 k.store(y, [r, c], ir.Constant(F32, 0.0))
             with k.loop(distances + 1, start=1, name="d") as d:
                 lo = b.select(b.icmp_signed("==", d, k.i64(1)), k.i64(spec.min_gram),
                               k.i64(lo_skipped))
                 with k.loop(n_items, name="s") as s:
-                    b.store(k.i64(0), at)
-                    b.store(s, pos)
-                    with k.loop(depth + 1, start=1, name="len") as n:
-                        p, here = b.load(pos), b.load(at)
-                        alive = b.and_(b.icmp_signed(">=", here, k.i64(0)),
-                                       b.icmp_signed("<", p, n_items))
-                        with k.if_then(alive):
-                            token = k.convert(k.load(x, [r, p]), dtype, np.int64)
-                            child = self._find(k, trie, here, token, first, count, keys, nodes)
-                            b.store(child, at)
-                            b.store(b.add(p, d), pos)
-                            col = _load(k, column, b.select(b.icmp_signed(">=", child, k.i64(0)),
-                                                            child, k.i64(0)))
-                            hit = b.and_(b.and_(b.icmp_signed(">=", child, k.i64(0)),
-                                                b.icmp_signed(">=", col, k.i64(0))),
-                                         b.icmp_signed(">=", n, lo))
-                            with k.if_then(hit):
-                                # per occurrence, as onnxruntime: TF counts, TFIDF sums the
-                                # n-gram's weight, IDF sets it
-                                if weight is None:
-                                    v = b.fadd(k.load(y, [r, col]), ir.Constant(F32, 1.0))
-                                elif spec.mode == "TFIDF":
-                                    v = b.fadd(k.load(y, [r, col]), _load(k, weight, child))
-                                else:
-                                    v = _load(k, weight, child)
-                                k.store(y, [r, col], v)
+                    child = find(None, k.convert(k.load(x, [r, s]), dtype, np.int64))
+                    visit(child, k.i64(1), lo)
+                    if depth >= 2:
+                        self._walk(k, child, s, d, lo, depth, x, r, at, pos, find, visit)
 
     @staticmethod
-    def _find(k: Emitter, trie: _Trie, node: ir.Value, token: ir.Value, first: ir.Value,
+    def _walk(k: Emitter, child: ir.Value, s: ir.Value, d: ir.Value, lo: ir.Value, depth: int,
+              x: View, r: ir.Value, at: ir.Value, pos: ir.Value, find: Any, visit: Any) -> None:
+        """From the first token's node down: tokens s + d, s + 2d... while the trie has them."""
+        b = k.b
+        zero = k.i64(0)
+        with k.if_then(b.icmp_signed(">=", child, zero)):
+            b.store(child, at)
+            b.store(b.add(s, d), pos)
+            with k.loop(depth + 1, start=2, name="len") as n:
+                p, here = b.load(pos), b.load(at)
+                alive = b.and_(b.icmp_signed(">=", here, zero), b.icmp_signed("<", p, x.dims[1]))
+                with k.if_then(alive):
+                    nxt = find(here, k.convert(k.load(x, [r, p]), x.dtype, np.int64))
+                    b.store(nxt, at)
+                    b.store(b.add(p, d), pos)
+                    visit(nxt, n, lo)
+
+    @staticmethod
+    def _find(k: Emitter, steps: int, node: ir.Value, token: ir.Value, first: ir.Value,
               count: ir.Value, keys: ir.Value, nodes: ir.Value) -> ir.Value:
         """The child of `node` reached by `token`, or -1: the last key <= token among the
-        node's (ascending) children, found by halving the range a fixed number of times."""
+        node's (ascending) children, found by halving the range `steps` times."""
         b = k.b
         base, size = _load(k, first, node), _load(k, count, node)
-        for _ in range(trie.search_steps):
+        for _ in range(steps):
             half = b.lshr(size, k.i64(1))
             mid = b.add(base, half)
             go = b.icmp_signed("<=", _load(k, keys, mid), token)
