@@ -23,6 +23,7 @@ else:  # pragma: no cover - exercised on 3.9/3.10 only
 
 __all__ = [
     "ENV_VAR",
+    "X86_CPU_FLAGS",
     "Arch",
     "Target",
     "bundled_toolchain_dir",
@@ -73,7 +74,30 @@ class Variant:
 
     cpu: str
     features: str  # what the cpu implies, spelled out: kernels size their tiles from it
-    requires: tuple[str, ...]  # __builtin_cpu_supports() names, e.g. ("avx2", "fma")
+    requires: tuple[str, ...]  # X86_CPU_FLAGS names, e.g. ("avx2", "fma")
+
+
+#: x86 CPU flags a variant can require, as the dispatcher tests them: CPUID leaf, subleaf,
+#: register (0-3: EAX, EBX, ECX, EDX), bit, and the XCR0 state bits the OS must enable for
+#: the flag's registers (AVX: XMM+YMM = 0x6; AVX-512 also opmask and ZMM = 0xE6). Facts from
+#: Intel's SDM vol. 2A (CPUID) and AMD's CPUID specification.
+X86_CPU_FLAGS: dict[str, tuple[int, int, int, int, int]] = {
+    "sse4.2": (1, 0, 2, 20, 0),
+    "popcnt": (1, 0, 2, 23, 0),
+    "movbe": (1, 0, 2, 22, 0),
+    "fma": (1, 0, 2, 12, 0x6),
+    "avx": (1, 0, 2, 28, 0x6),
+    "f16c": (1, 0, 2, 29, 0x6),
+    "bmi": (7, 0, 1, 3, 0),
+    "avx2": (7, 0, 1, 5, 0x6),
+    "bmi2": (7, 0, 1, 8, 0),
+    "avx512f": (7, 0, 1, 16, 0xE6),
+    "avx512dq": (7, 0, 1, 17, 0xE6),
+    "avx512cd": (7, 0, 1, 28, 0xE6),
+    "avx512bw": (7, 0, 1, 30, 0xE6),
+    "avx512vl": (7, 0, 1, 31, 0xE6),
+    "lzcnt": (0x80000001, 0, 2, 5, 0),
+}
 
 
 @dataclass(frozen=True)
@@ -381,6 +405,9 @@ def _parse_arch(raw: dict[str, Any], path: Path, fmt: str, where: str) -> Arch:
     variants = raw.get("variant", [])
     if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
         raise _fail(path, f"{where}variant", "must be an array of tables ([[arch.variant]])")
+    if variants and not triple.startswith(("x86_64", "i686", "i386")):
+        raise _fail(path, f"{where}variant", "CPU variants are chosen with x86 CPUID; this arch "
+                    f"({triple}) cannot have any: remove its [[arch.variant]] tables")
     return Arch(name=name, llvm_triple=triple, zig_target=zig_target, cpu=cpu, features=features,
                 variants=tuple(_parse_variant(v, path, f"{where}variant[{i}].")
                                for i, v in enumerate(variants)))
@@ -391,10 +418,14 @@ def _parse_variant(raw: dict[str, Any], path: Path, where: str) -> Variant:
     cpu = _str(raw, "cpu", path, where)
     features = _str(raw, "features", path, where)
     requires = raw["requires"]
-    if (not isinstance(requires, list) or not requires
-            or not all(isinstance(r, str) and re.match(r"^[a-z0-9_.]+$", r) for r in requires)):
+    if not isinstance(requires, list) or not requires or not all(isinstance(r, str) for r in requires):
         raise _fail(path, f"{where}requires",
                     "must be a non-empty list of CPU feature names such as [\"avx2\", \"fma\"]")
+    unknown = [r for r in requires if r not in X86_CPU_FLAGS]
+    if unknown:
+        raise _fail(path, f"{where}requires",
+                    f"unknown CPU flag(s) {unknown}; the run-time dispatcher tests "
+                    f"{', '.join(sorted(X86_CPU_FLAGS))}")
     return Variant(cpu=cpu, features=features, requires=tuple(requires))
 
 

@@ -1,0 +1,67 @@
+"""The run-time CPU dispatcher: its flag tests agree with the kernel's view of this CPU
+(/proc/cpuinfo, an independent oracle), and the exported `run` calls the newest copy of the
+model code the CPU can run. Built with zig for the host, as model libraries are."""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+from pathlib import Path
+
+import pytest
+
+from cuvil.compiler.codegen.module import variant_run_symbol
+from cuvil.runtime.dispatch import cpu_test, render_detector, render_dispatcher
+from cuvil.toolchains import get_target, host_target_name, zig
+from cuvil.toolchains._targets import X86_CPU_FLAGS
+
+pytestmark = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"),
+    reason="compares with /proc/cpuinfo of an x86-64 Linux host")
+
+#: /proc/cpuinfo spells some flags differently
+CPUINFO_NAMES = {"sse4.2": "sse4_2", "bmi": "bmi1", "lzcnt": "abm"}
+
+
+def _cpuinfo_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    raise AssertionError("no flags line in /proc/cpuinfo")
+
+
+def _build(tmp_path: Path, source: str) -> ctypes.CDLL:
+    target = get_target(host_target_name())
+    arch = target.arches[0]
+    c = tmp_path / "probe.c"
+    c.write_text(source)
+    obj = zig.compile_c(c, tmp_path / "probe.o", arch)
+    lib = zig.link_shared([obj], tmp_path / "libprobe.so", arch, target.object_format, "libprobe.so")
+    return ctypes.CDLL(str(lib))
+
+
+def test_each_flag_test_agrees_with_proc_cpuinfo(tmp_path):
+    names = sorted(X86_CPU_FLAGS)
+    source = render_detector() + "".join(
+        f'\n__attribute__((visibility("default"))) int has_{i}(void) {{ return {cpu_test(n)}; }}\n'
+        for i, n in enumerate(names))
+    lib = _build(tmp_path, source)
+    kernel = _cpuinfo_flags()
+    for i, name in enumerate(names):
+        got = bool(getattr(lib, f"has_{i}")())
+        assert got == (CPUINFO_NAMES.get(name, name) in kernel), name
+
+
+@pytest.mark.parametrize("toolchain", ["x86_64-linux"])
+def test_dispatcher_runs_the_newest_copy_this_cpu_supports(tmp_path, toolchain):
+    # the variants of the shipped toolchain file, with stubs that say which one ran
+    levels = [(), *(v.requires for v in get_target(toolchain).arches[0].variants)]
+    stubs = "".join(
+        f"int32_t {variant_run_symbol('m', i)}(const void *const *a, void *const *b, "
+        f"const int64_t *c, void *d) {{ return {i}; }}\n" for i in range(len(levels)))
+    lib = _build(tmp_path, render_dispatcher("m", levels) + stubs)
+    kernel = _cpuinfo_flags()
+    want = max(i for i, flags in enumerate(levels)
+               if all(CPUINFO_NAMES.get(f, f) in kernel for f in flags))
+    assert lib.cuvil_m_run(None, None, None, None) == want
+    assert lib.cuvil_m_run(None, None, None, None) == want  # the remembered choice
