@@ -4,8 +4,8 @@ One internal function per module and epilogue, taking sizes and strides at run t
 it instead of generating their own loop nests, so a model with fifty convolutions compiles
 one kernel, not fifty. The kernel walks C in tiles of MR rows x NR columns; each tile keeps
 its MR x NR sums in vector registers for the whole K loop, loading one NR-wide row of B and
-MR scalars of A per step (broadcast, fused multiply-add). Rows and columns left over at the
-edges get smaller tiles, down to scalars.
+MR scalars of A per step (broadcast, fused multiply-add). Rows left over at the edge get tiles
+of 4, 2 and 1 rows; the last columns, a vector panel whose lanes past N are masked off.
 
 Tile sizes follow the target's vector registers (`isa_of`): 16 registers of 8 floats (AVX2)
 hold a 6 x 16 tile; 16 of 4 floats (SSE) a 4 x 8 one; AArch64's 32 NEON registers an 8 x 8.
@@ -84,6 +84,13 @@ def gemm_function(module: ir.Module, epilogue: Epilogue = PLAIN) -> ir.Function:
     return fn
 
 
+#: K is walked in blocks of KC: one packed panel of B (KC x NR floats, 16 KB with AVX2) then
+#: stays in L1 while every row tile of A runs over it
+KC = 256
+#: with fewer rows than this, a packed panel would be read too few times to repay the copy
+PACK_MIN_ROWS = 12
+
+
 class _GemmWriter:
     def __init__(self, module: ir.Module, fn: ir.Function, isa: Isa, epilogue: Epilogue) -> None:
         self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {})
@@ -91,55 +98,102 @@ class _GemmWriter:
         self.epilogue = epilogue
         (self.m, self.n, self.kk, self.a, self.lda, self.bm, self.ldb, self.c, self.ldc,
          self.acc, self.bias) = fn.args
+        #: lanes of the last, partial vector panel (None elsewhere)
+        self.mask: ir.Value | None = None
 
     def write(self) -> None:
+        """C in blocks of KC along K; within a block, column panels of NR, then one-vector
+        panels, then one masked vector panel for the last columns. A full panel of B is first
+        copied into a contiguous stack buffer when there are enough rows to reuse it: B's rows
+        are ldb apart, so reading the panel in place touches a new cache line (often a new
+        page) per step."""
         k, isa = self.k, self.isa
         b = k.b
         nr = isa.nr
-        # full-width column panels, then one-vector panels, then single columns
+        panel = b.alloca(ir.ArrayType(F32, KC * nr), name="panel")
+        panel.align = 64
+        panel.type = PTR  # used as an untyped pointer, like every other buffer here
+        pack = b.icmp_signed(">=", self.m, k.i64(PACK_MIN_ROWS))
         n_full = b.mul(k.floordiv(self.n, k.i64(nr)), k.i64(nr))
-        with k.loop(n_full, step=nr, name="j") as j:
-            self.rows(j, isa.nv)
         n_vec = b.add(n_full, b.mul(k.floordiv(b.sub(self.n, n_full), k.i64(isa.vector)),
                                     k.i64(isa.vector)))
-        with k.loop(n_vec, start=n_full, step=isa.vector, name="jv") as j:
-            self.rows(j, 1)
-        with k.loop(self.n, start=n_vec, name="js") as j:
-            self.rows(j, 0)
+        with k.loop(self.kk, step=KC, name="k0") as k0:
+            rest = b.sub(self.kk, k0)
+            kc = b.select(b.icmp_signed("<", rest, k.i64(KC)), rest, k.i64(KC))
+            # earlier blocks' sums are in C; the epilogue runs once, after the last block
+            self.load_c = b.or_(self.acc, b.icmp_signed(">", k0, k.i64(0)))
+            self.last = b.icmp_signed("==", b.add(k0, kc), self.kk)
+            self.kc = kc
+            a_blk = b.gep(self.a, [k0], source_etype=F32)
+            b_blk = b.gep(self.bm, [b.mul(k0, self.ldb)], source_etype=F32)
+            with k.loop(n_full, step=nr, name="j") as j:
+                b_here = b.gep(b_blk, [j], source_etype=F32)
+                with k.if_then(pack):
+                    self.pack(b_here, panel, kc)
+                src = b.select(pack, panel, b_here)
+                ld = b.select(pack, k.i64(nr), self.ldb)
+                self.rows(a_blk, src, ld, j, isa.nv)
+            with k.loop(n_vec, start=n_full, step=isa.vector, name="jv") as j:
+                self.rows(a_blk, b.gep(b_blk, [j], source_etype=F32), self.ldb, j, 1)
+            # the last few columns: one vector panel with its lanes past N masked off
+            rem = b.sub(self.n, n_vec)
+            with k.if_then(b.icmp_signed(">", rem, k.i64(0))):
+                lanes = ir.Constant(ir.VectorType(I64, isa.vector), list(range(isa.vector)))
+                self.mask = b.icmp_signed("<", lanes, _splat(b, rem, isa.vector))
+                self.rows(a_blk, b.gep(b_blk, [n_vec], source_etype=F32), self.ldb, n_vec, 1)
+                self.mask = None
         b.ret_void()
 
-    def rows(self, j: ir.Value, nv: int) -> None:
-        """All rows of the column panel at j: full MR-row tiles, then the leftover rows."""
+    def pack(self, src: ir.Value, panel: ir.Value, kc: ir.Value) -> None:
+        """panel[p, :] = src[p * ldb : p * ldb + NR] for p < kc, NR floats a row."""
+        k, isa = self.k, self.isa
+        b = k.b
+        vt = ir.VectorType(F32, isa.vector)
+        with k.loop(kc, name="pk") as p:
+            row = b.gep(src, [b.mul(p, self.ldb)], source_etype=F32)
+            out = b.gep(panel, [b.mul(p, k.i64(isa.nr))], source_etype=F32)
+            for v in range(isa.nv):
+                x = b.load(b.gep(row, [k.i64(v * isa.vector)], source_etype=F32), typ=vt, align=4)
+                b.store(x, b.gep(out, [k.i64(v * isa.vector)], source_etype=F32), align=32)
+
+    def rows(self, a: ir.Value, bsrc: ir.Value, ldb: ir.Value, j: ir.Value, nv: int) -> None:
+        """All rows of the column panel at j (B's panel at bsrc, rows ldb apart): full MR-row
+        tiles, then the leftover rows."""
         k, mr = self.k, self.isa.mr
         b = k.b
         m_full = b.mul(k.floordiv(self.m, k.i64(mr)), k.i64(mr))
         with k.loop(m_full, step=mr, name="i") as i:
-            self.tile(i, j, mr, nv)
-        # leftover rows one at a time (a 1-row tile still uses full vectors)
-        with k.loop(self.m, start=m_full, name="ir") as i:
-            self.tile(i, j, 1, nv)
+            self.tile(a, bsrc, ldb, i, j, mr, nv)
+        # the fewer than MR rows left, in tiles of 4, 2 and 1 rows: one row at a time would
+        # load B once per two multiply-adds
+        start = m_full
+        for height in (4, 2, 1):
+            if height >= mr:
+                continue
+            fits = b.icmp_signed(">=", b.sub(self.m, start), k.i64(height))
+            with k.if_then(fits):
+                self.tile(a, bsrc, ldb, start, j, height, nv)
+            start = b.add(start, b.select(fits, k.i64(height), k.i64(0)))
 
-    def tile(self, i0: ir.Value, j0: ir.Value, rows: int, nv: int) -> None:
-        """C[i0:i0+rows, j0:j0+width] where width is nv vectors (nv=0: one scalar column)."""
+    def tile(self, a_ptr: ir.Value, bsrc: ir.Value, ldb: ir.Value, i0: ir.Value, j0: ir.Value,
+             rows: int, nv: int) -> None:
+        """C[i0:i0+rows, j0:j0+width] (+)= A[i0:i0+rows, :kc] @ B-panel, where width is nv
+        vectors (the last lanes masked off when `self.mask` is set)."""
         k = self.k
         b = k.b
-        width = self.isa.vector if nv else 1
-        vt = ir.VectorType(F32, width) if nv else F32
-        lanes = max(nv, 1)
+        width = self.isa.vector
+        vt = ir.VectorType(F32, width)
 
         def c_ptr(r: int, v: int) -> ir.Value:
             row = b.add(i0, k.i64(r))
             off = b.add(b.mul(row, self.ldc), b.add(j0, k.i64(v * width)))
             return b.gep(self.c, [off], source_etype=F32, inbounds=True)
 
-        def vload(p: ir.Value) -> ir.Value:
-            return b.load(p, typ=vt, align=4)
-
-        zero = ir.Constant(vt, None) if nv else ir.Constant(F32, 0.0)
+        zero = ir.Constant(vt, None)
         init = []
         for r in range(rows):
-            for v in range(lanes):
-                init.append(b.select(self.acc, vload(c_ptr(r, v)), zero))
+            for v in range(nv):
+                init.append(b.select(self.load_c, self.vload(c_ptr(r, v)), zero))
         pre = b.block
         head = k.function.append_basic_block("kk.head")
         body = k.function.append_basic_block("kk.body")
@@ -153,19 +207,19 @@ class _GemmWriter:
             phi = b.phi(vt)
             phi.add_incoming(x, pre)
             accs.append(phi)
-        b.cbranch(b.icmp_signed("<", p, self.kk), body, done)
+        b.cbranch(b.icmp_signed("<", p, self.kc), body, done)
         b.position_at_end(body)
-        brow = b.add(b.mul(p, self.ldb), j0)
-        bvals = [vload(b.gep(self.bm, [b.add(brow, k.i64(v * width))], source_etype=F32,
-                             inbounds=True)) for v in range(lanes)]
+        brow = b.mul(p, ldb)
+        bvals = [self.vload(b.gep(bsrc, [b.add(brow, k.i64(v * width))], source_etype=F32,
+                             inbounds=True)) for v in range(nv)]
         fma = _fmuladd(k.module, vt)
         new = []
         for r in range(rows):
             a_off = b.add(b.mul(b.add(i0, k.i64(r)), self.lda), p)
-            a = b.load(b.gep(self.a, [a_off], source_etype=F32, inbounds=True), typ=F32)
-            splat = _splat(b, a, width) if nv else a
-            for v in range(lanes):
-                new.append(b.call(fma, [splat, bvals[v], accs[r * lanes + v]]))
+            a = b.load(b.gep(a_ptr, [a_off], source_etype=F32, inbounds=True), typ=F32)
+            splat = _splat(b, a, width)
+            for v in range(nv):
+                new.append(b.call(fma, [splat, bvals[v], accs[r * nv + v]]))
         nxt = b.add(p, k.i64(1))
         latch = b.block
         b.branch(head)
@@ -174,23 +228,33 @@ class _GemmWriter:
             phi.add_incoming(x, latch)
         b.position_at_end(done)
         for r in range(rows):
-            for v in range(lanes):
-                out = self.finish(accs[r * lanes + v], b.add(i0, k.i64(r)),
-                                  b.add(j0, k.i64(v * width)), vt, width, nv)
-                b.store(out, c_ptr(r, v), align=4)
+            for v in range(nv):
+                acc = accs[r * nv + v]
+                out = self.finish(acc, b.add(i0, k.i64(r)), b.add(j0, k.i64(v * width)))
+                self.vstore(b.select(self.last, out, acc), c_ptr(r, v))
 
-    def finish(self, acc: ir.Value, row: ir.Value, col: ir.Value, vt: ir.Type, width: int,
-               nv: int) -> ir.Value:
-        k, ep = self.k, self.epilogue
-        b = k.b
+    def vload(self, p: ir.Value) -> ir.Value:
+        b, vt = self.k.b, ir.VectorType(F32, self.isa.vector)
+        if self.mask is None:
+            return b.load(p, typ=vt, align=4)
+        return b.call(_masked(self.k.module, "load", vt), [p, _ALIGN, self.mask, ir.Constant(vt, None)])
+
+    def vstore(self, x: ir.Value, p: ir.Value) -> None:
+        b = self.k.b
+        if self.mask is None:
+            b.store(x, p, align=4)
+        else:
+            b.call(_masked(self.k.module, "store", x.type), [x, p, _ALIGN, self.mask])
+
+    def finish(self, acc: ir.Value, row: ir.Value, col: ir.Value) -> ir.Value:
+        b, ep = self.k.b, self.epilogue
         if ep.bias == "row":
             bias = b.load(b.gep(self.bias, [row], source_etype=F32, inbounds=True), typ=F32)
-            acc = b.fadd(acc, _splat(b, bias, width) if nv else bias)
+            acc = b.fadd(acc, _splat(b, bias, self.isa.vector))
         elif ep.bias == "col":
-            p = b.gep(self.bias, [col], source_etype=F32, inbounds=True)
-            acc = b.fadd(acc, b.load(p, typ=vt, align=4))
+            acc = b.fadd(acc, self.vload(b.gep(self.bias, [col], source_etype=F32, inbounds=True)))
         if ep.relu:
-            zero = ir.Constant(vt, None) if nv else ir.Constant(F32, 0.0)
+            zero = ir.Constant(acc.type, None)
             acc = b.select(b.fcmp_ordered("<", acc, zero), zero, acc)
         return acc
 
@@ -204,8 +268,27 @@ def _fmuladd(module: ir.Module, ty: ir.Type) -> ir.Function:
         return ir.Function(module, ir.FunctionType(ty, [ty, ty, ty]), name)
 
 
+_ALIGN = ir.Constant(ir.IntType(32), 4)
+
+
+def _masked(module: ir.Module, op: str, vt: ir.VectorType) -> ir.Function:
+    """llvm.masked.load / llvm.masked.store for vectors of floats (lanes whose mask bit is
+    off are neither read nor written)."""
+    name = f"llvm.masked.{op}.v{vt.count}f32.p0"
+    try:
+        return module.get_global(name)
+    except KeyError:
+        pass
+    mask = ir.VectorType(I1, vt.count)
+    if op == "load":
+        fnty = ir.FunctionType(vt, [PTR, ir.IntType(32), mask, vt])
+    else:
+        fnty = ir.FunctionType(ir.VoidType(), [vt, PTR, ir.IntType(32), mask])
+    return ir.Function(module, fnty, name)
+
+
 def _splat(b: ir.IRBuilder, x: ir.Value, width: int) -> ir.Value:
-    vt = ir.VectorType(F32, width)
+    vt = ir.VectorType(x.type, width)
     v = b.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
     return b.shuffle_vector(v, ir.Constant(vt, ir.Undefined),
                             ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
