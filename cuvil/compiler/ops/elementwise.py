@@ -740,6 +740,23 @@ class IsInf(Elementwise):
 # -- casts ------------------------------------------------------------------------------------
 
 
+def to_dtype(node: Node, verb: str) -> np.dtype:
+    """The element type named by the node's `to` attribute (Cast, BitCast)."""
+    to = node.attrs.get("to")
+    if to is None:
+        raise ModelError(f"{node.describe()}: missing the `to` attribute")
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))
+    except Exception:
+        dtype = None
+    if dtype is None or dtype.name not in DTYPES:
+        known = int(to) in onnx.TensorProto.DataType.values()
+        name = onnx.TensorProto.DataType.Name(int(to)) if known else str(to)
+        raise UnsupportedOpError(f"{node.describe()}: {verb} to {name}; cuvil compiles tensors of "
+                                 f"{', '.join(DTYPES)} only")
+    return dtype
+
+
 class Cast(Elementwise):
     """Any pair of cuvil's dtypes; float -> int truncates, out-of-range results are undefined."""
 
@@ -750,19 +767,7 @@ class Cast(Elementwise):
     dtypes = DTYPES
 
     def target(self, node: Node) -> np.dtype:
-        to = node.attrs.get("to")
-        if to is None:
-            raise ModelError(f"{node.describe()}: missing the `to` attribute")
-        try:
-            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))
-        except Exception:
-            dtype = None
-        if dtype is None or dtype.name not in DTYPES:
-            name = onnx.TensorProto.DataType.Name(int(to)) if int(to) in onnx.TensorProto.DataType.values() \
-                else str(to)
-            raise UnsupportedOpError(f"{node.describe()}: casts to {name}; cuvil compiles casts to "
-                                     f"{', '.join(DTYPES)} only")
-        return dtype
+        return to_dtype(node, "casts")
 
     def out_dtype(self, node, schema, bound):
         return self.target(node)
@@ -1165,18 +1170,7 @@ class BitCast(Copy):
         self.check_dtypes(node)
         x = node.inputs[0]
         assert x is not None
-        to = node.attrs.get("to")
-        if to is None:
-            raise ModelError(f"{node.describe()}: missing the `to` attribute")
-        try:
-            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))
-        except Exception:
-            dtype = None
-        if dtype is None or dtype.name not in DTYPES:
-            name = onnx.TensorProto.DataType.Name(int(to)) if int(to) in onnx.TensorProto.DataType.values() \
-                else str(to)
-            raise UnsupportedOpError(f"{node.describe()}: bit-casts to {name}; cuvil compiles "
-                                     f"tensors of {', '.join(DTYPES)} only")
+        dtype = to_dtype(node, "bit-casts")
         if dtype.itemsize != x.type.dtype.itemsize:
             raise ModelError(f"{node.describe()}: cannot bit-cast {x.type.dtype.name} "
                              f"({8 * x.type.dtype.itemsize} bits) to {dtype.name} "
