@@ -348,7 +348,10 @@ class Emitter:
     # -- math ---------------------------------------------------------------------------
     def intrinsic(self, name: str, args: Sequence[ir.Value], ty: ir.Type | None = None) -> ir.Value:
         ty = ty or args[0].type
-        fn = self.module.declare_intrinsic(name, [ty])
+        # the signature spelled out: llvmlite guesses one argument for intrinsics it does not
+        # know (llvm.fmuladd), which LLVM's verifier rejects
+        fnty = ir.FunctionType(ty, [a.type for a in args])
+        fn = self.module.declare_intrinsic(name, [ty], fnty)
         return self.b.call(fn, list(args))
 
     def fmax(self, a: ir.Value, b: ir.Value) -> ir.Value:
