@@ -61,7 +61,10 @@ def input_feeds(model: onnx.ModelProto, batch: int) -> dict[str, np.ndarray]:
 
 
 def static_batch(model: onnx.ModelProto) -> int | None:
+    inits = {i.name for i in model.graph.initializer}  # old exporters list weights as inputs
     for vi in model.graph.input:
+        if vi.name in inits:
+            continue
         dims = vi.type.tensor_type.shape.dim
         if dims and dims[0].HasField("dim_value"):
             return dims[0].dim_value
