@@ -73,7 +73,7 @@ def reference(a, b, c0, bias, ep: Epilogue, accumulate: bool) -> np.ndarray:
 @pytest.mark.parametrize("shape", [(1, 1, 1), (6, 16, 5), (7, 17, 3), (5, 9, 33), (13, 70, 64),
                                    (200, 3, 50), (3, 300, 17), (64, 4099, 27), (130, 130, 130),
                                    # K over several blocks of KC, with and without packed panels
-                                   (20, 40, 600), (13, 33, 513), (5, 20, 300)])
+                                   (20, 40, 600), (13, 33, 513), (5, 20, 300), (150, 40, 300)])
 @pytest.mark.parametrize("e", range(len(EPILOGUES)))
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_gemm_matches_numpy(lib: ctypes.CDLL, shape, e: int, accumulate: bool) -> None:
