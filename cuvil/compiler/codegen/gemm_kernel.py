@@ -89,6 +89,9 @@ def gemm_function(module: ir.Module, epilogue: Epilogue = PLAIN) -> ir.Function:
 KC = 256
 #: with fewer rows than this, a packed panel would be read too few times to repay the copy
 PACK_MIN_ROWS = 12
+#: panels packed together: the copy reads PANELS x NR consecutive floats of each row of B
+#: (256 bytes with AVX2), which the hardware prefetcher follows, instead of one cache line
+PANELS = 4
 
 
 class _GemmWriter:
@@ -110,7 +113,7 @@ class _GemmWriter:
         k, isa = self.k, self.isa
         b = k.b
         nr = isa.nr
-        panel = b.alloca(ir.ArrayType(F32, KC * nr), name="panel")
+        panel = b.alloca(ir.ArrayType(F32, KC * nr * PANELS), name="panels")
         panel.align = 64
         panel.type = PTR  # used as an untyped pointer, like every other buffer here
         pack = b.icmp_signed(">=", self.m, k.i64(PACK_MIN_ROWS))
@@ -126,13 +129,19 @@ class _GemmWriter:
             self.kc = kc
             a_blk = b.gep(self.a, [k0], source_etype=F32)
             b_blk = b.gep(self.bm, [b.mul(k0, self.ldb)], source_etype=F32)
-            with k.loop(n_full, step=nr, name="j") as j:
-                b_here = b.gep(b_blk, [j], source_etype=F32)
+            with k.loop(n_full, step=nr * PANELS, name="jb") as jb:
+                left = b.sub(n_full, jb)
+                width = b.select(b.icmp_signed("<", left, k.i64(nr * PANELS)), left,
+                                 k.i64(nr * PANELS))
+                count = k.floordiv(width, k.i64(nr))
                 with k.if_then(pack):
-                    self.pack(b_here, panel, kc)
-                src = b.select(pack, panel, b_here)
-                ld = b.select(pack, k.i64(nr), self.ldb)
-                self.rows(a_blk, src, ld, j, isa.nv)
+                    self.pack(b.gep(b_blk, [jb], source_etype=F32), panel, kc, count)
+                with k.loop(count, name="q") as q:
+                    j = b.add(jb, b.mul(q, k.i64(nr)))
+                    packed = b.gep(panel, [b.mul(q, k.i64(KC * nr))], source_etype=F32)
+                    src = b.select(pack, packed, b.gep(b_blk, [j], source_etype=F32))
+                    ld = b.select(pack, k.i64(nr), self.ldb)
+                    self.rows(a_blk, src, ld, j, isa.nv)
             with k.loop(n_vec, start=n_full, step=isa.vector, name="jv") as j:
                 self.rows(a_blk, b.gep(b_blk, [j], source_etype=F32), self.ldb, j, 1)
             # the last few columns: one vector panel with its lanes past N masked off
@@ -144,14 +153,16 @@ class _GemmWriter:
                 self.mask = None
         b.ret_void()
 
-    def pack(self, src: ir.Value, panel: ir.Value, kc: ir.Value) -> None:
-        """panel[p, :] = src[p * ldb : p * ldb + NR] for p < kc, NR floats a row."""
+    def pack(self, src: ir.Value, panels: ir.Value, kc: ir.Value, count: ir.Value) -> None:
+        """panels[q, p, :] = src[p * ldb + q * NR : ... + NR] for p < kc and q < count (panel q
+        at q * KC * NR floats): row by row, so each row of B is read in one run."""
         k, isa = self.k, self.isa
         b = k.b
         vt = ir.VectorType(F32, isa.vector)
-        with k.loop(kc, name="pk") as p:
-            row = b.gep(src, [b.mul(p, self.ldb)], source_etype=F32)
-            out = b.gep(panel, [b.mul(p, k.i64(isa.nr))], source_etype=F32)
+        with k.loop(kc, name="pk") as p, k.loop(count, name="pq") as q:
+            row = b.gep(src, [b.add(b.mul(p, self.ldb), b.mul(q, k.i64(isa.nr)))], source_etype=F32)
+            out = b.gep(panels, [b.add(b.mul(q, k.i64(KC * isa.nr)), b.mul(p, k.i64(isa.nr)))],
+                        source_etype=F32)
             for v in range(isa.nv):
                 x = b.load(b.gep(row, [k.i64(v * isa.vector)], source_etype=F32), typ=vt, align=4)
                 b.store(x, b.gep(out, [k.i64(v * isa.vector)], source_etype=F32), align=32)
