@@ -124,6 +124,27 @@ def test_conv_random(rank):
     check_cases([conv_case(rng, rank) for _ in range(10)], seed=rank)
 
 
+def test_large_outputs_unfold_by_chunks_of_rows():
+    # outputs of many rows take the chunked path (X' unfolded and multiplied per chunk of
+    # output rows on the thread pool), with a partial last chunk; a small size at run time
+    # takes the whole-X' path of the same compiled code
+    rng = np.random.default_rng(11)
+    cases = [
+        Case("Conv", ["x", "w", "b"], {"strides": [2], "dilations": [2], "pads": [3, 1]},
+             feeds={"x": ("float32", [2, 3, 1500])},
+             consts={"w": rng.standard_normal((4, 3, 5)).astype(np.float32),
+                     "b": rng.standard_normal(4).astype(np.float32)}),
+        Case("Conv", ["x", "w"], {"group": 2, "pads": [1, 0, 2, 1], "strides": [1, 2]},
+             feeds={"x": ("float32", [1, 4, "h", "w"])},
+             consts={"w": rng.standard_normal((6, 2, 3, 3)).astype(np.float32)}),
+        Case("Conv", ["x", "w", "b"], {"pads": [1, 1, 1, 1, 1, 1]},
+             feeds={"x": ("float32", [1, 2, 20, 12, 11])},
+             consts={"w": rng.standard_normal((3, 2, 3, 3, 3)).astype(np.float32),
+                     "b": rng.standard_normal(3).astype(np.float32)}),
+    ]
+    check_cases(cases, sizes=({"h": 45, "w": 37}, {"h": 5, "w": 4}))
+
+
 def test_conv_symbolic_batch_and_spatial_dims():
     rng = np.random.default_rng(7)
     cases = [conv_case(rng, r, symbolic=True) for r in (1, 1, 2, 2, 2, 3)]

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import Emitter, View
-from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_parallel_gemm
+from cuvil.compiler.codegen.emitter import PTR, Emitter, View
+from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_gemm, emit_parallel_gemm
 from cuvil.compiler.ir import Dim, Node, numel
 from cuvil.compiler.ops._window import Window, ceil_div, clamp
 
 F32 = ir.FloatType()
+
+#: output positions per chunk of X' (`_chunked`)
+CHUNK_COLUMNS = 128
+#: with fewer chunks (small outputs), X' is unfolded whole and the product split instead
+MIN_CHUNKS = 4
 
 
 def is_pointwise(win: Window) -> bool:
@@ -56,30 +61,78 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window, activation: str | None 
     bias = k.buffers[b_val] if b_val is not None else None
     epilogue = Epilogue("row" if bias is not None else "none", relu=activation == "Relu")
     pointwise = is_pointwise(win)
+    in_shape = x_val.type.shape[2:]
+    # output rows per chunk of X': about CHUNK_COLUMNS positions
+    inner = k.dim(numel(win.out[1:]))
+    rows_per_chunk = b.add(k.floordiv(k.i64(CHUNK_COLUMNS - 1), inner), k.i64(1))
+    out0 = k.dim(win.out[0])
+    chunks = k.floordiv(b.add(out0, b.sub(rows_per_chunk, k.i64(1))), rows_per_chunk)
     with k.loop(k.dim(x_val.type.shape[0]), name="n") as n, k.loop(group, name="g") as g:
         first_channel = b.add(b.mul(n, k.dim(c_in)), b.mul(g, k.i64(cg)))
         x_slice = b.gep(x_ptr, [b.mul(first_channel, in_plane)], source_etype=F32)
-        if pointwise:
-            cols = x_slice
-        else:
-            assert k.scratch is not None
-            cols = k.scratch
-            _im2col(k, x_slice, x_val.type.shape[2:], win, cols, cg)
         w_g = b.gep(w_ptr, [b.mul(g, k.i64(mg * kk))], source_etype=F32)
         y_g = b.gep(y_ptr, [b.mul(b.add(b.mul(n, k.i64(m)), b.mul(g, k.i64(mg))), p)],
                     source_etype=F32)
         bias_g = b.gep(bias, [b.mul(g, k.i64(mg))], source_etype=F32) if bias is not None else None
-        emit_parallel_gemm(k, k.i64(mg), p, k.i64(kk), w_g, k.i64(kk), cols, p, y_g, p,
-                           bias=bias_g, epilogue=epilogue)
+        if pointwise:
+            emit_parallel_gemm(k, k.i64(mg), p, k.i64(kk), w_g, k.i64(kk), x_slice, p, y_g, p,
+                               bias=bias_g, epilogue=epilogue)
+        else:
+            assert k.scratch is not None
+            many = b.icmp_signed(">=", chunks, k.i64(MIN_CHUNKS))
+            with b.if_else(many) as (by_chunks, whole):
+                with by_chunks:
+                    _chunked(k, win, in_shape, cg, mg, kk, (x_slice, w_g, y_g, bias_g, k.scratch),
+                             rows_per_chunk, chunks, inner, p, epilogue)
+                with whole:
+                    _im2col(k, x_slice, in_shape, win, k.scratch, cg)
+                    emit_parallel_gemm(k, k.i64(mg), p, k.i64(kk), w_g, k.i64(kk), k.scratch, p,
+                                       y_g, p, bias=bias_g, epilogue=epilogue)
+
+
+def _chunked(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, mg: int, kk: int,
+             ptrs: tuple[ir.Value, ir.Value, ir.Value, ir.Value | None, ir.Value],
+             rows_per_chunk: ir.Value, chunks: ir.Value, inner: ir.Value, p: ir.Value,
+             epilogue: Epilogue) -> None:
+    """Y = W @ X' by chunks of output rows spread over the threads: each unfolds its chunk of
+    X' (K x ~CHUNK_COLUMNS floats, its own part of the scratch) and multiplies it while it is
+    still in its cache. Unfolding X' whole would run on one thread before the product."""
+    b = k.b
+    x, w, y, bias, cols = ptrs
+    carry = [x, w, y, bias if bias is not None else ir.Constant(PTR, None), cols, rows_per_chunk,
+             inner, p]
+    cost = b.mul(b.mul(rows_per_chunk, inner), k.i64(mg * kk))
+    with k.parallel_loop(chunks, cost=cost, name="chunk", carry=carry) as t:
+        x_c, w_c, y_c, bias_c, cols_c, rpc, inner_c, p_c = k.carried
+        bb = k.b
+        first = bb.mul(t, rpc)
+        count = bb.sub(k.dim(win.out[0]), first)
+        count = bb.select(bb.icmp_signed("<", count, rpc), count, rpc)
+        width = bb.mul(count, inner_c)
+        col0 = bb.mul(first, inner_c)
+        chunk = bb.gep(cols_c, [bb.mul(col0, k.i64(kk))], source_etype=F32)
+        _im2col(k, x_c, in_shape, win, chunk, cg, (first, count))
+        emit_gemm(k, k.i64(mg), width, k.i64(kk), w_c, k.i64(kk), chunk, width,
+                  bb.gep(y_c, [col0], source_etype=F32), p_c,
+                  bias=bias_c if bias is not None else None, epilogue=epilogue)
 
 
 def _im2col(k: Emitter, x: ir.Value, in_shape: tuple[Dim, ...], win: Window, cols: ir.Value,
-            channels: int) -> None:
-    """cols[(c, taps...), (o...)] = x[c, o*s + tap*d - pad] (0 outside the input)."""
+            channels: int, rows: tuple[ir.Value, ir.Value] | None = None) -> None:
+    """cols[(c, taps...), (o...)] = x[c, o*s + tap*d - pad] (0 outside the input); with `rows`
+    = (first, count), only output rows first..first+count-1 of the first output axis."""
     b = k.b
     r = len(win.kernel)
     xv = k.contiguous(x, "float32", (channels, *in_shape))
     cv = k.contiguous(cols, "float32", (channels, *win.kernel, *win.out))
+    first_row = k.i64(0)
+    if rows is not None:
+        first_row, count = rows
+        dims = [*cv.dims[:1 + r], count, *cv.dims[2 + r:]]
+        strides = [k.i64(1)]
+        for d in reversed(dims[1:]):
+            strides.append(b.mul(strides[-1], d))
+        cv = View(cols, cv.dtype, tuple(dims), tuple(reversed(strides)), cv.shape)
     zero = ir.Constant(F32, 0.0)
     with k.loop(channels, name="c") as c, k.loops(win.kernel, name="tap") as tap:
 
@@ -90,7 +143,7 @@ def _im2col(k: Emitter, x: ir.Value, in_shape: tuple[Dim, ...], win: Window, col
             out = cv.dims[1 + r + axis]
             if axis < r - 1:
                 with k.loop(out, name=f"o{axis}") as o:
-                    i = b.add(b.mul(o, k.i64(s)), start)
+                    i = b.add(b.mul(b.add(o, first_row) if axis == 0 else o, k.i64(s)), start)
                     inside = b.and_(b.icmp_signed(">=", i, k.i64(0)), b.icmp_signed("<", i, size))
                     with b.if_else(inside) as (then, otherwise):
                         with then:
@@ -99,6 +152,8 @@ def _im2col(k: Emitter, x: ir.Value, in_shape: tuple[Dim, ...], win: Window, col
                             _fill_row(k, cv, [c, *tap, *out_idx, o], axis + 1, zero)
                 return
             # innermost: zeros, the in-bounds run (a strided copy that vectorizes), zeros
+            if axis == 0:  # a 1-D convolution: its only axis is the one split into chunks
+                start = b.add(start, b.mul(first_row, k.i64(s)))
             lo = clamp(k, ceil_div(k, b.neg(start), s), k.i64(0), out)
             hi = clamp(k, ceil_div(k, b.sub(size, start), s), lo, out)
             row = [c, *tap, *out_idx]
