@@ -89,6 +89,8 @@ def gemm_function(module: ir.Module, epilogue: Epilogue = PLAIN) -> ir.Function:
 KC = 256
 #: with fewer rows than this, a packed panel would be read too few times to repay the copy
 PACK_MIN_ROWS = 12
+#: blocks a parallel product is split into (the pool hands a few to each thread)
+BLOCKS = 16
 #: panels packed together: the copy reads PANELS x NR consecutive floats of each row of B
 #: (256 bytes with AVX2), which the hardware prefetcher follows, instead of one cache line
 PANELS = 4
@@ -325,8 +327,13 @@ def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir
     cost = b.mul(kk, k.i64(1))
     # split the larger dimension into blocks of whole tiles
     by_rows = b.icmp_signed(">=", m, b.mul(n, k.i64(1)))
-    block = b.select(by_rows, k.i64(isa.mr * 4), k.i64(isa.nr * 4))
     extent = b.select(by_rows, m, n)
+    # about BLOCKS blocks, each at least 4 tiles: every block repacks its B (row blocks) or
+    # rereads A (column blocks), so fewer, larger blocks share more
+    tile = b.select(by_rows, k.i64(isa.mr), k.i64(isa.nr))
+    want = b.mul(k.floordiv(b.add(k.floordiv(extent, k.i64(BLOCKS)), b.sub(tile, k.i64(1))), tile), tile)
+    least = b.mul(tile, k.i64(4))
+    block = b.select(b.icmp_signed("<", want, least), least, want)
     count = k.floordiv(b.add(extent, b.sub(block, k.i64(1))), block)
     other = b.select(by_rows, n, m)
     bias_v = bias if bias is not None else ir.Constant(PTR, None)
