@@ -241,13 +241,8 @@ def _within(node: Node, ctx: InferContext, small: Sequence[Dim], big: Sequence[D
     for a, (s, b) in enumerate(zip(small, big)):
         if a == skip:
             continue
-        if isinstance(s, int) and isinstance(b, int):
-            if s > b:
-                raise ModelError(f"{node.describe()}: indices dim {a} ({s}) exceeds the data's "
-                                 f"dim {a} ({b})")
-        else:
-            ctx.require(node, sympy.Le(s, b), f"indices dim {a} ({s}) must not exceed the data's "
-                        f"dim {a} ({b})")
+        # static dims are checked now (require raises when the condition is already false)
+        ctx.require(node, sympy.Le(s, b), f"indices dim {a} ({s}) exceeds the data's dim {a} ({b})")
 
 
 def _nd_geometry(node: Node, ctx: InferContext, data: Value, idx: Value,
@@ -452,13 +447,8 @@ class TensorScatter(Op):
             if a != axis:
                 ctx.dims_equal(node, u, p, f"update dim {a} vs past_cache dim {a}")
         seq, max_seq = upd.type.shape[axis], past.type.shape[axis]
-        if isinstance(seq, int) and isinstance(max_seq, int):
-            if seq > max_seq:
-                raise ModelError(f"{node.describe()}: the update's sequence length {seq} exceeds "
-                                 f"the cache's {max_seq} (axis {axis})")
-        else:
-            ctx.require(node, sympy.Le(seq, max_seq), f"the update's sequence length ({seq}) "
-                        f"must not exceed the cache's ({max_seq})")
+        ctx.require(node, sympy.Le(seq, max_seq), f"the update's sequence length {seq} exceeds "
+                    f"the cache's {max_seq} (axis {axis})")
         wi = node.input(2)
         if wi is not None:
             _check_index_dtype(node, wi, "write_indices", ("int64",))
@@ -609,11 +599,7 @@ class TopK(Op):
         axis = normalize_axis(node, int(node.attrs.get("axis", -1)), x.type.rank)
         kk = self._k(node)
         n = x.type.shape[axis]
-        if isinstance(kk, int) and isinstance(n, int):
-            if kk > n:
-                raise ModelError(f"{node.describe()}: k = {kk} exceeds the axis length {n}")
-        else:
-            ctx.require(node, sympy.Le(kk, n), f"k ({kk}) must not exceed the axis length ({n})")
+        ctx.require(node, sympy.Le(kk, n), f"k = {kk} exceeds the axis length {n}")
         shape = list(x.type.shape)
         shape[axis] = kk
         return [TensorType(x.type.dtype, tuple(shape)), TensorType(np.int64, tuple(shape))]

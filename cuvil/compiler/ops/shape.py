@@ -152,13 +152,9 @@ class Reshape(Copy):
                         f"{x.type}, a division by input dims that cuvil cannot compute; pin the "
                         "dims in the model's `inputs`")
             out[out.index(None)] = inferred
-            if isinstance(total, int) and isinstance(known, int):
-                if total % known:
-                    raise ModelError(f"{node.describe()}: input {x.type} does not reshape to {text}")
-            else:
-                ctx.require(node, sympy.Eq(sympy.Mod(total, known), 0),
-                            f"input {x.type} does not reshape to {text}: {total} elements are "
-                            f"not a multiple of {known}")
+            ctx.require(node, sympy.Eq(sympy.Mod(total, known), 0),
+                        f"input {x.type} does not reshape to {text}: {total} elements are "
+                        f"not a multiple of {known}")
         else:
             ctx.dims_equal(node, total, known, f"element count of input {x.type} vs shape {text}")
         return [TensorType(x.type.dtype, tuple(out))]  # type: ignore[arg-type]
