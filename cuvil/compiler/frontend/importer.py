@@ -21,7 +21,7 @@ from cuvil.compiler.frontend.loader import check_and_upgrade, load_onnx
 from cuvil.compiler.frontend.shape_values import propagate
 from cuvil.compiler.ir import Dim, Graph, Node, TensorType, Value, symbol
 from cuvil.compiler.ops import InferContext, lookup
-from cuvil.compiler.ops.control import SubgraphOp
+from cuvil.compiler.ops.control import SubgraphOp, known_flag
 from cuvil.compiler.passes.fold_constants import fold_node
 from cuvil.errors import CuvilError, ModelError, UnsupportedOpError
 
@@ -176,7 +176,7 @@ class _Importer:
                                                  self.prefix + pn.output[0])
             return
         if pn.op_type == "If" and std:
-            cond = _known_flag(node.input(0))
+            cond = known_flag(node.input(0))
             if cond is not None:  # the common case in exports: decided by shapes or constants
                 self._inline_if(pn, node_label, cond, scope, graph)
                 return
@@ -414,9 +414,9 @@ class _Importer:
         m = node.input(0)
         m_known = m.known_values() if m is not None else None
         cond = node.input(1)
-        if cond is not None and _known_flag(cond) is None:
+        if cond is not None and known_flag(cond) is None:
             return f"its condition {cond.name!r} is computed at run time"
-        if cond is not None and not _known_flag(cond):
+        if cond is not None and not known_flag(cond):
             return 0
         if m is None:
             return "it has no trip count M"
@@ -463,7 +463,7 @@ class _Importer:
             if any(v is _UNKNOWN for v in outs):
                 self._unknown(pn, scope)
                 return
-            go = _known_flag(outs[0])
+            go = known_flag(outs[0])
             if go is None:
                 raise UnsupportedOpError(
                     f"{self.label}: {node.describe()}: the body's condition is computed at run "
@@ -525,16 +525,6 @@ def _forget(body: Graph) -> None:
 
 def _graph_attr(pn: onnx.NodeProto, name: str) -> onnx.GraphProto | None:
     return next((a.g for a in pn.attribute if a.name == name and a.type == a.GRAPH), None)
-
-
-def _known_flag(v: Value | None) -> bool | None:
-    """The truth of a one-element condition known at compile time, else None."""
-    if v is None:
-        return None
-    known = v.known_values()
-    if known is None or len(known) != 1 or not sympy.sympify(known[0]).is_number:
-        return None
-    return bool(known[0])
 
 
 def _add_known_values(graph: Graph, node: Node, pn: onnx.NodeProto,

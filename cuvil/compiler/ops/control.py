@@ -35,7 +35,7 @@ from cuvil.errors import CuvilError, ModelError, UnsupportedOpError
 if TYPE_CHECKING:
     from cuvil.compiler.passes.plan_memory import MemoryPlan
 
-__all__ = ["If", "Loop", "Scan", "SubgraphOp", "free_values"]
+__all__ = ["If", "Loop", "Scan", "SubgraphOp", "free_values", "known_flag"]
 
 ALIGN = 64
 #: node attribute holding how many of the node's inputs are its ONNX inputs (the rest are
@@ -63,7 +63,7 @@ def _shape_str(shape: Sequence[Dim]) -> str:
     return "[" + ", ".join(str(dim_str(d)) for d in shape) + "]"
 
 
-def _flag(v: Value | None) -> bool | None:
+def known_flag(v: Value | None) -> bool | None:
     """The truth of a one-element condition known at compile time, else None."""
     if v is None:
         return None
@@ -434,7 +434,7 @@ class Loop(SubgraphOp):
                     f"as {init.type} but the body returns {out.type}; cuvil compiles loops whose "
                     "carried values keep their dtype and shape (a loop with a small trip count "
                     "known at compile time is unrolled instead)")
-        if m is None and _flag(cond_out):
+        if m is None and known_flag(cond_out):
             raise ModelError(f"{node.describe()}: the loop has no trip count and its condition "
                              "stays true: it never ends")
         types = [v.type for v in carried]
@@ -446,7 +446,7 @@ class Loop(SubgraphOp):
     def _trip(self, node: Node) -> Dim:
         """The iteration count when known at compile time (needed by scan outputs)."""
         m, cond, _, body, _ = self._parts(node)
-        first, always = _flag(cond), _flag(body.outputs[0])
+        first, always = known_flag(cond), known_flag(body.outputs[0])
         if cond is not None and first is False:
             return 0
         if m is None or m.known_values() is None:
@@ -493,12 +493,12 @@ class Loop(SubgraphOp):
         else:
             trip = b.load(k.buffers[m], typ=I64)
         go: ir.Value | None = None
-        first = _flag(cond)
+        first = known_flag(cond)
         if cond is not None and first is None:
             go = b.icmp_unsigned("!=", b.load(k.buffers[cond], typ=I8), ir.Constant(I8, 0))
         elif cond is not None and not first:
             trip = k.i64(0)
-        always = _flag(body.outputs[0])
+        always = known_flag(body.outputs[0])
         if go is None and not always:
             go = ir.Constant(ir.IntType(1), 1)
 
