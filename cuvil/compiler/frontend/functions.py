@@ -17,7 +17,7 @@ __all__ = ["expandable", "function_body"]
 
 def _schema(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | None:
     try:
-        return onnx.defs.get_schema(op_type, opset, domain)
+        return onnx.defs.get_schema(op_type, opset, "" if domain == "ai.onnx" else domain)
     except onnx.defs.SchemaError:
         return None
 
@@ -51,8 +51,7 @@ def function_body(pn: onnx.NodeProto, opset: int,
     """The body of `pn` as onnx defines it for these inputs, with the node's attributes (or the
     schema's defaults) substituted for the body's attribute references; None when onnx defines
     none. The body's inputs and outputs are its formal names, in the schema's order."""
-    domain = "" if pn.domain == "ai.onnx" else pn.domain
-    schema = _schema(domain, pn.op_type, opset)
+    schema = _schema(pn.domain, pn.op_type, opset)
     if schema is None:
         return None
     body = onnx.FunctionProto()

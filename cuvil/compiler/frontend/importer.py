@@ -79,7 +79,7 @@ def import_model(source: str | Path | onnx.ModelProto,
     """Read, check and type an ONNX model; raise one error listing every unsupported op."""
     model, label = load_onnx(source)
     model = check_and_upgrade(model, label)
-    opsets = {("" if i.domain == "ai.onnx" else i.domain): int(i.version) for i in model.opset_import}
+    opsets = _opsets(model.opset_import)
     g = model.graph
     graph = Graph(name)
     pins = dict(pins or {})
@@ -167,8 +167,7 @@ class _Importer:
             opset = self.opsets.get(pn.domain or "", 0)
             if lookup(pn.domain, pn.op_type, opset) is None and not expandable(pn.domain, pn.op_type,
                                                                                 opset):
-                self.unsupported.setdefault((pn.domain or "ai.onnx", pn.op_type,
-                                             self.opsets.get(pn.domain, 0)), []).append(node_label)
+                self._unsupported(pn, opset, node_label)
             return
         node = _make_node(pn, scope, self.opsets, self.label, node_label)
         if pn.op_type == "Constant" and std:
@@ -197,8 +196,7 @@ class _Importer:
         if op is None and self._expand(pn, node, node_label, scope, graph):
             return
         if op is None:
-            self.unsupported.setdefault((pn.domain or "ai.onnx", pn.op_type, node.opset),
-                                        []).append(node_label)
+            self._unsupported(pn, node.opset, node_label)
             self._unknown(pn, scope)
             return
         if pn.op_type == "Loop" and std:
@@ -243,6 +241,10 @@ class _Importer:
             if out_name:
                 scope[out_name] = v
         graph.add_node(node)
+
+    def _unsupported(self, pn: onnx.NodeProto, opset: int, node_label: str) -> None:
+        self.unsupported.setdefault((pn.domain or "ai.onnx", pn.op_type, opset),
+                                    []).append(node_label)
 
     def _unknown(self, pn: onnx.NodeProto, scope: Scope) -> None:
         for name in pn.output:
@@ -350,8 +352,7 @@ class _Importer:
             nodes.append(fn)
         outer_prefix, outer_opsets = self.prefix, self.opsets
         self.prefix = f"{outer_prefix}{node_label}/"
-        self.opsets = {**outer_opsets, **{("" if i.domain == "ai.onnx" else i.domain): int(i.version)
-                                          for i in body.opset_import}}
+        self.opsets = {**outer_opsets, **_opsets(body.opset_import)}
         try:
             self.nodes(nodes, inner, graph)
         except CuvilError as exc:
@@ -361,8 +362,7 @@ class _Importer:
             self.prefix, self.opsets = outer_prefix, outer_opsets
         if self.unsupported != unsupported:
             self.unsupported = unsupported
-            self.unsupported.setdefault((pn.domain or "ai.onnx", pn.op_type, node.opset),
-                                        []).append(node_label)
+            self._unsupported(pn, node.opset, node_label)
             self._unknown(pn, scope)
             return True
         for out_name, formal in zip(pn.output, body.output):
@@ -521,6 +521,11 @@ def _forget(body: Graph) -> None:
         for a in n.attrs.values():
             if isinstance(a, Graph):
                 _forget(a)
+
+
+def _opsets(imports: Sequence[onnx.OperatorSetIdProto]) -> dict[str, int]:
+    """Opset version per domain, the default domain spelled ""."""
+    return {("" if i.domain == "ai.onnx" else i.domain): int(i.version) for i in imports}
 
 
 def _graph_attr(pn: onnx.NodeProto, name: str) -> onnx.GraphProto | None:
