@@ -123,8 +123,7 @@ class _GemmWriter:
         n_vec = b.add(n_full, b.mul(k.floordiv(b.sub(self.n, n_full), k.i64(isa.vector)),
                                     k.i64(isa.vector)))
         with k.loop(self.kk, step=KC, name="k0") as k0:
-            rest = b.sub(self.kk, k0)
-            kc = b.select(b.icmp_signed("<", rest, k.i64(KC)), rest, k.i64(KC))
+            kc = k.minimum("int64", b.sub(self.kk, k0), k.i64(KC))
             # earlier blocks' sums are in C; the epilogue runs once, after the last block
             self.load_c = b.or_(self.acc, b.icmp_signed(">", k0, k.i64(0)))
             self.last = b.icmp_signed("==", b.add(k0, kc), self.kk)
@@ -132,10 +131,8 @@ class _GemmWriter:
             a_blk = b.gep(self.a, [k0], source_etype=F32)
             b_blk = b.gep(self.bm, [b.mul(k0, self.ldb)], source_etype=F32)
             with k.loop(n_full, step=nr * PANELS, name="jb") as jb:
-                left = b.sub(n_full, jb)
-                width = b.select(b.icmp_signed("<", left, k.i64(nr * PANELS)), left,
-                                 k.i64(nr * PANELS))
-                count = k.floordiv(width, k.i64(nr))
+                count = k.floordiv(k.minimum("int64", b.sub(n_full, jb), k.i64(nr * PANELS)),
+                                   k.i64(nr))
                 with k.if_then(pack):
                     self.pack(b.gep(b_blk, [jb], source_etype=F32), panel, kc, count)
                 with k.loop(count, name="q") as q:
@@ -324,29 +321,26 @@ def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir
     """The same product split over threads into blocks of rows (or of columns when M is small)."""
     isa = isa_of(k.module)
     b = k.b
-    cost = b.mul(kk, k.i64(1))
     # split the larger dimension into blocks of whole tiles
-    by_rows = b.icmp_signed(">=", m, b.mul(n, k.i64(1)))
+    by_rows = b.icmp_signed(">=", m, n)
     extent = b.select(by_rows, m, n)
     # about BLOCKS blocks, each at least 4 tiles: every block repacks its B (row blocks) or
     # rereads A (column blocks), so fewer, larger blocks share more
     tile = b.select(by_rows, k.i64(isa.mr), k.i64(isa.nr))
     want = b.mul(k.floordiv(b.add(k.floordiv(extent, k.i64(BLOCKS)), b.sub(tile, k.i64(1))), tile), tile)
-    least = b.mul(tile, k.i64(4))
-    block = b.select(b.icmp_signed("<", want, least), least, want)
+    block = k.maximum("int64", want, b.mul(tile, k.i64(4)))
     count = k.floordiv(b.add(extent, b.sub(block, k.i64(1))), block)
     other = b.select(by_rows, n, m)
     bias_v = bias if bias is not None else ir.Constant(PTR, None)
     carry = [m, n, kk, a, lda, b_ptr, ldb, c, ldc, bias_v, block, b.zext(by_rows, I64)]
-    with k.parallel_loop(count, cost=b.mul(b.mul(block, other), cost), name="gemm",
+    with k.parallel_loop(count, cost=b.mul(b.mul(block, other), kk), name="gemm",
                          carry=carry) as t:
         (m_, n_, kk_, a_, lda_, b_, ldb_, c_, ldc_, bias_, block_, rows_flag) = k.carried
         bb = k.b
         start = bb.mul(t, block_)
         rows = bb.icmp_signed("!=", rows_flag, k.i64(0))
         extent_ = bb.select(rows, m_, n_)
-        size = bb.sub(extent_, start)
-        size = bb.select(bb.icmp_signed("<", size, block_), size, block_)
+        size = k.minimum("int64", bb.sub(extent_, start), block_)
         # rows block: A and C move down; columns block: B and C move right (and the bias
         # with them when it is per column)
         a_off = bb.select(rows, bb.mul(start, lda_), k.i64(0))

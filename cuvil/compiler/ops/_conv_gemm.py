@@ -106,8 +106,7 @@ def _chunked(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, mg: in
         x_c, w_c, y_c, bias_c, cols_c, rpc, inner_c, p_c = k.carried
         bb = k.b
         first = bb.mul(t, rpc)
-        count = bb.sub(k.dim(win.out[0]), first)
-        count = bb.select(bb.icmp_signed("<", count, rpc), count, rpc)
+        count = k.minimum("int64", bb.sub(k.dim(win.out[0]), first), rpc)
         width = bb.mul(count, inner_c)
         col0 = bb.mul(first, inner_c)
         chunk = bb.gep(cols_c, [bb.mul(col0, k.i64(kk))], source_etype=F32)
