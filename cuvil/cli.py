@@ -565,6 +565,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         import onnxruntime
     except ImportError:
         print("  onnxruntime is not installed: no comparison (python -m pip install onnxruntime)")
+        _print_profile(model, feeds, args.runs, args.profile)
         return 0
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     theirs = _time(lambda: session.run(None, feeds), args.runs, args.warmup)
@@ -581,7 +582,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"  ratio        {ratio:10.2f}x (onnxruntime time / cuvil time: cuvil is {verdict})")
     if diffs:
         print(f"  max |cuvil - onnxruntime|: {', '.join(diffs)}")
+    _print_profile(model, feeds, args.runs, args.profile)
     return 0
+
+
+def _print_profile(model: Any, feeds: Mapping[str, Any], runs: int, wanted: bool) -> None:
+    """--profile: after the plain timings, which reading the clock per node must not disturb."""
+    if wanted:
+        print()
+        print(model.profile(feeds, runs=runs, warmup=0).table())
 
 
 def _parse_dim_value(text: str) -> tuple[str, int]:
@@ -695,6 +704,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dim", action="append", default=[], metavar="NAME=N", help="value of one symbolic dim")
     p.add_argument("--runs", type=int, default=100, help="timed runs (default: 100)")
     p.add_argument("--warmup", type=int, default=5, help="untimed runs first (default: 5)")
+    p.add_argument("--profile", action="store_true",
+                   help="also time every node (--runs more runs) and print time per op type and node")
     p.set_defaults(func=cmd_bench)
     return parser
 

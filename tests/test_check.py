@@ -33,7 +33,8 @@ from cuvil.toolchains import get_target, zig
 
 DIGITS = Path(__file__).resolve().parents[1] / "examples" / "digits"
 TARGETS = ("x86_64-linux", "aarch64-linux", "universal2-macos")
-EXPORTS = {"cuvil_classifier_abi_checksum", "cuvil_classifier_run", "cuvil_classifier_workspace_size"}
+EXPORTS = {"cuvil_classifier_abi_checksum", "cuvil_classifier_run", "cuvil_classifier_run_profiled",
+           "cuvil_classifier_workspace_size"}
 
 
 # ------------------------------------------------------------------------ wheel helpers
@@ -423,6 +424,11 @@ EXPORT int32_t cuvil_tiny_run(const void *const *in, void *const *out, const int
     for (int64_t i = 0; i < dims[0]; i++) y[i] = x[i] * (float)tiny_helper(1);
     return 0;
 }
+EXPORT int32_t cuvil_tiny_run_profiled(const void *const *in, void *const *out, const int64_t *dims,
+                                       void *ws, uint64_t *timestamps_ns) {
+    timestamps_ns[0] = timestamps_ns[1] = 0;
+    return cuvil_tiny_run(in, out, dims, ws);
+}
 %s
 """
 TINY_SIG: dict[str, Any] = {
@@ -435,7 +441,8 @@ TINY_SIG: dict[str, Any] = {
     "workspace": "4 * n",
 }
 TINY_SIG["checksum"] = abi_checksum(TINY_SIG)
-TINY_EXPORTS = {"cuvil_tiny_abi_checksum", "cuvil_tiny_workspace_size", "cuvil_tiny_run"}
+TINY_EXPORTS = {"cuvil_tiny_abi_checksum", "cuvil_tiny_workspace_size", "cuvil_tiny_run",
+                "cuvil_tiny_run_profiled"}
 MACOS_TARGETS = ("arm64-macos", "x86_64-macos", "universal2-macos")
 
 

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cuvil.compiler.codegen.module import build_module, emit_object, symbol_names
+from cuvil.compiler.flops import node_flops
 from cuvil.compiler.frontend import import_model
-from cuvil.compiler.ir import Graph, dim_str
+from cuvil.compiler.ir import Graph, Node, dim_str
+from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
 from cuvil.compiler.passes import run_passes
 from cuvil.compiler.passes.plan_memory import plan_memory
 from cuvil.compiler.symbolic import relational_to_python, to_python
@@ -29,6 +31,8 @@ Log = Callable[[str], None]
 
 #: the C runtime linked into every library (thread pool behind `Emitter.parallel_loop`)
 RUNTIME_SOURCE = Path(_loader.__file__).with_name("threadpool.c")
+#: the clock `run_profiled` reads (codegen.module.CLOCK_NS)
+CLOCK_SOURCE = RUNTIME_SOURCE.with_name("clock.c")
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -55,9 +59,19 @@ def signature_of(graph: Graph, name: str, library_file: str) -> dict[str, Any]:
                         for c in graph.constraints],
         # by node index, for the runtime's error messages (see codegen.module: run's status)
         "nodes": [n.describe() for n in graph.nodes],
+        # by node index, for the profiler (see _loader.Profile)
+        "node_profile": [_node_profile(n) for n in graph.nodes],
     }
     sig["checksum"] = _loader.abi_checksum(sig)
     return sig
+
+
+def _node_profile(node: Node) -> dict[str, Any]:
+    """The node's name, what it runs (a fused activation included) and its FLOPs per call."""
+    fused = node.attrs.get(FUSED_ACTIVATION)
+    return {"name": node.name or (node.outputs[0].name if node.outputs else "?"),
+            "op": f"{node.op_type}+{fused}" if fused else node.op_type,
+            "flops": to_python(node_flops(node))}
 
 
 def compile_model(
@@ -108,9 +122,9 @@ def compile_model(
         weights_obj = workdir / f"{name}.{arch.name}.weights.o"
         zig.embed_blob(blob, symbol_names(name)["weights"], weights_obj, arch, tgt.object_format,
                        log=log)
-        runtime_obj = zig.compile_c(RUNTIME_SOURCE, workdir / f"threadpool.{arch.name}.o", arch,
-                                    log=log)
-        objects[arch.name] = [*objs, weights_obj, runtime_obj]
+        runtime_objs = [zig.compile_c(source, workdir / f"{source.stem}.{arch.name}.o", arch, log=log)
+                        for source in (RUNTIME_SOURCE, CLOCK_SOURCE)]
+        objects[arch.name] = [*objs, weights_obj, *runtime_objs]
     library = zig.link_library(tgt, objects, workdir / library_file, libs=("m", "pthread"),
                                strip=True, log=log)  # no debug info (zig's runtime carries ~1 MB)
     say(f"cuvil: {name}: built {library.name} in {time.perf_counter() - start:.1f} s")

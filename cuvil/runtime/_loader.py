@@ -6,19 +6,24 @@ depends on numpy and the standard library only. cuvil itself uses it for `cuvil.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import json
 import os
+import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-ABI_VERSION = 1
+ABI_VERSION = 2  # 2: every library exports run_profiled
 
-__all__ = ["ABI_VERSION", "Model", "TensorInfo", "abi_checksum", "load_models"]
+__all__ = ["ABI_VERSION", "Model", "NodeTime", "OpTime", "Profile", "TensorInfo", "abi_checksum",
+           "load_models"]
 
 
 def abi_checksum(signature: Mapping[str, Any]) -> str:
@@ -86,7 +91,17 @@ class Model:
         self._run = getattr(self._lib, f"cuvil_{self.name}_run")
         self._run.restype = ctypes.c_int32
         self._run.argtypes = [ctypes.c_void_p] * 4
+        self._run_profiled = getattr(self._lib, f"cuvil_{self.name}_run_profiled")
+        self._run_profiled.restype = ctypes.c_int32
+        self._run_profiled.argtypes = [ctypes.c_void_p] * 5
+        self._node_profile = [(p["name"], p["op"], _compile_expr(p["flops"]))
+                              for p in signature.get("node_profile", ())]
         self._lock = threading.Lock()
+        # CUVIL_PROFILE=1: every call is profiled and the sum printed when the process exits
+        self._session: Profile | None = None
+        if os.environ.get("CUVIL_PROFILE", "0") not in ("", "0"):
+            self._session = self._new_profile()
+            atexit.register(self._print_session)
 
     def _load(self, signature: Mapping[str, Any]) -> ctypes.CDLL:
         mode = getattr(os, "RTLD_NOW", 2) | getattr(os, "RTLD_LOCAL", 0)
@@ -197,7 +212,31 @@ class Model:
                     where[d] = f"input {info.name!r} dim {axis}"
         return ", ".join(f"{s} = {v} ({where.get(s, '?')})" for s, v in dims.items())
 
-    def _execute(self, values: Sequence[Any]) -> list[np.ndarray]:
+    # -- profiling ----------------------------------------------------------------------
+    def profile(self, feeds: Mapping[str, Any], runs: int = 10, warmup: int = 1) -> Profile:
+        """Run `runs` times (after `warmup` untimed runs) timing every node; `str()` of the
+        result is a table by op type and by node."""
+        if runs < 1 or warmup < 0:
+            raise ValueError(f"{self.name}.profile: runs must be at least 1 and warmup at least 0")
+        for _ in range(warmup):
+            self.run(feeds)  # also checks the feeds
+        values = [self._get(feeds, t.name) for t in self.inputs]
+        result = self._new_profile()
+        for _ in range(runs):
+            self._execute(values, profile=result)
+        return result
+
+    def _new_profile(self) -> Profile:
+        return Profile(self.name, [NodeTime(i, name, op) for i, (name, op, _)
+                                   in enumerate(self._node_profile)])
+
+    def _print_session(self) -> None:
+        if self._session is not None and self._session.runs:
+            sys.stderr.write(f"{self._session}\n")
+
+    def _execute(self, values: Sequence[Any], profile: Profile | None = None) -> list[np.ndarray]:
+        profile = profile or self._session
+        start = time.perf_counter_ns()
         arrays, dims = self._check(values)
         env = {**_EVAL_GLOBALS, **dims}
         outs = []
@@ -212,7 +251,16 @@ class Model:
         out_ptrs = (ctypes.c_void_p * max(len(outs), 1))(*[o.ctypes.data for o in outs])
         dim_values = (ctypes.c_int64 * max(len(self._symbols), 1))(
             *[dims[s] for s in self._symbols])
-        status = self._run(in_ptrs, out_ptrs, dim_values, ws_ptr)
+        if profile is None:
+            status = self._run(in_ptrs, out_ptrs, dim_values, ws_ptr)
+        else:
+            stamps = (ctypes.c_uint64 * (len(self._node_profile) + 2))()
+            status = self._run_profiled(in_ptrs, out_ptrs, dim_values, ws_ptr, stamps)
+            if status == 0:
+                flops = [f if isinstance(f, int) else int(eval(f, env))
+                         for _, _, f in self._node_profile]
+                with self._lock:
+                    profile.add(list(stamps), flops, time.perf_counter_ns() - start)
         if status != 0:
             raise self._status_error(status)
         return outs
@@ -230,6 +278,108 @@ class Model:
         ins = ", ".join(f"{t.name}: {t.dtype.name}{_shape_text(t.shape)}" for t in self.inputs)
         outs = ", ".join(f"{t.name}: {t.dtype.name}{_shape_text(t.shape)}" for t in self.outputs)
         return f"<cuvil model {self.name}({ins}) -> ({outs})>"
+
+
+@dataclass
+class NodeTime:
+    """One node of the compiled graph: its time and FLOPs summed over the profiled runs."""
+
+    index: int
+    name: str
+    op: str  # op type, with a fused activation: "Conv+Relu"
+    time_ns: int = 0
+    flops: int = 0  # 2 x multiply-adds; 0 for ops whose FLOPs are not counted
+
+    @property
+    def gflops(self) -> float | None:
+        """Achieved GFLOP/s, None when the op's FLOPs are not counted."""
+        return self.flops / self.time_ns if self.flops and self.time_ns else None
+
+
+@dataclass
+class OpTime:
+    """The nodes of one op type together."""
+
+    op: str
+    count: int  # nodes of this op type
+    time_ns: int
+    flops: int
+
+    @property
+    def gflops(self) -> float | None:
+        return self.flops / self.time_ns if self.flops and self.time_ns else None
+
+
+@dataclass
+class Profile:
+    """Where a model's time goes, summed over `runs` calls (`Model.profile`, CUVIL_PROFILE=1).
+
+    Clock readings (monotonic, ns) bracket every node, so node times and the output copies
+    add up to `time_ns` exactly; the Python side of each call (checks, allocation) is outside.
+    """
+
+    model: str
+    nodes: list[NodeTime]
+    runs: int = 0
+    time_ns: int = 0  # from before the first node to after the output copies
+    copies_ns: int = 0  # copying results into outputs, after the last node
+    wall_ns: int = 0  # the same calls timed in Python, checks and allocations included
+
+    def add(self, stamps: Sequence[int], flops: Sequence[int], wall_ns: int) -> None:
+        """Add one run: its timestamps (len(nodes) + 2), per-node FLOPs and time in Python."""
+        for node, start, end, f in zip(self.nodes, stamps, stamps[1:], flops):
+            node.time_ns += end - start
+            node.flops += f
+        self.copies_ns += stamps[-1] - stamps[-2]
+        self.time_ns += stamps[-1] - stamps[0]
+        self.wall_ns += wall_ns
+        self.runs += 1
+
+    @property
+    def ops(self) -> list[OpTime]:
+        """One entry per op type, slowest first."""
+        by_op: dict[str, OpTime] = {}
+        for n in self.nodes:
+            t = by_op.setdefault(n.op, OpTime(n.op, 0, 0, 0))
+            t.count += 1
+            t.time_ns += n.time_ns
+            t.flops += n.flops
+        return sorted(by_op.values(), key=lambda t: -t.time_ns)
+
+    @property
+    def flops(self) -> int:
+        return sum(n.flops for n in self.nodes)
+
+    def table(self, top: int | None = 25) -> str:
+        """The profile as text: totals, then op types and the `top` nodes (all: None), slowest
+        first, each with its total time, time per run, share of the total and GFLOP/s."""
+        runs = max(self.runs, 1)
+        rate = f", {self.flops / self.time_ns:.1f} GFLOP/s" if self.flops and self.time_ns else ""
+        lines = [f"cuvil profile of model {self.model}: {self.runs} runs, "
+                 f"{self.time_ns / runs / 1e6:.3f} ms per run in compiled code "
+                 f"({self.wall_ns / runs / 1e6:.3f} ms with the Python call), "
+                 f"{self.flops / runs / 1e9:.3f} GFLOP per run{rate}"]
+
+        def row(label: str, count: int, ns: int, gflops: float | None) -> str:
+            share = 100 * ns / self.time_ns if self.time_ns else 0.0
+            g = f"{gflops:9.1f}" if gflops is not None else f"{'-':>9}"
+            return f"  {label:<44.44} {count:>5} {ns / 1e6:>10.3f} {ns / runs / 1e6:>9.3f} " \
+                   f"{share:>6.1f}% {g}"
+
+        header = f"  {{:<44}} {{:>5}} {'total ms':>10} {'ms/run':>9} {'share':>7} {'GFLOP/s':>9}"
+        lines += ["", "by op type:", header.format("op", "nodes")]
+        lines += [row(t.op, t.count, t.time_ns, t.gflops) for t in self.ops]
+        nodes = sorted(self.nodes, key=lambda n: -n.time_ns)
+        shown = nodes if top is None else nodes[:top]
+        lines += ["", f"by node ({len(shown)} slowest of {len(nodes)}):" if len(shown) < len(nodes)
+                  else "by node:", header.format("#  node (op)", "runs")]
+        lines += [row(f"{n.index:<3}{n.name} ({n.op})", self.runs, n.time_ns, n.gflops)
+                  for n in shown]
+        lines.append(row("(copies into outputs)", self.runs, self.copies_ns, None))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
 
 
 def _shape_text(shape: Sequence[int | str]) -> str:

@@ -17,6 +17,7 @@ def render_header(signature: Mapping[str, Any], library_file: str) -> str:
     name = signature["name"]
     guard = f"CUVIL_{name.upper()}_H"
     symbols = signature["symbols"]
+    nodes = signature.get("nodes", ())
 
     def tensor_lines(kind: str, tensors: list[dict[str, Any]]) -> list[str]:
         lines = []
@@ -67,6 +68,12 @@ def render_header(signature: Mapping[str, Any], library_file: str) -> str:
         "/* run the model; returns 0 on success */",
         f"int32_t cuvil_{name}_run(const void *const *inputs, void *const *outputs,",
         f"{' ' * (len(name) + 20)}const int64_t *dims, void *workspace);",
+        "",
+        "/* run() that also stores a monotonic clock in nanoseconds: timestamps_ns[0] before the",
+        f"   first node, [i + 1] after node i, [{len(nodes) + 1}] at the end (nodes: see _models.json) */",
+        f"int32_t cuvil_{name}_run_profiled(const void *const *inputs, void *const *outputs,",
+        f"{' ' * (len(name) + 29)}const int64_t *dims, void *workspace,",
+        f"{' ' * (len(name) + 29)}uint64_t timestamps_ns[{len(nodes) + 2}]);",
         "",
         "#ifdef __cplusplus",
         "}",

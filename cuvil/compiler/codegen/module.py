@@ -6,6 +6,10 @@ Exported (default visibility), for a model named m:
     int64_t       cuvil_m_workspace_size(const int64_t *dims);
     int32_t       cuvil_m_run(const void *const *inputs, void *const *outputs,
                               const int64_t *dims, void *workspace);
+    int32_t       cuvil_m_run_profiled(..., void *workspace, uint64_t *timestamps_ns);
+
+`run_profiled` is `run` that also stores the monotonic clock around every node (see
+`_run_function`); `run` itself reads no clock, so profiling costs nothing when unused.
 
 `dims` holds the values of the symbolic input dims in the signature's order. Each node
 becomes an internal function returning a status; `run` calls them in order and stops at the
@@ -31,13 +35,22 @@ def symbol_names(model: str) -> dict[str, str]:
         "checksum": f"cuvil_{model}_abi_checksum",
         "workspace_size": f"cuvil_{model}_workspace_size",
         "run": f"cuvil_{model}_run",
+        "run_profiled": f"cuvil_{model}_run_profiled",
         "weights": f"__cuvil_{model}_weights",
     }
 
 
-def variant_run_symbol(model: str, index: int) -> str:
-    """The hidden `run` of CPU variant `index`; the exported `run` dispatches to one of them."""
-    return f"__cuvil_{model}_run_{index}"
+#: the exported functions that run the model (each CPU variant has a hidden copy of both)
+ENTRY_POINTS = ("run", "run_profiled")
+
+#: the runtime's monotonic clock in nanoseconds (cuvil/runtime/clock.c)
+CLOCK_NS = "cuvil_clock_ns"
+
+
+def variant_run_symbol(model: str, index: int, entry: str = "run") -> str:
+    """The hidden `entry` (one of ENTRY_POINTS) of CPU variant `index`; the exported one
+    dispatches to one of them."""
+    return f"__cuvil_{model}_{entry}_{index}"
 
 
 def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
@@ -46,8 +59,8 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
     """The LLVM IR text of the model's library.
 
     With `variant`, this is one of several copies of the code for different CPU levels: its
-    `run` is the hidden `variant_run_symbol(model, variant)` and only variant 0 defines the
-    checksum and workspace-size symbols (a dispatcher defines the exported `run`).
+    entry points are the hidden `variant_run_symbol(model, variant, entry)` and only variant 0
+    defines the checksum and workspace-size symbols (a dispatcher defines the exported ones).
     """
     names = symbol_names(model)
     module = ir.Module(name=model)
@@ -78,12 +91,27 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
 
     node_fns = [_node_function(module, graph, plan, i, symbols) for i in range(len(graph.nodes))]
 
-    run_name = names["run"] if variant is None else variant_run_symbol(model, variant)
-    if variant is not None:
-        hidden.append(run_name)
-    run = ir.Function(module, ir.FunctionType(I32, [PTR, PTR, PTR, PTR]), run_name)
-    inputs, outputs, dims, workspace = run.args
+    for entry in ENTRY_POINTS:
+        fn_name = names[entry] if variant is None else variant_run_symbol(model, variant, entry)
+        if variant is not None:
+            hidden.append(fn_name)
+        _run_function(module, fn_name, graph, plan, node_fns, weights, symbols,
+                      profiled=entry == "run_profiled")
+
+    return hide_declarations(str(module), names["weights"], hidden)
+
+
+def _run_function(module: ir.Module, name: str, graph: Graph, plan: MemoryPlan,
+                  node_fns: list[ir.Function | None], weights: ir.GlobalVariable | None,
+                  symbols: list[str], *, profiled: bool) -> None:
+    """`run`: each node's function in order, then the copies into outputs. `profiled` adds a
+    fifth argument, timestamps_ns[len(nodes) + 2]: the clock before the first node, after
+    each node (a node without code repeats the previous value) and after the copies."""
+    params = [PTR] * (5 if profiled else 4)
+    run = ir.Function(module, ir.FunctionType(I32, params), name)
+    inputs, outputs, dims, workspace = run.args[:4]
     k = Emitter(module, run, dims, symbols, {})
+    stamp = _stamper(module, k, run.args[4]) if profiled else _no_stamp
 
     def pointer(v: Value) -> ir.Value:
         s = plan.storage[v]
@@ -94,8 +122,10 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
         base = weights if s.kind == "weights" else workspace
         return k.b.gep(base, [k.dim(s.offset)], source_etype=I8, inbounds=True)
 
+    last = stamp(0)
     for index, (node, fn) in enumerate(zip(graph.nodes, node_fns)):
         if fn is None:
+            stamp(index + 1, last)
             continue
         args = [pointer(v) for v in _buffers(node)]
         if node in plan.scratch:
@@ -104,13 +134,30 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
         status = k.b.call(fn, [dims, *args])
         with k.b.if_then(k.b.icmp_signed("!=", status, ir.Constant(I32, 0)), likely=False):
             k.b.ret(k.b.or_(status, ir.Constant(I32, index << 8)))
+        last = stamp(index + 1)
     for v, i in plan.output_copies:
         src = pointer(v)
         slot = k.b.gep(outputs, [k.i64(i)], source_etype=PTR, inbounds=True)
         k.memcpy(k.b.load(slot, typ=PTR), src, k.dim(v.type.nbytes))
+    stamp(len(graph.nodes) + 1)
     k.b.ret(ir.Constant(I32, 0))
 
-    return hide_declarations(str(module), names["weights"], hidden)
+
+def _no_stamp(slot: int, value: ir.Value | None = None) -> None:
+    return None
+
+
+def _stamper(module: ir.Module, k: Emitter, timestamps: ir.Value):
+    """stamp(slot, value=None): store the clock (or `value`) at timestamps[slot]; returns it."""
+    clock = module.globals.get(CLOCK_NS) or ir.Function(module, ir.FunctionType(I64, []),
+                                                        CLOCK_NS)
+
+    def stamp(slot: int, value: ir.Value | None = None) -> ir.Value:
+        value = value if value is not None else k.b.call(clock, [])
+        k.b.store(value, k.b.gep(timestamps, [k.i64(slot)], source_etype=I64, inbounds=True))
+        return value
+
+    return stamp
 
 
 def hide_declarations(ir_text: str, weights_symbol: str, functions: list[str] = ()) -> str:
@@ -124,7 +171,8 @@ def hide_declarations(ir_text: str, weights_symbol: str, functions: list[str] = 
                .replace(f'@"{weights_symbol}" = external constant',
                         f'@"{weights_symbol}" = external hidden constant')
                .replace(f'declare void @"{PARALLEL_FOR}"',
-                        f'declare hidden void @"{PARALLEL_FOR}"'))
+                        f'declare hidden void @"{PARALLEL_FOR}"')
+               .replace(f'declare i64 @"{CLOCK_NS}"()', f'declare hidden i64 @"{CLOCK_NS}"()'))
     for name in functions:
         ir_text = ir_text.replace(f'define i32 @"{name}"', f'define hidden i32 @"{name}"')
     return ir_text

@@ -1,0 +1,78 @@
+"""Floating-point operations of a node, counted from its IR shapes for the profiler.
+
+Only the ops whose time is dominated by multiply-adds are counted (two operations each, the
+convention of papers and of vendors' peak figures): convolutions, matrix products, Einsum
+and the recurrent cells. Every other op counts 0 and the profiler shows no GFLOP/s for it:
+a count of "one per element" would say little about an op bound by memory traffic.
+Symbolic dims stay sympy expressions; the signature carries them as Python expressions
+that the runtime evaluates with each call's dims.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sympy
+
+from cuvil.compiler.ir import Dim, Node, numel, simplify_dim
+
+
+def _conv(node: Node) -> Dim:
+    # each output element sums C/group x kernel products: numel(W) / M of them
+    w = node.inputs[1].type.shape
+    return numel(node.outputs[0].type.shape) * numel(w[1:])
+
+
+def _conv_transpose(node: Node) -> Dim:
+    # each input element scatters into M/group x kernel outputs: numel(W) / C of them
+    w = node.inputs[1].type.shape
+    return numel(node.inputs[0].type.shape) * numel(w[1:])
+
+
+def _gemm(node: Node) -> Dim:
+    a = node.inputs[0].type.shape
+    k = a[0] if node.attrs.get("transA", 0) else a[1]
+    return numel(node.outputs[0].type.shape) * k
+
+
+def _matmul(node: Node) -> Dim:
+    return numel(node.outputs[0].type.shape) * node.inputs[0].type.shape[-1]
+
+
+def _recurrent(node: Node) -> Dim:
+    # per step and batch row: every gate's input weights (W) and recurrent weights (R)
+    x = node.inputs[0].type.shape
+    w, r = node.inputs[1].type.shape, node.inputs[2].type.shape
+    return x[0] * x[1] * (numel(w) + numel(r))
+
+
+def _einsum(node: Node) -> Dim:
+    from cuvil.compiler.ops.einsum import parse_equation
+
+    shapes = [v.type.shape for v in node.inputs if v is not None]
+    eq = parse_equation(node, [len(s) for s in shapes])
+    size: dict[str, Dim] = {}
+    for term, shape in zip(eq.inputs, shapes):
+        for label, d in zip(term, shape):
+            if size.get(label, 1) == 1:  # a dim of 1 broadcasts against the others
+                size[label] = d
+    return numel(node.outputs[0].type.shape) * numel(size[lab] for lab in eq.summed)
+
+
+_MULTIPLY_ADDS: dict[str, Callable[[Node], Dim]] = {
+    "Conv": _conv, "DeformConv": _conv, "ConvTranspose": _conv_transpose,
+    "Gemm": _gemm, "MatMul": _matmul, "Einsum": _einsum,
+    "LSTM": _recurrent, "GRU": _recurrent, "RNN": _recurrent,
+}
+
+
+def node_flops(node: Node) -> Dim:
+    """2 x the node's multiply-adds (an int, or a sympy expression over symbolic dims); 0 for
+    ops that are not counted."""
+    count = _MULTIPLY_ADDS.get(node.op_type) if not node.domain else None
+    if count is None:
+        return 0
+    return simplify_dim(2 * sympy.sympify(count(node)))
+
+
+__all__ = ["node_flops"]
