@@ -58,10 +58,14 @@ def test_dispatcher_runs_the_newest_copy_this_cpu_supports(tmp_path, toolchain):
     levels = [(), *(v.requires for v in get_target(toolchain).arches[0].variants)]
     stubs = "".join(
         f"int32_t {variant_run_symbol('m', i)}(const void *const *a, void *const *b, "
-        f"const int64_t *c, void *d) {{ return {i}; }}\n" for i in range(len(levels)))
+        f"const int64_t *c, void *d) {{ return {i}; }}\n"
+        f"int32_t {variant_run_symbol('m', i, 'run_profiled')}(const void *const *a, "
+        f"void *const *b, const int64_t *c, void *d, uint64_t *t) {{ return {i}; }}\n"
+        for i in range(len(levels)))
     lib = _build(tmp_path, render_dispatcher("m", levels) + stubs)
     kernel = _cpuinfo_flags()
     want = max(i for i, flags in enumerate(levels)
                if all(CPUINFO_NAMES.get(f, f) in kernel for f in flags))
     assert lib.cuvil_m_run(None, None, None, None) == want
     assert lib.cuvil_m_run(None, None, None, None) == want  # the remembered choice
+    assert lib.cuvil_m_run_profiled(None, None, None, None, None) == want
