@@ -236,7 +236,7 @@ class Model:
 
     def _execute(self, values: Sequence[Any], profile: Profile | None = None) -> list[np.ndarray]:
         profile = profile or self._session
-        start = time.perf_counter_ns()
+        start = time.perf_counter_ns() if profile is not None else 0
         arrays, dims = self._check(values)
         env = {**_EVAL_GLOBALS, **dims}
         outs = []
