@@ -105,6 +105,8 @@ def test_the_table_names_every_node_and_op_type(model: Model) -> None:
                  "add (Add)", "GFLOP/s", "share"):
         assert word in text, text
     assert str(model.profile(feeds(1), runs=1)).count("Conv+Relu") == 2  # one per section
+    # the data input and the weights tell nodes of one op type apart
+    assert f"nx3x{HEIGHT}x{WIDTH}, 32x3x3x3 -> nx32x{HEIGHT}x{WIDTH}" in text, text
 
 
 def test_profiled_calls_give_onnxruntimes_results(compiled, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from cuvil.compiler.codegen.module import build_module, emit_object, symbol_names
 from cuvil.compiler.flops import node_flops
 from cuvil.compiler.frontend import import_model
-from cuvil.compiler.ir import Graph, Node, dim_str
+from cuvil.compiler.ir import Graph, Node, Value, dim_str
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
 from cuvil.compiler.passes import run_passes
 from cuvil.compiler.passes.plan_memory import plan_memory
@@ -67,10 +67,20 @@ def signature_of(graph: Graph, name: str, library_file: str) -> dict[str, Any]:
 
 
 def _node_profile(node: Node) -> dict[str, Any]:
-    """The node's name, what it runs (a fused activation included) and its FLOPs per call."""
+    """The node's name, what it runs (a fused activation included), the shapes that tell
+    nodes of one type apart and its FLOPs per call."""
     fused = node.attrs.get(FUSED_ACTIVATION)
+    first = next((v for v in node.inputs if v is not None), None)
+
+    def shape(v: Value) -> str:
+        return "x".join(str(dim_str(d)) for d in v.type.shape) or "scalar"
+
+    # the data input and the weights (constants of rank 2 or more: a conv's kernel size)
+    ins = [v for v in node.inputs if v is not None and (v is first or (v.is_const and v.type.rank > 1))]
+    outs = ", ".join(shape(v) for v in node.outputs)
     return {"name": node.name or (node.outputs[0].name if node.outputs else "?"),
             "op": f"{node.op_type}+{fused}" if fused else node.op_type,
+            "shapes": f"{', '.join(shape(v) for v in ins)} -> {outs}" if ins else outs,
             "flops": to_python(node_flops(node))}
 
 

@@ -94,7 +94,7 @@ class Model:
         self._run_profiled = getattr(self._lib, f"cuvil_{self.name}_run_profiled")
         self._run_profiled.restype = ctypes.c_int32
         self._run_profiled.argtypes = [ctypes.c_void_p] * 5
-        self._node_profile = [(p["name"], p["op"], _compile_expr(p["flops"]))
+        self._node_profile = [(p["name"], p["op"], p.get("shapes", ""), _compile_expr(p["flops"]))
                               for p in signature.get("node_profile", ())]
         self._lock = threading.Lock()
         # CUVIL_PROFILE=1: every call is profiled and the sum printed when the process exits
@@ -227,7 +227,7 @@ class Model:
         return result
 
     def _new_profile(self) -> Profile:
-        return Profile(self.name, [NodeTime(i, name, op) for i, (name, op, _)
+        return Profile(self.name, [NodeTime(i, name, op, shapes) for i, (name, op, shapes, _)
                                    in enumerate(self._node_profile)])
 
     def _print_session(self) -> None:
@@ -258,7 +258,7 @@ class Model:
             status = self._run_profiled(in_ptrs, out_ptrs, dim_values, ws_ptr, stamps)
             if status == 0:
                 flops = [f if isinstance(f, int) else int(eval(f, env))
-                         for _, _, f in self._node_profile]
+                         for *_, f in self._node_profile]
                 with self._lock:
                     profile.add(list(stamps), flops, time.perf_counter_ns() - start)
         if status != 0:
@@ -287,6 +287,7 @@ class NodeTime:
     index: int
     name: str
     op: str  # op type, with a fused activation: "Conv+Relu"
+    shapes: str = ""  # first input's and outputs' shapes, e.g. "1x64x56x56 -> 1x256x56x56"
     time_ns: int = 0
     flops: int = 0  # 2 x multiply-adds; 0 for ops whose FLOPs are not counted
 
@@ -360,20 +361,20 @@ class Profile:
                  f"({self.wall_ns / runs / 1e6:.3f} ms with the Python call), "
                  f"{self.flops / runs / 1e9:.3f} GFLOP per run{rate}"]
 
-        def row(label: str, count: int, ns: int, gflops: float | None) -> str:
+        def row(label: str, count: int, ns: int, gflops: float | None, shapes: str = "") -> str:
             share = 100 * ns / self.time_ns if self.time_ns else 0.0
             g = f"{gflops:9.1f}" if gflops is not None else f"{'-':>9}"
-            return f"  {label:<44.44} {count:>5} {ns / 1e6:>10.3f} {ns / runs / 1e6:>9.3f} " \
-                   f"{share:>6.1f}% {g}"
+            return (f"  {label:<40.40} {count:>5} {ns / 1e6:>10.3f} {ns / runs / 1e6:>9.3f} "
+                    f"{share:>6.1f}% {g}  {shapes}").rstrip()
 
-        header = f"  {{:<44}} {{:>5}} {'total ms':>10} {'ms/run':>9} {'share':>7} {'GFLOP/s':>9}"
+        header = f"  {{:<40}} {{:>5}} {'total ms':>10} {'ms/run':>9} {'share':>7} {'GFLOP/s':>9}"
         lines += ["", "by op type:", header.format("op", "nodes")]
         lines += [row(t.op, t.count, t.time_ns, t.gflops) for t in self.ops]
         nodes = sorted(self.nodes, key=lambda n: -n.time_ns)
         shown = nodes if top is None else nodes[:top]
         lines += ["", f"by node ({len(shown)} slowest of {len(nodes)}):" if len(shown) < len(nodes)
-                  else "by node:", header.format("#  node (op)", "runs")]
-        lines += [row(f"{n.index:<3}{n.name} ({n.op})", self.runs, n.time_ns, n.gflops)
+                  else "by node:", header.format("#  node (op)", "runs") + "  shapes"]
+        lines += [row(f"{n.index:<3}{n.name} ({n.op})", self.runs, n.time_ns, n.gflops, n.shapes)
                   for n in shown]
         lines.append(row("(copies into outputs)", self.runs, self.copies_ns, None))
         return "\n".join(lines)
