@@ -17,32 +17,38 @@ import sympy
 from cuvil.compiler.ir import Dim, Node, numel, simplify_dim
 
 
+def _shape(node: Node, index: int) -> tuple[Dim, ...]:
+    value = node.inputs[index]
+    assert value is not None, f"{node.describe()}: input {index} is required"  # by the op's infer
+    return value.type.shape
+
+
 def _conv(node: Node) -> Dim:
     # each output element sums C/group x kernel products: numel(W) / M of them
-    w = node.inputs[1].type.shape
+    w = _shape(node, 1)
     return numel(node.outputs[0].type.shape) * numel(w[1:])
 
 
 def _conv_transpose(node: Node) -> Dim:
     # each input element scatters into M/group x kernel outputs: numel(W) / C of them
-    w = node.inputs[1].type.shape
-    return numel(node.inputs[0].type.shape) * numel(w[1:])
+    w = _shape(node, 1)
+    return numel(_shape(node, 0)) * numel(w[1:])
 
 
 def _gemm(node: Node) -> Dim:
-    a = node.inputs[0].type.shape
+    a = _shape(node, 0)
     k = a[0] if node.attrs.get("transA", 0) else a[1]
     return numel(node.outputs[0].type.shape) * k
 
 
 def _matmul(node: Node) -> Dim:
-    return numel(node.outputs[0].type.shape) * node.inputs[0].type.shape[-1]
+    return numel(node.outputs[0].type.shape) * _shape(node, 0)[-1]
 
 
 def _recurrent(node: Node) -> Dim:
     # per step and batch row: every gate's input weights (W) and recurrent weights (R)
-    x = node.inputs[0].type.shape
-    w, r = node.inputs[1].type.shape, node.inputs[2].type.shape
+    x = _shape(node, 0)
+    w, r = _shape(node, 1), _shape(node, 2)
     return x[0] * x[1] * (numel(w) + numel(r))
 
 
