@@ -379,7 +379,7 @@ def _people(reader: _Reader, key: str, field_name: str) -> list[tuple[str, str]]
                 "write the name without commas (the field joins several people with commas)",
             )
         if email is None:
-            names.append(name)
+            names.append(name or "")
             continue
         try:
             address = Address(display_name=name or "", addr_spec=email)

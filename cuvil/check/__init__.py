@@ -24,6 +24,8 @@ from cuvil.errors import CheckError
 
 if TYPE_CHECKING:
     from cuvil.check._archive import WheelArchive
+    from cuvil.check._elf import ElfLibrary
+    from cuvil.check._macho import MachOImage
 
 __all__ = ["CheckReport", "CheckResult", "check_wheel"]
 
@@ -54,6 +56,7 @@ def check_wheel(path: str | Path, *, auditwheel: bool = True) -> CheckReport:
     manifest.check_manifest(wheel, report)
     tags.check_platform(wheel, report)
     for library in wheel.libraries():
+        images: list[tuple[str, ElfLibrary | MachOImage]]
         kind = native_kind(library.data[:8])
         _check_format(wheel, library.path, kind, report)
         if kind == "elf":

@@ -28,6 +28,13 @@ E_MACHINES = {
     "EM_RISCV": "riscv64",
 }
 _GLIBC = re.compile(r"^GLIBC_(\d+)\.(\d+)(?:\.(\d+))?$")
+#: dynamic tags holding a string: (list of ElfLibrary to fill, attribute of the tag)
+_DYNAMIC_STRINGS = {
+    "DT_NEEDED": ("needed", "needed"),
+    "DT_SONAME": ("sonames", "soname"),
+    "DT_RPATH": ("rpaths", "rpath"),
+    "DT_RUNPATH": ("runpaths", "runpath"),
+}
 _EXPORTED_BINDS = {"STB_GLOBAL", "STB_WEAK", "STB_GNU_UNIQUE", "STB_LOOS"}
 _EXPORTED_VISIBILITY = {"STV_DEFAULT", "STV_PROTECTED"}
 
@@ -109,15 +116,10 @@ def _read(data: bytes) -> ElfLibrary:
         if isinstance(section, DynamicSection) and section["sh_type"] == "SHT_DYNAMIC":
             dynamic_found = True
             for tag in section.iter_tags():
-                kind = tag.entry.d_tag
-                if kind == "DT_NEEDED":
-                    lib.needed.append(tag.needed)
-                elif kind == "DT_SONAME":
-                    lib.sonames.append(tag.soname)
-                elif kind == "DT_RPATH":
-                    lib.rpaths.append(tag.rpath)
-                elif kind == "DT_RUNPATH":
-                    lib.runpaths.append(tag.runpath)
+                field = _DYNAMIC_STRINGS.get(tag.entry.d_tag)
+                if field is not None:
+                    # pyelftools sets the string as an attribute named after the tag's kind
+                    getattr(lib, field[0]).append(getattr(tag, field[1]))
         elif isinstance(section, SymbolTableSection) and section["sh_type"] == "SHT_DYNSYM":
             for sym in section.iter_symbols():
                 if (
@@ -129,7 +131,7 @@ def _read(data: bytes) -> ElfLibrary:
                     lib.exported[sym.name] = (sym["st_value"], sym["st_size"])
         elif isinstance(section, GNUVerNeedSection):
             for verneed, auxiliaries in section.iter_versions():
-                lib.version_needs.setdefault(verneed.name, []).extend(aux.name for aux in auxiliaries)
+                lib.version_needs.setdefault(str(verneed.name), []).extend(aux.name for aux in auxiliaries)
     if not dynamic_found:
         raise ElfFormatError("it has no dynamic section: not a shared library")
     return lib

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 from cuvil.errors import CheckError
 
@@ -99,7 +100,7 @@ class MachOFormatError(CheckError):
     """The bytes are not a well-formed Mach-O library."""
 
 
-def _unpack(fmt: str, data: bytes, offset: int, what: str) -> tuple[int, ...]:
+def _unpack(fmt: str, data: bytes, offset: int, what: str) -> tuple[Any, ...]:
     size = struct.calcsize(fmt)
     if offset < 0 or offset + size > len(data):
         raise MachOFormatError(f"{what} at offset {offset:#x} runs past the end ({len(data)} bytes)")

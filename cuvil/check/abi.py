@@ -6,6 +6,8 @@ statically, for every architecture slice, by reading the symbol's bytes from the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from cuvil.check._archive import CHECKSUM_SIZE, Library
 from cuvil.check._elf import ElfFormatError, ElfLibrary
 from cuvil.check._macho import MachOFormatError, MachOImage
@@ -15,7 +17,7 @@ __all__ = ["check_abi_checksums"]
 
 
 def check_abi_checksums(
-    library: Library, images: list[tuple[str, ElfLibrary | MachOImage]], report: CheckReport
+    library: Library, images: Sequence[tuple[str, ElfLibrary | MachOImage]], report: CheckReport
 ) -> None:
     """`images`: (arch label, parsed image) for each slice of `library`."""
     from cuvil.runtime._loader import abi_checksum

@@ -27,8 +27,7 @@ def auditwheel_command() -> list[str] | None:
 
 def check_auditwheel(wheel: WheelArchive, report: CheckReport) -> None:
     name = "auditwheel"
-    limits = [(manylinux_glibc(p), p) for p in wheel.platforms]
-    limits = [(limit, p) for limit, p in limits if limit is not None]
+    limits = [(limit, p) for p in wheel.platforms if (limit := manylinux_glibc(p)) is not None]
     if not limits:
         return  # not a manylinux wheel: auditwheel has nothing to say
     command = auditwheel_command()

@@ -116,8 +116,7 @@ def _needed(elf: ElfLibrary, label: str, report: CheckReport) -> None:
 def _glibc(wheel: WheelArchive, elf: ElfLibrary, label: str, report: CheckReport) -> None:
     name = f"{label}: glibc versions"
     versions = elf.glibc_versions()
-    limits = [(manylinux_glibc(p), p) for p in wheel.platforms]
-    limits = [(limit, p) for limit, p in limits if limit is not None]
+    limits = [(limit, p) for p in wheel.platforms if (limit := manylinux_glibc(p)) is not None]
     private = sorted(n for names in elf.version_needs.values() for n in names if n == "GLIBC_PRIVATE")
     if private:
         report.failed(name, "needs GLIBC_PRIVATE symbols, which no manylinux policy allows")

@@ -43,6 +43,7 @@ float64 tanh and erf are left to libm (accuracy first; rarely hot).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from llvmlite import ir
 
@@ -372,7 +373,7 @@ def derive_coefficients() -> dict[str, tuple[float, ...]]:  # pragma: no cover -
         a = np.stack([basis ** i for i in range(degree + 1)], 1) * weight[:, None]
         return linear_minimax(a, target * weight)
 
-    def mpv(fn, xs):
+    def mpv(fn: Callable[[Any], Any], xs: np.ndarray) -> np.ndarray:
         return np.array([float(fn(mp.mpf(float(v)))) for v in xs])
 
     def rational(x: np.ndarray, target: np.ndarray, t: np.ndarray, np_: int, nq: int,

@@ -6,6 +6,7 @@ attributes and input types, in place of the node."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import onnx
 import onnx.defs
@@ -15,7 +16,8 @@ from cuvil.compiler.ir import TensorType, dim_str
 __all__ = ["expandable", "function_body"]
 
 
-def _schema(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | None:
+def _schema(domain: str, op_type: str, opset: int) -> Any:
+    """The schema, or None. Typed Any: onnx's stubs lack the function-body accessors used here."""
     try:
         return onnx.defs.get_schema(op_type, opset, "" if domain == "ai.onnx" else domain)
     except onnx.defs.SchemaError:
