@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     info = machine()
-    peaks = peak.measure_peak(0.3 if args.quick else 1.0)
+    peaks = peak.measure_peak(0.5 if args.quick else 1.5)
     info["peak_gflops_one_core"] = peaks
     print(report.header(info), flush=True)
     results = []
