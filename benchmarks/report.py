@@ -109,6 +109,7 @@ def chart(path: Path, results: list[dict[str, Any]]) -> str | None:
         return "no matplotlib (pip install -e '.[bench]')"
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     labels = sorted({(r["model"], row["batch"]) for r in results for row in r["runs"] if row.get("ratio")},
                     key=lambda lb: [r["model"] for r in results].index(lb[0]) * 100 + lb[1])
@@ -121,10 +122,14 @@ def chart(path: Path, results: list[dict[str, Any]]) -> str | None:
     width = 0.8 / len(threads)
     for i, t in enumerate(threads):
         xs = [k + (i - (len(threads) - 1) / 2) * width for k in range(len(labels))]
-        ax.bar(xs, [ratio.get((m, b, t), 0) for m, b in labels], width,
-               label=f"{t} thread{'s' * (t > 1)}")
+        heights = [ratio.get((m, b, t), 1.0) - 1.0 for m, b in labels]  # bars grow from 1
+        ax.bar(xs, heights, width, bottom=1.0, label=f"{t} thread{'s' * (t > 1)}")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
+    ax.set_title("; ".join(f"geomean {t} thread{'s' * (t > 1)}: {g:.2f}"
+                           for t, (g, _) in geomeans(results).items()))
     ax.set_xticks(range(len(labels)), [f"{m} b{b}" for m, b in labels], rotation=60, ha="right", fontsize=8)
     ax.set_ylabel("latency cuvil / onnxruntime (< 1: cuvil faster)")
     ax.legend()
