@@ -83,7 +83,7 @@ def markdown(info: dict[str, Any], results: list[dict[str, Any]]) -> str:
                 + f" | {o['median_ms']:.3f} ({o['iqr_ms']:.3f}) | {_f(row.get('ratio'))} | {_gflops(c)} | "
                 f"{_gflops(o)} | {_f(row.get('max_rel_diff'), '.1e')} |")
     lines += ["", "Per model: `cuvil build` wall time, wheel and library size, and fresh processes "
-              "(launch -> import + load + first run at batch 1; peak RSS from ru_maxrss / VmHWM). "
+              "(launch -> import + load + first run at batch 1; peak RSS: VmHWM). "
               "cuvil's process imports the unpacked wheel alone, without cuvil.", "",
               "| model | source | build s | wheel KB | library KB | first result ms cuvil / ort | "
               "peak RSS MB cuvil / ort | error |",
