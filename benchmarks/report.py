@@ -92,7 +92,7 @@ def markdown(info: dict[str, Any], results: list[dict[str, Any]]) -> str:
         fresh = result.get("fresh", {})
         first = " / ".join(_f(fresh.get(e, {}).get("first_result_ms"), ".0f") for e in ("cuvil", "ort"))
         rss = " / ".join(_f(fresh.get(e, {}).get("peak_rss_mb"), ".0f") for e in ("cuvil", "ort"))
-        error = result.get("error", "").replace("|", "\\|")
+        error = " ".join(result.get("error", "").split()).replace("|", "\\|")
         lines.append(f"| {result['model']} | {result.get('source', '—')} | "
                      f"{_f(result.get('build_s'), '.1f')} | {_f(result.get('wheel_kb'), '.0f')} | "
                      f"{_f(result.get('library_kb'), '.0f')} | "

@@ -278,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     args.threads = [int(t) for t in args.threads.split(",")]
     args.sizes = {k: int(v) for k, v in (p.split("=") for p in args.sizes.split(",") if p)}
     args.budget, args.min_runs, args.launches = (0.25, 3, 1) if args.quick else (1.5, 10, 3)
+    args.models = [name.strip() for name in args.models.split(",") if name.strip()]
+    for name in args.models:
+        if not zoo.exists(name):
+            parser.error(zoo.unknown(name))
     args.out.mkdir(parents=True, exist_ok=True)
 
     info = machine()
@@ -285,11 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     info["peak_gflops_one_core"] = peaks
     print(report.header(info), flush=True)
     results = []
-    for name in args.models.split(","):
+    for name in args.models:
         start = time.perf_counter()
         try:
-            result = bench_model(name.strip(), args, peaks)
-        except (Exception, SystemExit) as exc:  # record and go on to the next model
+            result = bench_model(name, args, peaks)
+        except Exception as exc:  # record and go on to the next model
             traceback.print_exc()
             result = {"model": name, "error": f"{type(exc).__name__}: {exc}", "runs": []}
         result["suite_s"] = time.perf_counter() - start
