@@ -1,6 +1,6 @@
 """Single Conv + ReLU layers (ResNet-50's shapes) through cuvil and onnxruntime in one run.
 
-Where whole-model figures (`compare.py`) say "slower", this says which layer shape is: it
+Where whole-model figures (`suite.py`) say "slower", this says which layer shape is: it
 reports each layer's median latency, GFLOP/s and the ratio cuvil / onnxruntime (< 1: cuvil
 is faster). CUVIL_NUM_THREADS=1 runs both on one thread (onnxruntime's intra-op threads
 follow it), which takes the thread pools out of the comparison.

@@ -1,0 +1,102 @@
+"""The fp32 peak of one core: a register-only loop of independent vector FMAs.
+
+The loop is written in LLVM IR (llvm.fma on <lanes x float>), compiled by llvmlite for this
+machine's CPU and called through ctypes on the calling thread. Sixteen independent
+accumulator chains keep two FMA ports busy through a latency of four cycles, so the figure
+is the core's throughput rather than the FMA latency. The loop is timed in this thread's CPU
+time, not wall time, so that other processes sharing the core do not lower the figure.
+
+    python benchmarks/peak.py
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+CHAINS = 16
+
+_IR = """
+declare <{n} x float> @llvm.fma.v{n}f32(<{n} x float>, <{n} x float>, <{n} x float>)
+
+define float @fma_loop(i64 %iterations) {{
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%next, %loop]
+{phis}
+{fmas}
+  %next = add i64 %i, 1
+  %more = icmp ult i64 %next, %iterations
+  br i1 %more, label %loop, label %done
+done:
+{reduce}
+  %r = extractelement <{n} x float> %sum{last}, i32 0
+  ret float %r
+}}
+"""
+
+
+def _ir(lanes: int) -> str:
+    vec = f"<{lanes} x float>"
+    start = f"<{', '.join(['float 1.0'] * lanes)}>"
+    # a * 0.5 + 0.5 tends to 1: no overflow and no denormals, whose slow path would skew it
+    mul = f"<{', '.join(['float 0.5'] * lanes)}>"
+    add = f"<{', '.join(['float 0.5'] * lanes)}>"
+    phis = "\n".join(f"  %a{c} = phi {vec} [{start}, %entry], [%b{c}, %loop]" for c in range(CHAINS))
+    fmas = "\n".join(f"  %b{c} = call {vec} @llvm.fma.v{lanes}f32({vec} %a{c}, {vec} {mul}, {vec} {add})"
+                     for c in range(CHAINS))
+    reduce = [f"  %sum0 = fadd {vec} %b0, %b1"]
+    reduce += [f"  %sum{c - 1} = fadd {vec} %sum{c - 2}, %b{c}" for c in range(2, CHAINS)]
+    return _IR.format(n=lanes, phis=phis, fmas=fmas, reduce="\n".join(reduce), last=CHAINS - 2)
+
+
+def _host_isas() -> list[tuple[str, int]]:
+    """The vector widths this CPU runs FMAs at, widest first: (name, fp32 lanes)."""
+    import llvmlite.binding as llvm
+
+    features = llvm.get_host_cpu_features()
+    isas = []
+    if features.get("avx512f"):
+        isas.append(("AVX-512", 16))
+    if features.get("avx2") and features.get("fma"):
+        isas.append(("AVX2+FMA", 8))
+    return isas
+
+
+def measure_peak(seconds: float = 0.3) -> dict[str, float]:
+    """GFLOP/s of one core for each vector ISA of this CPU (best of a few timed runs)."""
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    results = {}
+    for name, lanes in _host_isas():
+        module = llvm.parse_assembly(_ir(lanes))
+        module.verify()
+        target = llvm.Target.from_default_triple()
+        machine = target.create_target_machine(cpu=llvm.get_host_cpu_name(),
+                                               features=llvm.get_host_cpu_features().flatten(), opt=2)
+        engine = llvm.create_mcjit_compiler(module, machine)
+        engine.finalize_object()
+        loop = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64)(engine.get_function_address("fma_loop"))
+        flops_per_iteration = CHAINS * lanes * 2
+        iterations = 1 << 20
+        best = 0.0
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            start = time.thread_time()
+            loop(iterations)
+            elapsed = time.thread_time() - start
+            if elapsed < 0.02:  # too short to time: grow the loop
+                iterations *= 2
+                continue
+            best = max(best, flops_per_iteration * iterations / elapsed / 1e9)
+        results[name] = best
+        del engine  # holds the module
+    return results
+
+
+if __name__ == "__main__":
+    for isa, gflops in measure_peak(1.0).items():
+        print(f"{isa}: {gflops:.1f} GFLOP/s fp32 on one core")

@@ -1,0 +1,311 @@
+"""cuvil against onnxruntime on a set of models, measured on this machine in one run.
+
+For each model the suite builds a wheel with `cuvil build` (the path a user takes), then,
+in this process, runs cuvil's library and an onnxruntime session on the same inputs,
+interleaved, at batch 1 and a larger batch and at each thread count; and, in fresh
+processes, times launch -> first result and reads the peak RSS of each. It writes
+results.md, results.json and ratios.png (matplotlib, from the `bench` extra) to --out.
+
+    python benchmarks/suite.py                          # every model, threads 1 and 2
+    python benchmarks/suite.py --quick                  # a smoke run: short time budgets
+    python benchmarks/suite.py --models light_resnet50,bert --threads 1 --out /tmp/bench
+    python benchmarks/suite.py --models path/to/model.onnx --sizes seq=128
+
+Figures vary with the machine and its load; they belong in notes, not in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+import zipfile
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import flops
+import peak
+import report
+import zoo
+
+ROOT = zoo.ROOT
+LARGE_BATCH = 8
+
+
+# --- timing -----------------------------------------------------------------------------------
+
+
+def interleaved(calls: dict[str, Callable[[], Any]], budget_s: float,
+                min_runs: int) -> dict[str, list[float]]:
+    """Seconds per call of each callable, taken in alternating blocks until the budget is spent.
+
+    Blocks of about 50 ms (one call for slow models) alternate between the engines, so a
+    load spike from the machine's other users hits both; onnxruntime's worker threads spin
+    for a moment after a run, which blocks rather than single calls keep from landing on
+    cuvil's next call.
+    """
+    block = {}
+    for name, call in calls.items():  # warm-up: first touch of memory, thread pools start
+        call()
+        start = time.perf_counter()
+        call()
+        block[name] = max(1, int(0.05 / max(time.perf_counter() - start, 1e-7)))
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    deadline = time.perf_counter() + budget_s * len(calls)
+    while time.perf_counter() < deadline or min(len(t) for t in times.values()) < min_runs:
+        for name, call in calls.items():
+            for _ in range(block[name]):
+                start = time.perf_counter()
+                call()
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def summary_ms(times: list[float]) -> dict[str, float]:
+    q1, median, q3 = np.percentile(np.asarray(times) * 1e3, [25, 50, 75])
+    return {"median_ms": float(median), "iqr_ms": float(q3 - q1), "runs": len(times)}
+
+
+# --- cuvil: a wheel built as a user builds it --------------------------------------------------
+
+
+def build_wheel(bench: zoo.Bench, pins: dict[str, list[int | str]], work: Path) -> dict[str, Any]:
+    """`cuvil build` on a generated model project; the wheel unpacked into work/site."""
+    project = work / "project"
+    shutil.rmtree(work, ignore_errors=True)
+    project.mkdir(parents=True)
+    # the source must lie inside the project (its sdist carries it)
+    shutil.copyfile(bench.path, project / "model.onnx")
+    inputs = ", ".join(f"{json.dumps(name)} = {json.dumps(dims)}" for name, dims in pins.items())
+    (project / "pyproject.toml").write_text(
+        f'[project]\nname = "bench-model"\nversion = "0"\n\n[tool.cuvil]\npackage = "bench_model"\n\n'
+        f"[tool.cuvil.models.model]\nsource = \"model.onnx\"\ninputs = {{ {inputs} }}\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "cuvil", "build", str(project), "-o", str(work / "dist")],
+                          env=env, capture_output=True, text=True)
+    build_s = time.perf_counter() - start
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        raise BuildError(" ".join(lines[-3:]) if lines else f"cuvil build exited {done.returncode}")
+    wheel = next((work / "dist").glob("*.whl"))
+    site = work / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+    manifest = json.loads((site / "bench_model" / "_models.json").read_text())
+    signature = manifest["models"][0]
+    library = site / "bench_model" / signature["library"]
+    return {"build_s": build_s, "wheel_kb": wheel.stat().st_size / 1024,
+            "library_kb": library.stat().st_size / 1024, "site": site, "library": library,
+            "signature": signature}
+
+
+class BuildError(Exception):
+    pass
+
+
+def cuvil_model(built: dict[str, Any], threads: int, work: Path) -> Any:
+    """The wheel's library loaded from a copy of its own: each copy has its own thread pool,
+    which reads CUVIL_NUM_THREADS when it starts (on the first call big enough to split)."""
+    from cuvil.runtime._loader import Model
+
+    copy = work / f"threads{threads}" / built["library"].name
+    copy.parent.mkdir(exist_ok=True)
+    shutil.copyfile(built["library"], copy)
+    return Model(copy, built["signature"])
+
+
+def ort_session(path: Path, threads: int) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+# --- fresh processes ---------------------------------------------------------------------------
+
+_CHILD = """
+import json, resource, sys, time
+import numpy as np
+feeds = dict(np.load(sys.argv[1]))
+t0 = time.time()
+{body}
+t2 = time.time()
+run()
+t3 = time.time()
+hwm = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")]
+print(json.dumps({{"first_result": t3, "import_load_s": t2 - t0, "first_run_s": t3 - t2,
+                  "cuvil_imported": "cuvil" in sys.modules,
+                  "peak_rss_kb": hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}}))
+"""
+_CUVIL_CHILD = "import bench_model\nrun = lambda: bench_model.model.run(feeds)"
+_ORT_CHILD = ("import onnxruntime as ort\n"
+              "session = ort.InferenceSession(sys.argv[2], providers=['CPUExecutionProvider'])\n"
+              "run = lambda: session.run(None, feeds)")
+
+
+def fresh_process(body: str, args: list[str], env: dict[str, str], repeats: int) -> dict[str, Any]:
+    """Launch -> first result (median of `repeats` launches) and peak RSS of a new interpreter.
+
+    The peak is VmHWM, the high-water mark of the child's own address space: Linux carries
+    ru_maxrss over exec, so a child spawned from this (large) process would report ours.
+    """
+    firsts, runs = [], []
+    for _ in range(repeats):
+        launched = time.time()
+        out = subprocess.run([sys.executable, "-c", _CHILD.format(body=body), *args], env=env,
+                             capture_output=True, text=True, check=True).stdout
+        run = json.loads(out.strip().splitlines()[-1])
+        firsts.append(run["first_result"] - launched)
+        runs.append(run)
+    return {"first_result_ms": float(np.median(firsts) * 1e3),
+            "import_load_ms": float(np.median([r["import_load_s"] for r in runs]) * 1e3),
+            "first_run_ms": float(np.median([r["first_run_s"] for r in runs]) * 1e3),
+            "peak_rss_mb": max(r["peak_rss_kb"] for r in runs) / 1024,
+            "cuvil_imported": any(r["cuvil_imported"] for r in runs)}
+
+
+# --- one model ---------------------------------------------------------------------------------
+
+
+def max_rel_diff(got: dict[str, np.ndarray], expected: list[np.ndarray], names: list[str]) -> float:
+    worst = 0.0
+    for name, ref in zip(names, expected):
+        if ref.size:
+            diff = np.max(np.abs(got[name].astype(np.float64) - ref))
+            worst = max(worst, float(diff / max(float(np.max(np.abs(ref))), 1e-30)))
+    return worst
+
+
+def bench_model(name: str, args: argparse.Namespace, peaks: dict[str, float]) -> dict[str, Any]:
+    cache = args.out / "models"
+    bench = zoo.get(name, cache, args.sizes)
+    model = onnx.load(str(bench.path))
+    pins = bench.pins(model)
+    batches = [1, LARGE_BATCH] if any("batch" in dims for dims in pins.values()) else [1]
+    result: dict[str, Any] = {"model": bench.name, "source": bench.source, "inputs": pins, "runs": []}
+    work = args.out / "work" / bench.name
+    built = None
+    try:
+        built = build_wheel(bench, pins, work)
+        result.update({k: built[k] for k in ("build_s", "wheel_kb", "library_kb")})
+    except BuildError as exc:
+        result["error"] = f"cuvil build failed: {exc}"
+    best_peak = max(peaks.values(), default=0.0)
+    for threads in args.threads:
+        os.environ["CUVIL_NUM_THREADS"] = str(threads)
+        session = ort_session(bench.path, threads)
+        ours = cuvil_model(built, threads, work) if built else None
+        for batch in batches:
+            feeds = bench.feeds(model, batch)
+            gflop, complete = flops.count_flops(model, feeds)
+            calls: dict[str, Callable[[], Any]] = {"ort": lambda f=feeds, s=session: s.run(None, f)}
+            row: dict[str, Any] = {"threads": threads, "batch": batch, "gflop": gflop / 1e9,
+                                   "gflop_complete": complete}
+            if ours is not None:
+                try:
+                    got = ours.run(feeds)
+                    row["max_rel_diff"] = max_rel_diff(got, session.run(None, feeds),
+                                                       [o.name for o in session.get_outputs()])
+                    calls["cuvil"] = lambda f=feeds, m=ours: m.run(f)
+                except Exception as exc:  # a model that builds but cannot run: say so, go on
+                    result.setdefault("error", f"cuvil run failed (batch {batch}): {exc}")
+            times = interleaved(calls, args.budget, args.min_runs)
+            for engine, samples in times.items():
+                stats = summary_ms(samples)
+                stats["gflops"] = gflop / 1e9 / (stats["median_ms"] / 1e3)
+                stats["peak_fraction"] = stats["gflops"] / (best_peak * threads) if best_peak else None
+                row[engine] = stats
+            if "cuvil" in row:
+                row["ratio"] = row["cuvil"]["median_ms"] / row["ort"]["median_ms"]
+            result["runs"].append(row)
+            print(report.run_line(bench.name, row), flush=True)
+        session = ours = None  # free both before the next thread count loads its own
+    os.environ.pop("CUVIL_NUM_THREADS", None)
+
+    feeds_file = work / "feeds.npz"
+    feeds_file.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(feeds_file, **bench.feeds(model, 1))
+    base_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CUVIL_NUM_THREADS")}
+    result["fresh"] = {"ort": fresh_process(_ORT_CHILD, [str(feeds_file), str(bench.path)], base_env,
+                                            args.launches)}
+    if any("cuvil" in row for row in result["runs"] if row["batch"] == 1):
+        # only the unpacked wheel on the path: the package must not need cuvil itself
+        env = {**base_env, "PYTHONPATH": str(built["site"])}
+        result["fresh"]["cuvil"] = fresh_process(_CUVIL_CHILD, [str(feeds_file)], env, args.launches)
+    return result
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    import onnxruntime
+
+    import cuvil
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "onnxruntime": onnxruntime.__version__, "cuvil": cuvil.__version__,
+            "torch": zoo._has_torch(), "load_average_start": os.getloadavg()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(zoo.MODELS),
+                        help="comma-separated suite names or .onnx paths (default: all)")
+    parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated (default 1,2)")
+    parser.add_argument("--sizes", default="",
+                        help="for .onnx paths: free non-batch dims by name, e.g. seq=128,height=224")
+    parser.add_argument("--quick", action="store_true", help="short time budgets: a smoke run")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench",
+                        help="results, generated models and builds (default build/bench/)")
+    args = parser.parse_args(argv)
+    args.out = args.out.resolve()
+    args.threads = [int(t) for t in args.threads.split(",")]
+    args.sizes = {k: int(v) for k, v in (p.split("=") for p in args.sizes.split(",") if p)}
+    args.budget, args.min_runs, args.launches = (0.25, 3, 1) if args.quick else (1.5, 10, 3)
+    args.models = [name.strip() for name in args.models.split(",") if name.strip()]
+    for name in args.models:
+        if not zoo.exists(name):
+            parser.error(zoo.unknown(name))
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    info = machine()
+    peaks = peak.measure_peak(0.5 if args.quick else 1.5)
+    info["peak_gflops_one_core"] = peaks
+    print(report.header(info), flush=True)
+    results = []
+    for name in args.models:
+        start = time.perf_counter()
+        try:
+            result = bench_model(name, args, peaks)
+        except Exception as exc:  # record and go on to the next model
+            traceback.print_exc()
+            result = {"model": name, "error": f"{type(exc).__name__}: {exc}", "runs": []}
+        result["suite_s"] = time.perf_counter() - start
+        results.append(result)
+        print(report.model_line(result), flush=True)
+    info["load_average_end"] = os.getloadavg()
+    info["quick"] = args.quick
+    written = report.write(args.out, info, results)
+    print(report.geomeans_text(results))
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

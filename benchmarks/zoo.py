@@ -1,0 +1,337 @@
+"""The models the suite measures, each an ONNX file plus the sizes to pin its free dims to.
+
+The nine `light_*` models ship in the onnx package (fixed batch 1). The others are made here
+with random, seeded weights, exported by PyTorch's TorchScript exporter (opset 17, as
+tests/data/make_*.py do, whose module definitions they reuse), and cached under
+build/bench/models/. Without torch they fall back to the small committed models in
+tests/data/ or to graphs built with onnx.helper, and `Bench.source` says so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_DATA = ROOT / "tests" / "data"
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+LIGHT_MODELS = ["alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
+                "shufflenet", "squeezenet", "vgg19", "zfnet512"]
+OPSET = 17
+
+
+@dataclass
+class Bench:
+    name: str
+    path: Path
+    source: str  # where the file came from, for the table
+    sizes: dict[str, int] = field(default_factory=dict)  # symbolic dim name -> value
+
+    def data_inputs(self, model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+        inits = {t.name for t in model.graph.initializer}  # old exporters list weights as inputs
+        return [vi for vi in model.graph.input if vi.name not in inits]
+
+    def pins(self, model: onnx.ModelProto) -> dict[str, list[int | str]]:
+        """Input dims for cuvil: a free leading dim stays the symbol "batch", others pinned."""
+        pins: dict[str, list[int | str]] = {}
+        for vi in self.data_inputs(model):
+            dims: list[int | str] = []
+            for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+                if d.HasField("dim_value"):
+                    dims.append(d.dim_value)
+                elif axis == 0:
+                    dims.append("batch")
+                elif d.dim_param in self.sizes:
+                    dims.append(self.sizes[d.dim_param])
+                else:
+                    raise ValueError(f"{self.path}: input {vi.name!r} dim {axis} is free "
+                                     f"({d.dim_param or 'unnamed'}); pin it with --sizes NAME=VALUE")
+            pins[vi.name] = dims
+        return pins
+
+    def feeds(self, model: onnx.ModelProto, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed)
+        feeds = {}
+        for vi in self.data_inputs(model):
+            shape = [batch if d == "batch" else int(d) for d in self.pins(model)[vi.name]]
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+            if dtype == np.bool_:
+                feeds[vi.name] = np.zeros(shape, dtype)  # masks: attend everywhere
+            elif dtype.kind in "iu":
+                feeds[vi.name] = rng.integers(0, 1000, shape).astype(dtype)  # token ids
+            else:
+                feeds[vi.name] = rng.standard_normal(shape).astype(dtype)
+        return feeds
+
+
+def _light(name: str) -> Callable[[Path], Bench]:
+    file = "light_bvlc_alexnet" if name == "alexnet" else f"light_{name}"
+    return lambda cache: Bench(f"light_{name}", LIGHT / f"{file}.onnx", "onnx package")
+
+
+def _digits(cache: Path) -> Bench:
+    return Bench("digits", ROOT / "examples" / "digits" / "models" / "classifier.onnx", "examples/digits")
+
+
+# --- PyTorch models ---------------------------------------------------------------------------
+
+
+def _has_torch() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
+def _test_module(name: str) -> Any:
+    """tests/data/<name>.py as a module (it defines the modules the tests' models use)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, TEST_DATA / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _export(model: Any, args: tuple, path: Path, inputs: dict[str, dict[int, str]],
+            outputs: dict[str, dict[int, str]]) -> None:
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    with torch.no_grad():
+        torch.onnx.export(model.eval(), args, str(partial), dynamo=False, opset_version=OPSET,
+                          input_names=list(inputs), output_names=list(outputs),
+                          dynamic_axes={**inputs, **outputs})
+    partial.replace(path)  # a killed export leaves no half-written cache entry
+
+
+def _mobilenet_v3() -> Any:
+    """MobileNetV3-Small's widths and strides, built from the tests' inverted residual block."""
+    import torch
+    from torch import nn
+
+    arch = _test_module("make_architectures")
+    # (in, expand, out, stride) as in MobileNetV3-Small; every block has SE and HardSwish
+    blocks = [(16, 16, 16, 2), (16, 72, 24, 2), (24, 88, 24, 1), (24, 96, 40, 2),
+              (40, 240, 40, 1), (40, 240, 40, 1), (40, 120, 48, 1), (48, 144, 48, 1),
+              (48, 288, 96, 2), (96, 576, 96, 1), (96, 576, 96, 1)]
+
+    class MobileNetV3(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Sequential(arch._conv_bn(3, 16, 3, 2), nn.Hardswish())
+            self.blocks = nn.Sequential(*[arch.InvertedResidual(*b) for b in blocks])
+            self.last = nn.Sequential(arch._conv_bn(96, 576, 1), nn.Hardswish())
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.classifier = nn.Sequential(nn.Linear(576, 1024), nn.Hardswish(), nn.Linear(1024, 1000))
+
+        def forward(self, image: torch.Tensor) -> torch.Tensor:
+            x = self.last(self.blocks(self.stem(image)))
+            return self.classifier(torch.flatten(self.pool(x), 1))
+
+    torch.manual_seed(0)
+    model = MobileNetV3()
+    arch._randomize_batchnorm(model)
+    return model
+
+
+def _yolo() -> Any:
+    """The tests' YOLO neck and head over a wider backbone, 80 classes, at 320x320."""
+    import torch
+    from torch import nn
+
+    arch = _test_module("make_architectures")
+    conv = arch._conv_silu
+
+    class YoloDetector(arch.YoloHead):
+        classes = 80
+
+        def __init__(self) -> None:
+            nn.Module.__init__(self)
+            self.down = nn.Sequential(  # stride 16 (p4)
+                conv(3, 16, 3, 2), conv(16, 32, 3, 2), conv(32, 32), conv(32, 64, 3, 2), conv(64, 64),
+                conv(64, 128, 3, 2), conv(128, 128))
+            self.p5 = nn.Sequential(conv(128, 256, 3, 2), conv(256, 256))
+            self.lateral = conv(256, 128, 1)
+            self.up = nn.Upsample(scale_factor=2, mode="nearest")
+            self.fuse = conv(256, 128)
+            outs = self.anchors * (5 + self.classes)
+            self.head4 = nn.Conv2d(128, outs, 1)
+            self.head5 = nn.Conv2d(128, outs, 1)
+
+    torch.manual_seed(1)
+    return YoloDetector()
+
+
+class _Speech:
+    """A GRU acoustic model: strided Conv1d over 80 mel bins, two GRU layers, per-frame classes."""
+
+    @staticmethod
+    def make() -> Any:
+        import torch
+        from torch import nn
+
+        class GruSpeech(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.subsample = nn.Sequential(nn.Conv1d(80, 256, 3, stride=2, padding=1), nn.ReLU())
+                self.rnn = nn.GRU(256, 256, num_layers=2, batch_first=True)
+                self.classify = nn.Linear(256, 29)
+
+            def forward(self, mels: torch.Tensor) -> torch.Tensor:  # [batch, frames, 80]
+                x = self.subsample(mels.transpose(1, 2)).transpose(1, 2)
+                out, _ = self.rnn(x)
+                return self.classify(out)
+
+        torch.manual_seed(2)
+        return GruSpeech()
+
+
+def _bert() -> Any:
+    """A BERT-style encoder: token + position embeddings, 6 post-norm layers, 384 wide, 12 heads."""
+    import torch
+    from torch import nn
+
+    class Bert(nn.Module):
+        def __init__(self, vocab: int = 8192, hidden: int = 384, layers: int = 6) -> None:
+            super().__init__()
+            self.tokens = nn.Embedding(vocab, hidden)
+            self.positions = nn.Parameter(torch.randn(512, hidden) * 0.02)
+            self.norm = nn.LayerNorm(hidden)
+            layer = nn.TransformerEncoderLayer(hidden, 12, 4 * hidden, dropout=0.0, activation="gelu",
+                                               batch_first=True)
+            self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            x = self.tokens(input_ids) + self.positions[: input_ids.shape[1]]
+            return self.encoder(self.norm(x))
+
+    torch.manual_seed(3)
+    return Bert()
+
+
+def _torch_or_fallback(name: str, export: Callable[[Path], None], sizes: dict[str, int],
+                       fallback: Callable[[Path], Path], fallback_sizes: dict[str, int],
+                       fallback_source: str) -> Callable[[Path], Bench]:
+    def make(cache: Path) -> Bench:
+        path = cache / f"{name}.onnx"
+        if path.exists():
+            return Bench(name, path, "torch export (cached)", sizes)
+        if _has_torch():
+            export(path)
+            return Bench(name, path, "torch export", sizes)
+        return Bench(name, fallback(cache), f"{fallback_source} (no torch)", fallback_sizes)
+    return make
+
+
+def _export_mobilenet(path: Path) -> None:
+    import torch
+
+    _export(_mobilenet_v3(), (torch.randn(1, 3, 224, 224),), path, {"image": {0: "batch"}},
+            {"logits": {0: "batch"}})
+
+
+def _export_yolo(path: Path) -> None:
+    import torch
+
+    _export(_yolo(), (torch.randn(1, 3, 320, 320),), path, {"image": {0: "batch"}},
+            {"detections": {0: "batch"}})
+
+
+def _export_crnn(path: Path) -> None:
+    import torch
+
+    torch.manual_seed(4)
+    model = _test_module("make_crnn").CRNN(classes=37, hidden=128)
+    _export(model, (torch.randn(1, 1, 32, 256),), path, {"image": {0: "batch", 3: "width"}},
+            {"logits": {0: "steps", 1: "batch"}})
+
+
+def _export_gru(path: Path) -> None:
+    import torch
+
+    _export(_Speech.make(), (torch.randn(1, 200, 80),), path, {"mels": {0: "batch", 1: "frames"}},
+            {"logits": {0: "batch", 1: "steps"}})
+
+
+def _export_bert(path: Path) -> None:
+    import torch
+
+    arch = _test_module("make_architectures")
+    # as the tests' encoder export: no fused attention kernel, a Reshape-based unflatten
+    torch.backends.mha.set_fastpath_enabled(False)
+    torch.onnx.register_custom_op_symbolic("aten::unflatten", arch._unflatten, OPSET)
+    _export(_bert(), (torch.randint(0, 8192, (1, 128)),), path, {"input_ids": {0: "batch", 1: "seq"}},
+            {"encoded": {0: "batch", 1: "seq"}})
+
+
+def _helper_gru(cache: Path) -> Path:
+    """Without torch: one GRU layer (80 -> 256 over 200 frames) and a per-frame MatMul."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    path = cache / "gru_speech-helper.onnx"
+    if path.exists():
+        return path
+    rng = np.random.default_rng(2)
+
+    def weight(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.05).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Transpose", ["mels"], ["steps_first"], perm=[1, 0, 2]),
+        helper.make_node("GRU", ["steps_first", "W", "R", "B"], ["states"], hidden_size=256),
+        helper.make_node("Squeeze", ["states", "axis1"], ["hidden"]),
+        helper.make_node("MatMul", ["hidden", "classes"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "gru_speech",
+        [helper.make_tensor_value_info("mels", TensorProto.FLOAT, ["batch", "frames", 80])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["frames", "batch", 29])],
+        [weight("W", 1, 768, 80), weight("R", 1, 768, 256), weight("B", 1, 1536),
+         weight("classes", 256, 29), numpy_helper.from_array(np.array([1], np.int64), "axis1")])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), str(path))
+    return path
+
+
+def _committed(file: str) -> Callable[[Path], Path]:
+    return lambda cache: TEST_DATA / file
+
+
+MODELS: dict[str, Callable[[Path], Bench]] = {
+    **{f"light_{name}": _light(name) for name in LIGHT_MODELS},
+    "digits": _digits,
+    "mobilenet_v3": _torch_or_fallback("mobilenet_v3", _export_mobilenet, {}, _committed(
+        "mobilenet_block.onnx"), {"height": 224, "width": 224}, "tests/data/mobilenet_block.onnx"),
+    "yolo": _torch_or_fallback("yolo", _export_yolo, {}, _committed("yolo_head.onnx"),
+                               {"height": 320, "width": 320}, "tests/data/yolo_head.onnx"),
+    "crnn": _torch_or_fallback("crnn", _export_crnn, {"width": 256}, _committed("crnn.onnx"),
+                               {"width": 256}, "tests/data/crnn.onnx"),
+    "gru_speech": _torch_or_fallback("gru_speech", _export_gru, {"frames": 200}, _helper_gru,
+                                     {"frames": 200}, "onnx.helper GRU"),
+    "bert": _torch_or_fallback("bert", _export_bert, {"seq": 128}, _committed(
+        "transformer_encoder.onnx"), {"seq": 64}, "tests/data/transformer_encoder.onnx (seq 64)"),
+}
+
+
+def get(name: str, cache: Path, sizes: dict[str, int] | None = None) -> Bench:
+    """A model by its suite name, or any .onnx file by path (its free non-batch dims pinned
+    to `sizes`, by dim name)."""
+    if name in MODELS:
+        return MODELS[name](cache)
+    path = Path(name)
+    if path.suffix == ".onnx" and path.is_file():
+        return Bench(path.stem, path.resolve(), str(path), dict(sizes or {}))
+    raise ValueError(unknown(name))
+
+
+def unknown(name: str) -> str:
+    return f"unknown model {name!r}: pick from {', '.join(MODELS)} or give the path of a .onnx file"
+
+
+def exists(name: str) -> bool:
+    return name in MODELS or (name.endswith(".onnx") and Path(name).is_file())
