@@ -109,7 +109,7 @@ def compile_model(
         zig.embed_blob(blob, symbol_names(name)["weights"], weights_obj, arch, tgt.object_format,
                        log=log)
         runtime_obj = zig.compile_c(RUNTIME_SOURCE, workdir / f"threadpool.{arch.name}.o", arch,
-                                    log=log)
+                                    defines={"CUVIL_MODEL": name}, log=log)  # names its exports
         objects[arch.name] = [*objs, weights_obj, runtime_obj]
     library = zig.link_library(tgt, objects, workdir / library_file, libs=("m", "pthread"),
                                strip=True, log=log)  # no debug info (zig's runtime carries ~1 MB)
