@@ -286,6 +286,23 @@ static void pool_parallel_for(cuvil_task_fn fn, void *ctx, int64_t n, int64_t co
     pthread_mutex_unlock(&pool.busy);
 }
 
+/* The most threads this library's loops use on the calling thread (0: the pool's size).
+   A pthread key, not __thread: TLS in a dlopened library calls __tls_get_addr, which would
+   make the library depend on the dynamic loader itself (no manylinux policy allows it). */
+static pthread_key_t limit_key;
+static int limit_key_ready;
+static pthread_once_t limit_key_once = PTHREAD_ONCE_INIT;
+
+static void make_limit_key(void) {
+    if (pthread_key_create(&limit_key, NULL) == 0)
+        __atomic_store_n(&limit_key_ready, 1, __ATOMIC_RELEASE);
+}
+
+static int32_t call_limit(void) {
+    if (!__atomic_load_n(&limit_key_ready, __ATOMIC_ACQUIRE)) return 0;
+    return (int32_t)(intptr_t)pthread_getspecific(limit_key);
+}
+
 /* Before the library is unmapped (dlclose, or exit): no worker may still run its code. */
 __attribute__((destructor)) static void stop_workers(void) {
     pthread_mutex_lock(&pool.lock);
@@ -299,21 +316,21 @@ __attribute__((destructor)) static void stop_workers(void) {
         pthread_mutex_unlock(&pool.lock);
         if (state != SLOT_EMPTY) pthread_join(pool.slot[i].thread, NULL);
     }
+    if (__atomic_load_n(&limit_key_ready, __ATOMIC_ACQUIRE)) pthread_key_delete(limit_key);
 }
 
 static const struct cuvil_pool own_pool = {POOL_VERSION, sizeof(struct cuvil_pool),
                                            pool_parallel_for};
 static const struct cuvil_pool *active_pool = &own_pool;
-/* the most threads this library's loops use on the calling thread (0: the pool's size) */
-static __thread int32_t call_limit;
 
 HIDDEN void cuvil_parallel_for(cuvil_task_fn fn, void *ctx, int64_t n, int64_t cost) {
     if (n <= 0) return;
-    if (n == 1 || n * (cost > 0 ? cost : 1) < MIN_PARALLEL_COST || call_limit == 1) {
+    int32_t limit = call_limit();
+    if (n == 1 || n * (cost > 0 ? cost : 1) < MIN_PARALLEL_COST || limit == 1) {
         fn(ctx, 0, n);
         return;
     }
-    __atomic_load_n(&active_pool, __ATOMIC_ACQUIRE)->parallel_for(fn, ctx, n, cost, call_limit);
+    __atomic_load_n(&active_pool, __ATOMIC_ACQUIRE)->parallel_for(fn, ctx, n, cost, limit);
 }
 
 #ifdef CUVIL_MODEL
@@ -333,5 +350,11 @@ int32_t EXPORT(_use_thread_pool)(const struct cuvil_pool *other) {
     return 0;
 }
 
-void EXPORT(_set_thread_limit)(int32_t threads) { call_limit = threads > 0 ? threads : 0; }
+void EXPORT(_set_thread_limit)(int32_t threads) {
+    if (threads < 0) threads = 0;
+    if (threads == 0 && !__atomic_load_n(&limit_key_ready, __ATOMIC_ACQUIRE)) return;
+    pthread_once(&limit_key_once, make_limit_key);
+    if (__atomic_load_n(&limit_key_ready, __ATOMIC_ACQUIRE))
+        pthread_setspecific(limit_key, (void *)(intptr_t)threads);
+}
 #endif
