@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import LIGHT, input_feeds, static_batch  # noqa: E402
+from compare import LIGHT, input_feeds, static_batch
 
 DEFAULT_MODELS = [LIGHT / "light_squeezenet.onnx", LIGHT / "light_resnet50.onnx"]
 

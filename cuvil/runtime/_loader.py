@@ -262,9 +262,9 @@ def _thread_pool_registry() -> Any:
     """The process's record of the shared thread pool. A module in sys.modules, because each
     generated package carries its own copy of this file and all of them must find one pool."""
     fresh = types.ModuleType("_cuvil_thread_pool")
-    fresh.lock = threading.Lock()
-    fresh.pool = None  # address of the first library's `struct cuvil_pool`
-    fresh.owner = None  # that library, so it stays loaded as long as others use its pool
+    # pool: address of the first library's `struct cuvil_pool`; owner: that library, kept
+    # loaded as long as others use its pool
+    fresh.__dict__.update(lock=threading.Lock(), pool=None, owner=None)
     return sys.modules.setdefault("_cuvil_thread_pool", fresh)
 
 
