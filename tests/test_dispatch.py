@@ -52,7 +52,7 @@ def test_each_flag_test_agrees_with_proc_cpuinfo(tmp_path):
         assert got == (CPUINFO_NAMES.get(name, name) in kernel), name
 
 
-@pytest.mark.parametrize("toolchain", ["x86_64-linux"])
+@pytest.mark.parametrize("toolchain", ["x86_64-linux", "x86_64-macos", "universal2-macos"])
 def test_dispatcher_runs_the_newest_copy_this_cpu_supports(tmp_path, toolchain):
     # the variants of the shipped toolchain file, with stubs that say which one ran
     levels = [(), *(v.requires for v in get_target(toolchain).arches[0].variants)]
@@ -69,3 +69,20 @@ def test_dispatcher_runs_the_newest_copy_this_cpu_supports(tmp_path, toolchain):
     assert lib.cuvil_m_run(None, None, None, None) == want
     assert lib.cuvil_m_run(None, None, None, None) == want  # the remembered choice
     assert lib.cuvil_m_run_profiled(None, None, None, None, None) == want
+
+
+AVX512 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+
+
+@pytest.mark.parametrize("toolchain", ["x86_64-linux", "x86_64-macos", "universal2-macos"])
+def test_x86_levels_nest_and_end_with_avx512(toolchain):
+    # the dispatcher takes the first level whose flags all hold, newest first: each level must
+    # need every flag of the one before, and the newest is x86-64-v4
+    arch = next(a for a in get_target(toolchain).arches if a.name == "x86_64")
+    levels = [set(v.requires) for v in arch.variants]
+    assert all(a < b for a, b in zip(levels, levels[1:])), levels
+    v4 = arch.variants[-1]
+    assert v4.cpu == "x86-64-v4" and levels[-1] - levels[-2] == AVX512
+    assert all(f"+{flag}" in v4.features.split(",") for flag in levels[-1])
+    # ZMM registers count only when the OS saves opmask, ZMM0-15 high and ZMM16-31 (XCR0 5-7)
+    assert all(X86_CPU_FLAGS[flag][4] & 0xE0 == 0xE0 for flag in AVX512)

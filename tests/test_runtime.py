@@ -1,10 +1,15 @@
 """The generated package's caller (cuvil/runtime/_loader.py) on the example model: input
-checks, non-contiguous inputs, concurrent calls, and the ABI checksum refusal at import.
-onnxruntime is the oracle for every output."""
+checks, non-contiguous inputs, concurrent calls, the ABI checksum refusal at import, and the
+one thread pool every loaded model shares (worker threads counted in /proc/self/task of a
+fresh process). onnxruntime is the oracle for every output."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -73,15 +78,22 @@ def test_call_forms(model: Model, oracle) -> None:
         model.run({"image": x, "other": x})
 
 
-def test_concurrent_calls_from_many_threads(model: Model, oracle) -> None:
-    inputs = [images(n, seed=n) for n in (1, 3, 7, 16, 33, 64, 2, 5)]
+def test_concurrent_calls_from_many_threads(model: Model, compiled, tmp_path: Path,
+                                           oracle) -> None:
+    # two libraries sharing the pool, one capped at one thread; batches of 64 and more run
+    # parallel loops, so callers meet the pool busy and must run inline
+    copy = tmp_path / "_copy.so"
+    shutil.copy(compiled.library, copy)
+    models = [model, Model(copy, compiled.signature, num_threads=1)]
+    inputs = [images(n, seed=n) for n in (1, 700, 7, 256, 33, 64, 512, 5)]
     expected = [oracle(x) for x in inputs]
     errors: list[BaseException] = []
 
     def work(i: int) -> None:
         try:
             for _ in range(25):
-                np.testing.assert_allclose(model(inputs[i]), expected[i], rtol=1e-4, atol=1e-6)
+                got = models[i % 2](inputs[i])
+                np.testing.assert_allclose(got, expected[i], rtol=1e-4, atol=1e-6)
         except BaseException as exc:  # reported below
             errors.append(exc)
 
@@ -108,3 +120,101 @@ def test_a_file_that_is_not_the_models_library_is_refused(compiled, tmp_path: Pa
     other = {**compiled.signature, "name": "other"}
     with pytest.raises(ImportError, match="has no cuvil_other_abi_checksum"):
         Model(compiled.library, other)
+
+
+# --------------------------------------------------------------------- the shared pool
+
+_POOL_SCRIPT = """
+import json, os, sys, time
+import numpy as np
+from cuvil.runtime._loader import Model
+
+def workers():
+    return len(os.listdir("/proc/self/task")) - base
+
+base = len(os.listdir("/proc/self/task"))
+signature = json.load(open(sys.argv[1]))
+data = np.load(sys.argv[2])
+x, want = data["x"], data["want"]
+libraries = sys.argv[3:]
+"""
+
+
+def _run_pool_script(compiled, tmp_path: Path, oracle, copies: int, body: str,
+                     threads: int = 4) -> list[str]:
+    """Run `body` in a fresh interpreter with `copies` copies of the library (each a library
+    of its own to the loader, with its own copy of the pool code); returns its output lines."""
+    libraries = []
+    for i in range(copies):
+        libraries.append(tmp_path / f"_m{i}.so")
+        shutil.copy(compiled.library, libraries[-1])
+    (tmp_path / "sig.json").write_text(json.dumps(compiled.signature))
+    x = images(256, seed=1)
+    np.savez(tmp_path / "data.npz", x=x, want=oracle(x))
+    env = {**os.environ, "CUVIL_NUM_THREADS": str(threads),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), *sys.path])}
+    proc = subprocess.run([sys.executable, "-c", _POOL_SCRIPT + body, str(tmp_path / "sig.json"),
+                           str(tmp_path / "data.npz"), *map(str, libraries)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
+def test_twenty_models_share_one_pool_whose_workers_exit_when_idle(compiled, tmp_path: Path,
+                                                                   oracle) -> None:
+    out = _run_pool_script(compiled, tmp_path, oracle, 20, """
+models = [Model(path, signature) for path in libraries]
+for m in models:
+    np.testing.assert_allclose(m(x), want, rtol=1e-4, atol=1e-6)
+print(workers())
+deadline = time.time() + 10
+while workers() and time.time() < deadline:
+    time.sleep(0.1)
+print(workers())
+np.testing.assert_allclose(models[7](x), want, rtol=1e-4, atol=1e-6)  # the pool restarts
+""")
+    peak, idle = map(int, out)
+    assert 1 <= peak <= 3, f"{peak} worker threads for 20 models on a pool of 4 threads"
+    assert idle == 0, f"{idle} workers still alive after 10 s idle"
+
+
+def test_num_threads_caps_the_threads_of_one_model(compiled, tmp_path: Path, oracle) -> None:
+    out = _run_pool_script(compiled, tmp_path, oracle, 2, """
+capped = Model(libraries[0], signature, num_threads=1)
+np.testing.assert_allclose(capped(x), want, rtol=1e-4, atol=1e-6)
+print(workers())
+capped.num_threads = 2
+np.testing.assert_allclose(capped(x), want, rtol=1e-4, atol=1e-6)
+print(workers())
+np.testing.assert_allclose(Model(libraries[1], signature)(x), want, rtol=1e-4, atol=1e-6)
+print(workers())
+""")
+    assert list(map(int, out)) == [0, 1, 3]
+
+
+def test_num_threads_must_be_a_positive_int(model: Model) -> None:
+    for bad in (0, -2, 1.5, "2", True):
+        with pytest.raises(ValueError, match="num_threads"):
+            model.num_threads = bad
+    model.num_threads = None
+
+
+def test_process_exits_while_another_thread_runs_the_model(compiled, tmp_path: Path,
+                                                           oracle) -> None:
+    # the library's destructor stops and joins the workers at exit: it must not wait forever
+    # for a job that a daemon thread is still submitting
+    out = _run_pool_script(compiled, tmp_path, oracle, 2, """
+import threading
+models = [Model(path, signature) for path in libraries]
+big = np.concatenate([x] * 8)
+
+def spin(m):
+    while True:
+        m(big)
+
+for m in models:
+    threading.Thread(target=spin, args=(m,), daemon=True).start()
+time.sleep(0.5)
+print("exiting")
+""")
+    assert out == ["exiting"]

@@ -132,8 +132,11 @@ def compile_model(
         weights_obj = workdir / f"{name}.{arch.name}.weights.o"
         zig.embed_blob(blob, symbol_names(name)["weights"], weights_obj, arch, tgt.object_format,
                        log=log)
-        runtime_objs = [zig.compile_c(source, workdir / f"{source.stem}.{arch.name}.o", arch, log=log)
-                        for source in (RUNTIME_SOURCE, CLOCK_SOURCE)]
+        runtime_objs = [
+            # the thread pool's exports are named after the model (CUVIL_MODEL)
+            zig.compile_c(RUNTIME_SOURCE, workdir / f"threadpool.{arch.name}.o", arch,
+                          defines={"CUVIL_MODEL": name}, log=log),
+            zig.compile_c(CLOCK_SOURCE, workdir / f"clock.{arch.name}.o", arch, log=log)]
         objects[arch.name] = [*objs, weights_obj, *runtime_objs]
     library = zig.link_library(tgt, objects, workdir / library_file, libs=("m", "pthread"),
                                strip=True, log=log)  # no debug info (zig's runtime carries ~1 MB)

@@ -14,13 +14,15 @@ import os
 import sys
 import threading
 import time
+import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-ABI_VERSION = 2  # 2: every library exports run_profiled
+ABI_VERSION = 2  # 2: run_profiled and the thread-pool exports (thread_pool, use_thread_pool,
+#    set_thread_limit)
 
 __all__ = ["ABI_VERSION", "Model", "NodeTime", "OpTime", "Profile", "TensorInfo", "abi_checksum",
            "load_models"]
@@ -70,10 +72,16 @@ _STATUS_MESSAGES = {
 
 
 class Model:
-    """A compiled model: call it with arrays (positional or by input name) or use `.run`."""
+    """A compiled model: call it with arrays (positional or by input name) or use `.run`.
+
+    `num_threads` (also settable later, `model.num_threads = 1`) caps the threads one call
+    uses, the calling thread included; None uses the process's pool, whose size is
+    CUVIL_NUM_THREADS or the CPUs the process may run on. Every model in a process shares
+    that one pool.
+    """
 
     def __init__(self, library_path: str | os.PathLike, signature: Mapping[str, Any],
-                 keep_alive: Any = None) -> None:
+                 keep_alive: Any = None, num_threads: int | None = None) -> None:
         self.name: str = signature["name"]
         self._path = os.fspath(library_path)
         self._keep_alive = keep_alive  # e.g. the temporary directory of cuvil.compile
@@ -102,6 +110,24 @@ class Model:
         if os.environ.get("CUVIL_PROFILE", "0") not in ("", "0"):
             self._session = self._new_profile()
             atexit.register(self._print_session)
+        self._set_thread_limit = getattr(self._lib, f"cuvil_{self.name}_set_thread_limit")
+        self._set_thread_limit.argtypes = [ctypes.c_int32]
+        self._set_thread_limit.restype = None
+        _share_thread_pool(self._lib, self.name)
+        self.num_threads = num_threads
+
+    @property
+    def num_threads(self) -> int | None:
+        """The most threads one call uses (None: as many as the process's pool has)."""
+        return self._num_threads
+
+    @num_threads.setter
+    def num_threads(self, value: int | None) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise ValueError(f"{self.name}.num_threads must be None or an int >= 1, got "
+                             f"{value!r}")
+        self._num_threads = value
 
     def _load(self, signature: Mapping[str, Any]) -> ctypes.CDLL:
         mode = getattr(os, "RTLD_NOW", 2) | getattr(os, "RTLD_LOCAL", 0)
@@ -251,6 +277,7 @@ class Model:
         out_ptrs = (ctypes.c_void_p * max(len(outs), 1))(*[o.ctypes.data for o in outs])
         dim_values = (ctypes.c_int64 * max(len(self._symbols), 1))(
             *[dims[s] for s in self._symbols])
+        self._set_thread_limit(self._num_threads or 0)  # per calling thread, in the library
         if profile is None:
             status = self._run(in_ptrs, out_ptrs, dim_values, ws_ptr)
         else:
@@ -381,6 +408,30 @@ class Profile:
 
     def __str__(self) -> str:
         return self.table()
+def _thread_pool_registry() -> Any:
+    """The process's record of the shared thread pool. A module in sys.modules, because each
+    generated package carries its own copy of this file and all of them must find one pool."""
+    fresh = types.ModuleType("_cuvil_thread_pool")
+    # pool: address of the first library's `struct cuvil_pool`; owner: that library, kept
+    # loaded as long as others use its pool
+    fresh.__dict__.update(lock=threading.Lock(), pool=None, owner=None)
+    return sys.modules.setdefault("_cuvil_thread_pool", fresh)
+
+
+def _share_thread_pool(lib: ctypes.CDLL, name: str) -> None:
+    """Make the library run its parallel loops on the process's pool: the first library's."""
+    registry = _thread_pool_registry()
+    with registry.lock:
+        if registry.pool is None:
+            get_pool = getattr(lib, f"cuvil_{name}_thread_pool")
+            get_pool.restype = ctypes.c_void_p
+            get_pool.argtypes = []
+            registry.pool, registry.owner = get_pool(), lib
+            return
+        use_pool = getattr(lib, f"cuvil_{name}_use_thread_pool")
+        use_pool.restype = ctypes.c_int32
+        use_pool.argtypes = [ctypes.c_void_p]
+        use_pool(registry.pool)  # -1: a pool of another version; the library keeps its own
 
 
 def _shape_text(shape: Sequence[int | str]) -> str:

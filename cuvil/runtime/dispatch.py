@@ -32,6 +32,12 @@ static uint64_t cuvil_xcr0(void) {
 
 static int cuvil_cpu_has(uint32_t leaf, uint32_t sub, int reg, int bit, uint64_t xcr0) {
     if (!((cuvil_cpuid(leaf, sub, reg) >> bit) & 1u)) return 0;
+#if defined(__APPLE__)
+    /* macOS turns the AVX-512 state (opmask, ZMM: XCR0 bits 5-7) on lazily, at a thread's
+       first AVX-512 instruction, so XCR0 lacks it until then; LLVM's host detection trusts
+       the CPUID bit there too */
+    xcr0 &= ~(uint64_t)0xE0;
+#endif
     return (cuvil_xcr0() & xcr0) == xcr0;
 }
 """

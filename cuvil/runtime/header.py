@@ -13,6 +13,24 @@ _C_TYPES = {
 }
 
 
+def _thread_lines(name: str) -> list[str]:
+    return [
+        "/* Threads. Each library starts its own pool (CUVIL_NUM_THREADS threads, else one per",
+        " * CPU; idle workers exit after a second). A program loading several cuvil libraries",
+        " * shares one pool: pass cuvil_<first>_thread_pool() to every other library's",
+        " * use_thread_pool(), which returns 0, or -1 for a pool of an incompatible version",
+        " * (the library then keeps its own); NULL goes back to its own. The first library",
+        " * must stay loaded while the others use its pool. */",
+        "struct cuvil_pool;",
+        f"const struct cuvil_pool *cuvil_{name}_thread_pool(void);",
+        f"int32_t cuvil_{name}_use_thread_pool(const struct cuvil_pool *pool);",
+        "",
+        "/* at most `threads` threads (the caller's included) run the calling thread's later",
+        " * calls of this library's run(); 0: as many as the pool has */",
+        f"void cuvil_{name}_set_thread_limit(int32_t threads);",
+    ]
+
+
 def render_header(signature: Mapping[str, Any], library_file: str) -> str:
     name = signature["name"]
     guard = f"CUVIL_{name.upper()}_H"
@@ -74,6 +92,7 @@ def render_header(signature: Mapping[str, Any], library_file: str) -> str:
         f"int32_t cuvil_{name}_run_profiled(const void *const *inputs, void *const *outputs,",
         f"{' ' * (len(name) + 29)}const int64_t *dims, void *workspace,",
         f"{' ' * (len(name) + 29)}uint64_t timestamps_ns[{len(nodes) + 2}]);",
+        *_thread_lines(name),
         "",
         "#ifdef __cplusplus",
         "}",

@@ -2,93 +2,197 @@
  * cuvil's parallel-for: a small pthread pool linked into every model library.
  *
  * Generated code calls cuvil_parallel_for(fn, ctx, n, cost) for a loop of n independent
- * iterations; fn(ctx, begin, end) runs a contiguous range of them. The caller's thread
- * works too. Jobs too small to amortise waking threads (n * cost below a threshold) run
- * inline, and so does a job submitted while the pool is busy (another Python thread calling
- * the model, or a nested loop): the pool never blocks one caller on another.
+ * iterations; fn(ctx, begin, end) runs a contiguous range of them. The loop is cut into a few
+ * chunks per thread, which the caller's thread and the workers claim one at a time. Jobs too
+ * small to amortise waking threads (n * cost below a threshold) run inline, and so does a job
+ * submitted while the pool is busy (another thread calling a model, or a nested loop): the
+ * pool serves one parallel loop at a time and never blocks one caller on another.
  *
- * Threads: CUVIL_NUM_THREADS if set (1 disables the pool), else the online CPUs. The pool
- * starts on first use and is rebuilt in a forked child, whose threads do not survive fork.
- * The only state is this pool; model code itself stays re-entrant.
+ * One pool per process: every library carries this file, but a loader hands the pool of the
+ * first library it loads to the others (cuvil_<model>_use_thread_pool), so models loaded
+ * side by side never start more threads than there are CPUs. The shared part is the versioned
+ * `struct cuvil_pool` below; each library keeps only its own per-thread call limit.
+ *
+ * Waiting: a worker spins for SPIN_NS on the job word (the next loop of a model usually comes
+ * within microseconds), then sleeps on a condition variable, and exits after IDLE_NS asleep;
+ * the next job starts it again. The submitter waits for the last chunk the same way.
+ *
+ * Threads: CUVIL_NUM_THREADS if set (1 disables the pool), else the CPUs this process may
+ * run on. The pool is rebuilt in a forked child, whose threads do not survive fork, and its
+ * workers are stopped and joined when the library is unloaded or the process exits.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_getaffinity */
+#endif
+#include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #define HIDDEN __attribute__((visibility("hidden")))
 #define MAX_THREADS 64
+#define CHUNKS_PER_THREAD 4 /* a few chunks per thread balance uneven iterations */
 /* below this much work (iterations x per-iteration cost, about one multiply-add each) a
    job runs inline: waking a sleeping thread costs some microseconds */
 #define MIN_PARALLEL_COST 32768
+#define SPIN_NS 50000LL          /* spin this long for the next job before sleeping */
+#define IDLE_NS 1000000000LL     /* an idle worker exits after sleeping this long */
+#define POOL_VERSION 1u
 
 typedef void (*cuvil_task_fn)(void *ctx, int64_t begin, int64_t end);
 
-struct pool {
-    pthread_mutex_t lock;      /* guards every field below */
-    pthread_cond_t wake;       /* workers wait here for a new job */
-    pthread_cond_t done;       /* the submitter waits here for the last chunk */
-    pthread_mutex_t busy;      /* held by the thread whose job is running */
-    int threads;               /* workers started (the caller makes one more) */
-    int64_t generation;        /* bumped for each job */
+/* What libraries share. Only ever extended at the end, with `version` bumped. */
+struct cuvil_pool {
+    uint32_t version;
+    uint32_t struct_size;
+    /* `limit`: at most this many threads take part, the caller included (0: no limit) */
+    void (*parallel_for)(cuvil_task_fn fn, void *ctx, int64_t n, int64_t cost, int32_t limit);
+};
+
+enum { SLOT_EMPTY, SLOT_RUNNING, SLOT_EXITED };
+
+/* The job word: generation (32 bits) | chunks in the job (16) | next chunk to claim (16).
+   A claim is a compare-and-swap on the whole word, so a worker that wakes late can never
+   claim a chunk of a later job, nor one past the end of its own. */
+#define JOB(gen, chunks, next) (((uint64_t)(gen) << 32) | ((uint64_t)(chunks) << 16) | (next))
+#define JOB_GEN(w) ((uint32_t)((w) >> 32))
+#define JOB_CHUNKS(w) ((uint32_t)((w) >> 16) & 0xFFFFu)
+#define JOB_NEXT(w) ((uint32_t)(w) & 0xFFFFu)
+
+static struct {
+    pthread_mutex_t busy;  /* held by the thread whose job the pool runs */
+    pthread_mutex_t lock;  /* guards sleeping, slots, threads */
+    pthread_cond_t wake;   /* sleeping workers wait here for a job */
+    pthread_cond_t done;   /* a sleeping submitter waits here for the last chunk */
+    int threads;           /* threads a job may use (workers + caller); 0 before first use */
+    int stopping;          /* set when the library is unloaded */
+    /* the job: written by the submitter before it publishes `word`, stable until the job
+       ends; read with relaxed atomics because late workers may read while it is rewritten */
     cuvil_task_fn fn;
     void *ctx;
-    int64_t n, chunk, next, remaining;
-};
+    int64_t n, chunk;
+    int32_t workers;       /* workers 0 .. workers-1 take part */
+    uint64_t word;
+    int64_t pending;       /* chunks not finished yet */
+    int sleepers;          /* workers waiting on `wake` */
+    int submitter_asleep;
+    struct {
+        pthread_t thread;
+        int state;
+        uint32_t seen;     /* generation the worker starts after */
+    } slot[MAX_THREADS - 1];
+} pool = {.busy = PTHREAD_MUTEX_INITIALIZER, .lock = PTHREAD_MUTEX_INITIALIZER,
+          .wake = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
 
-static struct pool pool = {
-    PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-    PTHREAD_MUTEX_INITIALIZER, -1, 0, 0, 0, 0, 0, 0, 0,
-};
+#define LOAD(x) __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
+#define LOAD_RELAXED(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define STORE_RELAXED(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
 
-/* Take chunks of job `generation` until none are left; returns how many iterations ran.
-   A worker that wakes late must not take chunks of a later job with this job's fn. */
-static int64_t run_chunks(int64_t generation, cuvil_task_fn fn, void *ctx, int64_t n,
-                          int64_t chunk) {
-    int64_t done = 0;
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* Claim and run chunks of job `gen` until none are left. */
+static void run_chunks(uint32_t gen) {
+    uint64_t w = LOAD(pool.word);
     for (;;) {
-        pthread_mutex_lock(&pool.lock);
-        if (pool.generation != generation) {
-            pthread_mutex_unlock(&pool.lock);
-            return done;
-        }
-        int64_t begin = pool.next;
-        pool.next = begin + chunk;
-        pthread_mutex_unlock(&pool.lock);
-        if (begin >= n) return done;
+        if (JOB_GEN(w) != gen || JOB_NEXT(w) >= JOB_CHUNKS(w)) return;
+        if (!__atomic_compare_exchange_n(&pool.word, &w, w + 1, 1, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE))
+            continue; /* w now holds the current word */
+        /* the job cannot end before this chunk is done: its fields are stable */
+        int64_t n = LOAD_RELAXED(pool.n), chunk = LOAD_RELAXED(pool.chunk);
+        int64_t begin = (int64_t)JOB_NEXT(w) * chunk;
         int64_t end = begin + chunk < n ? begin + chunk : n;
-        fn(ctx, begin, end);
-        done += end - begin;
+        LOAD_RELAXED(pool.fn)(LOAD_RELAXED(pool.ctx), begin, end);
+        if (__atomic_sub_fetch(&pool.pending, 1, __ATOMIC_SEQ_CST) == 0 &&
+            __atomic_load_n(&pool.submitter_asleep, __ATOMIC_SEQ_CST)) {
+            pthread_mutex_lock(&pool.lock);
+            pthread_cond_signal(&pool.done);
+            pthread_mutex_unlock(&pool.lock);
+        }
+        w = LOAD(pool.word);
     }
 }
 
-static void finish(int64_t count) {
-    if (count == 0) return;
+/* Wait until a generation after `seen` is published (spinning first if `spin`); 0 when the
+   worker should exit instead: idle past `idle_until` (CLOCK_MONOTONIC ns), or the library is
+   going away. Generations are never 0. */
+static uint32_t wait_for_job(uint32_t seen, int spin, int64_t idle_until) {
+    int64_t spin_end = now_ns() + SPIN_NS;
+    for (int i = 1; spin; i++) {
+        uint32_t gen = JOB_GEN(LOAD(pool.word));
+        if (gen != seen) return gen;
+        if (LOAD_RELAXED(pool.stopping)) return 0;
+        cpu_relax();
+        if (i % 64 == 0 && now_ns() > spin_end) break;
+    }
+    int64_t left = idle_until - now_ns();
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until); /* the clock pthread_cond_timedwait uses */
+    if (left > 0) {
+        int64_t ns = until.tv_nsec + left;
+        until.tv_sec += ns / 1000000000LL;
+        until.tv_nsec = ns % 1000000000LL;
+    }
     pthread_mutex_lock(&pool.lock);
-    pool.remaining -= count;
-    if (pool.remaining == 0) pthread_cond_signal(&pool.done);
+    __atomic_add_fetch(&pool.sleepers, 1, __ATOMIC_SEQ_CST);
+    uint32_t gen;
+    for (;;) {
+        gen = JOB_GEN(__atomic_load_n(&pool.word, __ATOMIC_SEQ_CST));
+        if (gen != seen || pool.stopping) break;
+        if (pthread_cond_timedwait(&pool.wake, &pool.lock, &until) == ETIMEDOUT) {
+            gen = JOB_GEN(__atomic_load_n(&pool.word, __ATOMIC_SEQ_CST));
+            break;
+        }
+    }
+    __atomic_sub_fetch(&pool.sleepers, 1, __ATOMIC_SEQ_CST);
+    if (gen == seen || pool.stopping) gen = 0;
     pthread_mutex_unlock(&pool.lock);
+    return gen;
 }
 
 static void *worker(void *arg) {
-    (void)arg;
-    int64_t seen = 0;
-    for (;;) {
-        pthread_mutex_lock(&pool.lock);
-        while (pool.generation == seen) pthread_cond_wait(&pool.wake, &pool.lock);
-        seen = pool.generation;
-        cuvil_task_fn fn = pool.fn;
-        void *ctx = pool.ctx;
-        int64_t n = pool.n, chunk = pool.chunk;
-        pthread_mutex_unlock(&pool.lock);
-        finish(run_chunks(seen, fn, ctx, n, chunk));
+    int index = (int)(intptr_t)arg;
+    uint32_t gen = pool.slot[index].seen; /* written before this thread was created */
+    int took_part = 1;
+    /* idle means not taking part: jobs limited to fewer threads do not keep this one alive */
+    int64_t idle_until = now_ns() + IDLE_NS;
+    while ((gen = wait_for_job(gen, took_part, idle_until)) != 0) {
+        took_part = index < LOAD_RELAXED(pool.workers);
+        if (took_part) {
+            run_chunks(gen);
+            idle_until = now_ns() + IDLE_NS;
+        }
     }
+    pthread_mutex_lock(&pool.lock);
+    pool.slot[index].state = SLOT_EXITED; /* joined by whoever restarts the slot */
+    pthread_mutex_unlock(&pool.lock);
     return NULL;
 }
 
 static int configured_threads(void) {
     const char *env = getenv("CUVIL_NUM_THREADS");
-    long n = env && *env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+    long n = 0;
+    if (env && *env) n = strtol(env, NULL, 10);
+#ifdef __linux__
+    cpu_set_t cpus;
+    if (n < 1 && sched_getaffinity(0, sizeof cpus, &cpus) == 0) n = CPU_COUNT(&cpus);
+#endif
+    if (n < 1) n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;
     if (n > MAX_THREADS) n = MAX_THREADS;
     return (int)n;
@@ -102,59 +206,155 @@ static void reset_after_fork(void) {
     pool.busy = fresh;
     pool.wake = fresh_cond;
     pool.done = fresh_cond;
-    pool.threads = -1;
+    pool.sleepers = 0;
+    pool.submitter_asleep = 0;
+    for (int i = 0; i < MAX_THREADS - 1; i++) pool.slot[i].state = SLOT_EMPTY;
 }
 
-/* Start the workers once; called with `busy` held. */
-static void start_pool(void) {
-    if (pool.threads >= 0) return;
-    static int atfork_registered;
-    if (!atfork_registered) {
-        pthread_atfork(NULL, NULL, reset_after_fork);
-        atfork_registered = 1;
+/* Start workers 0 .. count-1 where they do not run; returns how many run (all unless
+   pthread_create failed or the library is going away). Called with `busy` held. */
+static int start_workers(int count, uint32_t gen) {
+    int i = 0;
+    while (i < count && LOAD_RELAXED(pool.slot[i].state) == SLOT_RUNNING) i++;
+    if (i == count) return count;
+    pthread_mutex_lock(&pool.lock);
+    for (; i < count && !pool.stopping; i++) {
+        if (pool.slot[i].state == SLOT_RUNNING) continue;
+        if (pool.slot[i].state == SLOT_EXITED) pthread_join(pool.slot[i].thread, NULL);
+        pool.slot[i].state = SLOT_EMPTY;
+        pool.slot[i].seen = gen;
+        if (pthread_create(&pool.slot[i].thread, NULL, worker, (void *)(intptr_t)i) != 0) break;
+        pool.slot[i].state = SLOT_RUNNING;
     }
-    int wanted = configured_threads() - 1;
-    pool.threads = 0;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    for (int i = 0; i < wanted; i++) {
-        pthread_t t;
-        if (pthread_create(&t, &attr, worker, NULL) != 0) break;
-        pool.threads++;
-    }
-    pthread_attr_destroy(&attr);
+    pthread_mutex_unlock(&pool.lock);
+    return i;
 }
 
-HIDDEN void cuvil_parallel_for(cuvil_task_fn fn, void *ctx, int64_t n, int64_t cost) {
+static void pool_parallel_for(cuvil_task_fn fn, void *ctx, int64_t n, int64_t cost,
+                              int32_t limit) {
     if (n <= 0) return;
-    if (n == 1 || n * (cost > 0 ? cost : 1) < MIN_PARALLEL_COST ||
+    if (n == 1 || n * (cost > 0 ? cost : 1) < MIN_PARALLEL_COST || limit == 1 ||
         pthread_mutex_trylock(&pool.busy) != 0) {
         fn(ctx, 0, n);
         return;
     }
-    start_pool();
     if (pool.threads == 0) {
+        static int atfork_registered;
+        if (!atfork_registered) pthread_atfork(NULL, NULL, reset_after_fork);
+        atfork_registered = 1;
+        pool.threads = configured_threads();
+    }
+    int threads = limit > 0 && limit < pool.threads ? limit : pool.threads;
+    int64_t parts = (int64_t)threads * CHUNKS_PER_THREAD;
+    int64_t chunk = (n + parts - 1) / parts;
+    int64_t chunks = (n + chunk - 1) / chunk;
+    int workers = (int)(chunks < threads ? chunks : threads) - 1;
+    uint32_t gen = JOB_GEN(pool.word);
+    workers = start_workers(workers, gen);
+    if (workers == 0) {
         pthread_mutex_unlock(&pool.busy);
         fn(ctx, 0, n);
         return;
     }
-    int64_t parts = (int64_t)(pool.threads + 1) * 4; /* a few chunks per thread balance load */
-    int64_t chunk = (n + parts - 1) / parts;
-    pthread_mutex_lock(&pool.lock);
-    pool.fn = fn;
-    pool.ctx = ctx;
-    pool.n = n;
-    pool.chunk = chunk;
-    pool.next = 0;
-    pool.remaining = n;
-    int64_t generation = ++pool.generation;
-    pthread_cond_broadcast(&pool.wake);
-    pthread_mutex_unlock(&pool.lock);
+    STORE_RELAXED(pool.fn, fn);
+    STORE_RELAXED(pool.ctx, ctx);
+    STORE_RELAXED(pool.n, n);
+    STORE_RELAXED(pool.chunk, chunk);
+    STORE_RELAXED(pool.workers, workers);
+    __atomic_store_n(&pool.pending, chunks, __ATOMIC_RELAXED);
+    if (++gen == 0) gen = 1; /* 0 means "exit" to workers */
+    __atomic_store_n(&pool.word, JOB(gen, chunks, 0), __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&pool.sleepers, __ATOMIC_SEQ_CST) > 0) {
+        pthread_mutex_lock(&pool.lock);
+        pthread_cond_broadcast(&pool.wake);
+        pthread_mutex_unlock(&pool.lock);
+    }
 
-    finish(run_chunks(generation, fn, ctx, n, chunk));
-    pthread_mutex_lock(&pool.lock);
-    while (pool.remaining > 0) pthread_cond_wait(&pool.done, &pool.lock);
-    pthread_mutex_unlock(&pool.lock);
+    run_chunks(gen);
+    int64_t spin_end = now_ns() + SPIN_NS;
+    for (int i = 1; LOAD(pool.pending) > 0; i++) {
+        cpu_relax();
+        if (i % 64 == 0 && now_ns() > spin_end) {
+            pthread_mutex_lock(&pool.lock);
+            __atomic_store_n(&pool.submitter_asleep, 1, __ATOMIC_SEQ_CST);
+            while (__atomic_load_n(&pool.pending, __ATOMIC_SEQ_CST) > 0)
+                pthread_cond_wait(&pool.done, &pool.lock);
+            __atomic_store_n(&pool.submitter_asleep, 0, __ATOMIC_SEQ_CST);
+            pthread_mutex_unlock(&pool.lock);
+        }
+    }
     pthread_mutex_unlock(&pool.busy);
 }
+
+/* The most threads this library's loops use on the calling thread (0: the pool's size).
+   A pthread key, not __thread: TLS in a dlopened library calls __tls_get_addr, which would
+   make the library depend on the dynamic loader itself (no manylinux policy allows it). */
+static pthread_key_t limit_key;
+static int limit_key_ready;
+static pthread_once_t limit_key_once = PTHREAD_ONCE_INIT;
+
+static void make_limit_key(void) {
+    if (pthread_key_create(&limit_key, NULL) == 0)
+        __atomic_store_n(&limit_key_ready, 1, __ATOMIC_RELEASE);
+}
+
+static int32_t call_limit(void) {
+    if (!__atomic_load_n(&limit_key_ready, __ATOMIC_ACQUIRE)) return 0;
+    return (int32_t)(intptr_t)pthread_getspecific(limit_key);
+}
+
+/* Before the library is unmapped (dlclose, or exit): no worker may still run its code. */
+__attribute__((destructor)) static void stop_workers(void) {
+    pthread_mutex_lock(&pool.lock);
+    __atomic_store_n(&pool.stopping, 1, __ATOMIC_RELAXED);
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+    for (int i = 0; i < MAX_THREADS - 1; i++) {
+        pthread_mutex_lock(&pool.lock);
+        int state = pool.slot[i].state;
+        pool.slot[i].state = SLOT_EMPTY;
+        pthread_mutex_unlock(&pool.lock);
+        if (state != SLOT_EMPTY) pthread_join(pool.slot[i].thread, NULL);
+    }
+    if (__atomic_load_n(&limit_key_ready, __ATOMIC_ACQUIRE)) pthread_key_delete(limit_key);
+}
+
+static const struct cuvil_pool own_pool = {POOL_VERSION, sizeof(struct cuvil_pool),
+                                           pool_parallel_for};
+static const struct cuvil_pool *active_pool = &own_pool;
+
+HIDDEN void cuvil_parallel_for(cuvil_task_fn fn, void *ctx, int64_t n, int64_t cost) {
+    if (n <= 0) return;
+    int32_t limit = call_limit();
+    if (n == 1 || n * (cost > 0 ? cost : 1) < MIN_PARALLEL_COST || limit == 1) {
+        fn(ctx, 0, n);
+        return;
+    }
+    __atomic_load_n(&active_pool, __ATOMIC_ACQUIRE)->parallel_for(fn, ctx, n, cost, limit);
+}
+
+#ifdef CUVIL_MODEL
+/* the library's exports, cuvil_<model>_* like the rest of its C ABI (see the header) */
+#define CUVIL_PASTE(a, b, c) a##b##c
+#define CUVIL_NAME(a, b, c) CUVIL_PASTE(a, b, c)
+#define EXPORT(part) __attribute__((visibility("default"))) CUVIL_NAME(cuvil_, CUVIL_MODEL, part)
+
+const struct cuvil_pool *EXPORT(_thread_pool)(void) {
+    return __atomic_load_n(&active_pool, __ATOMIC_ACQUIRE);
+}
+
+int32_t EXPORT(_use_thread_pool)(const struct cuvil_pool *other) {
+    if (other == NULL) other = &own_pool;
+    if (other->version != POOL_VERSION || other->struct_size < sizeof(struct cuvil_pool)) return -1;
+    __atomic_store_n(&active_pool, other, __ATOMIC_RELEASE);
+    return 0;
+}
+
+void EXPORT(_set_thread_limit)(int32_t threads) {
+    if (threads < 0) threads = 0;
+    if (threads == 0 && !__atomic_load_n(&limit_key_ready, __ATOMIC_ACQUIRE)) return;
+    pthread_once(&limit_key_once, make_limit_key);
+    if (__atomic_load_n(&limit_key_ready, __ATOMIC_ACQUIRE))
+        pthread_setspecific(limit_key, (void *)(intptr_t)threads);
+}
+#endif

@@ -16,7 +16,13 @@ from cuvil.compiler.codegen.module import emit_object, hide_declarations
 from cuvil.compiler.driver import RUNTIME_SOURCE
 
 EPILOGUES = [Epilogue(), Epilogue("row"), Epilogue("col", relu=True), Epilogue("none", relu=True)]
-FEATURES = {"sse": "", "avx2": "+avx,+avx2,+fma"}
+FEATURES = {"sse": "", "avx2": "+avx,+avx2,+fma",
+            "avx512": "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl"}
+
+
+def cpu_of(features: str) -> str:
+    return ("x86-64-v4" if "+avx512f" in features else "x86-64-v3" if features
+            else "x86-64-v2")
 
 
 def build(tmp: Path, features: str) -> ctypes.CDLL:
@@ -25,7 +31,7 @@ def build(tmp: Path, features: str) -> ctypes.CDLL:
 
     target = get_target(None)
     arch = target.arches[0]
-    tm = target_machine(arch, cpu="x86-64-v3" if features else "x86-64-v2", features=features)
+    tm = target_machine(arch, cpu=cpu_of(features), features=features)
     module = ir.Module("g")
     module.triple = arch.llvm_triple
     module.data_layout = str(tm.target_data)
@@ -51,11 +57,12 @@ def build(tmp: Path, features: str) -> ctypes.CDLL:
 
 @pytest.fixture(scope="module", params=sorted(FEATURES))
 def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    if request.param == "avx2":
+    if request.param != "sse":
         import llvmlite.binding as llvm
 
-        if "+avx2" not in llvm.get_host_cpu_features().flatten():
-            pytest.skip("this CPU has no AVX2")
+        flag = "+avx512f" if request.param == "avx512" else "+avx2"
+        if flag not in llvm.get_host_cpu_features().flatten().split(","):
+            pytest.skip(f"this CPU has no {request.param.upper()}")
     return build(tmp_path_factory.mktemp(request.param), FEATURES[request.param])
 
 
@@ -89,3 +96,31 @@ def test_gemm_matches_numpy(lib: ctypes.CDLL, shape, e: int, accumulate: bool) -
     fn.argtypes = [ctypes.c_void_p] * 5
     fn(dims, a.ctypes.data, b.ctypes.data, c.ctypes.data, bias.ctypes.data)
     np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4 * np.sqrt(kk))
+
+
+@pytest.mark.parametrize("level", ["avx2", "avx512"])
+def test_each_level_uses_its_full_vector_width(level: str) -> None:
+    # LLVM tunes x86-64-v4 to prefer 256-bit vectors; the kernel's explicit 16-float vectors
+    # must still become ZMM instructions there (and AVX2 code must not touch ZMM)
+    import llvmlite.binding as llvm
+
+    from cuvil.toolchains import get_target, target_machine
+
+    arch = get_target("x86_64-linux").arches[0]
+    features = next(v.features for v in arch.variants if v.cpu == cpu_of(FEATURES[level]))
+    tm = target_machine(arch, cpu=cpu_of(features), features=features)
+    module = ir.Module("g")
+    module.triple = arch.llvm_triple
+    module.data_layout = str(tm.target_data)
+    module.cuvil_features = features
+    fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 4), "gemm")
+    k = Emitter(module, fn, fn.args[0], [], {})
+    size = k.i64(64)
+    emit_parallel_gemm(k, size, size, size, fn.args[1], size, fn.args[2], size, fn.args[3], size,
+                       accumulate=False, bias=fn.args[0], epilogue=Epilogue())
+    k.b.ret(ir.Constant(I32, 0))
+    mod = llvm.parse_assembly(hide_declarations(str(module), "-"))
+    asm = tm.emit_assembly(mod)
+    fma = [line for line in asm.splitlines() if "vfmadd" in line]
+    assert fma, "no fused multiply-adds in the kernel"
+    assert all(("%zmm" in line) == (level == "avx512") for line in fma), fma[:3]

@@ -2,7 +2,8 @@
 
 A tiny hand-built module doubles a vector inside a parallel loop; numpy is the oracle. It is
 called from several Python threads at once (the pool must let concurrent callers through),
-with the pool disabled, and in a forked child (whose pool threads do not survive fork).
+with the pool disabled, in a forked child (whose pool threads do not survive fork), and
+unloaded while its workers wait for work (they must be gone before the code is unmapped).
 """
 
 from __future__ import annotations
@@ -111,3 +112,27 @@ print("ok")
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
+
+
+def test_unloading_the_library_stops_its_workers(library: Path) -> None:
+    script = f"""
+import _ctypes, ctypes, os, sys, time
+import numpy as np
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_parallel import call
+tasks = lambda: len(os.listdir("/proc/self/task"))
+base = tasks()
+lib = ctypes.CDLL({str(library)!r})
+x = np.arange(300_000, dtype=np.float32).reshape(-1, 3)
+assert (call(lib, x) == 2 * x).all()
+started = tasks() - base
+_ctypes.dlclose(lib._handle)
+left = tasks() - base
+time.sleep(1.5)  # a worker still waiting would wake into unmapped code
+print(started, left)
+"""
+    env = {**os.environ, "CUVIL_NUM_THREADS": "3"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["2", "0"]
