@@ -16,7 +16,7 @@ from cuvil.errors import CheckError
 __all__ = ["CHECKSUM_SIZE", "EXPORTED_PARTS", "MANIFEST", "Library", "WheelArchive", "read_wheel"]
 
 MANIFEST = "_models.json"
-# every model's library exports cuvil_<model>_<part> for these parts (see cuvil/runtime/header.py)
+# every model's library exports cuvil_<model>_<part> for these parts (see cuvil/compiler/codegen/header.py)
 EXPORTED_PARTS = ("abi_checksum", "workspace_size", "run")
 CHECKSUM_SIZE = 65  # 64 hex digits and a NUL
 
