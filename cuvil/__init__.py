@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 __all__ = ["CuvilError", "compile", "__version__"]
 
 if TYPE_CHECKING:
-    from cuvil.runtime._loader import Model
+    from cuvil.runtime import Model
 
 
 def compile(  # noqa: A001 - the public name is fixed by the design

@@ -111,8 +111,8 @@ def _signature_lines(sig: Mapping[str, Any], indent: str = "  ") -> list[str]:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from cuvil.compiler.codegen.header import render_header
     from cuvil.compiler.driver import compile_model
-    from cuvil.runtime.header import render_header
     from cuvil.toolchains import get_target
 
     source = Path(args.model)
@@ -289,7 +289,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def _inspect_wheel(path: Path) -> int:
-    from cuvil.check._archive import read_wheel
+    from cuvil.check import read_wheel
     from cuvil.errors import CheckError
 
     wheel = read_wheel(path)

@@ -224,7 +224,7 @@ def _compile(source: Any, pins: Any, opt_level: int | None) -> Any:
         if opt_level is None:
             return cuvil.compile(source, inputs=pins)
         from cuvil.compiler import driver
-        from cuvil.runtime import _loader
+        from cuvil.runtime import Model
 
         name = _model_name(source)
         tmp = tempfile.TemporaryDirectory(prefix="cuvil-")
@@ -234,7 +234,7 @@ def _compile(source: Any, pins: Any, opt_level: int | None) -> Any:
         except BaseException:
             tmp.cleanup()
             raise
-        return _loader.Model(built.library, built.signature, keep_alive=tmp)
+        return Model(built.library, built.signature, keep_alive=tmp)
     except NotImplementedError as exc:  # an op registered without a lowering for this case
         raise UnsupportedOpError(f"cuvil cannot compile this model: {exc}") from exc
 

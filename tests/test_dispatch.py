@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from cuvil.compiler.codegen.dispatch import cpu_test, render_detector, render_dispatcher
 from cuvil.compiler.codegen.module import variant_run_symbol
-from cuvil.runtime.dispatch import cpu_test, render_detector, render_dispatcher
-from cuvil.toolchains import get_target, host_target_name, zig
-from cuvil.toolchains._targets import X86_CPU_FLAGS
+from cuvil.toolchains import X86_CPU_FLAGS, get_target, host_target_name, zig
 
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"),

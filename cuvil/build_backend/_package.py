@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import cuvil
+from cuvil.compiler.codegen.header import render_header
 from cuvil.config import ProjectConfig
-from cuvil.runtime import _loader
-from cuvil.runtime.header import render_header
+from cuvil.runtime import ABI_VERSION, LOADER_SOURCE
 
 RUNTIME_MODULE = "_cuvil_runtime"
 
@@ -48,14 +48,14 @@ def build_package_files(
         files[f"{pkg}/{sig['library']}"] = compiled.library.read_bytes()
         files[f"{pkg}/{model.name}.h"] = render_header(sig, sig["library"]).encode()
     manifest = {
-        "abi_version": _loader.ABI_VERSION,
+        "abi_version": ABI_VERSION,
         "package": pkg,
         "target": target.name,
         "cuvil_version": cuvil.__version__,
         "models": signatures,
     }
     files[f"{pkg}/_models.json"] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
-    files[f"{pkg}/{RUNTIME_MODULE}.py"] = Path(_loader.__file__).read_bytes()
+    files[f"{pkg}/{RUNTIME_MODULE}.py"] = LOADER_SOURCE.read_bytes()
     files[f"{pkg}/__init__.py"] = render_init(pkg, signatures, target.name).encode()
     files[f"{pkg}/__init__.pyi"] = render_stub(signatures).encode()
     files[f"{pkg}/py.typed"] = b""

@@ -20,7 +20,7 @@ def check_abi_checksums(
     library: Library, images: Sequence[tuple[str, ElfLibrary | MachOImage]], report: CheckReport
 ) -> None:
     """`images`: (arch label, parsed image) for each slice of `library`."""
-    from cuvil.runtime._loader import abi_checksum
+    from cuvil.runtime import abi_checksum
 
     for model in library.models:
         model_name = model.get("name")

@@ -24,7 +24,7 @@ def native_kind(data: bytes) -> str | None:
 
 
 def _model_problems(model: Any, index: int, package: str, wheel: WheelArchive) -> list[str]:
-    from cuvil.runtime._loader import abi_checksum
+    from cuvil.runtime import abi_checksum
 
     if not isinstance(model, dict):
         return [f"models[{index}] is not an object"]
@@ -53,7 +53,7 @@ def _model_problems(model: Any, index: int, package: str, wheel: WheelArchive) -
 
 
 def check_manifest(wheel: WheelArchive, report: CheckReport) -> None:
-    from cuvil.runtime._loader import ABI_VERSION
+    from cuvil.runtime import ABI_VERSION
 
     name = "manifest"
     if wheel.manifest is None:

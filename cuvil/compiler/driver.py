@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from cuvil.compiler.codegen.dispatch import render_dispatcher
 from cuvil.compiler.codegen.module import build_module, emit_object, symbol_names
 from cuvil.compiler.flops import node_flops
 from cuvil.compiler.frontend import import_model
@@ -24,15 +25,12 @@ from cuvil.compiler.passes import run_passes
 from cuvil.compiler.passes.plan_memory import plan_memory
 from cuvil.compiler.symbolic import relational_to_python, to_python
 from cuvil.errors import ConfigError, ModelError
-from cuvil.runtime import _loader
-from cuvil.runtime.dispatch import render_dispatcher
+from cuvil.runtime import CLOCK_SOURCE, THREADPOOL_SOURCE, Model, abi_checksum
 
 Log = Callable[[str], None]
 
 #: the C runtime linked into every library (thread pool behind `Emitter.parallel_loop`)
-RUNTIME_SOURCE = Path(_loader.__file__).with_name("threadpool.c")
-#: the clock `run_profiled` reads (codegen.module.CLOCK_NS)
-CLOCK_SOURCE = RUNTIME_SOURCE.with_name("clock.c")
+RUNTIME_SOURCE = THREADPOOL_SOURCE
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -59,10 +57,10 @@ def signature_of(graph: Graph, name: str, library_file: str) -> dict[str, Any]:
                         for c in graph.constraints],
         # by node index, for the runtime's error messages (see codegen.module: run's status)
         "nodes": [n.describe() for n in graph.nodes],
-        # by node index, for the profiler (see _loader.Profile)
+        # by node index, for the profiler (see cuvil.runtime's Profile)
         "node_profile": [_node_profile(n) for n in graph.nodes],
     }
-    sig["checksum"] = _loader.abi_checksum(sig)
+    sig["checksum"] = abi_checksum(sig)
     return sig
 
 
@@ -185,7 +183,7 @@ def compile_in_process(
     quantize: str | None = None,
     name: str | None = None,
     cpu: str | None = "native",
-) -> _loader.Model:
+) -> Model:
     from cuvil.toolchains import get_target
 
     tgt = get_target(target)
@@ -206,7 +204,7 @@ def compile_in_process(
     except BaseException:
         tmp.cleanup()
         raise
-    return _loader.Model(compiled.library, compiled.signature, keep_alive=tmp)
+    return Model(compiled.library, compiled.signature, keep_alive=tmp)
 
 
 __all__ = ["CompiledModel", "ModelError", "compile_in_process", "compile_model", "signature_of"]

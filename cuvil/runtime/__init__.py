@@ -1,0 +1,22 @@
+"""What generated wheels carry or link, and nothing else: the Python caller every package ships
+and the C thread pool and clock every library links. The rest of cuvil reaches them through this module.
+
+`_loader.py` is copied into each generated package, so it imports the standard library and
+numpy only (tests/test_layering.py checks it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cuvil.runtime._loader import ABI_VERSION, Model, TensorInfo, abi_checksum
+
+__all__ = ["ABI_VERSION", "CLOCK_SOURCE", "LOADER_SOURCE", "THREADPOOL_SOURCE", "Model", "TensorInfo", "abi_checksum"]
+
+#: the ctypes/numpy caller, copied verbatim into every generated package
+LOADER_SOURCE = Path(__file__).with_name("_loader.py")
+#: the thread pool behind `Emitter.parallel_loop`, compiled for the target and linked into every
+#: model library
+THREADPOOL_SOURCE = Path(__file__).with_name("threadpool.c")
+#: the monotonic clock `run_profiled` reads (codegen.module.CLOCK_NS), linked likewise
+CLOCK_SOURCE = Path(__file__).with_name("clock.c")

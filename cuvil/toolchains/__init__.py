@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from cuvil.toolchains._targets import (
     ENV_VAR,
+    X86_CPU_FLAGS,
     Arch,
     Target,
     Variant,
@@ -24,6 +25,7 @@ from cuvil.toolchains._targets import (
 
 __all__ = [
     "ENV_VAR",
+    "X86_CPU_FLAGS",
     "Arch",
     "Target",
     "Variant",

@@ -208,9 +208,7 @@ def host_cpu() -> tuple[str, str]:
 
 def bundled_toolchain_dir() -> Path:
     """`toolchain-files/` inside an installed cuvil, else at the root of a source checkout."""
-    import cuvil
-
-    package_dir = Path(cuvil.__file__).resolve().parent
+    package_dir = Path(__file__).resolve().parent.parent  # cuvil/
     installed = package_dir / "toolchain-files"
     if installed.is_dir():
         return installed

@@ -25,8 +25,8 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I8, I32, I64, PARALLEL_FOR, PTR, Emitter
 from cuvil.compiler.ir import Graph, Value
+from cuvil.compiler.memory import MemoryPlan
 from cuvil.compiler.ops import lookup
-from cuvil.compiler.passes.plan_memory import MemoryPlan
 from cuvil.errors import ModelError
 
 

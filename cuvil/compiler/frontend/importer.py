@@ -16,13 +16,13 @@ import onnx
 import sympy
 from onnx import numpy_helper
 
+from cuvil.compiler.frontend.fold_constants import fold_node
 from cuvil.compiler.frontend.functions import expandable, function_body
 from cuvil.compiler.frontend.loader import check_and_upgrade, load_onnx
 from cuvil.compiler.frontend.shape_values import propagate
 from cuvil.compiler.ir import Dim, Graph, Node, TensorType, Value, symbol
 from cuvil.compiler.ops import InferContext, lookup
 from cuvil.compiler.ops.control import SubgraphOp, known_flag
-from cuvil.compiler.passes.fold_constants import fold_node
 from cuvil.errors import CuvilError, ModelError, UnsupportedOpError
 
 __all__ = ["import_model"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import Callable, ClassVar
 
 import numpy as np
 import onnx
@@ -29,18 +29,19 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I8, I32, I64, PTR, Emitter, View
 from cuvil.compiler.ir import DTYPES, Dim, Graph, Node, TensorType, Value, dim_str, simplify_dim
+from cuvil.compiler.memory import MemoryPlan
 from cuvil.compiler.ops import InferContext, Op, lookup, normalize_axis, register
 from cuvil.errors import CuvilError, ModelError, UnsupportedOpError
 
-if TYPE_CHECKING:
-    from cuvil.compiler.passes.plan_memory import MemoryPlan
-
-__all__ = ["If", "Loop", "Scan", "SubgraphOp", "free_values", "known_flag"]
+__all__ = ["PLANS", "If", "Loop", "Scan", "SubgraphOp", "free_values", "known_flag", "planning_graph"]
 
 ALIGN = 64
 #: node attribute holding how many of the node's inputs are its ONNX inputs (the rest are
 #: the free values of its bodies)
 FORMAL = "cuvil_formal_inputs"
+#: node attribute holding each body's MemoryPlan by attribute name; `plan_memory` sets it, planning
+#: the bodies before the graph around them
+PLANS = "cuvil_body_plans"
 
 
 def _aligned(size: Dim) -> Dim:
@@ -100,21 +101,22 @@ class SubgraphOp(Op):
         return []
 
     def attach(self, node: Node, bodies: dict[str, Graph]) -> None:
-        """Store the typed bodies on the node and append their free values to its inputs."""
-        from cuvil.compiler.passes.eliminate_dead_code import eliminate_dead_code
-        from cuvil.compiler.passes.pack_gemm_weights import pack_gemm_weights
-
+        """Store the typed bodies on the node and append their free values to its inputs.
+        (The passes rewrite bodies later, then call `captures` again.)"""
         node.attrs[FORMAL] = len(node.inputs)
-        for attr, body in bodies.items():
-            # the passes that only rewrite nodes of the graph they are given (fold_batchnorm
-            # follows producers, which for a body may lie outside it)
-            eliminate_dead_code(body)
-            pack_gemm_weights(body)
-            node.attrs[attr] = body
-        for body in bodies.values():
+        node.attrs.update(bodies)
+        node.inputs += self.captures(node)
+
+    def captures(self, node: Node) -> list[Value]:
+        """The free values of the node's bodies that are not among its formal inputs: the
+        inputs `attach` appends after the formal ones, in first-use order."""
+        formal = self.formal(node)
+        captured: list[Value] = []
+        for body in self.bodies(node):
             for v in free_values(body):
-                if v not in node.inputs:
-                    node.inputs.append(v)
+                if v not in formal and v not in captured:
+                    captured.append(v)
+        return captured
 
     def bodies(self, node: Node) -> list[Graph]:
         return [node.attrs[a] for a in self.graph_attrs]
@@ -139,17 +141,21 @@ class _Body:
         return self.plan.workspace_size
 
 
-def _plan(body: Graph) -> _Body:
-    from cuvil.compiler.passes.plan_memory import plan_memory
-
-    free = free_values(body)
+def planning_graph(body: Graph) -> Graph:
+    """`body` as memory planning sees it: a model whose inputs are its formal inputs, then its
+    free values (the order `_run_body` passes them in)."""
     shell = Graph(body.name)
-    shell.inputs = [*body.inputs, *free]
+    shell.inputs = [*body.inputs, *free_values(body)]
     shell.outputs = list(body.outputs)
     shell.nodes = list(body.nodes)
-    plan = plan_memory(shell)
+    return shell
+
+
+def _plan(node: Node, attr: str) -> _Body:
+    body = node.attrs[attr]
+    plan = node.attrs[PLANS][attr]
     assert not plan.weights, "body constants are free values, stored with the model's weights"
-    return _Body(body, free, plan)
+    return _Body(body, free_values(body), plan)
 
 
 def _operands(node: Node) -> list[Value]:
@@ -264,11 +270,11 @@ class If(SubgraphOp):
         return types
 
     def scratch_bytes(self, node: Node) -> Dim:
-        then, other = (_plan(b) for b in self.bodies(node))
+        then, other = (_plan(node, a) for a in self.graph_attrs)
         return _max(then.workspace, other.workspace)
 
     def lower(self, node: Node, k: Emitter) -> None:
-        then, other = (_plan(b) for b in self.bodies(node))
+        then, other = (_plan(node, a) for a in self.graph_attrs)
         cond = k.b.load(k.buffers[node.inputs[0]], typ=I8)
         outs = [k.buffers[v] for v in node.outputs]
         with k.b.if_else(k.b.icmp_unsigned("!=", cond, ir.Constant(I8, 0))) as (yes, no):
@@ -296,9 +302,8 @@ class _Layout:
     size: Dim
 
 
-def _layout(body: Graph, carried: Sequence[TensorType], slots: Sequence[tuple[str, TensorType]] = ()
-            ) -> _Layout:
-    planned = _plan(body)
+def _layout(planned: _Body, carried: Sequence[TensorType],
+            slots: Sequence[tuple[str, TensorType]] = ()) -> _Layout:
     offset: Dim = 0
 
     def take(nbytes: Dim) -> Dim:
@@ -472,8 +477,8 @@ class Loop(SubgraphOp):
         return simplify_dim(sympy.Max(known[0], 0))
 
     def _layout(self, node: Node) -> _Layout:
-        _, _, carried, body, _ = self._parts(node)
-        return _layout(body, [v.type for v in carried])
+        _, _, carried, _, _ = self._parts(node)
+        return _layout(_plan(node, "body"), [v.type for v in carried])
 
     def scratch_bytes(self, node: Node) -> Dim:
         return self._layout(node).size
@@ -643,7 +648,7 @@ class _ScanBase(SubgraphOp):
         slots = [(f"in{j}", side.slice) for j, side in enumerate(sides) if side.axis != 0]
         slots += [(f"out{j}", side.slice) for j, side in enumerate(self._outputs(node))
                   if side.axis != 0]
-        return _layout(node.attrs["body"], [self._state_type(v) for v in states], slots)
+        return _layout(_plan(node, "body"), [self._state_type(v) for v in states], slots)
 
     def scratch_bytes(self, node: Node) -> Dim:
         return self._layout(node).size

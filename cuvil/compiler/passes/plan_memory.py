@@ -8,34 +8,14 @@ its size provably suffices (static sizes, or e.g. ``64*batch >= 32*batch``). Vie
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import sympy
 
-from cuvil.compiler.ir import Dim, Graph, Node, Value, simplify_dim
+from cuvil.compiler.ir import Dim, Graph, Value, simplify_dim
+from cuvil.compiler.memory import MemoryPlan, Storage
 from cuvil.compiler.ops import lookup
+from cuvil.compiler.ops.control import PLANS, SubgraphOp, planning_graph
 
 ALIGN = 64
-
-
-@dataclass(frozen=True)
-class Storage:
-    kind: str  # "input" | "output" | "weights" | "workspace"
-    index: int = 0  # input/output position
-    offset: Dim = 0  # byte offset in the weights blob or the workspace
-
-
-@dataclass
-class MemoryPlan:
-    storage: dict[Value, Storage] = field(default_factory=dict)
-    weights: bytearray = field(default_factory=bytearray)
-    workspace_size: Dim = 0
-    #: graph outputs whose value lives elsewhere (an input, a constant, another output)
-    output_copies: list[tuple[Value, int]] = field(default_factory=list)
-    #: view nodes whose output shares the input's storage: no code
-    elided: set[Node] = field(default_factory=set)
-    #: workspace offset of the scratch memory a node asked for (`Op.scratch_bytes`)
-    scratch: dict[Node, Dim] = field(default_factory=dict)
 
 
 def _aligned(size: Dim) -> Dim:
@@ -51,6 +31,7 @@ def _fits(block: Dim, need: Dim) -> bool:
 
 
 def plan_memory(graph: Graph) -> MemoryPlan:
+    _plan_bodies(graph)
     plan = MemoryPlan()
     for i, v in enumerate(graph.inputs):
         plan.storage[v] = Storage("input", i)
@@ -120,6 +101,16 @@ def plan_memory(graph: Graph) -> MemoryPlan:
         plan.storage[v] = plan.storage[r]
     plan.workspace_size = end
     return plan
+
+
+def _plan_bodies(graph: Graph) -> None:
+    """Plan each If/Loop/Scan body first, as a model of its own: the node's scratch memory
+    holds its bodies' workspaces (`SubgraphOp.scratch_bytes` reads the plans)."""
+    for node in graph.nodes:
+        op = lookup(node.domain, node.op_type, node.opset)
+        if isinstance(op, SubgraphOp):
+            plans = {attr: plan_memory(planning_graph(node.attrs[attr])) for attr in op.graph_attrs}
+            node.attrs = {**node.attrs, PLANS: plans}
 
 
 def _add_weight(plan: MemoryPlan, v: Value) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cuvil.compiler.codegen.module import symbol_names, variant_run_symbol
-from cuvil.toolchains._targets import X86_CPU_FLAGS
+from cuvil.toolchains import X86_CPU_FLAGS
 
 _DETECT = """\
 #include <cpuid.h>

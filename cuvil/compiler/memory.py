@@ -1,0 +1,28 @@
+"""Where every value of a planned graph lives: the record `passes.plan_memory` fills and
+codegen (and control-flow ops, for their bodies) read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cuvil.compiler.ir import Dim, Node, Value
+
+
+@dataclass(frozen=True)
+class Storage:
+    kind: str  # "input" | "output" | "weights" | "workspace"
+    index: int = 0  # input/output position
+    offset: Dim = 0  # byte offset in the weights blob or the workspace
+
+
+@dataclass
+class MemoryPlan:
+    storage: dict[Value, Storage] = field(default_factory=dict)
+    weights: bytearray = field(default_factory=bytearray)
+    workspace_size: Dim = 0
+    #: graph outputs whose value lives elsewhere (an input, a constant, another output)
+    output_copies: list[tuple[Value, int]] = field(default_factory=list)
+    #: view nodes whose output shares the input's storage: no code
+    elided: set[Node] = field(default_factory=set)
+    #: workspace offset of the scratch memory a node asked for (`Op.scratch_bytes`)
+    scratch: dict[Node, Dim] = field(default_factory=dict)
