@@ -17,21 +17,17 @@ Nothing is loaded or executed: every architecture can be checked on any host.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cuvil.check._archive import WheelArchive, read_wheel
 from cuvil.check._report import CheckReport, CheckResult
 from cuvil.errors import CheckError
 
-<<<<<<< HEAD
 if TYPE_CHECKING:
-    from cuvil.check._archive import WheelArchive
     from cuvil.check._elf import ElfLibrary
     from cuvil.check._macho import MachOImage
 
-__all__ = ["CheckReport", "CheckResult", "check_wheel"]
-=======
 __all__ = ["CheckReport", "CheckResult", "check_wheel", "read_wheel"]
->>>>>>> layering
 
 
 def check_wheel(path: str | Path, *, auditwheel: bool = True) -> CheckReport:

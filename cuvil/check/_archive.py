@@ -16,14 +16,9 @@ from cuvil.errors import CheckError
 __all__ = ["CHECKSUM_SIZE", "EXPORTED_PARTS", "MANIFEST", "Library", "WheelArchive", "read_wheel"]
 
 MANIFEST = "_models.json"
-<<<<<<< HEAD
-# every model's library exports cuvil_<model>_<part> for these parts (see cuvil/runtime/header.py)
+# every model's library exports cuvil_<model>_<part> for these parts (see cuvil/compiler/codegen/header.py)
 EXPORTED_PARTS = ("abi_checksum", "workspace_size", "run", "run_profiled", "thread_pool",
                   "use_thread_pool", "set_thread_limit")
-=======
-# every model's library exports cuvil_<model>_<part> for these parts (see cuvil/compiler/codegen/header.py)
-EXPORTED_PARTS = ("abi_checksum", "workspace_size", "run")
->>>>>>> layering
 CHECKSUM_SIZE = 65  # 64 hex digits and a NUL
 
 

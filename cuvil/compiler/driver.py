@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 from cuvil.compiler.codegen.dispatch import render_dispatcher
 from cuvil.compiler.codegen.module import build_module, emit_object, symbol_names
-from cuvil.compiler.flops import node_flops
 from cuvil.compiler.frontend import import_model
 from cuvil.compiler.ir import Graph, Node, Value, dim_str
+from cuvil.compiler.ops.flops import node_flops
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
 from cuvil.compiler.passes import run_passes
 from cuvil.compiler.passes.plan_memory import plan_memory

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from cuvil.runtime._loader import ABI_VERSION, Model, TensorInfo, abi_checksum
 
-__all__ = ["ABI_VERSION", "CLOCK_SOURCE", "LOADER_SOURCE", "THREADPOOL_SOURCE", "Model", "TensorInfo", "abi_checksum"]
+__all__ = ["ABI_VERSION", "CLOCK_SOURCE", "LOADER_SOURCE", "THREADPOOL_SOURCE", "Model", "TensorInfo",
+           "abi_checksum"]
 
 #: the ctypes/numpy caller, copied verbatim into every generated package
 LOADER_SOURCE = Path(__file__).with_name("_loader.py")
