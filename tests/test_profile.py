@@ -232,7 +232,7 @@ def test_generated_package_prints_the_profile_at_exit_and_passes_check(tmp_path:
 
 
 def test_header_declares_run_profiled_as_c(compiled, tmp_path: Path) -> None:
-    from cuvil.runtime.header import render_header
+    from cuvil.compiler.codegen.header import render_header
     from cuvil.toolchains import get_target, zig
 
     text = render_header(compiled.signature, compiled.signature["library"])
