@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 from cuvil.errors import CuvilError
 
 __version__ = "0.1.0"
-__all__ = ["CuvilError", "compile", "__version__"]
+__all__ = ["CuvilError", "__version__", "compile"]
 
 if TYPE_CHECKING:
     from cuvil.runtime._loader import Model
 
 
-def compile(  # noqa: A001 - the public name is fixed by the design
+def compile(
     model: Any,
     inputs: dict[str, list[int | str]] | None = None,
     target: str | None = None,

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 __all__ = [
-    "CuvilError",
-    "ConfigError",
-    "ModelError",
-    "UnsupportedOpError",
-    "ToolchainError",
     "BuildError",
     "CheckError",
+    "ConfigError",
+    "CuvilError",
+    "ModelError",
+    "ToolchainError",
+    "UnsupportedOpError",
 ]
 
 

@@ -6,7 +6,8 @@ compares outputs. Nothing here knows how cuvil computes anything.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx

@@ -239,7 +239,7 @@ def test_verify_checks_bodies_and_their_view_of_enclosing_values() -> None:
     # the holder comes before w's producer: the body reads w too early
     g.insert_before(node(g, "w"), Node("Identity", [x], [g.value("h", x.type)], {"body": body},
                                        opset=17))
-    with pytest.raises(IRError, match="body: node 't' .* reads 'w' .* produced later"):
+    with pytest.raises(IRError, match=r"body: node 't' .* reads 'w' .* produced later"):
         g.verify()
 
 

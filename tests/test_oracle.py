@@ -40,7 +40,7 @@ def test_right_outputs_pass() -> None:
     (["a", "c"], {"a": -X, "c": np.abs(X)}),  # renamed
 ], ids=["missing", "not-returned", "extra", "renamed"])
 def test_wrong_outputs_fail(declared, results) -> None:
-    with pytest.raises(AssertionError, match="outputs|returns"):
+    with pytest.raises(AssertionError, match=r"outputs|returns"):
         assert_matches_ort(two_outputs(), {"x": X}, compiled=Fake(declared, results))
 
 

@@ -96,17 +96,17 @@ def _check_scope(graph: Graph, outer: set[Value], members: set[int]) -> None:
         define(v, "a graph input")
         available.add(v)
     for n in graph.nodes:
-        for i, v in enumerate(n.inputs):
-            if v is None or v in available:
+        for i, read in enumerate(n.inputs):
+            if read is None or read in available:
                 continue
-            if v.is_const and v.producer is None:
-                _check_constant(graph, v)
-                available.add(v)
+            if read.is_const and read.producer is None:
+                _check_constant(graph, read)
+                available.add(read)
                 continue
-            where = (f"produced later by {v.producer.describe()}" if v.producer is not None
-                     and id(v.producer) in members else "neither an input, a constant nor "
+            where = (f"produced later by {read.producer.describe()}" if read.producer is not None
+                     and id(read.producer) in members else "neither an input, a constant nor "
                      "produced by an earlier node")
-            raise IRError(f"{graph.name}: {n.describe()} reads {v.name!r} (input {i}), {where}")
+            raise IRError(f"{graph.name}: {n.describe()} reads {read.name!r} (input {i}), {where}")
         for body in subgraphs(n):
             _check_scope(body, available, members)
         _check_types(graph, n)

@@ -62,7 +62,7 @@ def check_plan(graph: Graph, plan: MemoryPlan, binding: dict[str, int]) -> int:
             blocks.append((f"scratch of {n.describe()}", start,
                            start + evaluate(op.scratch_bytes(n), binding), t, t))  # type: ignore[union-attr]
     for what, start, end, _, _ in blocks:
-        assert 0 <= start and end <= size, f"{what}: [{start}, {end}) outside workspace {size}"
+        assert start >= 0 and end <= size, f"{what}: [{start}, {end}) outside workspace {size}"
         assert start % ALIGN == 0, f"{what}: offset {start} not aligned"
     for i, a in enumerate(blocks):
         for b in blocks[i + 1:]:
@@ -138,7 +138,7 @@ def test_a_larger_dead_block_takes_a_smaller_symbolic_value() -> None:
         return s
     """, opset=18)
     plan = plan_memory(g)
-    a, (h, k), n, m = g.nodes[0].outputs[0], g.nodes[1].outputs, g.nodes[2].outputs[0], \
+    a, (h, _k), n, m = g.nodes[0].outputs[0], g.nodes[1].outputs, g.nodes[2].outputs[0], \
         g.nodes[3].outputs[0]
     assert plan.storage[m].offset == plan.storage[h].offset  # h dead after Neg
     assert plan.storage[n].offset == plan.storage[a].offset  # a dead after Split
