@@ -134,6 +134,19 @@ def test_remove_nodes_with_a_body_forgets_the_bodys_users() -> None:
     g.verify()
 
 
+def test_replace_node_forgets_bodies_the_new_node_does_not_take() -> None:
+    g = chain()
+    x = g.inputs[0]
+    body = Graph("body")
+    inner = body.add_node(Node("Neg", [x], [body.value("t", x.type)], opset=17))
+    body.outputs = [inner.outputs[0]]
+    holder = g.insert_before(node(g, "y"), Node("Identity", [x], [g.value("h", x.type)],
+                                                {"body": body}, opset=17))
+    g.replace_node(holder, Node("Abs", [x], [], opset=17))
+    assert inner not in x.users
+    g.verify()
+
+
 # -- verify: one corruption each --------------------------------------------------------
 
 

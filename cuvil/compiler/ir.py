@@ -284,12 +284,16 @@ class Graph:
 
     def replace_node(self, old: Node, new: Node) -> Node:
         """Put `new` in `old`'s place, producing `old`'s outputs (`new.outputs` empty or the
-        same values); `old` leaves the graph."""
+        same values); `old` leaves the graph, with the bodies `new` does not take over."""
         if new.outputs and new.outputs != old.outputs:
             raise IRError(f"{self.name}: {new.describe()} replaces {old.describe()} but has "
                           "other outputs")
         index = self._index(old)
         _unregister(old)
+        kept = {id(b) for b in subgraphs(new)}
+        for body in subgraphs(old):
+            if id(body) not in kept:
+                body.forget()
         del self.nodes[index]
         outputs, old.outputs = list(old.outputs), []
         for v in outputs:
