@@ -59,3 +59,26 @@ def test_relu_stays_when_its_input_is_needed(kwargs) -> None:
     model = conv_relu(**kwargs)
     assert ops(model)[:2] == [("Conv", None), ("Relu", None)]
     assert_matches_ort(model, {"x": rng.standard_normal((2, 3, 9, 7)).astype(np.float32)})
+
+
+def test_the_fused_node_produces_the_relus_output() -> None:
+    """The pass alone on a built graph: Gemm + Relu + reader -> Gemm{Relu} + reader, the
+    Relu's output (a graph output's name) now produced by the Gemm."""
+    from irbuild import build, structure
+
+    from cuvil.compiler.passes.fuse_activation import fuse_activation
+
+    w = rng.standard_normal((11, 6)).astype(np.float32)
+    g = build("""
+        x: float32[batch, 11]
+        g = Gemm(x, w)
+        r = Relu(g)
+        n = Neg(r)
+        return r, n
+    """, w=w)
+    r = g.outputs[0]
+    fuse_activation(g)
+    g.verify()
+    assert structure(g) == [f"%0 = Gemm(x, const[11, 6]) {{'{FUSED_ACTIVATION}': 'Relu'}}",
+                            "%1 = Neg(%0)", "return %0, %1"]
+    assert r.producer is g.nodes[0] and g.nodes[0].outputs == [r]
