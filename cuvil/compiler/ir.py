@@ -9,7 +9,7 @@ strided conv), so shapes can be checked at compile time and evaluated at call ti
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -261,6 +261,16 @@ class Graph:
         node.inputs[i] = value
         if value is not None:
             value.users.append(node)
+
+    def set_inputs(self, node: Node, values: Sequence[Value | None]) -> None:
+        """Make `node` read `values`, slot by slot, instead of its inputs."""
+        for v in node.inputs:
+            if v is not None:
+                v.users.remove(node)
+        node.inputs = list(values)
+        for v in node.inputs:
+            if v is not None:
+                v.users.append(node)
 
     def replace_uses(self, old: Value, new: Value) -> None:
         """Make every reader of `old` (nodes and graph outputs) read `new` instead."""

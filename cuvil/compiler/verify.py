@@ -13,19 +13,30 @@ what is wrong:
 - names: the values a graph defines (inputs, node outputs) have distinct names (constants
   are not checked: a body's constants become free values of its node, named in the body's
   namespace, and nothing refers to a constant by name);
-- types: each node's output types are what its op's shape rule gives for its inputs now.
+- types: each node's output types are what its op's shape rule gives for its inputs now
+  (the ops registry hands its lookup to `use_shape_rules` when it is imported: the IR comes
+  before the ops in the part order, so it does not import them).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 import sympy
 
 from cuvil.compiler.ir import Dim, Graph, IRError, Node, TensorType, Value, subgraphs, walk_nodes
 
-__all__ = ["verify_graph"]
+__all__ = ["use_shape_rules", "verify_graph"]
+
+#: (domain, op type, opset) -> the op (with `infer`), or None; set by the ops registry
+_lookup: Callable[[str, str, int], Any] | None = None
+
+
+def use_shape_rules(lookup: Callable[[str, str, int], Any]) -> None:
+    """Let `verify_graph` re-run the ops' shape rules (called by `cuvil.compiler.ops`)."""
+    global _lookup
+    _lookup = lookup
 
 
 def verify_graph(graph: Graph) -> None:
@@ -145,8 +156,8 @@ class _Probe:
 def _check_types(graph: Graph, node: Node) -> None:
     """Re-run the node's shape rule on a copy (rules may rewrite their node, e.g. pack
     weights) and compare with the output types it has."""
-    from cuvil.compiler.ops import lookup
-
+    if _lookup is None:  # no op registry loaded: no node could have been typed by a rule
+        return
     if node.domain == "cuvil" and node.op_type == "SymbolicValue":
         # its type is its output's (the frontend's shape arithmetic made it): check the
         # elements it carries instead
@@ -156,7 +167,7 @@ def _check_types(graph: Graph, node: Node) -> None:
             raise IRError(f"{graph.name}: {node.describe()} must output one value carrying as "
                           "many elements as its type holds")
         return
-    op = lookup(node.domain, node.op_type, node.opset)
+    op = _lookup(node.domain, node.op_type, node.opset)
     if op is None:
         raise IRError(f"{graph.name}: {node.describe()} has no implementation at opset "
                       f"{node.opset}")

@@ -14,6 +14,7 @@ import numpy as np
 import sympy
 
 from cuvil.compiler.ir import Constraint, Dim, Graph, Node, TensorType, Value, simplify_dim
+from cuvil.compiler.verify import use_shape_rules
 from cuvil.errors import ModelError, UnsupportedOpError
 
 if TYPE_CHECKING:
@@ -230,3 +231,4 @@ def _import_families() -> None:
 
 
 _import_families()
+use_shape_rules(lookup)  # Graph.verify re-runs these rules

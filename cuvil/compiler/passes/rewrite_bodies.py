@@ -26,18 +26,9 @@ def rewrite_bodies(graph: Graph, passes: Sequence[Callable[[Graph], Graph]]) -> 
             for p in passes:
                 body = p(body)
             node.attrs[attr] = body
-        _recapture(node, op)
+        _recapture(graph, node, op)
     return graph
 
 
-def _recapture(node: Node, op: SubgraphOp) -> None:
-    formal = op.formal(node)
-    before = node.inputs[len(formal):]
-    after = op.captures(node)
-    for v in before:
-        if v is not None and v not in after and node in v.users:
-            v.users.remove(node)
-    for v in after:
-        if v not in before:
-            v.users.append(node)
-    node.inputs = [*formal, *after]
+def _recapture(graph: Graph, node: Node, op: SubgraphOp) -> None:
+    graph.set_inputs(node, [*op.formal(node), *op.captures(node)])

@@ -9,9 +9,8 @@ import pytest
 from onnx import helper
 from oracle import assert_matches_ort, make_model
 
-from cuvil.compiler.frontend import import_model
-from cuvil.compiler.passes import fold_constants
-from cuvil.compiler.passes.fold_constants import fold_node
+from cuvil.compiler.frontend import fold_constants, import_model
+from cuvil.compiler.frontend.fold_constants import fold_node
 
 OPSETS = {"": 17}
 A = np.arange(6, dtype=np.float32).reshape(2, 3)
