@@ -174,7 +174,7 @@ def _check_types(graph: Graph, node: Node) -> None:
     copy = Node(node.op_type, list(node.inputs), [Value(v.name, v.type) for v in node.outputs],
                 dict(node.attrs), node.name, node.domain, node.opset)
     try:
-        types = op.infer(copy, _Probe())  # type: ignore[arg-type]
+        types = op.infer(copy, _Probe())
     except Exception as exc:
         raise IRError(f"{graph.name}: {node.describe()}: its shape rule rejects the node as it "
                       f"is now: {type(exc).__name__}: {exc}") from exc

@@ -20,11 +20,13 @@ the raw blob, so big models never pass through LLVM IR text.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import llvmlite.binding as llvm
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I8, I32, I64, PARALLEL_FOR, PTR, Emitter
-from cuvil.compiler.ir import Graph, Value
+from cuvil.compiler.ir import Graph, Node, Value
 from cuvil.compiler.memory import MemoryPlan
 from cuvil.compiler.ops import lookup
 from cuvil.errors import ModelError
@@ -147,7 +149,8 @@ def _no_stamp(slot: int, value: ir.Value | None = None) -> None:
     return None
 
 
-def _stamper(module: ir.Module, k: Emitter, timestamps: ir.Value):
+def _stamper(module: ir.Module, k: Emitter,
+             timestamps: ir.Value) -> Callable[..., ir.Value]:
     """stamp(slot, value=None): store the clock (or `value`) at timestamps[slot]; returns it."""
     clock = module.globals.get(CLOCK_NS) or ir.Function(module, ir.FunctionType(I64, []),
                                                         CLOCK_NS)
@@ -160,7 +163,7 @@ def _stamper(module: ir.Module, k: Emitter, timestamps: ir.Value):
     return stamp
 
 
-def hide_declarations(ir_text: str, weights_symbol: str, functions: list[str] = ()) -> str:
+def hide_declarations(ir_text: str, weights_symbol: str, functions: Sequence[str] = ()) -> str:
     """Mark hidden the symbols other objects of the library define (weights, runtime) and the
     `functions` defined here that must not be exported.
 
@@ -178,7 +181,7 @@ def hide_declarations(ir_text: str, weights_symbol: str, functions: list[str] = 
     return ir_text
 
 
-def _buffers(node) -> list[Value]:
+def _buffers(node: Node) -> list[Value]:
     seen: list[Value] = []
     for v in [*node.inputs, *node.outputs]:
         if v is not None and v not in seen:

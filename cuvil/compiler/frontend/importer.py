@@ -28,7 +28,7 @@ from cuvil.errors import CuvilError, ModelError, UnsupportedOpError
 __all__ = ["import_model"]
 
 #: the type of an output while its node's shape rule runs
-_UNTYPED = TensorType(np.float32, ())
+_UNTYPED = TensorType(np.dtype(np.float32), ())
 
 
 def _identifier(name: str) -> str:

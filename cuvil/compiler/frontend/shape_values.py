@@ -79,7 +79,7 @@ def propagate(node: Node, num_outputs: int) -> list[tuple[TensorType, tuple[Dim,
         values = tuple(_clean(x, dtype) for x in arr.reshape(-1))
         if any(x is None for x in values):
             return None
-        result.append((TensorType(dtype, arr.shape), values))  # type: ignore[arg-type]
+        result.append((TensorType(dtype, arr.shape), values))
     return result
 
 

@@ -33,8 +33,8 @@ def _fits(block: Dim, need: Dim) -> bool:
 def plan_memory(graph: Graph) -> MemoryPlan:
     _plan_bodies(graph)
     plan = MemoryPlan()
-    for i, v in enumerate(graph.inputs):
-        plan.storage[v] = Storage("input", i)
+    for i, inp in enumerate(graph.inputs):
+        plan.storage[inp] = Storage("input", i)
 
     for node in graph.nodes:
         for v in node.inputs:
