@@ -7,10 +7,12 @@ every family, so the registry is complete.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+import onnx
 import sympy
 
 from cuvil.compiler.ir import Constraint, Dim, Graph, Node, TensorType, Value, simplify_dim
@@ -30,6 +32,8 @@ __all__ = [
     "normalize_axis",
     "register",
     "registered_ops",
+    "required_input",
+    "schema",
 ]
 
 
@@ -132,6 +136,36 @@ def lookup(domain: str, op_type: str, opset: int) -> Op | None:
 
 def registered_ops() -> dict[tuple[str, str], list[Op]]:
     return dict(_REGISTRY)
+
+
+# -- the node's ONNX schema -----------------------------------------------------------------
+
+
+@functools.cache
+def _schema(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | None:
+    try:
+        if opset > 0:
+            return onnx.defs.get_schema(op_type, opset, domain)
+        # nodes made by cuvil itself may carry no opset: the newest definition
+        return onnx.defs.get_schema(op_type, domain)
+    except onnx.defs.SchemaError:  # not in onnx (cuvil's own ops), or newer than the opset
+        return None
+
+
+def schema(node: Node) -> onnx.defs.OpSchema | None:
+    """onnx's definition of the node's op at the node's opset (None when onnx has none)."""
+    return _schema(node.domain, node.op_type, node.opset)
+
+
+def required_input(node: Node, i: int) -> Value:
+    """Input i, which the op cannot do without: a ModelError naming it when it is left out."""
+    v = node.input(i)
+    if v is None:
+        s = schema(node)
+        name = f" ({s.inputs[i].name})" if s is not None and i < len(s.inputs) else ""
+        raise ModelError(f"{node.describe()}: input {i}{name} is required, but the model leaves "
+                         "it out")
+    return v
 
 
 # -- helpers shared by shape rules ----------------------------------------------------------

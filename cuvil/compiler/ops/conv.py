@@ -30,6 +30,7 @@ from cuvil.compiler.ops import (
     const_input,
     const_or_symbolic_input,
     register,
+    required_input,
 )
 from cuvil.compiler.ops._conv_gemm import im2col_bytes, lower_conv_gemm
 from cuvil.compiler.ops._window import (
@@ -63,8 +64,7 @@ def _kernel(node: Node, w: Value) -> tuple[int, ...]:
 
 def _check_operands(node: Node, op: Op) -> tuple[Value, Value, int]:
     op.check_dtypes(node)
-    x, w = node.inputs[0], node.inputs[1]
-    assert x is not None and w is not None
+    x, w = required_input(node, 0), required_input(node, 1)
     if x.type.rank < 3 or w.type.rank != x.type.rank:
         raise ModelError(
             f"{node.describe()}: input {x.type} and weight {w.type} must both be "
@@ -88,8 +88,7 @@ def _check_bias(node: Node, channels: int) -> None:
 
 
 def conv_window(node: Node, ctx: InferContext) -> Window:
-    x, w = node.inputs[0], node.inputs[1]
-    assert x is not None and w is not None
+    x, w = required_input(node, 0), required_input(node, 1)
     return window(node, ctx, x.type.shape[2:], _kernel(node, w))
 
 
@@ -114,8 +113,7 @@ class Conv(Op):
         return im2col_bytes(node, conv_window(node, UNCHECKED))
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val, w_val, b_val = node.inputs[0], node.inputs[1], node.input(2)
-        assert x_val is not None and w_val is not None
+        x_val, w_val, b_val = required_input(node, 0), required_input(node, 1), node.input(2)
         win = conv_window(node, UNCHECKED)
         x, w, y = k.view(x_val), k.view(w_val), k.view(node.outputs[0])
         bias = k.view(b_val) if b_val is not None else None
@@ -243,8 +241,7 @@ def _ints(node: Node, name: str, default: int, r: int) -> tuple[int, ...]:
 
 
 def transposed_window(node: Node, ctx: InferContext) -> TransposedWindow:
-    x, w = node.inputs[0], node.inputs[1]
-    assert x is not None and w is not None
+    x, w = required_input(node, 0), required_input(node, 1)
     spatial = x.type.shape[2:]
     r = len(spatial)
     kernel = _kernel(node, w)
@@ -333,8 +330,7 @@ class ConvTranspose(Op):
         return [TensorType(x.type.dtype, (x.type.shape[0], m, *win.out))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val, w_val, b_val = node.inputs[0], node.inputs[1], node.input(2)
-        assert x_val is not None and w_val is not None
+        x_val, w_val, b_val = required_input(node, 0), required_input(node, 1), node.input(2)
         win = transposed_window(node, UNCHECKED)
         x, w, y = k.view(x_val), k.view(w_val), k.view(node.outputs[0])
         bias = k.view(b_val) if b_val is not None else None
@@ -417,8 +413,7 @@ class _Col2ImGeometry:
 
 
 def _col2im_geometry(node: Node, ctx: InferContext) -> _Col2ImGeometry:
-    x = node.inputs[0]
-    assert x is not None
+    x = required_input(node, 0)
     if x.type.rank != 3:
         raise ModelError(f"{node.describe()}: the input {x.type} must have rank 3: "
                          "[N, C * prod(block_shape), L]")
@@ -484,8 +479,7 @@ class Col2Im(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         g = _col2im_geometry(node, ctx)
         channels = simplify_dim(sympy.sympify(x.type.shape[1]) / int(np.prod(g.block)))
         return [TensorType(x.type.dtype, (x.type.shape[0], channels, *g.image))]

@@ -22,7 +22,7 @@ from llvmlite import ir
 from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import I1, I8, I32, I64, Emitter, View, llvm_type
 from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, Value
-from cuvil.compiler.ops import InferContext, Op, broadcast_shapes, register
+from cuvil.compiler.ops import InferContext, Op, broadcast_shapes, register, required_input
 from cuvil.errors import ModelError, UnsupportedOpError
 
 F16 = np.dtype("float16")
@@ -773,8 +773,7 @@ class Cast(Elementwise):
         return self.target(node)
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         src, dst = x.type.dtype, node.outputs[0].type.dtype
         emit_elementwise(k, node.outputs[0], [x], lambda k, xs: emit_cast(k, xs[0], src, dst))
 
@@ -783,8 +782,7 @@ class CastLike(Cast):
     op_type = "CastLike"
 
     def target(self, node: Node) -> np.dtype:
-        like = node.inputs[1]
-        assert like is not None
+        like = required_input(node, 1)
         return like.type.dtype
 
     def out_dtype(self, node, schema, bound):
@@ -913,8 +911,7 @@ class PRelu(Elementwise):
     op_type = "PRelu"
 
     def out_shape(self, node, ctx):
-        x, slope = node.inputs[0], node.inputs[1]
-        assert x is not None and slope is not None
+        x, slope = required_input(node, 0), required_input(node, 1)
         shape = super().out_shape(node, ctx)
         if len(shape) != x.type.rank or any(a != b for a, b in zip(shape, x.type.shape)):
             raise ModelError(f"{node.describe()}: slope of shape {list(slope.type.shape)} must "
@@ -1017,8 +1014,7 @@ class Clip(Elementwise):
     op_type = "Clip"
 
     def out_shape(self, node, ctx):
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         for i in (1, 2):
             v = node.input(i)
             if v is not None and v.type.numel != 1:
@@ -1027,8 +1023,7 @@ class Clip(Elementwise):
         return x.type.shape
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         if node.opset >= 11:
             # scalar bounds: read as rank-0 operands so that they broadcast
             ops = [x]
@@ -1111,8 +1106,7 @@ class Copy(Op):
     dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         return [x.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
@@ -1144,8 +1138,7 @@ class Dropout(Copy):
                 f"{node.describe()}: training_mode must be a constant false for inference; "
                 "export the model in eval mode"
             )
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         types = [x.type]
         if len(node.outputs) > 1:
             types.append(TensorType(np.bool_, x.type.shape))
@@ -1168,8 +1161,7 @@ class BitCast(Copy):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         dtype = to_dtype(node, "bit-casts")
         if dtype.itemsize != x.type.dtype.itemsize:
             raise ModelError(f"{node.describe()}: cannot bit-cast {x.type.dtype.name} "

@@ -14,7 +14,7 @@ from llvmlite import ir
 from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue, emit_parallel_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, Value
-from cuvil.compiler.ops import UNCHECKED, InferContext, Op, broadcast_shapes, register
+from cuvil.compiler.ops import UNCHECKED, InferContext, Op, broadcast_shapes, register, required_input
 from cuvil.compiler.ops._window import compute_dtype, entry_alloca
 from cuvil.errors import ModelError
 
@@ -121,8 +121,7 @@ class Gemm(Op):
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
         _check_same_dtype(node)
-        a, b = node.inputs[0], node.inputs[1]
-        assert a is not None and b is not None
+        a, b = required_input(node, 0), required_input(node, 1)
         if a.type.rank != 2 or b.type.rank != 2:
             raise ModelError(f"{node.describe()}: Gemm needs 2-D inputs, got {a.type} and {b.type}")
         m, ka = a.type.shape[::-1] if node.attrs.get("transA", 0) else a.type.shape
@@ -139,8 +138,7 @@ class Gemm(Op):
         return [TensorType(a.type.dtype, (m, n))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        a_val, b_val, c_val = node.inputs[0], node.inputs[1], node.input(2)
-        assert a_val is not None and b_val is not None
+        a_val, b_val, c_val = required_input(node, 0), required_input(node, 1), node.input(2)
         y_val = node.outputs[0]
         a, b, y = k.view(a_val), k.view(b_val), k.view(y_val)
         if node.attrs.get("transA", 0):
@@ -207,8 +205,7 @@ class MatMul(Op):
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
         _check_same_dtype(node)
-        a, b = node.inputs[0], node.inputs[1]
-        assert a is not None and b is not None
+        a, b = required_input(node, 0), required_input(node, 1)
         sa, sb = a.type.shape, b.type.shape
         if not sa or not sb:
             raise ModelError(f"{node.describe()}: MatMul inputs must have rank >= 1")
@@ -224,8 +221,7 @@ class MatMul(Op):
         return [TensorType(a.type.dtype, out)]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        a_val, b_val = node.inputs[0], node.inputs[1]
-        assert a_val is not None and b_val is not None
+        a_val, b_val = required_input(node, 0), required_input(node, 1)
         y_val = node.outputs[0]
         a, b, y = k.view(a_val), k.view(b_val), k.view(y_val)
         one = k.i64(1)

@@ -27,6 +27,7 @@ from cuvil.compiler.ops import (
     const_or_symbolic_input,
     normalize_axis,
     register,
+    required_input,
 )
 from cuvil.errors import ModelError, UnsupportedOpError
 
@@ -38,13 +39,6 @@ INDEX_DTYPES = ("int32", "int64")
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-
-def _in(node: Node, i: int) -> Value:
-    v = node.input(i)
-    if v is None:
-        raise ModelError(f"{node.describe()}: input {i} is required")
-    return v
 
 
 def _check_index_dtype(node: Node, v: Value, what: str, allowed: Sequence[str] = INDEX_DTYPES) -> None:
@@ -177,7 +171,7 @@ class Gather(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        data, idx = _in(node, 0), _in(node, 1)
+        data, idx = required_input(node, 0), required_input(node, 1)
         _check_index_dtype(node, idx, "indices")
         if data.type.rank < 1:
             raise ModelError(f"{node.describe()}: data must have rank >= 1, got a scalar")
@@ -187,7 +181,7 @@ class Gather(Op):
         return [TensorType(data.type.dtype, (*shape[:axis], *idx.type.shape, *shape[axis + 1:]))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        data, idx, out = _in(node, 0), _in(node, 1), node.outputs[0]
+        data, idx, out = required_input(node, 0), required_input(node, 1), node.outputs[0]
         shape = data.type.shape
         axis = normalize_axis(node, int(node.attrs.get("axis", 0)), len(shape))
         outer, n, inner = numel(shape[:axis]), shape[axis], numel(shape[axis + 1:])
@@ -214,7 +208,7 @@ class GatherElements(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        data, idx = _in(node, 0), _in(node, 1)
+        data, idx = required_input(node, 0), required_input(node, 1)
         _check_index_dtype(node, idx, "indices")
         r = data.type.rank
         if idx.type.rank != r or r < 1:
@@ -226,7 +220,7 @@ class GatherElements(Op):
         return [TensorType(data.type.dtype, idx.type.shape)]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        data, idx, out = _in(node, 0), _in(node, 1), node.outputs[0]
+        data, idx, out = required_input(node, 0), required_input(node, 1), node.outputs[0]
         axis = normalize_axis(node, int(node.attrs.get("axis", 0)), data.type.rank)
         d, iv, y = k.view(data), k.view(idx), k.view(out)
         with k.loops(iv.dims) as ix:
@@ -275,7 +269,7 @@ class GatherND(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        data, idx = _in(node, 0), _in(node, 1)
+        data, idx = required_input(node, 0), required_input(node, 1)
         _check_index_dtype(node, idx, "indices")
         b = int(node.attrs.get("batch_dims", 0))
         m = _nd_geometry(node, ctx, data, idx, b)
@@ -283,7 +277,7 @@ class GatherND(Op):
         return [TensorType(data.type.dtype, shape)]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        data, idx, out = _in(node, 0), _in(node, 1), node.outputs[0]
+        data, idx, out = required_input(node, 0), required_input(node, 1), node.outputs[0]
         b = int(node.attrs.get("batch_dims", 0))
         shape = data.type.shape
         m = int(idx.type.shape[-1])
@@ -313,7 +307,7 @@ class ScatterElements(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        data, idx, upd = _in(node, 0), _in(node, 1), _in(node, 2)
+        data, idx, upd = (required_input(node, i) for i in range(3))
         _check_index_dtype(node, idx, "indices")
         _reduction(node, data.type.dtype)
         r = data.type.rank
@@ -331,7 +325,8 @@ class ScatterElements(Op):
         return [data.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        data, idx, upd, out = _in(node, 0), _in(node, 1), _in(node, 2), node.outputs[0]
+        data, idx, upd = (required_input(node, i) for i in range(3))
+        out = node.outputs[0]
         axis = normalize_axis(node, int(node.attrs.get("axis", 0)), data.type.rank)
         combine = _reduction(node, data.type.dtype)
         _copy_input(k, data, out)
@@ -366,7 +361,7 @@ class ScatterND(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        data, idx, upd = _in(node, 0), _in(node, 1), _in(node, 2)
+        data, idx, upd = (required_input(node, i) for i in range(3))
         _check_index_dtype(node, idx, "indices")
         _reduction(node, data.type.dtype)
         if upd.type.dtype != data.type.dtype:
@@ -382,7 +377,8 @@ class ScatterND(Op):
         return [data.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        data, idx, upd, out = _in(node, 0), _in(node, 1), _in(node, 2), node.outputs[0]
+        data, idx, upd = (required_input(node, i) for i in range(3))
+        out = node.outputs[0]
         combine = _reduction(node, data.type.dtype)
         shape = data.type.shape
         m = int(idx.type.shape[-1])
@@ -418,7 +414,7 @@ class TensorScatter(Op):
     dtypes = ALL_DTYPES
 
     def _geometry(self, node: Node) -> tuple[int, bool]:
-        past = _in(node, 0)
+        past = required_input(node, 0)
         r = past.type.rank
         if r < 2:
             raise ModelError(f"{node.describe()}: past_cache {past.type} must have rank >= 2 "
@@ -435,7 +431,7 @@ class TensorScatter(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        past, upd = _in(node, 0), _in(node, 1)
+        past, upd = required_input(node, 0), required_input(node, 1)
         axis, _ = self._geometry(node)
         if upd.type.dtype != past.type.dtype:
             raise ModelError(f"{node.describe()}: update has dtype {upd.type.dtype.name}, "
@@ -460,7 +456,7 @@ class TensorScatter(Op):
         return [past.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        past, upd, wi, out = _in(node, 0), _in(node, 1), node.input(2), node.outputs[0]
+        past, upd, wi, out = required_input(node, 0), required_input(node, 1), node.input(2), node.outputs[0]
         axis, circular = self._geometry(node)
         shape = past.type.shape
         per_batch, inner = numel(shape[1:axis]), numel(shape[axis + 1:])
@@ -506,7 +502,7 @@ class OneHot(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        idx, values = _in(node, 0), _in(node, 2)
+        idx, values = required_input(node, 0), required_input(node, 2)
         depth = self._depth(node)
         if values.type.dtype.name not in ALL_DTYPES:
             raise UnsupportedOpError(f"{node.describe()}: values have dtype "
@@ -521,7 +517,7 @@ class OneHot(Op):
         return [TensorType(values.type.dtype, (*shape[:axis], depth, *shape[axis:]))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        idx, values, out = _in(node, 0), _in(node, 2), node.outputs[0]
+        idx, values, out = required_input(node, 0), required_input(node, 2), node.outputs[0]
         depth = self._depth(node)
         shape = idx.type.shape
         axis = normalize_axis(node, int(node.attrs.get("axis", -1)), len(shape) + 1)
@@ -593,7 +589,7 @@ class TopK(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _in(node, 0)
+        x = required_input(node, 0)
         if x.type.rank < 1:
             raise ModelError(f"{node.describe()}: input must have rank >= 1")
         axis = normalize_axis(node, int(node.attrs.get("axis", -1)), x.type.rank)
@@ -605,7 +601,7 @@ class TopK(Op):
         return [TensorType(x.type.dtype, tuple(shape)), TensorType(np.int64, tuple(shape))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x = _in(node, 0)
+        x = required_input(node, 0)
         vals, idxs = node.outputs[0], node.outputs[1]
         shape = x.type.shape
         axis = normalize_axis(node, int(node.attrs.get("axis", -1)), len(shape))
@@ -696,7 +692,7 @@ class _ArgExtreme(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _in(node, 0)
+        x = required_input(node, 0)
         if x.type.rank < 1:
             raise ModelError(f"{node.describe()}: input must have rank >= 1")
         axis = self._axis(node, x.type.rank)
@@ -708,7 +704,7 @@ class _ArgExtreme(Op):
         return [TensorType(np.int64, tuple(shape))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x, out = _in(node, 0), node.outputs[0]
+        x, out = required_input(node, 0), node.outputs[0]
         shape = x.type.shape
         axis = self._axis(node, len(shape))
         last = bool(node.attrs.get("select_last_index", 0))
@@ -777,14 +773,14 @@ class CumSum(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _in(node, 0)
+        x = required_input(node, 0)
         if x.type.rank < 1:
             raise ModelError(f"{node.describe()}: input must have rank >= 1")
         self._axis(node, x.type.rank)
         return [x.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x, out = _in(node, 0), node.outputs[0]
+        x, out = required_input(node, 0), node.outputs[0]
         shape = x.type.shape
         axis = self._axis(node, len(shape))
         exclusive = bool(node.attrs.get("exclusive", 0))
@@ -841,7 +837,7 @@ class ReverseSequence(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x, lens = _in(node, 0), _in(node, 1)
+        x, lens = required_input(node, 0), required_input(node, 1)
         _, batch_axis = self._axes(node)
         if x.type.rank < 2:
             raise ModelError(f"{node.describe()}: input must have rank >= 2, got {x.type}")
@@ -861,7 +857,7 @@ class ReverseSequence(Op):
         return [x.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x, lens, out = _in(node, 0), _in(node, 1), node.outputs[0]
+        x, lens, out = required_input(node, 0), required_input(node, 1), node.outputs[0]
         time_axis, batch_axis = self._axes(node)
         shape = x.type.shape
         inner = numel(shape[2:])
@@ -893,7 +889,7 @@ class Trilu(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _in(node, 0)
+        x = required_input(node, 0)
         if x.type.rank < 2:
             raise ModelError(f"{node.describe()}: input must have rank >= 2, got {x.type}")
         kv = node.input(1)
@@ -904,7 +900,7 @@ class Trilu(Op):
         return [x.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x, out = _in(node, 0), node.outputs[0]
+        x, out = required_input(node, 0), node.outputs[0]
         shape = x.type.shape
         upper = bool(node.attrs.get("upper", 1))
         kv = node.input(1)

@@ -21,7 +21,7 @@ from llvmlite import ir
 from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import Emitter, View, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel
-from cuvil.compiler.ops import InferContext, Op, normalize_axis, register
+from cuvil.compiler.ops import InferContext, Op, normalize_axis, register, required_input
 from cuvil.compiler.ops.reduce import (
     binary_intrinsic,
     entry_alloca,
@@ -42,12 +42,6 @@ _STASH = {1: np.dtype(np.float32), 11: np.dtype(np.float64)}
 def compute_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype arithmetic runs in: float16 is widened to float32."""
     return np.dtype(np.float32) if np.dtype(dtype).itemsize < 4 else np.dtype(dtype)
-
-
-def _input(node: Node, i: int) -> Value:
-    v = node.input(i)
-    assert v is not None
-    return v
 
 
 def _eps(node: Node, default: float = 1e-5) -> float:
@@ -103,7 +97,7 @@ def _loader(k: Emitter, view: View, comp: np.dtype) -> Callable[[list[ir.Value]]
 
 def _param(k: Emitter, node: Node, i: int, comp: np.dtype, index: ir.Value) -> ir.Value:
     """Element `index` of a 1-D parameter input, converted to the compute dtype."""
-    v = k.view(_input(node, i))
+    v = k.view(required_input(node, i))
     return k.convert(k.load_at(v, index), v.dtype, comp)
 
 
@@ -182,7 +176,7 @@ class _Float(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        return [_input(node, 0).type]
+        return [required_input(node, 0).type]
 
 
 # -- softmax family -----------------------------------------------------------------------
@@ -195,7 +189,7 @@ class SoftmaxBase(_Float):
     mode: ClassVar[str]
 
     def geometry(self, node: Node) -> tuple[Dim, Dim, Dim]:
-        x = _input(node, 0)
+        x = required_input(node, 0)
         new = node.opset >= 13
         axis = normalize_axis(node, int(node.attrs.get("axis", -1 if new else 1)), x.type.rank)
         return _axis_dims(node, x.type.shape, axis, flatten=not new)
@@ -203,10 +197,10 @@ class SoftmaxBase(_Float):
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
         self.geometry(node)
-        return [_input(node, 0).type]
+        return [required_input(node, 0).type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _input(node, 0)
+        x_val = required_input(node, 0)
         comp = compute_dtype(x_val.type.dtype)
         emit = {"softmax": _softmax, "logsoftmax": _softmax, "hardmax": _hardmax}[self.mode]
         emit_axis_kernel(k, x_val, node.outputs[0], self.geometry(node),
@@ -291,7 +285,7 @@ class LpNormalization(_Float):
     op_type = "LpNormalization"
 
     def geometry(self, node: Node) -> tuple[Dim, Dim, Dim]:
-        x = _input(node, 0)
+        x = required_input(node, 0)
         p = int(node.attrs.get("p", 2))
         if p not in (1, 2):
             raise ModelError(f"{node.describe()}: p must be 1 or 2, got {p}")
@@ -301,10 +295,10 @@ class LpNormalization(_Float):
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
         self.geometry(node)
-        return [_input(node, 0).type]
+        return [required_input(node, 0).type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _input(node, 0)
+        x_val = required_input(node, 0)
         comp = compute_dtype(x_val.type.dtype)
         p = int(node.attrs.get("p", 2))
         b = k.b
@@ -341,7 +335,7 @@ class LRN(_Float):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _input(node, 0)
+        x = required_input(node, 0)
         if x.type.rank < 2:
             raise ModelError(f"{node.describe()}: input {x.type} needs N x C x ... dims")
         size = node.attrs.get("size")
@@ -351,7 +345,7 @@ class LRN(_Float):
         return [x.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _input(node, 0)
+        x_val = required_input(node, 0)
         comp = compute_dtype(x_val.type.dtype)
         shape = x_val.type.shape
         dims3 = (shape[0], shape[1], numel(shape[2:]))
@@ -410,7 +404,7 @@ class BatchNormalization(_Float):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _input(node, 0)
+        x = required_input(node, 0)
         if x.type.rank < 2:
             raise ModelError(f"{node.describe()}: input {x.type} needs N x C x ... dims")
         if len(node.outputs) > 1 and not self.training(node):
@@ -435,11 +429,11 @@ class BatchNormalization(_Float):
                 _check_param(node, ctx, i, what, c)
         types = [x.type]
         if self.training(node):
-            types += [_input(node, 3).type, _input(node, 4).type]
+            types += [required_input(node, 3).type, required_input(node, 4).type]
         return types
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _input(node, 0)
+        x_val = required_input(node, 0)
         shape = x_val.type.shape
         comp = compute_dtype(x_val.type.dtype)
         dims3 = (shape[0], shape[1], numel(shape[2:]))
@@ -504,7 +498,7 @@ class InstanceNormalization(_Float):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _input(node, 0)
+        x = required_input(node, 0)
         if x.type.rank < 3:
             raise ModelError(f"{node.describe()}: input {x.type} needs N x C x D1 x ... dims")
         for i, what in ((1, "scale"), (2, "B")):
@@ -512,7 +506,7 @@ class InstanceNormalization(_Float):
         return [x.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _input(node, 0)
+        x_val = required_input(node, 0)
         shape = x_val.type.shape
         comp = compute_dtype(x_val.type.dtype)
         dims3 = (shape[0], shape[1], numel(shape[2:]))
@@ -540,7 +534,7 @@ class GroupNormalization(_Float):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _input(node, 0)
+        x = required_input(node, 0)
         if x.type.rank < 2:
             raise ModelError(f"{node.describe()}: input {x.type} needs N x C x ... dims")
         groups = int(node.attrs.get("num_groups", 0))
@@ -567,7 +561,7 @@ class GroupNormalization(_Float):
         return _STASH[code]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _input(node, 0)
+        x_val = required_input(node, 0)
         shape = x_val.type.shape
         comp = compute_dtype(x_val.type.dtype)
         if self.stash(node) == np.float64:
@@ -604,12 +598,12 @@ class LayerNormalization(_Float):
     since = 17
 
     def geometry(self, node: Node) -> int:
-        x = _input(node, 0)
+        x = required_input(node, 0)
         return normalize_axis(node, int(node.attrs.get("axis", -1)), x.type.rank)
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _input(node, 0)
+        x = required_input(node, 0)
         axis = self.geometry(node)
         stash = GroupNormalization.stash(node)
         norm = x.type.shape[axis:]
@@ -634,7 +628,7 @@ class LayerNormalization(_Float):
         return [x.type, stat, stat]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _input(node, 0)
+        x_val = required_input(node, 0)
         shape = x_val.type.shape
         axis = self.geometry(node)
         comp = compute_dtype(x_val.type.dtype)
@@ -688,7 +682,7 @@ class MeanVarianceNormalization(_Float):
     since = 9
 
     def axes(self, node: Node) -> set[int]:
-        x = _input(node, 0)
+        x = required_input(node, 0)
         raw = [int(a) for a in node.attrs.get("axes", [0, 2, 3])]
         axes = {normalize_axis(node, a, x.type.rank) for a in raw}
         if len(axes) != len(raw):
@@ -698,10 +692,10 @@ class MeanVarianceNormalization(_Float):
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
         self.axes(node)
-        return [_input(node, 0).type]
+        return [required_input(node, 0).type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _input(node, 0)
+        x_val = required_input(node, 0)
         comp = compute_dtype(x_val.type.dtype)
         groups = split_groups(x_val.type.shape, self.axes(node))
         x = k.contiguous(k.buffers[x_val], x_val.type.dtype, [d for d, _ in groups])

@@ -18,7 +18,7 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
-from cuvil.compiler.ops import UNCHECKED, InferContext, Op, const_or_symbolic_input, register
+from cuvil.compiler.ops import UNCHECKED, InferContext, Op, const_or_symbolic_input, register, required_input
 from cuvil.compiler.ops._window import (
     Window,
     ceil_div,
@@ -34,8 +34,7 @@ FLOATS = ("float32", "float64", "float16")
 
 
 def _pool_window(node: Node, ctx: InferContext) -> Window:
-    x = node.inputs[0]
-    assert x is not None
+    x = required_input(node, 0)
     if "kernel_shape" not in node.attrs:
         raise ModelError(f"{node.describe()}: the kernel_shape attribute is required")
     return window(node, ctx, x.type.shape[2:], node.attrs["kernel_shape"],
@@ -51,8 +50,7 @@ def _lp_order(node: Node) -> float:
 
 def _check_input(op: Op, node: Node) -> TensorType:
     op.check_dtypes(node)
-    x = node.inputs[0]
-    assert x is not None
+    x = required_input(node, 0)
     if x.type.rank < 3:
         raise ModelError(f"{node.describe()}: input {x.type} must be N x C x spatial...")
     return x.type
@@ -119,8 +117,7 @@ class Pool(Op):
         return [TensorType(xt.dtype, (*xt.shape[:2], *win.out))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = node.inputs[0]
-        assert x_val is not None
+        x_val = required_input(node, 0)
         win = _pool_window(node, UNCHECKED)
         x, y = k.view(x_val), k.view(node.outputs[0])
         dtype = x_val.type.dtype
@@ -239,8 +236,7 @@ class GlobalPool(Op):
         return [TensorType(xt.dtype, (*xt.shape[:2], *([1] * (xt.rank - 2))))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = node.inputs[0]
-        assert x_val is not None
+        x_val = required_input(node, 0)
         dtype = x_val.type.dtype
         ct = compute_dtype(dtype)
         red = _Reduction(k, self.kind, ct, _lp_order(node) if self.kind == "lp" else 2.0)
@@ -435,8 +431,7 @@ class MaxUnpool(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         _, out = self._shapes(node, ctx)
         return [TensorType(x.type.dtype, out)]
 

@@ -22,7 +22,7 @@ from llvmlite import ir
 from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import REDUCE_FLAGS, Emitter, View, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, simplify_dim
-from cuvil.compiler.ops import InferContext, Op, const_input, normalize_axis, register
+from cuvil.compiler.ops import InferContext, Op, const_input, normalize_axis, register, required_input
 from cuvil.errors import ModelError
 
 __all__ = ["TILE", "Reducer", "binary_intrinsic", "emit_reduce", "entry_alloca", "interleave",
@@ -294,8 +294,7 @@ class Reduce(Op):
     dtypes = _NUMERIC
 
     def axes(self, node: Node) -> set[int]:
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         rank = x.type.rank
         if node.opset >= self.axes_input_since:
             arr = const_input(node, 1, "axes")
@@ -316,8 +315,7 @@ class Reduce(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         axes = self.axes(node)
         keep = bool(node.attrs.get("keepdims", 1))
         shape = [1 if a in axes else d for a, d in enumerate(x.type.shape)
@@ -325,8 +323,7 @@ class Reduce(Op):
         return [TensorType(x.type.dtype, tuple(shape))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         y = node.outputs[0]
         emit_reduce(k, x, k.buffers[y], y.type.dtype, self.axes(node), self.reducer)
 

@@ -36,6 +36,7 @@ from cuvil.compiler.ops import (
     const_or_symbolic_input,
     normalize_axis,
     register,
+    required_input,
 )
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError, UnsupportedOpError
@@ -620,8 +621,7 @@ class _Resample(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         plan = _plan(node, ctx)
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         return [TensorType(x.type.dtype, tuple(a.n_out for a in plan.axes))]
 
     def lower(self, node: Node, k: Emitter) -> None:

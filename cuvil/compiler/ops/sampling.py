@@ -15,21 +15,14 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I1, I64, Emitter, llvm_type
-from cuvil.compiler.ir import Node, TensorType, Value, numel, simplify_dim
-from cuvil.compiler.ops import InferContext, Op, register
+from cuvil.compiler.ir import Node, TensorType, numel, simplify_dim
+from cuvil.compiler.ops import InferContext, Op, register, required_input
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError, UnsupportedOpError
 
 FLOATS = ("float32", "float64", "float16")
 #: dtypes GridSample's nearest mode moves without arithmetic
 _GATHERED = ("int8", "int16", "int32", "int64", "uint8", "bool")
-
-
-def _in(node: Node, i: int, what: str) -> Value:
-    v = node.input(i)
-    if v is None:
-        raise ModelError(f"{node.describe()}: input {i} ({what}) is required")
-    return v
 
 
 def _compute_dtype(*dtypes: np.dtype) -> np.dtype:
@@ -148,7 +141,7 @@ class GridSample(Op):
         return names[mode], padding, bool(align)
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x, grid = _in(node, 0, "X"), _in(node, 1, "grid")
+        x, grid = required_input(node, 0), required_input(node, 1)
         mode, _, _ = self._attrs(node)
         self.check_dtypes(node)
         dtype = x.type.dtype
@@ -178,7 +171,7 @@ class GridSample(Op):
         return [TensorType(dtype, (batch, x.type.shape[1], *grid.type.shape[1:-1]))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val, g_val = _in(node, 0, "X"), _in(node, 1, "grid")
+        x_val, g_val = required_input(node, 0), required_input(node, 1)
         mode, _, _ = self._attrs(node)
         shape = x_val.type.shape
         r = len(shape) - 2
@@ -204,7 +197,7 @@ class GridSample(Op):
 
     def _point(self, node: Node, k: Emitter, n: ir.Value, p: ir.Value) -> None:
         """Y[n, :, p]: the taps of grid point p of image n, then every channel."""
-        x_val, g_val, out = _in(node, 0, "X"), _in(node, 1, "grid"), node.outputs[0]
+        x_val, g_val, out = required_input(node, 0), required_input(node, 1), node.outputs[0]
         mode, padding, align = self._attrs(node)
         dtype, gdtype = x_val.type.dtype, g_val.type.dtype
         shape = x_val.type.shape
@@ -348,7 +341,7 @@ class RoiAlign(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x, rois, idx = _in(node, 0, "X"), _in(node, 1, "rois"), _in(node, 2, "batch_indices")
+        x, rois, idx = required_input(node, 0), required_input(node, 1), required_input(node, 2)
         _, _, height, width, _, _ = self._attrs(node)
         if x.type.rank != 4:
             raise ModelError(f"{node.describe()}: X must be 4-D (N, C, H, W), got {x.type}")
@@ -364,7 +357,7 @@ class RoiAlign(Op):
         return [TensorType(x.type.dtype, (count, x.type.shape[1], height, width))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val, r_val, i_val = (_in(node, i, w) for i, w in enumerate(("X", "rois", "batch_indices")))
+        x_val, r_val, i_val = (required_input(node, i) for i in range(3))
         mode, half_pixel, height, width, ratio, scale = self._attrs(node)
         dtype = x_val.type.dtype
         f = _Float(k, dtype)

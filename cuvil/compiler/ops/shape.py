@@ -27,6 +27,7 @@ from cuvil.compiler.ops import (
     const_or_symbolic_input,
     normalize_axis,
     register,
+    required_input,
 )
 from cuvil.compiler.ops.elementwise import Copy, emit_elementwise
 from cuvil.errors import ModelError, UnsupportedOpError
@@ -36,13 +37,6 @@ ALL_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64"
 
 #: a static start/end at least this large means "to the end" (dims never get this big)
 _HUGE = 1 << 31
-
-
-def _x(node: Node) -> Value:
-    x = node.inputs[0]
-    if x is None:
-        raise ModelError(f"{node.describe()}: input 0 is required")
-    return x
 
 
 def _shape_text(dims: Sequence[Dim]) -> str:
@@ -96,7 +90,7 @@ class Flatten(Copy):
     op_type = "Flatten"
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         rank = x.type.rank
         axis = int(node.attrs.get("axis", 1))
         if not -rank <= axis <= rank:
@@ -112,7 +106,7 @@ class Reshape(Copy):
     since = 5
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         target = _dim_values(node, 1, "shape")
         if target is None:
             raise ModelError(f"{node.describe()}: the shape input is required")
@@ -172,7 +166,7 @@ class Squeeze(Copy):
     op_type = "Squeeze"
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         axes_raw = _axes_input(node, 13)
         shape = x.type.shape
         if axes_raw is None:
@@ -190,7 +184,7 @@ class Unsqueeze(Copy):
     op_type = "Unsqueeze"
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         axes_raw = _axes_input(node, 13)
         if axes_raw is None:
             raise ModelError(f"{node.describe()}: axes are required")
@@ -314,12 +308,12 @@ class Transpose(Op):
         return perm
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         perm = self._perm(node, x.type.rank)
         return [TensorType(x.type.dtype, tuple(x.type.shape[p] for p in perm))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x = _x(node)
+        x = required_input(node, 0)
         emit_permute(k, k.buffers[x], k.buffers[node.outputs[0]], x.type.dtype, x.type.shape,
                      self._perm(node, x.type.rank))
 
@@ -333,7 +327,7 @@ class _BlockRearrange(Op):
         raise NotImplementedError
 
     def _block(self, node: Node) -> tuple[Value, int]:
-        x = _x(node)
+        x = required_input(node, 0)
         if x.type.rank != 4:
             raise ModelError(f"{node.describe()}: input must be 4-D (NCHW), got {x.type}")
         b = int(node.attrs.get("blocksize", 0))
@@ -346,7 +340,7 @@ class _BlockRearrange(Op):
 
     def lower(self, node: Node, k: Emitter) -> None:
         shape, perm, _ = self.geometry(node, UNCHECKED)
-        x = _x(node)
+        x = required_input(node, 0)
         emit_permute(k, k.buffers[x], k.buffers[node.outputs[0]], x.type.dtype, shape, perm)
 
 
@@ -459,7 +453,7 @@ class Split(Op):
     dtypes = ALL_DTYPES
 
     def sizes(self, node: Node, ctx: InferContext) -> tuple[int, list[Dim]]:
-        x = _x(node)
+        x = required_input(node, 0)
         axis = normalize_axis(node, int(node.attrs.get("axis", 0)), x.type.rank)
         d = x.type.shape[axis]
         n_out = len(node.outputs)
@@ -507,14 +501,14 @@ class Split(Op):
         return axis, [chunk] * (parts - 1) + [last]
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         axis, split = self.sizes(node, ctx)
         shape = list(x.type.shape)
         return [TensorType(x.type.dtype, tuple([*shape[:axis], s, *shape[axis + 1:]]))
                 for s in split]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x = _x(node)
+        x = required_input(node, 0)
         axis, split = self.sizes(node, UNCHECKED)
         itemsize = x.type.dtype.itemsize
         outer = numel(x.type.shape[:axis])
@@ -557,7 +551,7 @@ class Slice(Op):
 
     def geometry(self, node: Node) -> tuple[list[Dim], list[int], list[Dim]]:
         """(start, step, output length) per axis of the input."""
-        x = _x(node)
+        x = required_input(node, 0)
         rank = x.type.rank
         if node.opset >= 10:
             starts = _dim_values(node, 1, "starts")
@@ -593,11 +587,11 @@ class Slice(Op):
         return first, step_of, length
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         return [TensorType(x.type.dtype, tuple(self.geometry(node)[2]))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _x(node)
+        x_val = required_input(node, 0)
         y_val = node.outputs[0]
         first, steps, length = self.geometry(node)
         in_shape = x_val.type.shape
@@ -639,7 +633,7 @@ class Pad(Op):
 
     def geometry(self, node: Node) -> tuple[str, list[Dim], list[Dim]]:
         """(mode, pads at the start of each axis, pads at the end)."""
-        x = _x(node)
+        x = required_input(node, 0)
         rank = x.type.rank
         mode = node.attrs.get("mode", "constant")
         if mode not in ("constant", "reflect", "edge", "wrap"):
@@ -664,7 +658,7 @@ class Pad(Op):
         return mode, begin, end
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         mode, begin, end = self.geometry(node)
         shape = []
         for a, d in enumerate(x.type.shape):
@@ -685,7 +679,7 @@ class Pad(Op):
         return [TensorType(x.type.dtype, tuple(shape))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _x(node)
+        x_val = required_input(node, 0)
         y_val = node.outputs[0]
         mode, begin, end = self.geometry(node)
         dtype = x_val.type.dtype
@@ -783,7 +777,7 @@ class Expand(Op):
     dtypes = ALL_DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         shape = _dim_values(node, 1, "shape")
         if shape is None:
             raise ModelError(f"{node.describe()}: the shape input is required")
@@ -793,7 +787,7 @@ class Expand(Op):
         return [TensorType(x.type.dtype, broadcast_shapes(node, ctx, x.type.shape, tuple(shape)))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        emit_elementwise(k, node.outputs[0], [_x(node)], lambda k, xs: xs[0])
+        emit_elementwise(k, node.outputs[0], [required_input(node, 0)], lambda k, xs: xs[0])
 
 
 @register
@@ -803,7 +797,7 @@ class Tile(Op):
     dtypes = ALL_DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         reps = _dim_values(node, 1, "repeats")
         if reps is None or len(reps) != x.type.rank:
             raise ModelError(f"{node.describe()}: repeats must have one entry per axis of {x.type}")
@@ -814,7 +808,7 @@ class Tile(Op):
                                                for d, r in zip(x.type.shape, reps)))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x = _x(node)
+        x = required_input(node, 0)
         y = node.outputs[0]
         reps = _dim_values(node, 1, "repeats")
         assert reps is not None
@@ -872,7 +866,7 @@ class Shape(Op):
     dtypes = ALL_DTYPES
 
     def _dims(self, node: Node) -> list[Dim]:
-        shape = list(_x(node).type.shape)
+        shape = list(required_input(node, 0).type.shape)
         rank = len(shape)
         start = int(node.attrs.get("start", 0)) if node.opset >= 15 else 0
         end = node.attrs.get("end") if node.opset >= 15 else None
@@ -897,7 +891,7 @@ class Size(Op):
         return [TensorType(np.int64, ())]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        _store_dims(k, node.outputs[0], [_x(node).type.numel])
+        _store_dims(k, node.outputs[0], [required_input(node, 0).type.numel])
 
 
 @register
@@ -949,7 +943,7 @@ class EyeLike(Op):
     def _target(self, node: Node) -> np.dtype:
         to = node.attrs.get("dtype")
         if to is None:
-            return _x(node).type.dtype
+            return required_input(node, 0).type.dtype
         try:
             dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))
         except Exception:
@@ -961,7 +955,7 @@ class EyeLike(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _x(node)
+        x = required_input(node, 0)
         if x.type.rank != 2:
             raise ModelError(f"{node.describe()}: the input must be 2-D, got {x.type}")
         if not isinstance(node.attrs.get("k", 0), int):
@@ -991,7 +985,7 @@ class Range(Op):
     dtypes = ("float32", "float64", "int16", "int32", "int64")
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        dtype = _x(node).type.dtype
+        dtype = required_input(node, 0).type.dtype
         if dtype.name not in self.dtypes:
             raise UnsupportedOpError(f"{node.describe()}: dtype {dtype.name}; cuvil compiles "
                                      f"Range for {', '.join(self.dtypes)}")
