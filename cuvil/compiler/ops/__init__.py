@@ -26,6 +26,7 @@ __all__ = [
     "InferContext",
     "Op",
     "broadcast_shapes",
+    "compute_dtype",
     "const_input",
     "const_or_symbolic_input",
     "lookup",
@@ -232,6 +233,17 @@ def const_or_symbolic_input(node: Node, i: int, what: str) -> tuple[Dim, ...] | 
             "constant, or re-export the model with a static value here."
         )
     return values
+
+
+def compute_dtype(*dtypes: np.dtype | str) -> np.dtype:
+    """The dtype arithmetic on operands of these dtypes runs in: the widest float among them,
+    float16 widened to float32 (and rounded once on store), as onnxruntime computes; integer
+    operands alone compute in their own (the first's) dtype."""
+    floats = [np.dtype(d) for d in dtypes if np.dtype(d).kind == "f"]
+    if not floats:
+        return np.dtype(dtypes[0])
+    widest = max(floats, key=lambda d: d.itemsize)
+    return np.dtype(np.float32) if widest.itemsize < 4 else widest
 
 
 def normalize_axis(node: Node, axis: int, rank: int) -> int:

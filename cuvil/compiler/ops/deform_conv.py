@@ -31,8 +31,8 @@ from llvmlite import ir
 from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type
 from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_parallel_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
-from cuvil.compiler.ops import UNCHECKED, InferContext, Op, register, required_input
-from cuvil.compiler.ops._window import Window, compute_dtype
+from cuvil.compiler.ops import UNCHECKED, InferContext, Op, compute_dtype, register, required_input
+from cuvil.compiler.ops._window import Window
 from cuvil.compiler.ops.conv import conv_window
 from cuvil.errors import ModelError, UnsupportedOpError
 

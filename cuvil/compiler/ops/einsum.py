@@ -15,8 +15,16 @@ from dataclasses import dataclass, replace
 
 from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.ir import Dim, Node, TensorType
-from cuvil.compiler.ops import UNCHECKED, InferContext, Op, broadcast_shapes, register, required_input
-from cuvil.compiler.ops._window import compute_dtype, entry_alloca
+from cuvil.compiler.ops import (
+    UNCHECKED,
+    InferContext,
+    Op,
+    broadcast_shapes,
+    compute_dtype,
+    register,
+    required_input,
+)
+from cuvil.compiler.ops._window import entry_alloca
 from cuvil.compiler.ops.gemm import emit_matmul, emit_matmul_dot, prefers_dot
 from cuvil.errors import ModelError
 

@@ -22,7 +22,7 @@ from llvmlite import ir
 from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import I1, I8, I32, I64, Emitter, View, llvm_type
 from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, Value
-from cuvil.compiler.ops import InferContext, Op, broadcast_shapes, register, required_input
+from cuvil.compiler.ops import InferContext, Op, broadcast_shapes, compute_dtype, register, required_input
 from cuvil.errors import ModelError, UnsupportedOpError
 
 F16 = np.dtype("float16")
@@ -265,10 +265,6 @@ def _libm(k: Emitter, name: str, x: ir.Value) -> ir.Value:
     return k.b.call(fn, [x])
 
 
-def _compute_dtype(dtype: np.dtype) -> np.dtype:
-    return F32 if dtype == F16 else np.dtype(dtype)
-
-
 def _promote(k: Emitter, x: ir.Value, dtype: np.dtype) -> ir.Value:
     return k.b.fpext(x, llvm_type(F32)) if dtype == F16 else x
 
@@ -390,7 +386,7 @@ class Elementwise(Op):
         out = node.outputs[0]
         dtypes = [v.type.dtype for v in ops]
         main = dtypes[min(self.main, len(dtypes) - 1)]
-        dt = _compute_dtype(main) if self.promote_half else main
+        dt = compute_dtype(main) if self.promote_half else main
 
         def fn(k: Emitter, xs: list[ir.Value]) -> ir.Value:
             if self.promote_half:
@@ -507,7 +503,7 @@ class Pow(Elementwise):
     def compute(self, k, node, xs, dt):
         x, y = xs
         base = node.inputs[0].type.dtype  # type: ignore[union-attr]
-        ydt = _compute_dtype(node.inputs[1].type.dtype)  # type: ignore[union-attr]
+        ydt = compute_dtype(node.inputs[1].type.dtype)  # type: ignore[union-attr]
         small = _small_exponent(node)
         if small is not None:
             r = x
@@ -1035,7 +1031,7 @@ class Clip(Elementwise):
                     ops.append(scalar)
         else:
             ops = [x]
-        dt = _compute_dtype(x.type.dtype)
+        dt = compute_dtype(x.type.dtype)
         out = node.outputs[0]
 
         def fn(k: Emitter, xs: list[ir.Value]) -> ir.Value:

@@ -14,8 +14,16 @@ from llvmlite import ir
 from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue, emit_parallel_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, Value
-from cuvil.compiler.ops import UNCHECKED, InferContext, Op, broadcast_shapes, register, required_input
-from cuvil.compiler.ops._window import compute_dtype, entry_alloca
+from cuvil.compiler.ops import (
+    UNCHECKED,
+    InferContext,
+    Op,
+    broadcast_shapes,
+    compute_dtype,
+    register,
+    required_input,
+)
+from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError
 
 FLOATS = ("float32", "float64", "float16")

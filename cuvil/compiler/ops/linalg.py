@@ -9,8 +9,8 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
-from cuvil.compiler.ops import InferContext, Op, register, required_input
-from cuvil.compiler.ops._window import compute_dtype, entry_alloca
+from cuvil.compiler.ops import InferContext, Op, compute_dtype, register, required_input
+from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError
 
 

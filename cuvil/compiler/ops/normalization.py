@@ -21,7 +21,7 @@ from llvmlite import ir
 from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import Emitter, View, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel
-from cuvil.compiler.ops import InferContext, Op, normalize_axis, register, required_input
+from cuvil.compiler.ops import InferContext, Op, compute_dtype, normalize_axis, register, required_input
 from cuvil.compiler.ops.reduce import (
     binary_intrinsic,
     entry_alloca,
@@ -37,11 +37,6 @@ from cuvil.errors import ModelError, UnsupportedOpError
 FLOATS = ("float32", "float64", "float16")
 #: ONNX TensorProto codes of stash_type
 _STASH = {1: np.dtype(np.float32), 11: np.dtype(np.float64)}
-
-
-def compute_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype arithmetic runs in: float16 is widened to float32."""
-    return np.dtype(np.float32) if np.dtype(dtype).itemsize < 4 else np.dtype(dtype)
 
 
 def _eps(node: Node, default: float = 1e-5) -> float:

@@ -18,12 +18,19 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
-from cuvil.compiler.ops import UNCHECKED, InferContext, Op, const_or_symbolic_input, register, required_input
+from cuvil.compiler.ops import (
+    UNCHECKED,
+    InferContext,
+    Op,
+    compute_dtype,
+    const_or_symbolic_input,
+    register,
+    required_input,
+)
 from cuvil.compiler.ops._window import (
     Window,
     ceil_div,
     clamp,
-    compute_dtype,
     entry_alloca,
     kernel_range,
     window,

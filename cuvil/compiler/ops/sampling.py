@@ -16,18 +16,13 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I1, I64, Emitter, llvm_type
 from cuvil.compiler.ir import Node, TensorType, numel, simplify_dim
-from cuvil.compiler.ops import InferContext, Op, register, required_input
+from cuvil.compiler.ops import InferContext, Op, compute_dtype, register, required_input
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError, UnsupportedOpError
 
 FLOATS = ("float32", "float64", "float16")
 #: dtypes GridSample's nearest mode moves without arithmetic
 _GATHERED = ("int8", "int16", "int32", "int64", "uint8", "bool")
-
-
-def _compute_dtype(*dtypes: np.dtype) -> np.dtype:
-    """float64 when any operand is float64, else float32 (float16 is computed in float32)."""
-    return np.dtype(np.float64 if any(np.dtype(d) == np.float64 for d in dtypes) else np.float32)
 
 
 class _Float:
@@ -202,7 +197,7 @@ class GridSample(Op):
         dtype, gdtype = x_val.type.dtype, g_val.type.dtype
         shape = x_val.type.shape
         r = len(shape) - 2
-        f = _Float(k, _compute_dtype(dtype, gdtype))
+        f = _Float(k, compute_dtype(dtype, gdtype))
         b = k.b
         points = numel(g_val.type.shape[1:-1])
         xv = k.view(x_val)
