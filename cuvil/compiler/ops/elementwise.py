@@ -12,7 +12,9 @@ other transcendental functions call libm.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 import numpy as np
@@ -22,7 +24,15 @@ from llvmlite import ir
 from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import I1, I8, I32, I64, Emitter, View, llvm_type
 from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, Value
-from cuvil.compiler.ops import InferContext, Op, broadcast_shapes, compute_dtype, register, required_input
+from cuvil.compiler.ops import (
+    InferContext,
+    Op,
+    broadcast_shapes,
+    compute_dtype,
+    register,
+    required_input,
+    schema,
+)
 from cuvil.errors import ModelError, UnsupportedOpError
 
 F16 = np.dtype("float16")
@@ -169,11 +179,11 @@ def _readable(type_strs: set[str]) -> str:
 
 
 def schema_of(node: Node) -> onnx.defs.OpSchema:
-    try:
-        return onnx.defs.get_schema(node.op_type, node.opset, node.domain)
-    except onnx.defs.SchemaError:
+    found = schema(node)
+    if found is None:
         raise ModelError(f"{node.describe()}: ONNX defines no {node.op_type} at opset {node.opset}; "
-                         "re-export the model with a newer opset") from None
+                         "re-export the model with a newer opset")
+    return found
 
 
 def bind_types(node: Node, schema: onnx.defs.OpSchema) -> dict[str, np.dtype]:
@@ -230,6 +240,17 @@ def spec_dtypes(op_type: str, index: int = 0) -> tuple[str, ...]:
     param = schema.inputs[index].type_str
     allowed = {tc.type_param_str: set(tc.allowed_type_strs) for tc in schema.type_constraints}
     return tuple(d for d in DTYPES if _ONNX_NAME[d] in allowed.get(param, {param}))
+
+
+def first_opset(op_type: str) -> int:
+    """The opset in which ONNX first defines `op_type`."""
+    version = onnx.defs.get_schema(op_type).since_version
+    while version > 1:
+        try:
+            version = onnx.defs.get_schema(op_type, version - 1).since_version
+        except onnx.defs.SchemaError:
+            break
+    return version
 
 
 # -- small code helpers ----------------------------------------------------------------------
@@ -347,6 +368,9 @@ class Elementwise(Op):
     `operands` are the inputs that are read elementwise (default: all present inputs).
     `compute` gets them loaded (float16 already widened to float32) and `dt`, the compute
     dtype of operand `main`; it returns the result in that dtype, or an i1 for bool outputs.
+
+    A subclass that names an `op_type` registers itself, from the op's first ONNX version on,
+    for the dtypes the newest schema allows its main input (unless it sets `dtypes_fixed`).
     """
 
     #: how many leading inputs are elementwise operands (None: all)
@@ -357,6 +381,18 @@ class Elementwise(Op):
     promote_half: ClassVar[bool] = True
     #: work per element, in multiply-adds (decides when the loop is worth threads)
     cost: ClassVar[int] = 1
+    #: `dtypes` is the class's own list, not the schema's
+    dtypes_fixed: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "op_type" not in cls.__dict__:
+            return  # a base of other ops
+        if not cls.dtypes_fixed:
+            cls.dtypes = spec_dtypes(cls.op_type, cls.main)
+        if "since" not in cls.__dict__:
+            cls.since = first_opset(cls.op_type)
+        register(cls)
 
     def operands(self, node: Node) -> list[Value]:
         ins = node.inputs if self.arity is None else node.inputs[: self.arity]
@@ -399,35 +435,52 @@ class Elementwise(Op):
         raise NotImplementedError
 
 
-def _register_all(*classes: type[Op]) -> None:
-    for cls in classes:
-        if not getattr(cls, "dtypes_fixed", False):
-            cls.dtypes = spec_dtypes(cls.op_type, getattr(cls, "main", 0))
-        register(cls)
+@dataclass(frozen=True)
+class Row:
+    """An op whose lowering is one function of its loaded operands: fn(k, dt, *operands),
+    `dt` being the compute dtype (see `Elementwise`). Its dtypes and first opset are onnx's,
+    unless given."""
+
+    op_type: str
+    fn: Callable[..., ir.Value]
+    cost: int = 1
+    dtypes: tuple[str, ...] | None = None
+    since: int | None = None
+
+
+class _RowOp(Elementwise):
+    fn: ClassVar[Callable[..., ir.Value]]
+
+    def compute(self, k, node, xs, dt):
+        return type(self).fn(k, dt, *xs)
+
+
+def table(*rows: Row) -> None:
+    """Define (and so register) one op per row."""
+    for row in rows:
+        body: dict[str, object] = {"op_type": row.op_type, "fn": staticmethod(row.fn),
+                                   "cost": row.cost, "__doc__": f"{row.op_type}: a table row.",
+                                   "__module__": __name__}
+        if row.dtypes is not None:
+            body.update(dtypes=row.dtypes, dtypes_fixed=True)
+        if row.since is not None:
+            body["since"] = row.since
+        type(row.op_type, (_RowOp,), body)
+
+
+def _fold(f: Callable[[Emitter, np.dtype, ir.Value, ir.Value], ir.Value]) -> Callable[..., ir.Value]:
+    """A variadic op from a binary one: f(f(x0, x1), x2)..."""
+    return lambda k, dt, *xs: functools.reduce(lambda a, b: f(k, dt, a, b), xs)
 
 
 # -- binary arithmetic ------------------------------------------------------------------------
 
 
-class Add(Elementwise):
-    op_type = "Add"
-
-    def compute(self, k, node, xs, dt):
-        return k.add(dt, xs[0], xs[1])
-
-
-class Sub(Elementwise):
-    op_type = "Sub"
-
-    def compute(self, k, node, xs, dt):
-        return k.sub(dt, xs[0], xs[1])
-
-
-class Mul(Elementwise):
-    op_type = "Mul"
-
-    def compute(self, k, node, xs, dt):
-        return k.mul(dt, xs[0], xs[1])
+table(
+    Row("Add", lambda k, dt, a, b: k.add(dt, a, b)),
+    Row("Sub", lambda k, dt, a, b: k.sub(dt, a, b)),
+    Row("Mul", lambda k, dt, a, b: k.mul(dt, a, b)),
+)
 
 
 def _safe_divisor(k: Emitter, dt: np.dtype, b: ir.Value) -> ir.Value:
@@ -551,98 +604,26 @@ class BitShift(Elementwise):
         return k.b.select(in_range, k.b.lshr(x, amount), _c(x, 0))
 
 
-class BitwiseAnd(Elementwise):
-    op_type = "BitwiseAnd"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.and_(xs[0], xs[1])
-
-
-class BitwiseOr(Elementwise):
-    op_type = "BitwiseOr"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.or_(xs[0], xs[1])
-
-
-class BitwiseXor(Elementwise):
-    op_type = "BitwiseXor"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.xor(xs[0], xs[1])
-
-
-class BitwiseNot(Elementwise):
-    op_type = "BitwiseNot"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.xor(xs[0], _c(xs[0], -1))
+table(
+    Row("BitwiseAnd", lambda k, dt, a, b: k.b.and_(a, b)),
+    Row("BitwiseOr", lambda k, dt, a, b: k.b.or_(a, b)),
+    Row("BitwiseXor", lambda k, dt, a, b: k.b.xor(a, b)),
+    Row("BitwiseNot", lambda k, dt, x: k.b.xor(x, _c(x, -1))),
+)
 
 
 # -- variadic -------------------------------------------------------------------------------
 
-
-class Max(Elementwise):
-    op_type = "Max"
-
-    def compute(self, k, node, xs, dt):
-        r = xs[0]
-        for x in xs[1:]:
-            r = _max(k, dt, r, x)
-        return r
-
-
-class Min(Elementwise):
-    op_type = "Min"
-
-    def compute(self, k, node, xs, dt):
-        r = xs[0]
-        for x in xs[1:]:
-            r = _min(k, dt, r, x)
-        return r
-
-
-class Sum(Elementwise):
-    op_type = "Sum"
-
-    def compute(self, k, node, xs, dt):
-        r = xs[0]
-        for x in xs[1:]:
-            r = k.add(dt, r, x)
-        return r
-
-
-class Mean(Sum):
-    op_type = "Mean"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.fdiv(super().compute(k, node, xs, dt), _c(xs[0], len(xs)))
+table(
+    Row("Max", _fold(_max)),
+    Row("Min", _fold(_min)),
+    Row("Sum", _fold(lambda k, dt, a, b: k.add(dt, a, b))),
+    Row("Mean", lambda k, dt, *xs: k.b.fdiv(_fold(lambda k, dt, a, b: k.add(dt, a, b))(k, dt, *xs),
+                                            _c(xs[0], len(xs)))),
+)
 
 
 # -- comparisons and logic -------------------------------------------------------------------
-
-
-class Equal(Elementwise):
-    op_type = "Equal"
-
-    def compute(self, k, node, xs, dt):
-        if _kind(dt) == "f":
-            return k.b.fcmp_ordered("==", xs[0], xs[1])
-        return k.b.icmp_unsigned("==", xs[0], xs[1])
-
-
-class Less(Elementwise):
-    op_type = "Less"
-
-    def compute(self, k, node, xs, dt):
-        return _lt(k, dt, xs[0], xs[1])
-
-
-class Greater(Elementwise):
-    op_type = "Greater"
-
-    def compute(self, k, node, xs, dt):
-        return _gt(k, dt, xs[0], xs[1])
 
 
 def _cmp(dt: np.dtype, k: Emitter, op: str, a: ir.Value, b: ir.Value) -> ir.Value:
@@ -653,49 +634,20 @@ def _cmp(dt: np.dtype, k: Emitter, op: str, a: ir.Value, b: ir.Value) -> ir.Valu
     return k.b.icmp_unsigned(op, a, b)
 
 
-class LessOrEqual(Elementwise):
-    op_type = "LessOrEqual"
-
-    def compute(self, k, node, xs, dt):
-        return _cmp(dt, k, "<=", xs[0], xs[1])
-
-
-class GreaterOrEqual(Elementwise):
-    op_type = "GreaterOrEqual"
-
-    def compute(self, k, node, xs, dt):
-        return _cmp(dt, k, ">=", xs[0], xs[1])
-
-
 # bool tensors hold 0 or 1 per byte, so logic works on the bytes directly
-
-
-class And(Elementwise):
-    op_type = "And"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.and_(xs[0], xs[1])
-
-
-class Or(Elementwise):
-    op_type = "Or"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.or_(xs[0], xs[1])
-
-
-class Xor(Elementwise):
-    op_type = "Xor"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.xor(xs[0], xs[1])
-
-
-class Not(Elementwise):
-    op_type = "Not"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.xor(xs[0], _c(xs[0], 1))
+table(
+    Row("Equal", lambda k, dt, a, b: (k.b.fcmp_ordered("==", a, b) if _kind(dt) == "f"
+                                      else k.b.icmp_unsigned("==", a, b))),
+    Row("Less", _lt),
+    Row("Greater", _gt),
+    Row("LessOrEqual", lambda k, dt, a, b: _cmp(dt, k, "<=", a, b)),
+    Row("GreaterOrEqual", lambda k, dt, a, b: _cmp(dt, k, ">=", a, b)),
+    Row("And", lambda k, dt, a, b: k.b.and_(a, b)),
+    Row("Or", lambda k, dt, a, b: k.b.or_(a, b)),
+    Row("Xor", lambda k, dt, a, b: k.b.xor(a, b)),
+    Row("Not", lambda k, dt, x: k.b.xor(x, _c(x, 1))),
+    Row("IsNaN", lambda k, dt, x: _isnan(k, x)),
+)
 
 
 class Where(Elementwise):
@@ -706,13 +658,6 @@ class Where(Elementwise):
     def compute(self, k, node, xs, dt):
         cond = k.b.icmp_unsigned("!=", xs[0], _c(xs[0], 0))
         return k.b.select(cond, xs[1], xs[2])
-
-
-class IsNaN(Elementwise):
-    op_type = "IsNaN"
-
-    def compute(self, k, node, xs, dt):
-        return _isnan(k, xs[0])
 
 
 class IsInf(Elementwise):
@@ -788,35 +733,19 @@ class CastLike(Cast):
 # -- unary math -------------------------------------------------------------------------------
 
 
-class Abs(Elementwise):
-    op_type = "Abs"
-
-    def compute(self, k, node, xs, dt):
-        x = xs[0]
-        if _kind(dt) == "f":
-            return _intrinsic(k, "llvm.fabs", x)
-        if _kind(dt) == "u":
-            return x
-        return k.b.select(k.b.icmp_signed("<", x, _c(x, 0)), k.b.sub(_c(x, 0), x), x)
+def _abs(k: Emitter, dt: np.dtype, x: ir.Value) -> ir.Value:
+    if _kind(dt) == "f":
+        return _intrinsic(k, "llvm.fabs", x)
+    if _kind(dt) == "u":
+        return x
+    return k.b.select(k.b.icmp_signed("<", x, _c(x, 0)), k.b.sub(_c(x, 0), x), x)
 
 
-class Neg(Elementwise):
-    op_type = "Neg"
-
-    def compute(self, k, node, xs, dt):
-        x = xs[0]
-        return k.b.fneg(x) if _kind(dt) == "f" else k.b.sub(_c(x, 0), x)
-
-
-class Sign(Elementwise):
-    op_type = "Sign"
-
-    def compute(self, k, node, xs, dt):
-        x = xs[0]
-        pos = _gt(k, dt, x, _c(x, 0))
-        neg = _lt(k, dt, x, _c(x, 0))
-        r = k.b.select(pos, _c(x, 1), k.b.select(neg, _c(x, -1), _c(x, 0)))
-        return k.b.select(_isnan(k, x), x, r) if _kind(dt) == "f" else r
+def _sign(k: Emitter, dt: np.dtype, x: ir.Value) -> ir.Value:
+    pos = _gt(k, dt, x, _c(x, 0))
+    neg = _lt(k, dt, x, _c(x, 0))
+    r = k.b.select(pos, _c(x, 1), k.b.select(neg, _c(x, -1), _c(x, 0)))
+    return k.b.select(_isnan(k, x), x, r) if _kind(dt) == "f" else r
 
 
 def _round_half_even(k: Emitter, x: ir.Value) -> ir.Value:
@@ -829,51 +758,43 @@ def _round_half_even(k: Emitter, x: ir.Value) -> ir.Value:
     return k.b.select(k.b.fcmp_ordered("<", a, big), r, x)
 
 
-#: float -> float functions of one input, by op type
-_FLOAT_UNARY: dict[str, Callable[[Emitter, ir.Value], ir.Value]] = {
-    "Exp": lambda k, x: vecmath.exp(k.b, x),
-    "Log": lambda k, x: vecmath.log(k.b, x),
-    "Tanh": lambda k, x: vecmath.tanh(k.b, x),
-    "Erf": lambda k, x: vecmath.erf(k.b, x),
-    "Sigmoid": lambda k, x: vecmath.sigmoid(k.b, x),
-    "Softplus": lambda k, x: vecmath.softplus(k.b, x),
-    "Sqrt": lambda k, x: _intrinsic(k, "llvm.sqrt", x),
-    "Floor": lambda k, x: _intrinsic(k, "llvm.floor", x),
-    "Ceil": lambda k, x: _intrinsic(k, "llvm.ceil", x),
-    "Round": _round_half_even,
-    "Reciprocal": lambda k, x: k.b.fdiv(_c(x, 1), x),
-    "Softsign": lambda k, x: k.b.fdiv(x, k.b.fadd(_c(x, 1), _intrinsic(k, "llvm.fabs", x))),
-    "Mish": lambda k, x: k.b.fmul(x, vecmath.tanh(k.b, vecmath.softplus(k.b, x))),
+def _libm_fn(name: str) -> Callable[[Emitter, np.dtype, ir.Value], ir.Value]:
+    return lambda k, dt, x: _libm(k, name, x)
+
+
+def _hard_sigmoid(k: Emitter, x: ir.Value, alpha: float, beta: float) -> ir.Value:
+    y = k.b.fadd(k.b.fmul(x, _c(x, alpha)), _c(x, beta))
+    y = k.b.select(k.b.fcmp_ordered(">", y, _c(x, 1)), _c(x, 1), y)
+    return k.b.select(k.b.fcmp_ordered("<", y, _c(x, 0)), _c(x, 0), y)
+
+
+# costs: work per element in multiply-adds, for threading decisions (40: a libm call)
+table(
+    Row("Abs", _abs),
+    Row("Neg", lambda k, dt, x: k.b.fneg(x) if _kind(dt) == "f" else k.b.sub(_c(x, 0), x)),
+    Row("Sign", _sign),
+    Row("Relu", lambda k, dt, x: k.b.select(_lt(k, dt, x, _c(x, 0)), _c(x, 0), x)),
+    Row("Exp", lambda k, dt, x: vecmath.exp(k.b, x), cost=12),
+    Row("Log", lambda k, dt, x: vecmath.log(k.b, x), cost=14),
+    Row("Tanh", lambda k, dt, x: vecmath.tanh(k.b, x), cost=18),
+    Row("Erf", lambda k, dt, x: vecmath.erf(k.b, x), cost=20),
+    Row("Sigmoid", lambda k, dt, x: vecmath.sigmoid(k.b, x), cost=16),
+    Row("Softplus", lambda k, dt, x: vecmath.softplus(k.b, x), cost=32),
+    Row("Sqrt", lambda k, dt, x: _intrinsic(k, "llvm.sqrt", x), cost=4),
+    Row("Floor", lambda k, dt, x: _intrinsic(k, "llvm.floor", x), cost=40),
+    Row("Ceil", lambda k, dt, x: _intrinsic(k, "llvm.ceil", x), cost=40),
+    Row("Round", lambda k, dt, x: _round_half_even(k, x), cost=40),
+    Row("Reciprocal", lambda k, dt, x: k.b.fdiv(_c(x, 1), x), cost=4),
+    Row("Softsign", lambda k, dt, x: k.b.fdiv(x, k.b.fadd(_c(x, 1), _intrinsic(k, "llvm.fabs", x))),
+        cost=4),
+    Row("Mish", lambda k, dt, x: k.b.fmul(x, vecmath.tanh(k.b, vecmath.softplus(k.b, x))), cost=50),
+    Row("HardSwish", lambda k, dt, x: k.b.fmul(x, _hard_sigmoid(k, x, 1 / 6, 0.5))),
     # libm: accuracy first (LLVM's intrinsics for these become libm calls too)
-    "Sin": lambda k, x: _intrinsic(k, "llvm.sin", x),
-    "Cos": lambda k, x: _intrinsic(k, "llvm.cos", x),
-    "Tan": lambda k, x: _libm(k, "tan", x),
-    "Asin": lambda k, x: _libm(k, "asin", x),
-    "Acos": lambda k, x: _libm(k, "acos", x),
-    "Atan": lambda k, x: _libm(k, "atan", x),
-    "Sinh": lambda k, x: _libm(k, "sinh", x),
-    "Cosh": lambda k, x: _libm(k, "cosh", x),
-    "Asinh": lambda k, x: _libm(k, "asinh", x),
-    "Acosh": lambda k, x: _libm(k, "acosh", x),
-    "Atanh": lambda k, x: _libm(k, "atanh", x),
-}
-
-
-#: work per element of the costlier functions, in multiply-adds (for threading decisions)
-_UNARY_COST = {"Exp": 12, "Log": 14, "Tanh": 18, "Erf": 20, "Sigmoid": 16, "Softplus": 32,
-               "Mish": 50, "Sqrt": 4, "Reciprocal": 4, "Softsign": 4}
-
-
-class FloatUnary(Elementwise):
-    """A float function of one input from the table above."""
-
-    def compute(self, k, node, xs, dt):
-        return _FLOAT_UNARY[node.op_type](k, xs[0])
-
-
-_UNARY_CLASSES = [type(name, (FloatUnary,), {"op_type": name, "__doc__": f"{name} (float).",
-                                             "cost": _UNARY_COST.get(name, 40)})
-                  for name in _FLOAT_UNARY]
+    Row("Sin", lambda k, dt, x: _intrinsic(k, "llvm.sin", x), cost=40),
+    Row("Cos", lambda k, dt, x: _intrinsic(k, "llvm.cos", x), cost=40),
+    *(Row(name, _libm_fn(name.lower()), cost=40)
+      for name in ("Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh")),
+)
 
 
 # -- activations ------------------------------------------------------------------------------
@@ -882,14 +803,6 @@ _UNARY_CLASSES = [type(name, (FloatUnary,), {"op_type": name, "__doc__": f"{name
 def _f(node: Node, name: str, default: float) -> float:
     """A float attribute; ONNX stores them as float32, defaults included (0.01 is 0.01f)."""
     return float(np.float32(node.attrs.get(name, default)))
-
-
-class Relu(Elementwise):
-    op_type = "Relu"
-
-    def compute(self, k, node, xs, dt):
-        x = xs[0]
-        return k.b.select(_lt(k, dt, x, _c(x, 0)), _c(x, 0), x)
 
 
 class LeakyRelu(Elementwise):
@@ -961,24 +874,11 @@ class ThresholdedRelu(Elementwise):
         return k.b.select(k.b.fcmp_ordered(">", x, _c(x, _f(node, "alpha", 1.0))), x, _c(x, 0))
 
 
-def _hard_sigmoid(k: Emitter, x: ir.Value, alpha: float, beta: float) -> ir.Value:
-    y = k.b.fadd(k.b.fmul(x, _c(x, alpha)), _c(x, beta))
-    y = k.b.select(k.b.fcmp_ordered(">", y, _c(x, 1)), _c(x, 1), y)
-    return k.b.select(k.b.fcmp_ordered("<", y, _c(x, 0)), _c(x, 0), y)
-
-
 class HardSigmoid(Elementwise):
     op_type = "HardSigmoid"
 
     def compute(self, k, node, xs, dt):
         return _hard_sigmoid(k, xs[0], _f(node, "alpha", 0.2), _f(node, "beta", 0.5))
-
-
-class HardSwish(Elementwise):
-    op_type = "HardSwish"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.fmul(xs[0], _hard_sigmoid(k, xs[0], 1 / 6, 0.5))
 
 
 class Gelu(Elementwise):
@@ -1079,17 +979,6 @@ class Shrink(Elementwise):
         if _kind(dt) == "f":
             return r
         return float_to_int(k, r, dt)
-
-
-_register_all(
-    Add, Sub, Mul, Div, Mod, Pow, BitShift, BitwiseAnd, BitwiseOr, BitwiseXor, BitwiseNot,
-    Max, Min, Sum, Mean,
-    Equal, Less, Greater, LessOrEqual, GreaterOrEqual, And, Or, Xor, Not, Where, IsNaN, IsInf,
-    Cast, CastLike,
-    Abs, Neg, Sign, *_UNARY_CLASSES,
-    Relu, LeakyRelu, PRelu, Elu, Selu, Celu, ThresholdedRelu, HardSigmoid, HardSwish, Gelu,
-    Clip, Shrink,
-)
 
 
 # -- identities -------------------------------------------------------------------------------
