@@ -7,6 +7,7 @@ every family, so the registry is complete.
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import onnx
 import sympy
+from onnx import numpy_helper
 
 from cuvil.compiler.ir import Constraint, Dim, Graph, Node, TensorType, Value, simplify_dim
 from cuvil.errors import ModelError, UnsupportedOpError
@@ -25,6 +27,8 @@ __all__ = [
     "UNCHECKED",
     "InferContext",
     "Op",
+    "attr",
+    "attribute_value",
     "broadcast_shapes",
     "compute_dtype",
     "const_input",
@@ -167,6 +171,67 @@ def required_input(node: Node, i: int) -> Value:
         raise ModelError(f"{node.describe()}: input {i}{name} is required, but the model leaves "
                          "it out")
     return v
+
+
+def attribute_value(a: onnx.AttributeProto) -> Any:
+    """An attribute as cuvil's nodes hold it: text as str, tensors as numpy arrays."""
+    v = onnx.helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, onnx.TensorProto):
+        return numpy_helper.to_array(v)
+    if isinstance(v, list) and v and isinstance(v[0], bytes):
+        return [x.decode() for x in v]
+    return v
+
+
+_SCHEMA = object()
+
+
+def attr(node: Node, name: str, default: Any = _SCHEMA) -> Any:
+    """The node's attribute `name`; when it is not set, `default` if given (for defaults onnx
+    states only in words, such as one stride per axis), else onnx's default for the node's op
+    at its opset (None for an optional attribute without one). A required attribute the node
+    lacks is a ModelError."""
+    if name in node.attrs:
+        return node.attrs[name]
+    if default is not _SCHEMA:
+        return default
+    required, value = _attr_default(node.domain, node.op_type, node.opset, name)
+    if required:
+        raise ModelError(f"{node.describe()}: the {name!r} attribute is required; the node does "
+                         "not set it")
+    return copy.copy(value)
+
+
+@functools.cache
+def _attr_default(domain: str, op_type: str, opset: int, name: str) -> tuple[bool, Any]:
+    """(required, default) of an attribute at the node's opset. One that a later version adds
+    takes that version's default (what the older versions behaved as); one that another
+    version has, or that the op has in no version (shared code reads it for several ops), is
+    absent: None, as for any optional attribute without a default."""
+    own = _schema(domain, op_type, opset)
+    versions = _versions(domain, op_type)
+    newer = [v for v in versions if own is None or v.since_version > own.since_version]
+    for found in ([own] if own is not None else []) + newer[::-1]:
+        spec = found.attributes.get(name)
+        if spec is not None:
+            undefined = spec.default_value.type == onnx.AttributeProto.UNDEFINED
+            return (spec.required and found is own,
+                    None if undefined else attribute_value(spec.default_value))
+    return False, None
+
+
+@functools.cache
+def _versions(domain: str, op_type: str) -> tuple[onnx.defs.OpSchema, ...]:
+    """Every version onnx defines of an op, newest first."""
+    found: list[onnx.defs.OpSchema] = []
+    version = _schema(domain, op_type, 0)
+    while version is not None:
+        found.append(version)
+        version = (_schema(domain, op_type, version.since_version - 1)
+                   if version.since_version > 1 else None)
+    return tuple(found)
 
 
 # -- helpers shared by shape rules ----------------------------------------------------------

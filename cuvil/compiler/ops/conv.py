@@ -27,6 +27,7 @@ from cuvil.compiler.ops import (
     UNCHECKED,
     InferContext,
     Op,
+    attr,
     compute_dtype,
     const_input,
     const_or_symbolic_input,
@@ -75,7 +76,7 @@ def _check_operands(node: Node, op: Op) -> tuple[Value, Value, int]:
                          f"{x.type.dtype}")
     if not all(isinstance(d, int) for d in w.type.shape):
         raise ModelError(f"{node.describe()}: the weight shape must be static, got {w.type}")
-    group = int(node.attrs.get("group", 1))
+    group = int(attr(node, "group"))
     if group < 1:
         raise ModelError(f"{node.describe()}: group = {group} must be >= 1")
     return x, w, group
@@ -117,7 +118,7 @@ class Conv(Op):
         win = conv_window(node, UNCHECKED)
         x, w, y = k.view(x_val), k.view(w_val), k.view(node.outputs[0])
         bias = k.view(b_val) if b_val is not None else None
-        group = int(node.attrs.get("group", 1))
+        group = int(attr(node, "group"))
         m, cg = int(w_val.type.shape[0]), int(w_val.type.shape[1])
         mg = m // group
         if y.dtype.name == "float32":
@@ -334,7 +335,7 @@ class ConvTranspose(Op):
         win = transposed_window(node, UNCHECKED)
         x, w, y = k.view(x_val), k.view(w_val), k.view(node.outputs[0])
         bias = k.view(b_val) if b_val is not None else None
-        group = int(node.attrs.get("group", 1))
+        group = int(attr(node, "group"))
         cg, mg = int(w_val.type.shape[0]) // group, int(w_val.type.shape[1])
         if compute_dtype(y.dtype) != y.dtype:
             _transposed_gather(k, x, w, y, bias, win, cg, mg)

@@ -31,12 +31,21 @@ from llvmlite import ir
 from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type
 from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_parallel_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
-from cuvil.compiler.ops import UNCHECKED, InferContext, Op, compute_dtype, register, required_input
+from cuvil.compiler.ops import (
+    UNCHECKED,
+    InferContext,
+    Op,
+    attr,
+    compute_dtype,
+    register,
+    required_input,
+)
 from cuvil.compiler.ops._window import Window
 from cuvil.compiler.ops.conv import conv_window
 from cuvil.errors import ModelError, UnsupportedOpError
 
 FLOATS = ("float32", "float64", "float16")
+
 F32 = ir.FloatType()
 
 
@@ -75,8 +84,8 @@ def _geometry(node: Node, ctx: InferContext) -> _Geometry:
                              f"{x.type.dtype.name}; they must be the same")
     if w.type.rank != 4 or not all(isinstance(d, int) for d in w.type.shape):
         raise ModelError(f"{node.describe()}: W {w.type} must be a static M x C/group x kH x kW")
-    group = int(node.attrs.get("group", 1))
-    offset_group = int(node.attrs.get("offset_group", 1))
+    group = int(attr(node, "group"))
+    offset_group = int(attr(node, "offset_group"))
     if group < 1 or offset_group < 1:
         raise ModelError(f"{node.describe()}: group ({group}) and offset_group ({offset_group}) "
                          "must be >= 1")

@@ -19,6 +19,7 @@ from cuvil.compiler.ops import (
     UNCHECKED,
     InferContext,
     Op,
+    attr,
     broadcast_shapes,
     compute_dtype,
     register,
@@ -55,9 +56,7 @@ class Equation:
 
 
 def parse_equation(node: Node, ranks: list[int]) -> Equation:
-    text = node.attrs.get("equation")
-    if not isinstance(text, str):
-        raise ModelError(f"{node.describe()}: the equation attribute is required")
+    text = str(attr(node, "equation"))
     eq = text.replace(" ", "")
     lhs, arrow, rhs = eq.partition("->")
     terms = lhs.split(",")

@@ -27,6 +27,7 @@ from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, Value
 from cuvil.compiler.ops import (
     InferContext,
     Op,
+    attr,
     broadcast_shapes,
     compute_dtype,
     register,
@@ -516,7 +517,7 @@ class Mod(Elementwise):
     cost = 16
 
     def check(self, node, schema, bound):
-        fmod = int(node.attrs.get("fmod", 0))
+        fmod = int(attr(node, "fmod"))
         if fmod not in (0, 1):
             raise ModelError(f"{node.describe()}: fmod must be 0 or 1, got {fmod}")
         if not fmod and _kind(bound["T"]) == "f" and node.opset < 28:
@@ -525,7 +526,7 @@ class Mod(Elementwise):
 
     def compute(self, k, node, xs, dt):
         a, b = xs
-        fmod = int(node.attrs.get("fmod", 0))
+        fmod = int(attr(node, "fmod"))
         if _kind(dt) == "f":
             r = k.b.frem(a, b)
             if fmod:
@@ -587,7 +588,7 @@ class BitShift(Elementwise):
     op_type = "BitShift"
 
     def check(self, node, schema, bound):
-        direction = node.attrs.get("direction")
+        direction = attr(node, "direction")
         if direction not in ("LEFT", "RIGHT"):
             raise ModelError(f"{node.describe()}: direction must be \"LEFT\" or \"RIGHT\", "
                              f"got {direction!r}")
@@ -597,7 +598,7 @@ class BitShift(Elementwise):
         bits = dt.itemsize * 8
         in_range = k.b.icmp_unsigned("<", y, _c(y, bits))  # negative counts are huge unsigned
         amount = k.b.and_(y, _c(y, bits - 1))
-        if node.attrs["direction"] == "LEFT":
+        if attr(node, "direction") == "LEFT":
             return k.b.select(in_range, k.b.shl(x, amount), _c(x, 0))
         if _kind(dt) == "i":
             return k.b.select(in_range, k.b.ashr(x, amount), k.b.ashr(x, _c(x, bits - 1)))
@@ -667,8 +668,8 @@ class IsInf(Elementwise):
         x = xs[0]
         pos = k.b.fcmp_ordered("==", x, _c(x, float("inf")))
         neg = k.b.fcmp_ordered("==", x, _c(x, float("-inf")))
-        want_pos = int(node.attrs.get("detect_positive", 1))
-        want_neg = int(node.attrs.get("detect_negative", 1))
+        want_pos = int(attr(node, "detect_positive"))
+        want_neg = int(attr(node, "detect_negative"))
         if want_pos and want_neg:
             return k.b.or_(pos, neg)
         if want_pos:
@@ -683,9 +684,7 @@ class IsInf(Elementwise):
 
 def to_dtype(node: Node, verb: str) -> np.dtype:
     """The element type named by the node's `to` attribute (Cast, BitCast)."""
-    to = node.attrs.get("to")
-    if to is None:
-        raise ModelError(f"{node.describe()}: missing the `to` attribute")
+    to = attr(node, "to")
     try:
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))
     except Exception:
@@ -800,17 +799,12 @@ table(
 # -- activations ------------------------------------------------------------------------------
 
 
-def _f(node: Node, name: str, default: float) -> float:
-    """A float attribute; ONNX stores them as float32, defaults included (0.01 is 0.01f)."""
-    return float(np.float32(node.attrs.get(name, default)))
-
-
 class LeakyRelu(Elementwise):
     op_type = "LeakyRelu"
 
     def compute(self, k, node, xs, dt):
         x = xs[0]
-        scaled = k.b.fmul(x, _c(x, _f(node, "alpha", 0.01)))
+        scaled = k.b.fmul(x, _c(x, attr(node, "alpha")))
         return k.b.select(k.b.fcmp_ordered("<", x, _c(x, 0)), scaled, x)
 
 
@@ -838,7 +832,7 @@ class Elu(Elementwise):
 
     def compute(self, k, node, xs, dt):
         x = xs[0]
-        neg = k.b.fmul(_c(x, _f(node, "alpha", 1.0)), vecmath.expm1(k.b, x))
+        neg = k.b.fmul(_c(x, attr(node, "alpha")), vecmath.expm1(k.b, x))
         return k.b.select(k.b.fcmp_ordered("<", x, _c(x, 0)), neg, x)
 
 
@@ -848,8 +842,8 @@ class Selu(Elementwise):
 
     def compute(self, k, node, xs, dt):
         x = xs[0]
-        alpha = _f(node, "alpha", 1.67326319217681884765625)
-        gamma = _f(node, "gamma", 1.05070102214813232421875)
+        alpha = attr(node, "alpha")
+        gamma = attr(node, "gamma")
         neg = k.b.fmul(_c(x, alpha), vecmath.expm1(k.b, x))
         r = k.b.select(k.b.fcmp_ordered(">", x, _c(x, 0)), x, neg)
         return k.b.fmul(_c(x, gamma), r)
@@ -861,7 +855,7 @@ class Celu(Elementwise):
 
     def compute(self, k, node, xs, dt):
         x = xs[0]
-        alpha = _f(node, "alpha", 1.0)
+        alpha = attr(node, "alpha")
         neg = k.b.fmul(_c(x, alpha), vecmath.expm1(k.b, k.b.fdiv(x, _c(x, alpha))))
         return k.b.select(k.b.fcmp_ordered(">", x, _c(x, 0)), x, neg)
 
@@ -871,14 +865,14 @@ class ThresholdedRelu(Elementwise):
 
     def compute(self, k, node, xs, dt):
         x = xs[0]
-        return k.b.select(k.b.fcmp_ordered(">", x, _c(x, _f(node, "alpha", 1.0))), x, _c(x, 0))
+        return k.b.select(k.b.fcmp_ordered(">", x, _c(x, attr(node, "alpha"))), x, _c(x, 0))
 
 
 class HardSigmoid(Elementwise):
     op_type = "HardSigmoid"
 
     def compute(self, k, node, xs, dt):
-        return _hard_sigmoid(k, xs[0], _f(node, "alpha", 0.2), _f(node, "beta", 0.5))
+        return _hard_sigmoid(k, xs[0], attr(node, "alpha"), attr(node, "beta"))
 
 
 class Gelu(Elementwise):
@@ -886,14 +880,14 @@ class Gelu(Elementwise):
     cost = 24
 
     def check(self, node, schema, bound):
-        if node.attrs.get("approximate", "none") not in ("none", "tanh"):
+        if attr(node, "approximate") not in ("none", "tanh"):
             raise ModelError(f"{node.describe()}: approximate must be \"none\" or \"tanh\", got "
-                             f"{node.attrs.get('approximate')!r}")
+                             f"{attr(node, 'approximate')!r}")
 
     def compute(self, k, node, xs, dt):
         x = xs[0]
         b = k.b
-        if node.attrs.get("approximate", "none") == "tanh":
+        if attr(node, "approximate") == "tanh":
             inner = b.fmul(_c(x, np.sqrt(2 / np.pi)),
                            b.fadd(x, b.fmul(_c(x, 0.044715), b.fmul(x, b.fmul(x, x)))))
             t = vecmath.tanh(b, inner)
@@ -943,8 +937,9 @@ class Clip(Elementwise):
     def compute(self, k, node, xs, dt):
         y = xs[0]
         if node.opset < 11:
-            lo: ir.Value | None = _c(y, _f(node, "min", -3.4028234663852886e38))
-            hi: ir.Value | None = _c(y, _f(node, "max", 3.4028234663852886e38))
+            # Clip-1 states no defaults; these are Clip-6's (the float range)
+            lo: ir.Value | None = _c(y, attr(node, "min", -3.4028234663852886e38))
+            hi: ir.Value | None = _c(y, attr(node, "max", 3.4028234663852886e38))
         else:
             rest = iter(xs[1:])
             lo = next(rest) if node.input(1) is not None else None
@@ -971,7 +966,7 @@ class Shrink(Elementwise):
         x = xs[0]
         work = F64 if dt == F64 else F32
         xf = k.convert(x, dt, work)
-        lambd, bias = _f(node, "lambd", 0.5), _f(node, "bias", 0.0)
+        lambd, bias = attr(node, "lambd"), attr(node, "bias")
         lo = k.b.fcmp_ordered("<", xf, _c(xf, -lambd))
         hi = k.b.fcmp_ordered(">", xf, _c(xf, lambd))
         r = k.b.select(lo, k.b.fadd(xf, _c(xf, bias)),

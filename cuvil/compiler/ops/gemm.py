@@ -18,6 +18,7 @@ from cuvil.compiler.ops import (
     UNCHECKED,
     InferContext,
     Op,
+    attr,
     broadcast_shapes,
     compute_dtype,
     register,
@@ -132,8 +133,8 @@ class Gemm(Op):
         a, b = required_input(node, 0), required_input(node, 1)
         if a.type.rank != 2 or b.type.rank != 2:
             raise ModelError(f"{node.describe()}: Gemm needs 2-D inputs, got {a.type} and {b.type}")
-        m, ka = a.type.shape[::-1] if node.attrs.get("transA", 0) else a.type.shape
-        kb, n = b.type.shape[::-1] if node.attrs.get("transB", 0) else b.type.shape
+        m, ka = a.type.shape[::-1] if attr(node, "transA") else a.type.shape
+        kb, n = b.type.shape[::-1] if attr(node, "transB") else b.type.shape
         ctx.dims_equal(node, ka, kb, "inner dims of A and B")
         c = node.input(2)
         if c is not None:
@@ -149,12 +150,12 @@ class Gemm(Op):
         a_val, b_val, c_val = required_input(node, 0), required_input(node, 1), node.input(2)
         y_val = node.outputs[0]
         a, b, y = k.view(a_val), k.view(b_val), k.view(y_val)
-        if node.attrs.get("transA", 0):
+        if attr(node, "transA"):
             a = _transposed(a)
-        if node.attrs.get("transB", 0):
+        if attr(node, "transB"):
             b = _transposed(b)
-        alpha = float(node.attrs.get("alpha", 1.0))
-        beta = float(node.attrs.get("beta", 1.0))
+        alpha = float(attr(node, "alpha"))
+        beta = float(attr(node, "beta"))
         accumulate = c_val is not None and beta != 0.0
         relu = node.attrs.get(FUSED_ACTIVATION) == "Relu"
         if alpha == 1.0 and uses_kernel(a, b, y):

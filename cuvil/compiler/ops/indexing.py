@@ -23,6 +23,7 @@ from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import (
     InferContext,
     Op,
+    attr,
     const_input,
     const_or_symbolic_input,
     normalize_axis,
@@ -35,6 +36,7 @@ ALL_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64"
               "uint32", "uint64", "bool")
 NUMERIC = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
            "uint32", "uint64")
+
 INDEX_DTYPES = ("int32", "int64")
 
 
@@ -119,8 +121,8 @@ def _break_if(k: Emitter, cond: ir.Value, done: ir.Block) -> None:
 
 def _reduction(node: Node, dtype: np.dtype):  # type: ignore[no-untyped-def]
     """The combine function of ScatterElements/ScatterND's `reduction` (None for "none")."""
-    red = node.attrs.get("reduction", "none")
-    if red == "none":
+    red = attr(node, "reduction")
+    if red in (None, "none"):  # None: Scatter, which has no reductions
         return None
     allowed = {"add", "mul"} if node.opset < 18 else {"add", "mul", "max", "min"}
     if red not in allowed:
@@ -175,7 +177,7 @@ class Gather(Op):
         _check_index_dtype(node, idx, "indices")
         if data.type.rank < 1:
             raise ModelError(f"{node.describe()}: data must have rank >= 1, got a scalar")
-        axis = normalize_axis(node, int(node.attrs.get("axis", 0)), data.type.rank)
+        axis = normalize_axis(node, int(attr(node, "axis")), data.type.rank)
         _check_const_indices(node, idx, data.type.shape[axis], "indices")
         shape = data.type.shape
         return [TensorType(data.type.dtype, (*shape[:axis], *idx.type.shape, *shape[axis + 1:]))]
@@ -183,7 +185,7 @@ class Gather(Op):
     def lower(self, node: Node, k: Emitter) -> None:
         data, idx, out = required_input(node, 0), required_input(node, 1), node.outputs[0]
         shape = data.type.shape
-        axis = normalize_axis(node, int(node.attrs.get("axis", 0)), len(shape))
+        axis = normalize_axis(node, int(attr(node, "axis")), len(shape))
         outer, n, inner = numel(shape[:axis]), shape[axis], numel(shape[axis + 1:])
         m = idx.type.numel
         d = _flat(k, data, (outer, n, inner))
@@ -214,14 +216,14 @@ class GatherElements(Op):
         if idx.type.rank != r or r < 1:
             raise ModelError(f"{node.describe()}: data ({data.type}) and indices ({idx.type}) "
                              "must have the same rank >= 1")
-        axis = normalize_axis(node, int(node.attrs.get("axis", 0)), r)
+        axis = normalize_axis(node, int(attr(node, "axis")), r)
         _within(node, ctx, idx.type.shape, data.type.shape, skip=axis)
         _check_const_indices(node, idx, data.type.shape[axis], "indices")
         return [TensorType(data.type.dtype, idx.type.shape)]
 
     def lower(self, node: Node, k: Emitter) -> None:
         data, idx, out = required_input(node, 0), required_input(node, 1), node.outputs[0]
-        axis = normalize_axis(node, int(node.attrs.get("axis", 0)), data.type.rank)
+        axis = normalize_axis(node, int(attr(node, "axis")), data.type.rank)
         d, iv, y = k.view(data), k.view(idx), k.view(out)
         with k.loops(iv.dims) as ix:
             src = list(ix)
@@ -271,14 +273,14 @@ class GatherND(Op):
         self.check_dtypes(node)
         data, idx = required_input(node, 0), required_input(node, 1)
         _check_index_dtype(node, idx, "indices")
-        b = int(node.attrs.get("batch_dims", 0))
+        b = int(attr(node, "batch_dims"))
         m = _nd_geometry(node, ctx, data, idx, b)
         shape = (*idx.type.shape[:-1], *data.type.shape[b + m:])
         return [TensorType(data.type.dtype, shape)]
 
     def lower(self, node: Node, k: Emitter) -> None:
         data, idx, out = required_input(node, 0), required_input(node, 1), node.outputs[0]
-        b = int(node.attrs.get("batch_dims", 0))
+        b = int(attr(node, "batch_dims"))
         shape = data.type.shape
         m = int(idx.type.shape[-1])
         batch, cell = numel(shape[:b]), numel(shape[b + m:])
@@ -319,7 +321,7 @@ class ScatterElements(Op):
                              f"{data.type.dtype.name}")
         for a in range(r):
             ctx.dims_equal(node, idx.type.shape[a], upd.type.shape[a], f"indices/updates dim {a}")
-        axis = normalize_axis(node, int(node.attrs.get("axis", 0)), r)
+        axis = normalize_axis(node, int(attr(node, "axis")), r)
         _within(node, ctx, idx.type.shape, data.type.shape, skip=axis)
         _check_const_indices(node, idx, data.type.shape[axis], "indices")
         return [data.type]
@@ -327,7 +329,7 @@ class ScatterElements(Op):
     def lower(self, node: Node, k: Emitter) -> None:
         data, idx, upd = (required_input(node, i) for i in range(3))
         out = node.outputs[0]
-        axis = normalize_axis(node, int(node.attrs.get("axis", 0)), data.type.rank)
+        axis = normalize_axis(node, int(attr(node, "axis")), data.type.rank)
         combine = _reduction(node, data.type.dtype)
         _copy_input(k, data, out)
         y, iv, uv = k.view(out), k.view(idx), k.view(upd)
@@ -348,7 +350,7 @@ class Scatter(ScatterElements):
     since = 9
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        if node.attrs.get("reduction", "none") != "none":
+        if attr(node, "reduction") not in (None, "none"):
             raise ModelError(f"{node.describe()}: Scatter has no reduction attribute")
         return super().infer(node, ctx)
 
@@ -419,11 +421,11 @@ class TensorScatter(Op):
         if r < 2:
             raise ModelError(f"{node.describe()}: past_cache {past.type} must have rank >= 2 "
                              "(batch, ..., sequence, ...)")
-        axis = normalize_axis(node, int(node.attrs.get("axis", -2)), r)
+        axis = normalize_axis(node, int(attr(node, "axis")), r)
         if axis == 0:
-            raise ModelError(f"{node.describe()}: axis {node.attrs.get('axis')} is the batch axis; "
+            raise ModelError(f"{node.describe()}: axis {attr(node, 'axis')} is the batch axis; "
                              "the sequence axis must be another one")
-        mode = node.attrs.get("mode", "linear")
+        mode = attr(node, "mode")
         mode = mode.decode() if isinstance(mode, bytes) else mode
         if mode not in ("linear", "circular"):
             raise ModelError(f"{node.describe()}: mode {mode!r} is not 'linear' or 'circular'")
@@ -512,7 +514,7 @@ class OneHot(Op):
             raise ModelError(f"{node.describe()}: values must hold two elements [off, on], got "
                              f"{values.type}")
         r = idx.type.rank
-        axis = normalize_axis(node, int(node.attrs.get("axis", -1)), r + 1)
+        axis = normalize_axis(node, int(attr(node, "axis")), r + 1)
         shape = idx.type.shape
         return [TensorType(values.type.dtype, (*shape[:axis], depth, *shape[axis:]))]
 
@@ -520,7 +522,7 @@ class OneHot(Op):
         idx, values, out = required_input(node, 0), required_input(node, 2), node.outputs[0]
         depth = self._depth(node)
         shape = idx.type.shape
-        axis = normalize_axis(node, int(node.attrs.get("axis", -1)), len(shape) + 1)
+        axis = normalize_axis(node, int(attr(node, "axis")), len(shape) + 1)
         outer, inner = numel(shape[:axis]), numel(shape[axis:])
         iv = _flat(k, idx, (outer, inner))
         y = _flat(k, out, (outer, depth, inner))
@@ -576,9 +578,7 @@ class TopK(Op):
 
     def _k(self, node: Node) -> Dim:
         if node.opset < 10:
-            kk: Dim | None = node.attrs.get("k")
-            if kk is None:
-                raise ModelError(f"{node.describe()}: attribute k is required")
+            kk: Dim = attr(node, "k")
         else:
             kk = _scalar(node, 1, "K")
             assert kk is not None
@@ -592,7 +592,7 @@ class TopK(Op):
         x = required_input(node, 0)
         if x.type.rank < 1:
             raise ModelError(f"{node.describe()}: input must have rank >= 1")
-        axis = normalize_axis(node, int(node.attrs.get("axis", -1)), x.type.rank)
+        axis = normalize_axis(node, int(attr(node, "axis")), x.type.rank)
         kk = self._k(node)
         n = x.type.shape[axis]
         ctx.require(node, sympy.Le(kk, n), f"k = {kk} exceeds the axis length {n}")
@@ -604,11 +604,11 @@ class TopK(Op):
         x = required_input(node, 0)
         vals, idxs = node.outputs[0], node.outputs[1]
         shape = x.type.shape
-        axis = normalize_axis(node, int(node.attrs.get("axis", -1)), len(shape))
+        axis = normalize_axis(node, int(attr(node, "axis")), len(shape))
         kk = self._k(node)
         if isinstance(kk, int) and kk == 0:
             return
-        largest = bool(node.attrs.get("largest", 1))
+        largest = bool(attr(node, "largest"))
         dtype = x.type.dtype
         outer, n, inner = numel(shape[:axis]), shape[axis], numel(shape[axis + 1:])
         xv = _flat(k, x, (outer, n, inner))
@@ -688,7 +688,7 @@ class _ArgExtreme(Op):
     largest: bool
 
     def _axis(self, node: Node, rank: int) -> int:
-        return normalize_axis(node, int(node.attrs.get("axis", 0)), rank)
+        return normalize_axis(node, int(attr(node, "axis")), rank)
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
@@ -697,7 +697,7 @@ class _ArgExtreme(Op):
             raise ModelError(f"{node.describe()}: input must have rank >= 1")
         axis = self._axis(node, x.type.rank)
         shape = list(x.type.shape)
-        if int(node.attrs.get("keepdims", 1)):
+        if int(attr(node, "keepdims")):
             shape[axis] = 1
         else:
             del shape[axis]
@@ -707,7 +707,7 @@ class _ArgExtreme(Op):
         x, out = required_input(node, 0), node.outputs[0]
         shape = x.type.shape
         axis = self._axis(node, len(shape))
-        last = bool(node.attrs.get("select_last_index", 0))
+        last = bool(attr(node, "select_last_index"))
         dtype = x.type.dtype
         outer, n, inner = numel(shape[:axis]), shape[axis], numel(shape[axis + 1:])
         xv = _flat(k, x, (outer, n, inner))
@@ -783,8 +783,8 @@ class CumSum(Op):
         x, out = required_input(node, 0), node.outputs[0]
         shape = x.type.shape
         axis = self._axis(node, len(shape))
-        exclusive = bool(node.attrs.get("exclusive", 0))
-        reverse = bool(node.attrs.get("reverse", 0))
+        exclusive = bool(attr(node, "exclusive"))
+        reverse = bool(attr(node, "reverse"))
         dtype = x.type.dtype
         outer, n, inner = numel(shape[:axis]), shape[axis], numel(shape[axis + 1:])
         if isinstance(n, int) and n == 0:
@@ -828,8 +828,8 @@ class ReverseSequence(Op):
     dtypes = ALL_DTYPES
 
     def _axes(self, node: Node) -> tuple[int, int]:
-        time_axis = int(node.attrs.get("time_axis", 0))
-        batch_axis = int(node.attrs.get("batch_axis", 1))
+        time_axis = int(attr(node, "time_axis"))
+        batch_axis = int(attr(node, "batch_axis"))
         if {time_axis, batch_axis} != {0, 1}:
             raise ModelError(f"{node.describe()}: time_axis ({time_axis}) and batch_axis "
                              f"({batch_axis}) must be 0 and 1, one each")
@@ -902,7 +902,7 @@ class Trilu(Op):
     def lower(self, node: Node, k: Emitter) -> None:
         x, out = required_input(node, 0), node.outputs[0]
         shape = x.type.shape
-        upper = bool(node.attrs.get("upper", 1))
+        upper = bool(attr(node, "upper"))
         kv = node.input(1)
         if kv is None:
             diag: ir.Value = k.i64(0)

@@ -21,7 +21,15 @@ from llvmlite import ir
 from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import Emitter, View, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel
-from cuvil.compiler.ops import InferContext, Op, compute_dtype, normalize_axis, register, required_input
+from cuvil.compiler.ops import (
+    InferContext,
+    Op,
+    attr,
+    compute_dtype,
+    normalize_axis,
+    register,
+    required_input,
+)
 from cuvil.compiler.ops.reduce import (
     binary_intrinsic,
     entry_alloca,
@@ -35,12 +43,9 @@ from cuvil.compiler.ops.reduce import (
 from cuvil.errors import ModelError, UnsupportedOpError
 
 FLOATS = ("float32", "float64", "float16")
+
 #: ONNX TensorProto codes of stash_type
 _STASH = {1: np.dtype(np.float32), 11: np.dtype(np.float64)}
-
-
-def _eps(node: Node, default: float = 1e-5) -> float:
-    return float(node.attrs.get("epsilon", default))
 
 
 # -- building blocks ------------------------------------------------------------------------
@@ -186,7 +191,7 @@ class SoftmaxBase(_Float):
     def geometry(self, node: Node) -> tuple[Dim, Dim, Dim]:
         x = required_input(node, 0)
         new = node.opset >= 13
-        axis = normalize_axis(node, int(node.attrs.get("axis", -1 if new else 1)), x.type.rank)
+        axis = normalize_axis(node, int(attr(node, "axis")), x.type.rank)
         return _axis_dims(node, x.type.shape, axis, flatten=not new)
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
@@ -281,10 +286,10 @@ class LpNormalization(_Float):
 
     def geometry(self, node: Node) -> tuple[Dim, Dim, Dim]:
         x = required_input(node, 0)
-        p = int(node.attrs.get("p", 2))
+        p = int(attr(node, "p"))
         if p not in (1, 2):
             raise ModelError(f"{node.describe()}: p must be 1 or 2, got {p}")
-        axis = normalize_axis(node, int(node.attrs.get("axis", -1)), x.type.rank)
+        axis = normalize_axis(node, int(attr(node, "axis")), x.type.rank)
         return _axis_dims(node, x.type.shape, axis, flatten=False)
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
@@ -295,7 +300,7 @@ class LpNormalization(_Float):
     def lower(self, node: Node, k: Emitter) -> None:
         x_val = required_input(node, 0)
         comp = compute_dtype(x_val.type.dtype)
-        p = int(node.attrs.get("p", 2))
+        p = int(attr(node, "p"))
         b = k.b
 
         def body(L: _Lanes, size: ir.Value) -> None:
@@ -333,8 +338,8 @@ class LRN(_Float):
         x = required_input(node, 0)
         if x.type.rank < 2:
             raise ModelError(f"{node.describe()}: input {x.type} needs N x C x ... dims")
-        size = node.attrs.get("size")
-        if size is None or int(size) < 1:
+        size = attr(node, "size")
+        if int(size) < 1:
             raise ModelError(f"{node.describe()}: attribute size must be a positive integer, "
                              f"got {size}")
         return [x.type]
@@ -345,9 +350,9 @@ class LRN(_Float):
         shape = x_val.type.shape
         dims3 = (shape[0], shape[1], numel(shape[2:]))
         size = int(node.attrs["size"])
-        alpha = float(node.attrs.get("alpha", 1e-4))
-        beta = float(node.attrs.get("beta", 0.75))
-        bias = float(node.attrs.get("bias", 1.0))
+        alpha = float(attr(node, "alpha"))
+        beta = float(attr(node, "beta"))
+        bias = float(attr(node, "bias"))
         before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
         x = k.contiguous(k.buffers[x_val], x_val.type.dtype, dims3)
         y = k.contiguous(k.buffers[node.outputs[0]], x_val.type.dtype, dims3)
@@ -391,11 +396,11 @@ class BatchNormalization(_Float):
 
     @staticmethod
     def training(node: Node) -> bool:
-        return node.opset >= 14 and bool(node.attrs.get("training_mode", 0))
+        return node.opset >= 14 and bool(attr(node, "training_mode"))
 
     @staticmethod
     def per_activation(node: Node) -> bool:
-        return node.opset < 9 and not node.attrs.get("spatial", 1)
+        return node.opset < 9 and not attr(node, "spatial")
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
@@ -434,7 +439,7 @@ class BatchNormalization(_Float):
         dims3 = (shape[0], shape[1], numel(shape[2:]))
         x = k.contiguous(k.buffers[x_val], x_val.type.dtype, dims3)
         y = k.contiguous(k.buffers[node.outputs[0]], x_val.type.dtype, dims3)
-        eps = _eps(node)
+        eps = float(attr(node, "epsilon"))
         b = k.b
         if self.per_activation(node):
             with k.loop(x.dims[1], name="c") as ch, k.loop(x.dims[2], name="s") as s:
@@ -470,7 +475,7 @@ class BatchNormalization(_Float):
     def running_stats(k: Emitter, node: Node, ch: ir.Value, stats: tuple[ir.Value, ir.Value],
                       comp: np.dtype) -> None:
         """running = given * momentum + batch * (1 - momentum), for the outputs present."""
-        momentum = float(node.attrs.get("momentum", 0.9))
+        momentum = float(attr(node, "momentum"))
         b = k.b
         for out_index, in_index, batch in ((1, 3, stats[0]), (2, 4, stats[1])):
             if len(node.outputs) <= out_index:
@@ -508,7 +513,7 @@ class InstanceNormalization(_Float):
         x = k.contiguous(k.buffers[x_val], x_val.type.dtype, dims3)
         y = k.contiguous(k.buffers[node.outputs[0]], x_val.type.dtype, dims3)
         b = k.b
-        eps = _eps(node)
+        eps = float(attr(node, "epsilon"))
         with k.loop(x.dims[0], name="n") as n, k.loop(x.dims[1], name="c") as c:
             mean, var = moments(k, [x.dims[2]], lambda idx: k.convert(
                 k.load(x, [n, c, idx[0]]), x.dtype, comp), comp)
@@ -532,7 +537,7 @@ class GroupNormalization(_Float):
         x = required_input(node, 0)
         if x.type.rank < 2:
             raise ModelError(f"{node.describe()}: input {x.type} needs N x C x ... dims")
-        groups = int(node.attrs.get("num_groups", 0))
+        groups = int(attr(node, "num_groups"))
         if groups < 1:
             raise ModelError(f"{node.describe()}: attribute num_groups must be positive")
         c = x.type.shape[1]
@@ -549,7 +554,7 @@ class GroupNormalization(_Float):
 
     @staticmethod
     def stash(node: Node) -> np.dtype:
-        code = int(node.attrs.get("stash_type", 1))
+        code = int(attr(node, "stash_type"))
         if code not in _STASH:
             raise UnsupportedOpError(f"{node.describe()}: stash_type {code} is not supported; "
                                      "use 1 (float32) or 11 (float64)")
@@ -567,7 +572,7 @@ class GroupNormalization(_Float):
         x = k.contiguous(k.buffers[x_val], x_val.type.dtype, dims4)
         y = k.contiguous(k.buffers[node.outputs[0]], x_val.type.dtype, dims4)
         b = k.b
-        eps = _eps(node)
+        eps = float(attr(node, "epsilon"))
         per_channel = node.opset >= 21
         with k.loop(x.dims[0], name="n") as n, k.loop(groups, name="g") as g:
             mean, var = moments(k, [x.dims[2], x.dims[3]], lambda idx: k.convert(
@@ -594,7 +599,7 @@ class LayerNormalization(_Float):
 
     def geometry(self, node: Node) -> int:
         x = required_input(node, 0)
-        return normalize_axis(node, int(node.attrs.get("axis", -1)), x.type.rank)
+        return normalize_axis(node, int(attr(node, "axis")), x.type.rank)
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
@@ -648,7 +653,7 @@ class LayerNormalization(_Float):
             else:
                 pviews.append(k.broadcast_to(k.view(v), norm))
         stats = [k.view(v) for v in node.outputs[1:3]]
-        eps = _eps(node)
+        eps = float(attr(node, "epsilon"))
         b = k.b
         inner_dims = list(x.dims[1:])
         with k.loop(x.dims[0], name="o") as o:
@@ -678,7 +683,7 @@ class MeanVarianceNormalization(_Float):
 
     def axes(self, node: Node) -> set[int]:
         x = required_input(node, 0)
-        raw = [int(a) for a in node.attrs.get("axes", [0, 2, 3])]
+        raw = [int(a) for a in attr(node, "axes")]
         axes = {normalize_axis(node, a, x.type.rank) for a in raw}
         if len(axes) != len(raw):
             raise ModelError(f"{node.describe()}: axes {raw} name an axis twice")

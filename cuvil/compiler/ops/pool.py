@@ -22,6 +22,7 @@ from cuvil.compiler.ops import (
     UNCHECKED,
     InferContext,
     Op,
+    attr,
     compute_dtype,
     const_or_symbolic_input,
     register,
@@ -45,11 +46,11 @@ def _pool_window(node: Node, ctx: InferContext) -> Window:
     if "kernel_shape" not in node.attrs:
         raise ModelError(f"{node.describe()}: the kernel_shape attribute is required")
     return window(node, ctx, x.type.shape[2:], node.attrs["kernel_shape"],
-                  ceil_mode=bool(node.attrs.get("ceil_mode", 0)))
+                  ceil_mode=bool(attr(node, "ceil_mode")))
 
 
 def _lp_order(node: Node) -> float:
-    p = node.attrs.get("p", 2)
+    p = attr(node, "p")
     if p <= 0:
         raise ModelError(f"{node.describe()}: p = {p} must be positive")
     return float(p)
@@ -131,8 +132,8 @@ class Pool(Op):
         ct = compute_dtype(dtype)
         red = _Reduction(k, self.kind, ct, _lp_order(node) if self.kind == "lp" else 2.0)
         indices = k.view(node.outputs[1]) if len(node.outputs) > 1 else None
-        column_major = int(node.attrs.get("storage_order", 0)) == 1
-        count_pad = bool(node.attrs.get("count_include_pad", 0))
+        column_major = attr(node, "storage_order") == 1
+        count_pad = bool(attr(node, "count_include_pad"))
         b = k.b
         r = len(win.kernel)
         acc = entry_alloca(k, red.ty, "acc")
@@ -320,7 +321,7 @@ class MaxRoiPool(Op):
         ct = compute_dtype(dtype)
         fty = llvm_type(ct)
         b = k.b
-        scale = ir.Constant(fty, float(node.attrs.get("spatial_scale", 1.0)))
+        scale = ir.Constant(fty, float(attr(node, "spatial_scale")))
         pooled = _pooled_shape(node)
         acc = entry_alloca(k, fty, "acc")
 
@@ -397,7 +398,7 @@ class MaxUnpool(Op):
             raise ModelError(f"{node.describe()}: I must be int64 of X's shape, got {ind.type}")
         for a in range(len(shape)):
             ctx.dims_equal(node, shape[a], ind.type.shape[a], f"dim {a} of X and I")
-        kernel = [int(v) for v in node.attrs.get("kernel_shape", [])]
+        kernel = [int(v) for v in attr(node, "kernel_shape")]
         strides = [int(v) for v in node.attrs.get("strides", [1] * r)]
         pads = [int(v) for v in node.attrs.get("pads", [0] * (2 * r))]
         if len(kernel) != r or min(kernel) < 1:

@@ -22,7 +22,15 @@ from llvmlite import ir
 from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import REDUCE_FLAGS, Emitter, View, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, simplify_dim
-from cuvil.compiler.ops import InferContext, Op, const_input, normalize_axis, register, required_input
+from cuvil.compiler.ops import (
+    InferContext,
+    Op,
+    attr,
+    const_input,
+    normalize_axis,
+    register,
+    required_input,
+)
 from cuvil.errors import ModelError
 
 __all__ = ["TILE", "Reducer", "binary_intrinsic", "emit_reduce", "entry_alloca", "interleave",
@@ -299,7 +307,7 @@ class Reduce(Op):
         if node.opset >= self.axes_input_since:
             arr = const_input(node, 1, "axes")
             raw = [] if arr is None else [int(a) for a in np.asarray(arr).reshape(-1)]
-            noop = bool(node.attrs.get("noop_with_empty_axes", 0))
+            noop = bool(attr(node, "noop_with_empty_axes"))
         else:
             if node.input(1) is not None:
                 raise ModelError(f"{node.describe()}: {node.op_type} takes axes as an attribute "
@@ -317,7 +325,7 @@ class Reduce(Op):
         self.check_dtypes(node)
         x = required_input(node, 0)
         axes = self.axes(node)
-        keep = bool(node.attrs.get("keepdims", 1))
+        keep = bool(attr(node, "keepdims"))
         shape = [1 if a in axes else d for a, d in enumerate(x.type.shape)
                  if keep or a not in axes]
         return [TensorType(x.type.dtype, tuple(shape))]

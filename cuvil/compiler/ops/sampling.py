@@ -16,11 +16,12 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I1, I64, Emitter, llvm_type
 from cuvil.compiler.ir import Node, TensorType, numel, simplify_dim
-from cuvil.compiler.ops import InferContext, Op, compute_dtype, register, required_input
+from cuvil.compiler.ops import InferContext, Op, attr, compute_dtype, register, required_input
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError, UnsupportedOpError
 
 FLOATS = ("float32", "float64", "float16")
+
 #: dtypes GridSample's nearest mode moves without arithmetic
 _GATHERED = ("int8", "int16", "int32", "int64", "uint8", "bool")
 
@@ -122,15 +123,15 @@ class GridSample(Op):
 
     def _attrs(self, node: Node) -> tuple[str, str, bool]:
         names = _MODES_16 if node.opset < 20 else _MODES_20
-        mode = str(node.attrs.get("mode", "bilinear" if node.opset < 20 else "linear"))
+        mode = str(attr(node, "mode"))
         if mode not in names:
             raise ModelError(f"{node.describe()}: mode {mode!r} is not one of {list(names)} "
                              f"(the names at opset {node.opset})")
-        padding = str(node.attrs.get("padding_mode", "zeros"))
+        padding = str(attr(node, "padding_mode"))
         if padding not in _PADDING:
             raise ModelError(f"{node.describe()}: padding_mode {padding!r} is not one of "
                              f"{list(_PADDING)}")
-        align = node.attrs.get("align_corners", 0)
+        align = attr(node, "align_corners")
         if align not in (0, 1):
             raise ModelError(f"{node.describe()}: align_corners must be 0 or 1, got {align!r}")
         return names[mode], padding, bool(align)
@@ -309,7 +310,7 @@ class RoiAlign(Op):
     dtypes = ("float32", "float64")
 
     def _attrs(self, node: Node) -> tuple[str, bool, int, int, int, float]:
-        mode = str(node.attrs.get("mode", "avg"))
+        mode = str(attr(node, "mode"))
         if mode not in ("avg", "max"):
             raise ModelError(f"{node.describe()}: mode {mode!r} is not 'avg' or 'max'")
         if node.opset < 16:
@@ -318,13 +319,13 @@ class RoiAlign(Op):
                                  f"opset 16 on; this model uses opset {node.opset}")
             ctm = "output_half_pixel"
         else:
-            ctm = str(node.attrs.get("coordinate_transformation_mode", "half_pixel"))
+            ctm = str(attr(node, "coordinate_transformation_mode"))
         if ctm not in ("half_pixel", "output_half_pixel"):
             raise ModelError(f"{node.describe()}: coordinate_transformation_mode {ctm!r} is not "
                              "'half_pixel' or 'output_half_pixel'")
-        height = int(node.attrs.get("output_height", 1))
-        width = int(node.attrs.get("output_width", 1))
-        ratio = int(node.attrs.get("sampling_ratio", 0))
+        height = int(attr(node, "output_height"))
+        width = int(attr(node, "output_width"))
+        ratio = int(attr(node, "sampling_ratio"))
         if height < 1 or width < 1:
             raise ModelError(f"{node.describe()}: output_height and output_width must be >= 1, got "
                              f"{height} and {width}")
@@ -332,7 +333,7 @@ class RoiAlign(Op):
             raise ModelError(f"{node.describe()}: sampling_ratio must be >= 0 (0: adaptive), got "
                              f"{ratio}")
         return mode, ctm == "half_pixel", height, width, ratio, float(
-            node.attrs.get("spatial_scale", 1.0))
+            attr(node, "spatial_scale"))
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)

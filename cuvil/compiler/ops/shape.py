@@ -23,6 +23,7 @@ from cuvil.compiler.ops import (
     UNCHECKED,
     InferContext,
     Op,
+    attr,
     broadcast_shapes,
     const_or_symbolic_input,
     normalize_axis,
@@ -92,7 +93,7 @@ class Flatten(Copy):
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         x = required_input(node, 0)
         rank = x.type.rank
-        axis = int(node.attrs.get("axis", 1))
+        axis = int(attr(node, "axis"))
         if not -rank <= axis <= rank:
             raise ModelError(f"{node.describe()}: axis {axis} is out of range for rank {rank}")
         axis = axis + rank if axis < 0 else axis
@@ -111,7 +112,7 @@ class Reshape(Copy):
         if target is None:
             raise ModelError(f"{node.describe()}: the shape input is required")
         text = _shape_text(target)
-        allowzero = int(node.attrs.get("allowzero", 0))
+        allowzero = int(attr(node, "allowzero"))
         out: list[Dim | None] = []
         for i, d in enumerate(target):
             if isinstance(d, int) and d == 0 and not allowzero:
@@ -157,7 +158,7 @@ class Reshape(Copy):
 def _axes_input(node: Node, since_input: int) -> list[int] | None:
     if node.opset >= since_input:
         return _int_values(node, 1, "axes")
-    axes = node.attrs.get("axes")
+    axes = attr(node, "axes")
     return None if axes is None else [int(a) for a in np.reshape(axes, -1)]
 
 
@@ -330,7 +331,7 @@ class _BlockRearrange(Op):
         x = required_input(node, 0)
         if x.type.rank != 4:
             raise ModelError(f"{node.describe()}: input must be 4-D (NCHW), got {x.type}")
-        b = int(node.attrs.get("blocksize", 0))
+        b = int(attr(node, "blocksize"))
         if b < 1:
             raise ModelError(f"{node.describe()}: blocksize must be at least 1, got {b}")
         return x, b
@@ -361,7 +362,7 @@ class DepthToSpace(_BlockRearrange):
         x, b = self._block(node)
         n, c, h, w = x.type.shape
         c2 = _divide(node, ctx, c, b * b, "the channel count")
-        mode = node.attrs.get("mode", "DCR")
+        mode = attr(node, "mode")
         if mode == "DCR":
             shape, perm = [n, b, b, c2, h, w], [0, 3, 4, 1, 5, 2]
         elif mode == "CRD":
@@ -381,7 +382,7 @@ class SpaceToDepth(_BlockRearrange):
         h2 = _divide(node, ctx, h, b, "the height")
         w2 = _divide(node, ctx, w, b, "the width")
         # the onnx reference orders the new channels (row in block, column in block, channel)
-        mode = node.attrs.get("mode", "DCR")
+        mode = attr(node, "mode")
         if mode == "DCR":
             perm = [0, 3, 5, 1, 2, 4]
         elif mode == "CRD":
@@ -454,14 +455,14 @@ class Split(Op):
 
     def sizes(self, node: Node, ctx: InferContext) -> tuple[int, list[Dim]]:
         x = required_input(node, 0)
-        axis = normalize_axis(node, int(node.attrs.get("axis", 0)), x.type.rank)
+        axis = normalize_axis(node, int(attr(node, "axis", 0)), x.type.rank)  # Split-1 states no default
         d = x.type.shape[axis]
         n_out = len(node.outputs)
         split: list[Dim] | None
         if node.opset >= 13:
             split = _dim_values(node, 1, "split")
         else:
-            raw = node.attrs.get("split")
+            raw = attr(node, "split")
             split = None if raw is None else [int(s) for s in raw]
         if split is not None:
             if len(split) != n_out:
@@ -473,7 +474,7 @@ class Split(Op):
             ctx.dims_equal(node, simplify_dim(sum(split, sympy.Integer(0))), d,
                            f"sum of split sizes {_shape_text(split)} vs axis {axis} of {x.type}")
             return axis, split
-        num = node.attrs.get("num_outputs")
+        num = attr(node, "num_outputs")
         parts = int(num) if num is not None else n_out
         if num is not None and parts != n_out:
             raise ModelError(f"{node.describe()}: num_outputs is {parts} but the node has "
@@ -559,9 +560,9 @@ class Slice(Op):
             axes = _int_values(node, 3, "axes")
             steps = _int_values(node, 4, "steps")
         else:
-            starts = [int(v) for v in node.attrs.get("starts", [])]
-            ends = [int(v) for v in node.attrs.get("ends", [])]
-            axes = node.attrs.get("axes")
+            starts = [int(v) for v in attr(node, "starts")]
+            ends = [int(v) for v in attr(node, "ends")]
+            axes = attr(node, "axes")
             axes = None if axes is None else [int(a) for a in axes]
             steps = None
         if starts is None or ends is None or len(starts) != len(ends):
@@ -635,7 +636,7 @@ class Pad(Op):
         """(mode, pads at the start of each axis, pads at the end)."""
         x = required_input(node, 0)
         rank = x.type.rank
-        mode = node.attrs.get("mode", "constant")
+        mode = attr(node, "mode")
         if mode not in ("constant", "reflect", "edge", "wrap"):
             raise UnsupportedOpError(f"{node.describe()}: mode {mode!r} is not supported")
         if node.opset >= 11:
@@ -694,7 +695,7 @@ class Pad(Op):
                 assert cv is not None
                 fill = k.load(k.view(cv), [k.i64(0)] * cv.type.rank)
             else:
-                fill = k.const(dtype, float(node.attrs.get("value", 0.0)))
+                fill = k.const(dtype, float(attr(node, "value") or 0.0))
         # negative pads crop first; the other modes then read only the cropped region (as
         # onnxruntime does): region of axis a = input[crop[a] : crop[a] + size[a]]
         pb = [k.dim(sympy.Max(b, 0)) for b in begin]
@@ -868,8 +869,8 @@ class Shape(Op):
     def _dims(self, node: Node) -> list[Dim]:
         shape = list(required_input(node, 0).type.shape)
         rank = len(shape)
-        start = int(node.attrs.get("start", 0)) if node.opset >= 15 else 0
-        end = node.attrs.get("end") if node.opset >= 15 else None
+        start = int(attr(node, "start")) if node.opset >= 15 else 0
+        end = attr(node, "end") if node.opset >= 15 else None
         end = rank if end is None else int(end)
         start = min(max(start + rank if start < 0 else start, 0), rank)
         end = min(max(end + rank if end < 0 else end, 0), rank)
@@ -901,7 +902,7 @@ class ConstantOfShape(Op):
     dtypes = ALL_DTYPES
 
     def _value(self, node: Node) -> np.ndarray:
-        value = node.attrs.get("value")
+        value = attr(node, "value")
         return np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
@@ -941,7 +942,7 @@ class EyeLike(Op):
     dtypes = ALL_DTYPES
 
     def _target(self, node: Node) -> np.dtype:
-        to = node.attrs.get("dtype")
+        to = attr(node, "dtype")
         if to is None:
             return required_input(node, 0).type.dtype
         try:
@@ -958,13 +959,13 @@ class EyeLike(Op):
         x = required_input(node, 0)
         if x.type.rank != 2:
             raise ModelError(f"{node.describe()}: the input must be 2-D, got {x.type}")
-        if not isinstance(node.attrs.get("k", 0), int):
+        if not isinstance(attr(node, "k"), int):
             raise ModelError(f"{node.describe()}: k must be an integer, got {node.attrs['k']!r}")
         return [TensorType(self._target(node), x.type.shape)]
 
     def lower(self, node: Node, k: Emitter) -> None:
         out = node.outputs[0]
-        diag = int(node.attrs.get("k", 0))
+        diag = int(attr(node, "k"))
         k.memset(k.buffers[out], 0, k.dim(out.type.nbytes))
         y = k.view(out)
         rows, cols = y.dims
