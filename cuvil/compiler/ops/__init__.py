@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from cuvil.compiler.codegen.emitter import Emitter
 
 __all__ = [
+    "FLOATS",
     "UNCHECKED",
     "InferContext",
     "Op",
@@ -40,6 +41,10 @@ __all__ = [
     "required_input",
     "schema",
 ]
+
+
+#: the float dtypes, which most numeric lowerings take
+FLOATS = ("float32", "float64", "float16")
 
 
 @dataclass

@@ -24,6 +24,7 @@ from llvmlite import ir
 from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import (
+    FLOATS,
     UNCHECKED,
     InferContext,
     Op,
@@ -46,8 +47,6 @@ from cuvil.compiler.ops._window import (
 )
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
 from cuvil.errors import ModelError, UnsupportedOpError
-
-FLOATS = ("float32", "float64", "float16")
 
 
 def _kernel(node: Node, w: Value) -> tuple[int, ...]:

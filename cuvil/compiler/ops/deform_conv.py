@@ -32,6 +32,7 @@ from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type
 from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_parallel_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
 from cuvil.compiler.ops import (
+    FLOATS,
     UNCHECKED,
     InferContext,
     Op,
@@ -43,8 +44,6 @@ from cuvil.compiler.ops import (
 from cuvil.compiler.ops._window import Window
 from cuvil.compiler.ops.conv import conv_window
 from cuvil.errors import ModelError, UnsupportedOpError
-
-FLOATS = ("float32", "float64", "float16")
 
 F32 = ir.FloatType()
 

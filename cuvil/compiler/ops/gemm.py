@@ -15,6 +15,7 @@ from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue, emit_parallel_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, Value
 from cuvil.compiler.ops import (
+    FLOATS,
     UNCHECKED,
     InferContext,
     Op,
@@ -26,8 +27,6 @@ from cuvil.compiler.ops import (
 )
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError
-
-FLOATS = ("float32", "float64", "float16")
 
 
 def emit_matmul(k: Emitter, a: View, b: View, y: View, alpha: float = 1.0,

@@ -19,7 +19,7 @@ import sympy
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I64, Emitter, View, llvm_type
-from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
+from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import (
     InferContext,
     Op,
@@ -32,11 +32,7 @@ from cuvil.compiler.ops import (
 )
 from cuvil.errors import ModelError, UnsupportedOpError
 
-ALL_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
-              "uint32", "uint64", "bool")
-NUMERIC = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
-           "uint32", "uint64")
-
+NUMERIC = tuple(d for d in DTYPES if d != "bool")
 INDEX_DTYPES = ("int32", "int64")
 
 
@@ -169,7 +165,7 @@ def _int_scalar(node: Node, i: int, what: str) -> int | None:
 @register
 class Gather(Op):
     op_type = "Gather"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
@@ -206,7 +202,7 @@ class Gather(Op):
 class GatherElements(Op):
     op_type = "GatherElements"
     since = 11
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
@@ -267,7 +263,7 @@ def _nd_geometry(node: Node, ctx: InferContext, data: Value, idx: Value,
 class GatherND(Op):
     op_type = "GatherND"
     since = 11
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
@@ -305,7 +301,7 @@ class GatherND(Op):
 class ScatterElements(Op):
     op_type = "ScatterElements"
     since = 11
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
@@ -359,7 +355,7 @@ class Scatter(ScatterElements):
 class ScatterND(Op):
     op_type = "ScatterND"
     since = 11
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
@@ -413,7 +409,7 @@ class TensorScatter(Op):
 
     op_type = "TensorScatter"
     since = 24
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def _geometry(self, node: Node) -> tuple[int, bool]:
         past = required_input(node, 0)
@@ -506,10 +502,10 @@ class OneHot(Op):
         self.check_dtypes(node)
         idx, values = required_input(node, 0), required_input(node, 2)
         depth = self._depth(node)
-        if values.type.dtype.name not in ALL_DTYPES:
+        if values.type.dtype.name not in DTYPES:
             raise UnsupportedOpError(f"{node.describe()}: values have dtype "
                                      f"{values.type.dtype.name}; cuvil compiles OneHot for "
-                                     f"{', '.join(ALL_DTYPES)} values")
+                                     f"{', '.join(DTYPES)} values")
         if not isinstance(values.type.numel, int) or values.type.numel != 2:
             raise ModelError(f"{node.describe()}: values must hold two elements [off, on], got "
                              f"{values.type}")
@@ -825,7 +821,7 @@ class ReverseSequence(Op):
 
     op_type = "ReverseSequence"
     since = 10
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def _axes(self, node: Node) -> tuple[int, int]:
         time_axis = int(attr(node, "time_axis"))
@@ -885,7 +881,7 @@ class ReverseSequence(Op):
 class Trilu(Op):
     op_type = "Trilu"
     since = 14
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
@@ -925,7 +921,7 @@ class NonZero(Op):
 
     op_type = "NonZero"
     since = 9
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
     not_compiled = "output shape depends on the input's values (folded when the input is constant)"
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:

@@ -22,6 +22,7 @@ from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import Emitter, View, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel
 from cuvil.compiler.ops import (
+    FLOATS,
     InferContext,
     Op,
     attr,
@@ -41,8 +42,6 @@ from cuvil.compiler.ops.reduce import (
     vexp,
 )
 from cuvil.errors import ModelError, UnsupportedOpError
-
-FLOATS = ("float32", "float64", "float16")
 
 #: ONNX TensorProto codes of stash_type
 _STASH = {1: np.dtype(np.float32), 11: np.dtype(np.float64)}

@@ -19,6 +19,7 @@ from llvmlite import ir
 from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
 from cuvil.compiler.ops import (
+    FLOATS,
     UNCHECKED,
     InferContext,
     Op,
@@ -37,8 +38,6 @@ from cuvil.compiler.ops._window import (
     window,
 )
 from cuvil.errors import ModelError
-
-FLOATS = ("float32", "float64", "float16")
 
 
 def _pool_window(node: Node, ctx: InferContext) -> Window:

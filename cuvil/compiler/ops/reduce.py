@@ -23,6 +23,7 @@ from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import REDUCE_FLAGS, Emitter, View, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, simplify_dim
 from cuvil.compiler.ops import (
+    FLOATS,
     InferContext,
     Op,
     attr,
@@ -291,8 +292,7 @@ def emit_reduce(k: Emitter, x_val: Value, out_ptr: ir.Value, out_dtype: np.dtype
 # -- the ops ------------------------------------------------------------------------------
 
 
-_FLOATS = ("float32", "float64", "float16")
-_NUMERIC = (*_FLOATS, "int32", "int64", "uint32", "uint64")
+_NUMERIC = (*FLOATS, "int32", "int64", "uint32", "uint64")
 
 
 class Reduce(Op):
@@ -386,14 +386,14 @@ class ReduceLogSum(Reduce):
     op_type = "ReduceLogSum"
     reducer = Reducer("sum", post="log")
     # integer inputs have no defined meaning (onnx drops them from the schema in opset 28)
-    dtypes = _FLOATS
+    dtypes = FLOATS
 
 
 @register
 class ReduceLogSumExp(Reduce):
     op_type = "ReduceLogSumExp"
     reducer = Reducer("lse")
-    dtypes = _FLOATS
+    dtypes = FLOATS
 
 
 @register

@@ -27,7 +27,7 @@ import sympy
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I1, I32, I64, Emitter, View
-from cuvil.compiler.ir import Dim, Node, TensorType, simplify_dim
+from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, simplify_dim
 from cuvil.compiler.ops import (
     UNCHECKED,
     InferContext,
@@ -41,9 +41,6 @@ from cuvil.compiler.ops import (
 )
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError, UnsupportedOpError
-
-ALL_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
-              "uint32", "uint64", "bool")
 
 F32 = ir.FloatType()
 F64 = ir.DoubleType()
@@ -129,7 +126,7 @@ def _plan(node: Node, ctx: InferContext) -> _Plan:
     policy = "stretch" if upsample else str(attr(node, "keep_aspect_ratio_policy"))
     if policy not in ("stretch", "not_larger", "not_smaller"):
         raise ModelError(f"{node.describe()}: keep_aspect_ratio_policy {policy!r} is unknown")
-    if x.type.dtype.name not in ALL_DTYPES:
+    if x.type.dtype.name not in DTYPES:
         raise UnsupportedOpError(f"{node.describe()}: dtype {x.type.dtype.name} is not supported")
     if mode != "nearest" and x.type.dtype.name != "float32":
         raise UnsupportedOpError(f"{node.describe()}: mode {mode!r} is compiled for float32 input "
@@ -622,7 +619,7 @@ def _aa_table(plan: _Plan, axis: _Axis) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 
 class _Resample(Op):
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         plan = _plan(node, ctx)

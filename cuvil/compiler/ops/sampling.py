@@ -16,11 +16,9 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I1, I64, Emitter, llvm_type
 from cuvil.compiler.ir import Node, TensorType, numel, simplify_dim
-from cuvil.compiler.ops import InferContext, Op, attr, compute_dtype, register, required_input
+from cuvil.compiler.ops import FLOATS, InferContext, Op, attr, compute_dtype, register, required_input
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError, UnsupportedOpError
-
-FLOATS = ("float32", "float64", "float16")
 
 #: dtypes GridSample's nearest mode moves without arithmetic
 _GATHERED = ("int8", "int16", "int32", "int64", "uint8", "bool")

@@ -18,7 +18,7 @@ import sympy
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import Emitter
-from cuvil.compiler.ir import Dim, Node, TensorType, Value, dim_str, numel, simplify_dim
+from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, Value, dim_str, numel, simplify_dim
 from cuvil.compiler.ops import (
     UNCHECKED,
     InferContext,
@@ -32,9 +32,6 @@ from cuvil.compiler.ops import (
 )
 from cuvil.compiler.ops.elementwise import Copy, emit_elementwise
 from cuvil.errors import ModelError, UnsupportedOpError
-
-ALL_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
-              "uint32", "uint64", "bool")
 
 #: a static start/end at least this large means "to the end" (dims never get this big)
 _HUGE = 1 << 31
@@ -299,7 +296,7 @@ def _max(k: Emitter, a: ir.Value, b: ir.Value) -> ir.Value:
 @register
 class Transpose(Op):
     op_type = "Transpose"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def _perm(self, node: Node, rank: int) -> list[int]:
         perm = [int(p) for p in node.attrs.get("perm", range(rank - 1, -1, -1))]
@@ -322,7 +319,7 @@ class Transpose(Op):
 class _BlockRearrange(Op):
     """DepthToSpace and SpaceToDepth: a reshape, a transpose and a reshape."""
 
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def geometry(self, node: Node, ctx: InferContext) -> tuple[list[Dim], list[int], TensorType]:
         raise NotImplementedError
@@ -413,7 +410,7 @@ def _copy_rows(k: Emitter, dst: ir.Value, dst_row: Dim, dst_col: Dim, src: ir.Va
 @register
 class Concat(Op):
     op_type = "Concat"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         ins = [v for v in node.inputs if v is not None]
@@ -451,7 +448,7 @@ class Concat(Op):
 @register
 class Split(Op):
     op_type = "Split"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def sizes(self, node: Node, ctx: InferContext) -> tuple[int, list[Dim]]:
         x = required_input(node, 0)
@@ -548,7 +545,7 @@ def _slice_axis(node: Node, start: Dim, end: Dim, step: int, d: Dim) -> tuple[Di
 @register
 class Slice(Op):
     op_type = "Slice"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def geometry(self, node: Node) -> tuple[list[Dim], list[int], list[Dim]]:
         """(start, step, output length) per axis of the input."""
@@ -630,7 +627,7 @@ class Slice(Op):
 class Pad(Op):
     op_type = "Pad"
     since = 1
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def geometry(self, node: Node) -> tuple[str, list[Dim], list[Dim]]:
         """(mode, pads at the start of each axis, pads at the end)."""
@@ -775,7 +772,7 @@ def _reinterpret(k: Emitter, value: Value, shape: Sequence[Dim]) -> Value:
 class Expand(Op):
     op_type = "Expand"
     since = 8
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         x = required_input(node, 0)
@@ -795,7 +792,7 @@ class Expand(Op):
 class Tile(Op):
     op_type = "Tile"
     since = 6
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         x = required_input(node, 0)
@@ -848,7 +845,7 @@ class SymbolicValue(Op):
 
     op_type = "SymbolicValue"
     domain = "cuvil"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         return [node.outputs[0].type]
@@ -864,7 +861,7 @@ class Shape(Op):
     """Shape is resolved by the frontend (`shape_values`); this rule also serves direct use."""
 
     op_type = "Shape"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def _dims(self, node: Node) -> list[Dim]:
         shape = list(required_input(node, 0).type.shape)
@@ -886,7 +883,7 @@ class Shape(Op):
 @register
 class Size(Op):
     op_type = "Size"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         return [TensorType(np.int64, ())]
@@ -899,7 +896,7 @@ class Size(Op):
 class ConstantOfShape(Op):
     op_type = "ConstantOfShape"
     since = 9
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def _value(self, node: Node) -> np.ndarray:
         value = attr(node, "value")
@@ -915,7 +912,7 @@ class ConstantOfShape(Op):
             if not isinstance(d, int):
                 ctx.require(node, sympy.Ge(d, 0), f"shape entry {i} ({d}) is negative")
         value = self._value(node)
-        if value.size != 1 or value.dtype.name not in ALL_DTYPES:
+        if value.size != 1 or value.dtype.name not in DTYPES:
             raise UnsupportedOpError(f"{node.describe()}: value must be one number of a dtype "
                                      f"cuvil supports, got {value.dtype} x{value.size}")
         return [TensorType(value.dtype, tuple(shape))]
@@ -939,7 +936,7 @@ class EyeLike(Op):
 
     op_type = "EyeLike"
     since = 9
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def _target(self, node: Node) -> np.dtype:
         to = attr(node, "dtype")
@@ -949,9 +946,9 @@ class EyeLike(Op):
             dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))
         except Exception:
             dtype = None
-        if dtype is None or dtype.name not in ALL_DTYPES:
+        if dtype is None or dtype.name not in DTYPES:
             raise UnsupportedOpError(f"{node.describe()}: dtype {to} is not one cuvil compiles "
-                                     f"({', '.join(ALL_DTYPES)})")
+                                     f"({', '.join(DTYPES)})")
         return dtype
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
@@ -1035,7 +1032,7 @@ class Constant(Op):
     """Constant nodes become constant values in the frontend; this rule types them."""
 
     op_type = "Constant"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         value = node.outputs[0].const

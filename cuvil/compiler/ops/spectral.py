@@ -25,6 +25,7 @@ from llvmlite import ir
 from cuvil.compiler.codegen.emitter import I64, Emitter, View
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import (
+    FLOATS,
     UNCHECKED,
     InferContext,
     Op,
@@ -35,8 +36,6 @@ from cuvil.compiler.ops import (
 )
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError
-
-FLOATS = ("float32", "float64", "float16")
 
 F64 = ir.DoubleType()
 
