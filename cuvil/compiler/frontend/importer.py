@@ -21,7 +21,7 @@ from cuvil.compiler.frontend.functions import expandable, function_body
 from cuvil.compiler.frontend.loader import check_and_upgrade, load_onnx
 from cuvil.compiler.frontend.shape_values import propagate
 from cuvil.compiler.ir import Dim, Graph, Node, TensorType, Value, subgraphs, symbol
-from cuvil.compiler.ops import InferContext, lookup
+from cuvil.compiler.ops import InferContext, attribute_value, lookup
 from cuvil.compiler.ops.control import SubgraphOp, known_flag
 from cuvil.errors import CuvilError, ModelError, UnsupportedOpError
 
@@ -551,26 +551,15 @@ def _make_node(pn: onnx.NodeProto, values: Mapping[str, Value], opsets: dict[str
                              "no earlier node produces (is the graph sorted?)")
         else:
             inputs.append(values[name])
-    attrs = {a.name: _attr_value(a) for a in pn.attribute}
+    attrs = {a.name: attribute_value(a) for a in pn.attribute}
     domain = "" if pn.domain == "ai.onnx" else pn.domain
     return Node(pn.op_type, inputs, [], attrs, name=pn.name, domain=domain,
                 opset=opsets.get(domain, 0))
 
 
-def _attr_value(a: onnx.AttributeProto) -> Any:
-    v = onnx.helper.get_attribute_value(a)
-    if isinstance(v, bytes):
-        return v.decode()
-    if isinstance(v, onnx.TensorProto):
-        return numpy_helper.to_array(v)
-    if isinstance(v, list) and v and isinstance(v[0], bytes):
-        return [x.decode() for x in v]
-    return v
-
-
 def _constant_value(pn: onnx.NodeProto, label: str) -> np.ndarray:
     for a in pn.attribute:
-        v = _attr_value(a)
+        v = attribute_value(a)
         if a.name == "value":
             return np.asarray(v)
         if a.name in ("value_float", "value_floats"):

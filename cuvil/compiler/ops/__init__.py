@@ -7,11 +7,15 @@ every family, so the registry is complete.
 
 from __future__ import annotations
 
+import copy
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+import onnx
 import sympy
+from onnx import numpy_helper
 
 from cuvil.compiler.ir import Constraint, Dim, Graph, Node, TensorType, Value, simplify_dim
 from cuvil.compiler.verify import use_shape_rules
@@ -21,17 +25,27 @@ if TYPE_CHECKING:
     from cuvil.compiler.codegen.emitter import Emitter
 
 __all__ = [
+    "FLOATS",
     "UNCHECKED",
     "InferContext",
     "Op",
+    "attr",
+    "attribute_value",
     "broadcast_shapes",
+    "compute_dtype",
     "const_input",
     "const_or_symbolic_input",
     "lookup",
     "normalize_axis",
     "register",
     "registered_ops",
+    "required_input",
+    "schema",
 ]
+
+
+#: the float dtypes, which most numeric lowerings take
+FLOATS = ("float32", "float64", "float16")
 
 
 @dataclass
@@ -135,6 +149,97 @@ def registered_ops() -> dict[tuple[str, str], list[Op]]:
     return dict(_REGISTRY)
 
 
+# -- the node's ONNX schema -----------------------------------------------------------------
+
+
+@functools.cache
+def _schema(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | None:
+    try:
+        if opset > 0:
+            return onnx.defs.get_schema(op_type, opset, domain)
+        # nodes made by cuvil itself may carry no opset: the newest definition
+        return onnx.defs.get_schema(op_type, domain)
+    except onnx.defs.SchemaError:  # not in onnx (cuvil's own ops), or newer than the opset
+        return None
+
+
+def schema(node: Node) -> onnx.defs.OpSchema | None:
+    """onnx's definition of the node's op at the node's opset (None when onnx has none)."""
+    return _schema(node.domain, node.op_type, node.opset)
+
+
+def required_input(node: Node, i: int) -> Value:
+    """Input i, which the op cannot do without: a ModelError naming it when it is left out."""
+    v = node.input(i)
+    if v is None:
+        s = schema(node)
+        name = f" ({s.inputs[i].name})" if s is not None and i < len(s.inputs) else ""
+        raise ModelError(f"{node.describe()}: input {i}{name} is required, but the model leaves "
+                         "it out")
+    return v
+
+
+def attribute_value(a: onnx.AttributeProto) -> Any:
+    """An attribute as cuvil's nodes hold it: text as str, tensors as numpy arrays."""
+    v = onnx.helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, onnx.TensorProto):
+        return numpy_helper.to_array(v)
+    if isinstance(v, list) and v and isinstance(v[0], bytes):
+        return [x.decode() for x in v]
+    return v
+
+
+_SCHEMA = object()
+
+
+def attr(node: Node, name: str, default: Any = _SCHEMA) -> Any:
+    """The node's attribute `name`; when it is not set, `default` if given (for defaults onnx
+    states only in words, such as one stride per axis), else onnx's default for the node's op
+    at its opset (None for an optional attribute without one). A required attribute the node
+    lacks is a ModelError."""
+    if name in node.attrs:
+        return node.attrs[name]
+    if default is not _SCHEMA:
+        return default
+    required, value = _attr_default(node.domain, node.op_type, node.opset, name)
+    if required:
+        raise ModelError(f"{node.describe()}: the {name!r} attribute is required; the node does "
+                         "not set it")
+    return copy.copy(value)
+
+
+@functools.cache
+def _attr_default(domain: str, op_type: str, opset: int, name: str) -> tuple[bool, Any]:
+    """(required, default) of an attribute at the node's opset. One that a later version adds
+    takes that version's default (what the older versions behaved as); one that another
+    version has, or that the op has in no version (shared code reads it for several ops), is
+    absent: None, as for any optional attribute without a default."""
+    own = _schema(domain, op_type, opset)
+    versions = _versions(domain, op_type)
+    newer = [v for v in versions if own is None or v.since_version > own.since_version]
+    for found in ([own] if own is not None else []) + newer[::-1]:
+        spec = found.attributes.get(name)
+        if spec is not None:
+            undefined = spec.default_value.type == onnx.AttributeProto.UNDEFINED
+            return (spec.required and found is own,
+                    None if undefined else attribute_value(spec.default_value))
+    return False, None
+
+
+@functools.cache
+def _versions(domain: str, op_type: str) -> tuple[onnx.defs.OpSchema, ...]:
+    """Every version onnx defines of an op, newest first."""
+    found: list[onnx.defs.OpSchema] = []
+    version = _schema(domain, op_type, 0)
+    while version is not None:
+        found.append(version)
+        version = (_schema(domain, op_type, version.since_version - 1)
+                   if version.since_version > 1 else None)
+    return tuple(found)
+
+
 # -- helpers shared by shape rules ----------------------------------------------------------
 
 
@@ -199,6 +304,17 @@ def const_or_symbolic_input(node: Node, i: int, what: str) -> tuple[Dim, ...] | 
             "constant, or re-export the model with a static value here."
         )
     return values
+
+
+def compute_dtype(*dtypes: np.dtype | str) -> np.dtype:
+    """The dtype arithmetic on operands of these dtypes runs in: the widest float among them,
+    float16 widened to float32 (and rounded once on store), as onnxruntime computes; integer
+    operands alone compute in their own (the first's) dtype."""
+    floats = [np.dtype(d) for d in dtypes if np.dtype(d).kind == "f"]
+    if not floats:
+        return np.dtype(dtypes[0])
+    widest = max(floats, key=lambda d: d.itemsize)
+    return np.dtype(np.float32) if widest.itemsize < 4 else widest
 
 
 def normalize_axis(node: Node, axis: int, rank: int) -> int:

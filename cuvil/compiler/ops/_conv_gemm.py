@@ -14,6 +14,7 @@ from llvmlite import ir
 from cuvil.compiler.codegen.emitter import PTR, Emitter, View
 from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_gemm, emit_parallel_gemm
 from cuvil.compiler.ir import Dim, Node, numel
+from cuvil.compiler.ops import required_input
 from cuvil.compiler.ops._window import Window, ceil_div, clamp
 
 F32 = ir.FloatType()
@@ -33,8 +34,7 @@ def im2col_bytes(node: Node, win: Window) -> Dim:
     """Scratch for one (image, group) slice of X'; none for pointwise convolutions."""
     if is_pointwise(win):
         return 0
-    w = node.inputs[1]
-    assert w is not None
+    w = required_input(node, 1)
     cg = int(w.type.shape[1])
     taps = 1
     for k in win.kernel:
@@ -43,8 +43,7 @@ def im2col_bytes(node: Node, win: Window) -> Dim:
 
 
 def lower_conv_gemm(node: Node, k: Emitter, win: Window, activation: str | None = None) -> None:
-    x_val, w_val, b_val = node.inputs[0], node.inputs[1], node.input(2)
-    assert x_val is not None and w_val is not None
+    x_val, w_val, b_val = required_input(node, 0), required_input(node, 1), node.input(2)
     y_val = node.outputs[0]
     b = k.b
     group = int(node.attrs.get("group", 1))

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import sympy
 from llvmlite import ir
 
@@ -84,12 +83,6 @@ def window(node: Node, ctx: InferContext, spatial: Sequence[Dim], kernel: Sequen
 
 
 # -- code generation helpers shared by the windowed ops --------------------------------------
-
-
-def compute_dtype(dtype: np.dtype | str) -> np.dtype:
-    """The dtype arithmetic runs in: float16 is widened to float32 (and rounded once on store)."""
-    dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype == np.float16 else dtype
 
 
 def entry_alloca(k: Emitter, ty: ir.Type, name: str = "") -> ir.Value:

@@ -24,12 +24,16 @@ from llvmlite import ir
 from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import (
+    FLOATS,
     UNCHECKED,
     InferContext,
     Op,
+    attr,
+    compute_dtype,
     const_input,
     const_or_symbolic_input,
     register,
+    required_input,
 )
 from cuvil.compiler.ops._conv_gemm import im2col_bytes, lower_conv_gemm
 from cuvil.compiler.ops._window import (
@@ -37,15 +41,12 @@ from cuvil.compiler.ops._window import (
     auto_pad_of,
     ceil_div,
     clamp,
-    compute_dtype,
     entry_alloca,
     kernel_range,
     window,
 )
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
 from cuvil.errors import ModelError, UnsupportedOpError
-
-FLOATS = ("float32", "float64", "float16")
 
 
 def _kernel(node: Node, w: Value) -> tuple[int, ...]:
@@ -63,8 +64,7 @@ def _kernel(node: Node, w: Value) -> tuple[int, ...]:
 
 def _check_operands(node: Node, op: Op) -> tuple[Value, Value, int]:
     op.check_dtypes(node)
-    x, w = node.inputs[0], node.inputs[1]
-    assert x is not None and w is not None
+    x, w = required_input(node, 0), required_input(node, 1)
     if x.type.rank < 3 or w.type.rank != x.type.rank:
         raise ModelError(
             f"{node.describe()}: input {x.type} and weight {w.type} must both be "
@@ -75,7 +75,7 @@ def _check_operands(node: Node, op: Op) -> tuple[Value, Value, int]:
                          f"{x.type.dtype}")
     if not all(isinstance(d, int) for d in w.type.shape):
         raise ModelError(f"{node.describe()}: the weight shape must be static, got {w.type}")
-    group = int(node.attrs.get("group", 1))
+    group = int(attr(node, "group"))
     if group < 1:
         raise ModelError(f"{node.describe()}: group = {group} must be >= 1")
     return x, w, group
@@ -88,8 +88,7 @@ def _check_bias(node: Node, channels: int) -> None:
 
 
 def conv_window(node: Node, ctx: InferContext) -> Window:
-    x, w = node.inputs[0], node.inputs[1]
-    assert x is not None and w is not None
+    x, w = required_input(node, 0), required_input(node, 1)
     return window(node, ctx, x.type.shape[2:], _kernel(node, w))
 
 
@@ -114,12 +113,11 @@ class Conv(Op):
         return im2col_bytes(node, conv_window(node, UNCHECKED))
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val, w_val, b_val = node.inputs[0], node.inputs[1], node.input(2)
-        assert x_val is not None and w_val is not None
+        x_val, w_val, b_val = required_input(node, 0), required_input(node, 1), node.input(2)
         win = conv_window(node, UNCHECKED)
         x, w, y = k.view(x_val), k.view(w_val), k.view(node.outputs[0])
         bias = k.view(b_val) if b_val is not None else None
-        group = int(node.attrs.get("group", 1))
+        group = int(attr(node, "group"))
         m, cg = int(w_val.type.shape[0]), int(w_val.type.shape[1])
         mg = m // group
         if y.dtype.name == "float32":
@@ -243,8 +241,7 @@ def _ints(node: Node, name: str, default: int, r: int) -> tuple[int, ...]:
 
 
 def transposed_window(node: Node, ctx: InferContext) -> TransposedWindow:
-    x, w = node.inputs[0], node.inputs[1]
-    assert x is not None and w is not None
+    x, w = required_input(node, 0), required_input(node, 1)
     spatial = x.type.shape[2:]
     r = len(spatial)
     kernel = _kernel(node, w)
@@ -333,12 +330,11 @@ class ConvTranspose(Op):
         return [TensorType(x.type.dtype, (x.type.shape[0], m, *win.out))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val, w_val, b_val = node.inputs[0], node.inputs[1], node.input(2)
-        assert x_val is not None and w_val is not None
+        x_val, w_val, b_val = required_input(node, 0), required_input(node, 1), node.input(2)
         win = transposed_window(node, UNCHECKED)
         x, w, y = k.view(x_val), k.view(w_val), k.view(node.outputs[0])
         bias = k.view(b_val) if b_val is not None else None
-        group = int(node.attrs.get("group", 1))
+        group = int(attr(node, "group"))
         cg, mg = int(w_val.type.shape[0]) // group, int(w_val.type.shape[1])
         if compute_dtype(y.dtype) != y.dtype:
             _transposed_gather(k, x, w, y, bias, win, cg, mg)
@@ -417,8 +413,7 @@ class _Col2ImGeometry:
 
 
 def _col2im_geometry(node: Node, ctx: InferContext) -> _Col2ImGeometry:
-    x = node.inputs[0]
-    assert x is not None
+    x = required_input(node, 0)
     if x.type.rank != 3:
         raise ModelError(f"{node.describe()}: the input {x.type} must have rank 3: "
                          "[N, C * prod(block_shape), L]")
@@ -484,8 +479,7 @@ class Col2Im(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         g = _col2im_geometry(node, ctx)
         channels = simplify_dim(sympy.sympify(x.type.shape[1]) / int(np.prod(g.block)))
         return [TensorType(x.type.dtype, (x.type.shape[0], channels, *g.image))]

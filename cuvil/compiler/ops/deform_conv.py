@@ -30,13 +30,21 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type
 from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_parallel_gemm
-from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
-from cuvil.compiler.ops import UNCHECKED, InferContext, Op, register
-from cuvil.compiler.ops._window import Window, compute_dtype
+from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
+from cuvil.compiler.ops import (
+    FLOATS,
+    UNCHECKED,
+    InferContext,
+    Op,
+    attr,
+    compute_dtype,
+    register,
+    required_input,
+)
+from cuvil.compiler.ops._window import Window
 from cuvil.compiler.ops.conv import conv_window
 from cuvil.errors import ModelError, UnsupportedOpError
 
-FLOATS = ("float32", "float64", "float16")
 F32 = ir.FloatType()
 
 
@@ -60,15 +68,8 @@ class _Geometry:
         return self.cg * self.taps
 
 
-def _in(node: Node, i: int, what: str) -> Value:
-    v = node.input(i)
-    if v is None:
-        raise ModelError(f"{node.describe()}: input {i} ({what}) is required")
-    return v
-
-
 def _geometry(node: Node, ctx: InferContext) -> _Geometry:
-    x, w, off = _in(node, 0, "X"), _in(node, 1, "W"), _in(node, 2, "offset")
+    x, w, off = required_input(node, 0), required_input(node, 1), required_input(node, 2)
     bias, mask = node.input(3), node.input(4)
     if x.type.rank != 4:
         if x.type.rank >= 3:
@@ -82,8 +83,8 @@ def _geometry(node: Node, ctx: InferContext) -> _Geometry:
                              f"{x.type.dtype.name}; they must be the same")
     if w.type.rank != 4 or not all(isinstance(d, int) for d in w.type.shape):
         raise ModelError(f"{node.describe()}: W {w.type} must be a static M x C/group x kH x kW")
-    group = int(node.attrs.get("group", 1))
-    offset_group = int(node.attrs.get("offset_group", 1))
+    group = int(attr(node, "group"))
+    offset_group = int(attr(node, "offset_group"))
     if group < 1 or offset_group < 1:
         raise ModelError(f"{node.describe()}: group ({group}) and offset_group ({offset_group}) "
                          "must be >= 1")
@@ -124,7 +125,7 @@ class DeformConv(Op):
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
         geo = _geometry(node, ctx)
-        x = _in(node, 0, "X")
+        x = required_input(node, 0)
         return [TensorType(x.type.dtype, (x.type.shape[0], geo.m, *geo.win.out))]
 
     def scratch_bytes(self, node: Node) -> Dim:
@@ -139,7 +140,7 @@ class DeformConv(Op):
     def lower(self, node: Node, k: Emitter) -> None:
         geo = _geometry(node, UNCHECKED)
         dtype = node.outputs[0].type.dtype
-        batch = _in(node, 0, "X").type.shape[0]
+        batch = required_input(node, 0).type.shape[0]
         with k.loop(batch, name="n") as n, k.loop(geo.group, name="g") as g:
             _columns(node, k, geo, n, g)
             if dtype.name != "float32":
@@ -150,7 +151,7 @@ class DeformConv(Op):
 
 def _product_gemm(node: Node, k: Emitter, geo: _Geometry, n: ir.Value, g: ir.Value) -> None:
     """Y[n, group g] = B + W_g @ columns on the shared (threaded) GEMM kernel."""
-    w_val, b_val, y_val = _in(node, 1, "W"), node.input(3), node.outputs[0]
+    w_val, b_val, y_val = required_input(node, 1), node.input(3), node.outputs[0]
     assert k.scratch is not None
     b = k.b
     pv = k.dim(numel(geo.win.out))
@@ -177,7 +178,7 @@ def _columns(node: Node, k: Emitter, geo: _Geometry, n: ir.Value, g: ir.Value) -
     position's four corners and weights once, then interpolates each channel of the group
     (and of the offset group) from them.
     """
-    x_val, off_val, mask_val = _in(node, 0, "X"), _in(node, 2, "offset"), node.input(4)
+    x_val, off_val, mask_val = required_input(node, 0), required_input(node, 2), node.input(4)
     dtype = x_val.type.dtype
     ct = compute_dtype(dtype)
     fty = llvm_type(ct)
@@ -315,7 +316,7 @@ def _corners(k: Emitter, py: ir.Value, px: ir.Value, height: ir.Value, width: ir
 def _product_rows(node: Node, k: Emitter, geo: _Geometry, n: ir.Value, g: ir.Value) -> None:
     """Y[n, g*mg + j] = B + W[g*mg + j] @ columns, one output channel per task (float64 sums in
     Y itself, float16 in float32 scratch after the columns)."""
-    w_val, b_val, y_val = _in(node, 1, "W"), node.input(3), node.outputs[0]
+    w_val, b_val, y_val = required_input(node, 1), node.input(3), node.outputs[0]
     dtype = y_val.type.dtype
     ct = compute_dtype(dtype)
     p = numel(geo.win.out)

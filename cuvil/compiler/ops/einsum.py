@@ -15,8 +15,17 @@ from dataclasses import dataclass, replace
 
 from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.ir import Dim, Node, TensorType
-from cuvil.compiler.ops import UNCHECKED, InferContext, Op, broadcast_shapes, register
-from cuvil.compiler.ops._window import compute_dtype, entry_alloca
+from cuvil.compiler.ops import (
+    UNCHECKED,
+    InferContext,
+    Op,
+    attr,
+    broadcast_shapes,
+    compute_dtype,
+    register,
+    required_input,
+)
+from cuvil.compiler.ops._window import entry_alloca
 from cuvil.compiler.ops.gemm import emit_matmul, emit_matmul_dot, prefers_dot
 from cuvil.errors import ModelError
 
@@ -47,9 +56,7 @@ class Equation:
 
 
 def parse_equation(node: Node, ranks: list[int]) -> Equation:
-    text = node.attrs.get("equation")
-    if not isinstance(text, str):
-        raise ModelError(f"{node.describe()}: the equation attribute is required")
+    text = str(attr(node, "equation"))
     eq = text.replace(" ", "")
     lhs, arrow, rhs = eq.partition("->")
     terms = lhs.split(",")
@@ -124,8 +131,7 @@ class Einsum(Op):
                              f"({', '.join(sorted(str(d) for d in dtypes))}); they must match")
         eq = parse_equation(node, [v.type.rank for v in node.inputs if v is not None])
         sizes = label_sizes(node, ctx, eq)
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         return [TensorType(x.type.dtype, tuple(sizes[lab] for lab in eq.output))]
 
     def lower(self, node: Node, k: Emitter) -> None:

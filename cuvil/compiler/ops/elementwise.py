@@ -12,7 +12,9 @@ other transcendental functions call libm.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 import numpy as np
@@ -22,7 +24,16 @@ from llvmlite import ir
 from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import I1, I8, I32, I64, Emitter, View, llvm_type
 from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, Value
-from cuvil.compiler.ops import InferContext, Op, broadcast_shapes, register
+from cuvil.compiler.ops import (
+    InferContext,
+    Op,
+    attr,
+    broadcast_shapes,
+    compute_dtype,
+    register,
+    required_input,
+    schema,
+)
 from cuvil.errors import ModelError, UnsupportedOpError
 
 F16 = np.dtype("float16")
@@ -169,11 +180,11 @@ def _readable(type_strs: set[str]) -> str:
 
 
 def schema_of(node: Node) -> onnx.defs.OpSchema:
-    try:
-        return onnx.defs.get_schema(node.op_type, node.opset, node.domain)
-    except onnx.defs.SchemaError:
+    found = schema(node)
+    if found is None:
         raise ModelError(f"{node.describe()}: ONNX defines no {node.op_type} at opset {node.opset}; "
-                         "re-export the model with a newer opset") from None
+                         "re-export the model with a newer opset")
+    return found
 
 
 def bind_types(node: Node, schema: onnx.defs.OpSchema) -> dict[str, np.dtype]:
@@ -232,6 +243,17 @@ def spec_dtypes(op_type: str, index: int = 0) -> tuple[str, ...]:
     return tuple(d for d in DTYPES if _ONNX_NAME[d] in allowed.get(param, {param}))
 
 
+def first_opset(op_type: str) -> int:
+    """The opset in which ONNX first defines `op_type`."""
+    version = onnx.defs.get_schema(op_type).since_version
+    while version > 1:
+        try:
+            version = onnx.defs.get_schema(op_type, version - 1).since_version
+        except onnx.defs.SchemaError:
+            break
+    return version
+
+
 # -- small code helpers ----------------------------------------------------------------------
 
 
@@ -263,10 +285,6 @@ def _libm(k: Emitter, name: str, x: ir.Value) -> ir.Value:
     if fn is None:
         fn = ir.Function(k.module, ir.FunctionType(x.type, [x.type]), full)
     return k.b.call(fn, [x])
-
-
-def _compute_dtype(dtype: np.dtype) -> np.dtype:
-    return F32 if dtype == F16 else np.dtype(dtype)
 
 
 def _promote(k: Emitter, x: ir.Value, dtype: np.dtype) -> ir.Value:
@@ -351,6 +369,9 @@ class Elementwise(Op):
     `operands` are the inputs that are read elementwise (default: all present inputs).
     `compute` gets them loaded (float16 already widened to float32) and `dt`, the compute
     dtype of operand `main`; it returns the result in that dtype, or an i1 for bool outputs.
+
+    A subclass that names an `op_type` registers itself, from the op's first ONNX version on,
+    for the dtypes the newest schema allows its main input (unless it sets `dtypes_fixed`).
     """
 
     #: how many leading inputs are elementwise operands (None: all)
@@ -361,6 +382,18 @@ class Elementwise(Op):
     promote_half: ClassVar[bool] = True
     #: work per element, in multiply-adds (decides when the loop is worth threads)
     cost: ClassVar[int] = 1
+    #: `dtypes` is the class's own list, not the schema's
+    dtypes_fixed: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "op_type" not in cls.__dict__:
+            return  # a base of other ops
+        if not cls.dtypes_fixed:
+            cls.dtypes = spec_dtypes(cls.op_type, cls.main)
+        if "since" not in cls.__dict__:
+            cls.since = first_opset(cls.op_type)
+        register(cls)
 
     def operands(self, node: Node) -> list[Value]:
         ins = node.inputs if self.arity is None else node.inputs[: self.arity]
@@ -390,7 +423,7 @@ class Elementwise(Op):
         out = node.outputs[0]
         dtypes = [v.type.dtype for v in ops]
         main = dtypes[min(self.main, len(dtypes) - 1)]
-        dt = _compute_dtype(main) if self.promote_half else main
+        dt = compute_dtype(main) if self.promote_half else main
 
         def fn(k: Emitter, xs: list[ir.Value]) -> ir.Value:
             if self.promote_half:
@@ -403,35 +436,52 @@ class Elementwise(Op):
         raise NotImplementedError
 
 
-def _register_all(*classes: type[Op]) -> None:
-    for cls in classes:
-        if not getattr(cls, "dtypes_fixed", False):
-            cls.dtypes = spec_dtypes(cls.op_type, getattr(cls, "main", 0))
-        register(cls)
+@dataclass(frozen=True)
+class Row:
+    """An op whose lowering is one function of its loaded operands: fn(k, dt, *operands),
+    `dt` being the compute dtype (see `Elementwise`). Its dtypes and first opset are onnx's,
+    unless given."""
+
+    op_type: str
+    fn: Callable[..., ir.Value]
+    cost: int = 1
+    dtypes: tuple[str, ...] | None = None
+    since: int | None = None
+
+
+class _RowOp(Elementwise):
+    fn: ClassVar[Callable[..., ir.Value]]
+
+    def compute(self, k, node, xs, dt):
+        return type(self).fn(k, dt, *xs)
+
+
+def table(*rows: Row) -> None:
+    """Define (and so register) one op per row."""
+    for row in rows:
+        body: dict[str, object] = {"op_type": row.op_type, "fn": staticmethod(row.fn),
+                                   "cost": row.cost, "__doc__": f"{row.op_type}: a table row.",
+                                   "__module__": __name__}
+        if row.dtypes is not None:
+            body.update(dtypes=row.dtypes, dtypes_fixed=True)
+        if row.since is not None:
+            body["since"] = row.since
+        type(row.op_type, (_RowOp,), body)
+
+
+def _fold(f: Callable[[Emitter, np.dtype, ir.Value, ir.Value], ir.Value]) -> Callable[..., ir.Value]:
+    """A variadic op from a binary one: f(f(x0, x1), x2)..."""
+    return lambda k, dt, *xs: functools.reduce(lambda a, b: f(k, dt, a, b), xs)
 
 
 # -- binary arithmetic ------------------------------------------------------------------------
 
 
-class Add(Elementwise):
-    op_type = "Add"
-
-    def compute(self, k, node, xs, dt):
-        return k.add(dt, xs[0], xs[1])
-
-
-class Sub(Elementwise):
-    op_type = "Sub"
-
-    def compute(self, k, node, xs, dt):
-        return k.sub(dt, xs[0], xs[1])
-
-
-class Mul(Elementwise):
-    op_type = "Mul"
-
-    def compute(self, k, node, xs, dt):
-        return k.mul(dt, xs[0], xs[1])
+table(
+    Row("Add", lambda k, dt, a, b: k.add(dt, a, b)),
+    Row("Sub", lambda k, dt, a, b: k.sub(dt, a, b)),
+    Row("Mul", lambda k, dt, a, b: k.mul(dt, a, b)),
+)
 
 
 def _safe_divisor(k: Emitter, dt: np.dtype, b: ir.Value) -> ir.Value:
@@ -467,7 +517,7 @@ class Mod(Elementwise):
     cost = 16
 
     def check(self, node, schema, bound):
-        fmod = int(node.attrs.get("fmod", 0))
+        fmod = int(attr(node, "fmod"))
         if fmod not in (0, 1):
             raise ModelError(f"{node.describe()}: fmod must be 0 or 1, got {fmod}")
         if not fmod and _kind(bound["T"]) == "f" and node.opset < 28:
@@ -476,7 +526,7 @@ class Mod(Elementwise):
 
     def compute(self, k, node, xs, dt):
         a, b = xs
-        fmod = int(node.attrs.get("fmod", 0))
+        fmod = int(attr(node, "fmod"))
         if _kind(dt) == "f":
             r = k.b.frem(a, b)
             if fmod:
@@ -507,7 +557,7 @@ class Pow(Elementwise):
     def compute(self, k, node, xs, dt):
         x, y = xs
         base = node.inputs[0].type.dtype  # type: ignore[union-attr]
-        ydt = _compute_dtype(node.inputs[1].type.dtype)  # type: ignore[union-attr]
+        ydt = compute_dtype(node.inputs[1].type.dtype)  # type: ignore[union-attr]
         small = _small_exponent(node)
         if small is not None:
             r = x
@@ -538,7 +588,7 @@ class BitShift(Elementwise):
     op_type = "BitShift"
 
     def check(self, node, schema, bound):
-        direction = node.attrs.get("direction")
+        direction = attr(node, "direction")
         if direction not in ("LEFT", "RIGHT"):
             raise ModelError(f"{node.describe()}: direction must be \"LEFT\" or \"RIGHT\", "
                              f"got {direction!r}")
@@ -548,105 +598,33 @@ class BitShift(Elementwise):
         bits = dt.itemsize * 8
         in_range = k.b.icmp_unsigned("<", y, _c(y, bits))  # negative counts are huge unsigned
         amount = k.b.and_(y, _c(y, bits - 1))
-        if node.attrs["direction"] == "LEFT":
+        if attr(node, "direction") == "LEFT":
             return k.b.select(in_range, k.b.shl(x, amount), _c(x, 0))
         if _kind(dt) == "i":
             return k.b.select(in_range, k.b.ashr(x, amount), k.b.ashr(x, _c(x, bits - 1)))
         return k.b.select(in_range, k.b.lshr(x, amount), _c(x, 0))
 
 
-class BitwiseAnd(Elementwise):
-    op_type = "BitwiseAnd"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.and_(xs[0], xs[1])
-
-
-class BitwiseOr(Elementwise):
-    op_type = "BitwiseOr"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.or_(xs[0], xs[1])
-
-
-class BitwiseXor(Elementwise):
-    op_type = "BitwiseXor"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.xor(xs[0], xs[1])
-
-
-class BitwiseNot(Elementwise):
-    op_type = "BitwiseNot"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.xor(xs[0], _c(xs[0], -1))
+table(
+    Row("BitwiseAnd", lambda k, dt, a, b: k.b.and_(a, b)),
+    Row("BitwiseOr", lambda k, dt, a, b: k.b.or_(a, b)),
+    Row("BitwiseXor", lambda k, dt, a, b: k.b.xor(a, b)),
+    Row("BitwiseNot", lambda k, dt, x: k.b.xor(x, _c(x, -1))),
+)
 
 
 # -- variadic -------------------------------------------------------------------------------
 
-
-class Max(Elementwise):
-    op_type = "Max"
-
-    def compute(self, k, node, xs, dt):
-        r = xs[0]
-        for x in xs[1:]:
-            r = _max(k, dt, r, x)
-        return r
-
-
-class Min(Elementwise):
-    op_type = "Min"
-
-    def compute(self, k, node, xs, dt):
-        r = xs[0]
-        for x in xs[1:]:
-            r = _min(k, dt, r, x)
-        return r
-
-
-class Sum(Elementwise):
-    op_type = "Sum"
-
-    def compute(self, k, node, xs, dt):
-        r = xs[0]
-        for x in xs[1:]:
-            r = k.add(dt, r, x)
-        return r
-
-
-class Mean(Sum):
-    op_type = "Mean"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.fdiv(super().compute(k, node, xs, dt), _c(xs[0], len(xs)))
+table(
+    Row("Max", _fold(_max)),
+    Row("Min", _fold(_min)),
+    Row("Sum", _fold(lambda k, dt, a, b: k.add(dt, a, b))),
+    Row("Mean", lambda k, dt, *xs: k.b.fdiv(_fold(lambda k, dt, a, b: k.add(dt, a, b))(k, dt, *xs),
+                                            _c(xs[0], len(xs)))),
+)
 
 
 # -- comparisons and logic -------------------------------------------------------------------
-
-
-class Equal(Elementwise):
-    op_type = "Equal"
-
-    def compute(self, k, node, xs, dt):
-        if _kind(dt) == "f":
-            return k.b.fcmp_ordered("==", xs[0], xs[1])
-        return k.b.icmp_unsigned("==", xs[0], xs[1])
-
-
-class Less(Elementwise):
-    op_type = "Less"
-
-    def compute(self, k, node, xs, dt):
-        return _lt(k, dt, xs[0], xs[1])
-
-
-class Greater(Elementwise):
-    op_type = "Greater"
-
-    def compute(self, k, node, xs, dt):
-        return _gt(k, dt, xs[0], xs[1])
 
 
 def _cmp(dt: np.dtype, k: Emitter, op: str, a: ir.Value, b: ir.Value) -> ir.Value:
@@ -657,49 +635,20 @@ def _cmp(dt: np.dtype, k: Emitter, op: str, a: ir.Value, b: ir.Value) -> ir.Valu
     return k.b.icmp_unsigned(op, a, b)
 
 
-class LessOrEqual(Elementwise):
-    op_type = "LessOrEqual"
-
-    def compute(self, k, node, xs, dt):
-        return _cmp(dt, k, "<=", xs[0], xs[1])
-
-
-class GreaterOrEqual(Elementwise):
-    op_type = "GreaterOrEqual"
-
-    def compute(self, k, node, xs, dt):
-        return _cmp(dt, k, ">=", xs[0], xs[1])
-
-
 # bool tensors hold 0 or 1 per byte, so logic works on the bytes directly
-
-
-class And(Elementwise):
-    op_type = "And"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.and_(xs[0], xs[1])
-
-
-class Or(Elementwise):
-    op_type = "Or"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.or_(xs[0], xs[1])
-
-
-class Xor(Elementwise):
-    op_type = "Xor"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.xor(xs[0], xs[1])
-
-
-class Not(Elementwise):
-    op_type = "Not"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.xor(xs[0], _c(xs[0], 1))
+table(
+    Row("Equal", lambda k, dt, a, b: (k.b.fcmp_ordered("==", a, b) if _kind(dt) == "f"
+                                      else k.b.icmp_unsigned("==", a, b))),
+    Row("Less", _lt),
+    Row("Greater", _gt),
+    Row("LessOrEqual", lambda k, dt, a, b: _cmp(dt, k, "<=", a, b)),
+    Row("GreaterOrEqual", lambda k, dt, a, b: _cmp(dt, k, ">=", a, b)),
+    Row("And", lambda k, dt, a, b: k.b.and_(a, b)),
+    Row("Or", lambda k, dt, a, b: k.b.or_(a, b)),
+    Row("Xor", lambda k, dt, a, b: k.b.xor(a, b)),
+    Row("Not", lambda k, dt, x: k.b.xor(x, _c(x, 1))),
+    Row("IsNaN", lambda k, dt, x: _isnan(k, x)),
+)
 
 
 class Where(Elementwise):
@@ -712,13 +661,6 @@ class Where(Elementwise):
         return k.b.select(cond, xs[1], xs[2])
 
 
-class IsNaN(Elementwise):
-    op_type = "IsNaN"
-
-    def compute(self, k, node, xs, dt):
-        return _isnan(k, xs[0])
-
-
 class IsInf(Elementwise):
     op_type = "IsInf"
 
@@ -726,8 +668,8 @@ class IsInf(Elementwise):
         x = xs[0]
         pos = k.b.fcmp_ordered("==", x, _c(x, float("inf")))
         neg = k.b.fcmp_ordered("==", x, _c(x, float("-inf")))
-        want_pos = int(node.attrs.get("detect_positive", 1))
-        want_neg = int(node.attrs.get("detect_negative", 1))
+        want_pos = int(attr(node, "detect_positive"))
+        want_neg = int(attr(node, "detect_negative"))
         if want_pos and want_neg:
             return k.b.or_(pos, neg)
         if want_pos:
@@ -742,9 +684,7 @@ class IsInf(Elementwise):
 
 def to_dtype(node: Node, verb: str) -> np.dtype:
     """The element type named by the node's `to` attribute (Cast, BitCast)."""
-    to = node.attrs.get("to")
-    if to is None:
-        raise ModelError(f"{node.describe()}: missing the `to` attribute")
+    to = attr(node, "to")
     try:
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))
     except Exception:
@@ -773,8 +713,7 @@ class Cast(Elementwise):
         return self.target(node)
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         src, dst = x.type.dtype, node.outputs[0].type.dtype
         emit_elementwise(k, node.outputs[0], [x], lambda k, xs: emit_cast(k, xs[0], src, dst))
 
@@ -783,8 +722,7 @@ class CastLike(Cast):
     op_type = "CastLike"
 
     def target(self, node: Node) -> np.dtype:
-        like = node.inputs[1]
-        assert like is not None
+        like = required_input(node, 1)
         return like.type.dtype
 
     def out_dtype(self, node, schema, bound):
@@ -794,35 +732,19 @@ class CastLike(Cast):
 # -- unary math -------------------------------------------------------------------------------
 
 
-class Abs(Elementwise):
-    op_type = "Abs"
-
-    def compute(self, k, node, xs, dt):
-        x = xs[0]
-        if _kind(dt) == "f":
-            return _intrinsic(k, "llvm.fabs", x)
-        if _kind(dt) == "u":
-            return x
-        return k.b.select(k.b.icmp_signed("<", x, _c(x, 0)), k.b.sub(_c(x, 0), x), x)
+def _abs(k: Emitter, dt: np.dtype, x: ir.Value) -> ir.Value:
+    if _kind(dt) == "f":
+        return _intrinsic(k, "llvm.fabs", x)
+    if _kind(dt) == "u":
+        return x
+    return k.b.select(k.b.icmp_signed("<", x, _c(x, 0)), k.b.sub(_c(x, 0), x), x)
 
 
-class Neg(Elementwise):
-    op_type = "Neg"
-
-    def compute(self, k, node, xs, dt):
-        x = xs[0]
-        return k.b.fneg(x) if _kind(dt) == "f" else k.b.sub(_c(x, 0), x)
-
-
-class Sign(Elementwise):
-    op_type = "Sign"
-
-    def compute(self, k, node, xs, dt):
-        x = xs[0]
-        pos = _gt(k, dt, x, _c(x, 0))
-        neg = _lt(k, dt, x, _c(x, 0))
-        r = k.b.select(pos, _c(x, 1), k.b.select(neg, _c(x, -1), _c(x, 0)))
-        return k.b.select(_isnan(k, x), x, r) if _kind(dt) == "f" else r
+def _sign(k: Emitter, dt: np.dtype, x: ir.Value) -> ir.Value:
+    pos = _gt(k, dt, x, _c(x, 0))
+    neg = _lt(k, dt, x, _c(x, 0))
+    r = k.b.select(pos, _c(x, 1), k.b.select(neg, _c(x, -1), _c(x, 0)))
+    return k.b.select(_isnan(k, x), x, r) if _kind(dt) == "f" else r
 
 
 def _round_half_even(k: Emitter, x: ir.Value) -> ir.Value:
@@ -835,67 +757,46 @@ def _round_half_even(k: Emitter, x: ir.Value) -> ir.Value:
     return k.b.select(k.b.fcmp_ordered("<", a, big), r, x)
 
 
-#: float -> float functions of one input, by op type
-_FLOAT_UNARY: dict[str, Callable[[Emitter, ir.Value], ir.Value]] = {
-    "Exp": lambda k, x: vecmath.exp(k.b, x),
-    "Log": lambda k, x: vecmath.log(k.b, x),
-    "Tanh": lambda k, x: vecmath.tanh(k.b, x),
-    "Erf": lambda k, x: vecmath.erf(k.b, x),
-    "Sigmoid": lambda k, x: vecmath.sigmoid(k.b, x),
-    "Softplus": lambda k, x: vecmath.softplus(k.b, x),
-    "Sqrt": lambda k, x: _intrinsic(k, "llvm.sqrt", x),
-    "Floor": lambda k, x: _intrinsic(k, "llvm.floor", x),
-    "Ceil": lambda k, x: _intrinsic(k, "llvm.ceil", x),
-    "Round": _round_half_even,
-    "Reciprocal": lambda k, x: k.b.fdiv(_c(x, 1), x),
-    "Softsign": lambda k, x: k.b.fdiv(x, k.b.fadd(_c(x, 1), _intrinsic(k, "llvm.fabs", x))),
-    "Mish": lambda k, x: k.b.fmul(x, vecmath.tanh(k.b, vecmath.softplus(k.b, x))),
+def _libm_fn(name: str) -> Callable[[Emitter, np.dtype, ir.Value], ir.Value]:
+    return lambda k, dt, x: _libm(k, name, x)
+
+
+def _hard_sigmoid(k: Emitter, x: ir.Value, alpha: float, beta: float) -> ir.Value:
+    y = k.b.fadd(k.b.fmul(x, _c(x, alpha)), _c(x, beta))
+    y = k.b.select(k.b.fcmp_ordered(">", y, _c(x, 1)), _c(x, 1), y)
+    return k.b.select(k.b.fcmp_ordered("<", y, _c(x, 0)), _c(x, 0), y)
+
+
+# costs: work per element in multiply-adds, for threading decisions (40: a libm call)
+table(
+    Row("Abs", _abs),
+    Row("Neg", lambda k, dt, x: k.b.fneg(x) if _kind(dt) == "f" else k.b.sub(_c(x, 0), x)),
+    Row("Sign", _sign),
+    Row("Relu", lambda k, dt, x: k.b.select(_lt(k, dt, x, _c(x, 0)), _c(x, 0), x)),
+    Row("Exp", lambda k, dt, x: vecmath.exp(k.b, x), cost=12),
+    Row("Log", lambda k, dt, x: vecmath.log(k.b, x), cost=14),
+    Row("Tanh", lambda k, dt, x: vecmath.tanh(k.b, x), cost=18),
+    Row("Erf", lambda k, dt, x: vecmath.erf(k.b, x), cost=20),
+    Row("Sigmoid", lambda k, dt, x: vecmath.sigmoid(k.b, x), cost=16),
+    Row("Softplus", lambda k, dt, x: vecmath.softplus(k.b, x), cost=32),
+    Row("Sqrt", lambda k, dt, x: _intrinsic(k, "llvm.sqrt", x), cost=4),
+    Row("Floor", lambda k, dt, x: _intrinsic(k, "llvm.floor", x), cost=40),
+    Row("Ceil", lambda k, dt, x: _intrinsic(k, "llvm.ceil", x), cost=40),
+    Row("Round", lambda k, dt, x: _round_half_even(k, x), cost=40),
+    Row("Reciprocal", lambda k, dt, x: k.b.fdiv(_c(x, 1), x), cost=4),
+    Row("Softsign", lambda k, dt, x: k.b.fdiv(x, k.b.fadd(_c(x, 1), _intrinsic(k, "llvm.fabs", x))),
+        cost=4),
+    Row("Mish", lambda k, dt, x: k.b.fmul(x, vecmath.tanh(k.b, vecmath.softplus(k.b, x))), cost=50),
+    Row("HardSwish", lambda k, dt, x: k.b.fmul(x, _hard_sigmoid(k, x, 1 / 6, 0.5))),
     # libm: accuracy first (LLVM's intrinsics for these become libm calls too)
-    "Sin": lambda k, x: _intrinsic(k, "llvm.sin", x),
-    "Cos": lambda k, x: _intrinsic(k, "llvm.cos", x),
-    "Tan": lambda k, x: _libm(k, "tan", x),
-    "Asin": lambda k, x: _libm(k, "asin", x),
-    "Acos": lambda k, x: _libm(k, "acos", x),
-    "Atan": lambda k, x: _libm(k, "atan", x),
-    "Sinh": lambda k, x: _libm(k, "sinh", x),
-    "Cosh": lambda k, x: _libm(k, "cosh", x),
-    "Asinh": lambda k, x: _libm(k, "asinh", x),
-    "Acosh": lambda k, x: _libm(k, "acosh", x),
-    "Atanh": lambda k, x: _libm(k, "atanh", x),
-}
-
-
-#: work per element of the costlier functions, in multiply-adds (for threading decisions)
-_UNARY_COST = {"Exp": 12, "Log": 14, "Tanh": 18, "Erf": 20, "Sigmoid": 16, "Softplus": 32,
-               "Mish": 50, "Sqrt": 4, "Reciprocal": 4, "Softsign": 4}
-
-
-class FloatUnary(Elementwise):
-    """A float function of one input from the table above."""
-
-    def compute(self, k, node, xs, dt):
-        return _FLOAT_UNARY[node.op_type](k, xs[0])
-
-
-_UNARY_CLASSES = [type(name, (FloatUnary,), {"op_type": name, "__doc__": f"{name} (float).",
-                                             "cost": _UNARY_COST.get(name, 40)})
-                  for name in _FLOAT_UNARY]
+    Row("Sin", lambda k, dt, x: _intrinsic(k, "llvm.sin", x), cost=40),
+    Row("Cos", lambda k, dt, x: _intrinsic(k, "llvm.cos", x), cost=40),
+    *(Row(name, _libm_fn(name.lower()), cost=40)
+      for name in ("Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh")),
+)
 
 
 # -- activations ------------------------------------------------------------------------------
-
-
-def _f(node: Node, name: str, default: float) -> float:
-    """A float attribute; ONNX stores them as float32, defaults included (0.01 is 0.01f)."""
-    return float(np.float32(node.attrs.get(name, default)))
-
-
-class Relu(Elementwise):
-    op_type = "Relu"
-
-    def compute(self, k, node, xs, dt):
-        x = xs[0]
-        return k.b.select(_lt(k, dt, x, _c(x, 0)), _c(x, 0), x)
 
 
 class LeakyRelu(Elementwise):
@@ -903,7 +804,7 @@ class LeakyRelu(Elementwise):
 
     def compute(self, k, node, xs, dt):
         x = xs[0]
-        scaled = k.b.fmul(x, _c(x, _f(node, "alpha", 0.01)))
+        scaled = k.b.fmul(x, _c(x, attr(node, "alpha")))
         return k.b.select(k.b.fcmp_ordered("<", x, _c(x, 0)), scaled, x)
 
 
@@ -913,8 +814,7 @@ class PRelu(Elementwise):
     op_type = "PRelu"
 
     def out_shape(self, node, ctx):
-        x, slope = node.inputs[0], node.inputs[1]
-        assert x is not None and slope is not None
+        x, slope = required_input(node, 0), required_input(node, 1)
         shape = super().out_shape(node, ctx)
         if len(shape) != x.type.rank or any(a != b for a, b in zip(shape, x.type.shape)):
             raise ModelError(f"{node.describe()}: slope of shape {list(slope.type.shape)} must "
@@ -932,7 +832,7 @@ class Elu(Elementwise):
 
     def compute(self, k, node, xs, dt):
         x = xs[0]
-        neg = k.b.fmul(_c(x, _f(node, "alpha", 1.0)), vecmath.expm1(k.b, x))
+        neg = k.b.fmul(_c(x, attr(node, "alpha")), vecmath.expm1(k.b, x))
         return k.b.select(k.b.fcmp_ordered("<", x, _c(x, 0)), neg, x)
 
 
@@ -942,8 +842,8 @@ class Selu(Elementwise):
 
     def compute(self, k, node, xs, dt):
         x = xs[0]
-        alpha = _f(node, "alpha", 1.67326319217681884765625)
-        gamma = _f(node, "gamma", 1.05070102214813232421875)
+        alpha = attr(node, "alpha")
+        gamma = attr(node, "gamma")
         neg = k.b.fmul(_c(x, alpha), vecmath.expm1(k.b, x))
         r = k.b.select(k.b.fcmp_ordered(">", x, _c(x, 0)), x, neg)
         return k.b.fmul(_c(x, gamma), r)
@@ -955,7 +855,7 @@ class Celu(Elementwise):
 
     def compute(self, k, node, xs, dt):
         x = xs[0]
-        alpha = _f(node, "alpha", 1.0)
+        alpha = attr(node, "alpha")
         neg = k.b.fmul(_c(x, alpha), vecmath.expm1(k.b, k.b.fdiv(x, _c(x, alpha))))
         return k.b.select(k.b.fcmp_ordered(">", x, _c(x, 0)), x, neg)
 
@@ -965,27 +865,14 @@ class ThresholdedRelu(Elementwise):
 
     def compute(self, k, node, xs, dt):
         x = xs[0]
-        return k.b.select(k.b.fcmp_ordered(">", x, _c(x, _f(node, "alpha", 1.0))), x, _c(x, 0))
-
-
-def _hard_sigmoid(k: Emitter, x: ir.Value, alpha: float, beta: float) -> ir.Value:
-    y = k.b.fadd(k.b.fmul(x, _c(x, alpha)), _c(x, beta))
-    y = k.b.select(k.b.fcmp_ordered(">", y, _c(x, 1)), _c(x, 1), y)
-    return k.b.select(k.b.fcmp_ordered("<", y, _c(x, 0)), _c(x, 0), y)
+        return k.b.select(k.b.fcmp_ordered(">", x, _c(x, attr(node, "alpha"))), x, _c(x, 0))
 
 
 class HardSigmoid(Elementwise):
     op_type = "HardSigmoid"
 
     def compute(self, k, node, xs, dt):
-        return _hard_sigmoid(k, xs[0], _f(node, "alpha", 0.2), _f(node, "beta", 0.5))
-
-
-class HardSwish(Elementwise):
-    op_type = "HardSwish"
-
-    def compute(self, k, node, xs, dt):
-        return k.b.fmul(xs[0], _hard_sigmoid(k, xs[0], 1 / 6, 0.5))
+        return _hard_sigmoid(k, xs[0], attr(node, "alpha"), attr(node, "beta"))
 
 
 class Gelu(Elementwise):
@@ -993,14 +880,14 @@ class Gelu(Elementwise):
     cost = 24
 
     def check(self, node, schema, bound):
-        if node.attrs.get("approximate", "none") not in ("none", "tanh"):
+        if attr(node, "approximate") not in ("none", "tanh"):
             raise ModelError(f"{node.describe()}: approximate must be \"none\" or \"tanh\", got "
-                             f"{node.attrs.get('approximate')!r}")
+                             f"{attr(node, 'approximate')!r}")
 
     def compute(self, k, node, xs, dt):
         x = xs[0]
         b = k.b
-        if node.attrs.get("approximate", "none") == "tanh":
+        if attr(node, "approximate") == "tanh":
             inner = b.fmul(_c(x, np.sqrt(2 / np.pi)),
                            b.fadd(x, b.fmul(_c(x, 0.044715), b.fmul(x, b.fmul(x, x)))))
             t = vecmath.tanh(b, inner)
@@ -1017,8 +904,7 @@ class Clip(Elementwise):
     op_type = "Clip"
 
     def out_shape(self, node, ctx):
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         for i in (1, 2):
             v = node.input(i)
             if v is not None and v.type.numel != 1:
@@ -1027,8 +913,7 @@ class Clip(Elementwise):
         return x.type.shape
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         if node.opset >= 11:
             # scalar bounds: read as rank-0 operands so that they broadcast
             ops = [x]
@@ -1040,7 +925,7 @@ class Clip(Elementwise):
                     ops.append(scalar)
         else:
             ops = [x]
-        dt = _compute_dtype(x.type.dtype)
+        dt = compute_dtype(x.type.dtype)
         out = node.outputs[0]
 
         def fn(k: Emitter, xs: list[ir.Value]) -> ir.Value:
@@ -1052,8 +937,9 @@ class Clip(Elementwise):
     def compute(self, k, node, xs, dt):
         y = xs[0]
         if node.opset < 11:
-            lo: ir.Value | None = _c(y, _f(node, "min", -3.4028234663852886e38))
-            hi: ir.Value | None = _c(y, _f(node, "max", 3.4028234663852886e38))
+            # Clip-1 states no defaults; these are Clip-6's (the float range)
+            lo: ir.Value | None = _c(y, attr(node, "min", -3.4028234663852886e38))
+            hi: ir.Value | None = _c(y, attr(node, "max", 3.4028234663852886e38))
         else:
             rest = iter(xs[1:])
             lo = next(rest) if node.input(1) is not None else None
@@ -1080,7 +966,7 @@ class Shrink(Elementwise):
         x = xs[0]
         work = F64 if dt == F64 else F32
         xf = k.convert(x, dt, work)
-        lambd, bias = _f(node, "lambd", 0.5), _f(node, "bias", 0.0)
+        lambd, bias = attr(node, "lambd"), attr(node, "bias")
         lo = k.b.fcmp_ordered("<", xf, _c(xf, -lambd))
         hi = k.b.fcmp_ordered(">", xf, _c(xf, lambd))
         r = k.b.select(lo, k.b.fadd(xf, _c(xf, bias)),
@@ -1088,17 +974,6 @@ class Shrink(Elementwise):
         if _kind(dt) == "f":
             return r
         return float_to_int(k, r, dt)
-
-
-_register_all(
-    Add, Sub, Mul, Div, Mod, Pow, BitShift, BitwiseAnd, BitwiseOr, BitwiseXor, BitwiseNot,
-    Max, Min, Sum, Mean,
-    Equal, Less, Greater, LessOrEqual, GreaterOrEqual, And, Or, Xor, Not, Where, IsNaN, IsInf,
-    Cast, CastLike,
-    Abs, Neg, Sign, *_UNARY_CLASSES,
-    Relu, LeakyRelu, PRelu, Elu, Selu, Celu, ThresholdedRelu, HardSigmoid, HardSwish, Gelu,
-    Clip, Shrink,
-)
 
 
 # -- identities -------------------------------------------------------------------------------
@@ -1111,8 +986,7 @@ class Copy(Op):
     dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         return [x.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
@@ -1144,8 +1018,7 @@ class Dropout(Copy):
                 f"{node.describe()}: training_mode must be a constant false for inference; "
                 "export the model in eval mode"
             )
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         types = [x.type]
         if len(node.outputs) > 1:
             types.append(TensorType(np.bool_, x.type.shape))
@@ -1168,8 +1041,7 @@ class BitCast(Copy):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         dtype = to_dtype(node, "bit-casts")
         if dtype.itemsize != x.type.dtype.itemsize:
             raise ModelError(f"{node.describe()}: cannot bit-cast {x.type.dtype.name} "

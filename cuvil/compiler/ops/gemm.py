@@ -14,11 +14,19 @@ from llvmlite import ir
 from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue, emit_parallel_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, Value
-from cuvil.compiler.ops import UNCHECKED, InferContext, Op, broadcast_shapes, register
-from cuvil.compiler.ops._window import compute_dtype, entry_alloca
+from cuvil.compiler.ops import (
+    FLOATS,
+    UNCHECKED,
+    InferContext,
+    Op,
+    attr,
+    broadcast_shapes,
+    compute_dtype,
+    register,
+    required_input,
+)
+from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError
-
-FLOATS = ("float32", "float64", "float16")
 
 
 def emit_matmul(k: Emitter, a: View, b: View, y: View, alpha: float = 1.0,
@@ -121,12 +129,11 @@ class Gemm(Op):
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
         _check_same_dtype(node)
-        a, b = node.inputs[0], node.inputs[1]
-        assert a is not None and b is not None
+        a, b = required_input(node, 0), required_input(node, 1)
         if a.type.rank != 2 or b.type.rank != 2:
             raise ModelError(f"{node.describe()}: Gemm needs 2-D inputs, got {a.type} and {b.type}")
-        m, ka = a.type.shape[::-1] if node.attrs.get("transA", 0) else a.type.shape
-        kb, n = b.type.shape[::-1] if node.attrs.get("transB", 0) else b.type.shape
+        m, ka = a.type.shape[::-1] if attr(node, "transA") else a.type.shape
+        kb, n = b.type.shape[::-1] if attr(node, "transB") else b.type.shape
         ctx.dims_equal(node, ka, kb, "inner dims of A and B")
         c = node.input(2)
         if c is not None:
@@ -139,16 +146,15 @@ class Gemm(Op):
         return [TensorType(a.type.dtype, (m, n))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        a_val, b_val, c_val = node.inputs[0], node.inputs[1], node.input(2)
-        assert a_val is not None and b_val is not None
+        a_val, b_val, c_val = required_input(node, 0), required_input(node, 1), node.input(2)
         y_val = node.outputs[0]
         a, b, y = k.view(a_val), k.view(b_val), k.view(y_val)
-        if node.attrs.get("transA", 0):
+        if attr(node, "transA"):
             a = _transposed(a)
-        if node.attrs.get("transB", 0):
+        if attr(node, "transB"):
             b = _transposed(b)
-        alpha = float(node.attrs.get("alpha", 1.0))
-        beta = float(node.attrs.get("beta", 1.0))
+        alpha = float(attr(node, "alpha"))
+        beta = float(attr(node, "beta"))
         accumulate = c_val is not None and beta != 0.0
         relu = node.attrs.get(FUSED_ACTIVATION) == "Relu"
         if alpha == 1.0 and uses_kernel(a, b, y):
@@ -207,8 +213,7 @@ class MatMul(Op):
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
         _check_same_dtype(node)
-        a, b = node.inputs[0], node.inputs[1]
-        assert a is not None and b is not None
+        a, b = required_input(node, 0), required_input(node, 1)
         sa, sb = a.type.shape, b.type.shape
         if not sa or not sb:
             raise ModelError(f"{node.describe()}: MatMul inputs must have rank >= 1")
@@ -224,8 +229,7 @@ class MatMul(Op):
         return [TensorType(a.type.dtype, out)]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        a_val, b_val = node.inputs[0], node.inputs[1]
-        assert a_val is not None and b_val is not None
+        a_val, b_val = required_input(node, 0), required_input(node, 1)
         y_val = node.outputs[0]
         a, b, y = k.view(a_val), k.view(b_val), k.view(y_val)
         one = k.i64(1)

@@ -19,32 +19,24 @@ import sympy
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I64, Emitter, View, llvm_type
-from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
+from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import (
     InferContext,
     Op,
+    attr,
     const_input,
     const_or_symbolic_input,
     normalize_axis,
     register,
+    required_input,
 )
 from cuvil.errors import ModelError, UnsupportedOpError
 
-ALL_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
-              "uint32", "uint64", "bool")
-NUMERIC = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
-           "uint32", "uint64")
+NUMERIC = tuple(d for d in DTYPES if d != "bool")
 INDEX_DTYPES = ("int32", "int64")
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-
-def _in(node: Node, i: int) -> Value:
-    v = node.input(i)
-    if v is None:
-        raise ModelError(f"{node.describe()}: input {i} is required")
-    return v
 
 
 def _check_index_dtype(node: Node, v: Value, what: str, allowed: Sequence[str] = INDEX_DTYPES) -> None:
@@ -125,8 +117,8 @@ def _break_if(k: Emitter, cond: ir.Value, done: ir.Block) -> None:
 
 def _reduction(node: Node, dtype: np.dtype):  # type: ignore[no-untyped-def]
     """The combine function of ScatterElements/ScatterND's `reduction` (None for "none")."""
-    red = node.attrs.get("reduction", "none")
-    if red == "none":
+    red = attr(node, "reduction")
+    if red in (None, "none"):  # None: Scatter, which has no reductions
         return None
     allowed = {"add", "mul"} if node.opset < 18 else {"add", "mul", "max", "min"}
     if red not in allowed:
@@ -173,23 +165,23 @@ def _int_scalar(node: Node, i: int, what: str) -> int | None:
 @register
 class Gather(Op):
     op_type = "Gather"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        data, idx = _in(node, 0), _in(node, 1)
+        data, idx = required_input(node, 0), required_input(node, 1)
         _check_index_dtype(node, idx, "indices")
         if data.type.rank < 1:
             raise ModelError(f"{node.describe()}: data must have rank >= 1, got a scalar")
-        axis = normalize_axis(node, int(node.attrs.get("axis", 0)), data.type.rank)
+        axis = normalize_axis(node, int(attr(node, "axis")), data.type.rank)
         _check_const_indices(node, idx, data.type.shape[axis], "indices")
         shape = data.type.shape
         return [TensorType(data.type.dtype, (*shape[:axis], *idx.type.shape, *shape[axis + 1:]))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        data, idx, out = _in(node, 0), _in(node, 1), node.outputs[0]
+        data, idx, out = required_input(node, 0), required_input(node, 1), node.outputs[0]
         shape = data.type.shape
-        axis = normalize_axis(node, int(node.attrs.get("axis", 0)), len(shape))
+        axis = normalize_axis(node, int(attr(node, "axis")), len(shape))
         outer, n, inner = numel(shape[:axis]), shape[axis], numel(shape[axis + 1:])
         m = idx.type.numel
         d = _flat(k, data, (outer, n, inner))
@@ -210,24 +202,24 @@ class Gather(Op):
 class GatherElements(Op):
     op_type = "GatherElements"
     since = 11
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        data, idx = _in(node, 0), _in(node, 1)
+        data, idx = required_input(node, 0), required_input(node, 1)
         _check_index_dtype(node, idx, "indices")
         r = data.type.rank
         if idx.type.rank != r or r < 1:
             raise ModelError(f"{node.describe()}: data ({data.type}) and indices ({idx.type}) "
                              "must have the same rank >= 1")
-        axis = normalize_axis(node, int(node.attrs.get("axis", 0)), r)
+        axis = normalize_axis(node, int(attr(node, "axis")), r)
         _within(node, ctx, idx.type.shape, data.type.shape, skip=axis)
         _check_const_indices(node, idx, data.type.shape[axis], "indices")
         return [TensorType(data.type.dtype, idx.type.shape)]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        data, idx, out = _in(node, 0), _in(node, 1), node.outputs[0]
-        axis = normalize_axis(node, int(node.attrs.get("axis", 0)), data.type.rank)
+        data, idx, out = required_input(node, 0), required_input(node, 1), node.outputs[0]
+        axis = normalize_axis(node, int(attr(node, "axis")), data.type.rank)
         d, iv, y = k.view(data), k.view(idx), k.view(out)
         with k.loops(iv.dims) as ix:
             src = list(ix)
@@ -271,20 +263,20 @@ def _nd_geometry(node: Node, ctx: InferContext, data: Value, idx: Value,
 class GatherND(Op):
     op_type = "GatherND"
     since = 11
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        data, idx = _in(node, 0), _in(node, 1)
+        data, idx = required_input(node, 0), required_input(node, 1)
         _check_index_dtype(node, idx, "indices")
-        b = int(node.attrs.get("batch_dims", 0))
+        b = int(attr(node, "batch_dims"))
         m = _nd_geometry(node, ctx, data, idx, b)
         shape = (*idx.type.shape[:-1], *data.type.shape[b + m:])
         return [TensorType(data.type.dtype, shape)]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        data, idx, out = _in(node, 0), _in(node, 1), node.outputs[0]
-        b = int(node.attrs.get("batch_dims", 0))
+        data, idx, out = required_input(node, 0), required_input(node, 1), node.outputs[0]
+        b = int(attr(node, "batch_dims"))
         shape = data.type.shape
         m = int(idx.type.shape[-1])
         batch, cell = numel(shape[:b]), numel(shape[b + m:])
@@ -309,11 +301,11 @@ class GatherND(Op):
 class ScatterElements(Op):
     op_type = "ScatterElements"
     since = 11
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        data, idx, upd = _in(node, 0), _in(node, 1), _in(node, 2)
+        data, idx, upd = (required_input(node, i) for i in range(3))
         _check_index_dtype(node, idx, "indices")
         _reduction(node, data.type.dtype)
         r = data.type.rank
@@ -325,14 +317,15 @@ class ScatterElements(Op):
                              f"{data.type.dtype.name}")
         for a in range(r):
             ctx.dims_equal(node, idx.type.shape[a], upd.type.shape[a], f"indices/updates dim {a}")
-        axis = normalize_axis(node, int(node.attrs.get("axis", 0)), r)
+        axis = normalize_axis(node, int(attr(node, "axis")), r)
         _within(node, ctx, idx.type.shape, data.type.shape, skip=axis)
         _check_const_indices(node, idx, data.type.shape[axis], "indices")
         return [data.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        data, idx, upd, out = _in(node, 0), _in(node, 1), _in(node, 2), node.outputs[0]
-        axis = normalize_axis(node, int(node.attrs.get("axis", 0)), data.type.rank)
+        data, idx, upd = (required_input(node, i) for i in range(3))
+        out = node.outputs[0]
+        axis = normalize_axis(node, int(attr(node, "axis")), data.type.rank)
         combine = _reduction(node, data.type.dtype)
         _copy_input(k, data, out)
         y, iv, uv = k.view(out), k.view(idx), k.view(upd)
@@ -353,7 +346,7 @@ class Scatter(ScatterElements):
     since = 9
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        if node.attrs.get("reduction", "none") != "none":
+        if attr(node, "reduction") not in (None, "none"):
             raise ModelError(f"{node.describe()}: Scatter has no reduction attribute")
         return super().infer(node, ctx)
 
@@ -362,11 +355,11 @@ class Scatter(ScatterElements):
 class ScatterND(Op):
     op_type = "ScatterND"
     since = 11
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        data, idx, upd = _in(node, 0), _in(node, 1), _in(node, 2)
+        data, idx, upd = (required_input(node, i) for i in range(3))
         _check_index_dtype(node, idx, "indices")
         _reduction(node, data.type.dtype)
         if upd.type.dtype != data.type.dtype:
@@ -382,7 +375,8 @@ class ScatterND(Op):
         return [data.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        data, idx, upd, out = _in(node, 0), _in(node, 1), _in(node, 2), node.outputs[0]
+        data, idx, upd = (required_input(node, i) for i in range(3))
+        out = node.outputs[0]
         combine = _reduction(node, data.type.dtype)
         shape = data.type.shape
         m = int(idx.type.shape[-1])
@@ -415,19 +409,19 @@ class TensorScatter(Op):
 
     op_type = "TensorScatter"
     since = 24
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def _geometry(self, node: Node) -> tuple[int, bool]:
-        past = _in(node, 0)
+        past = required_input(node, 0)
         r = past.type.rank
         if r < 2:
             raise ModelError(f"{node.describe()}: past_cache {past.type} must have rank >= 2 "
                              "(batch, ..., sequence, ...)")
-        axis = normalize_axis(node, int(node.attrs.get("axis", -2)), r)
+        axis = normalize_axis(node, int(attr(node, "axis")), r)
         if axis == 0:
-            raise ModelError(f"{node.describe()}: axis {node.attrs.get('axis')} is the batch axis; "
+            raise ModelError(f"{node.describe()}: axis {attr(node, 'axis')} is the batch axis; "
                              "the sequence axis must be another one")
-        mode = node.attrs.get("mode", "linear")
+        mode = attr(node, "mode")
         mode = mode.decode() if isinstance(mode, bytes) else mode
         if mode not in ("linear", "circular"):
             raise ModelError(f"{node.describe()}: mode {mode!r} is not 'linear' or 'circular'")
@@ -435,7 +429,7 @@ class TensorScatter(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        past, upd = _in(node, 0), _in(node, 1)
+        past, upd = required_input(node, 0), required_input(node, 1)
         axis, _ = self._geometry(node)
         if upd.type.dtype != past.type.dtype:
             raise ModelError(f"{node.describe()}: update has dtype {upd.type.dtype.name}, "
@@ -460,7 +454,7 @@ class TensorScatter(Op):
         return [past.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        past, upd, wi, out = _in(node, 0), _in(node, 1), node.input(2), node.outputs[0]
+        past, upd, wi, out = required_input(node, 0), required_input(node, 1), node.input(2), node.outputs[0]
         axis, circular = self._geometry(node)
         shape = past.type.shape
         per_batch, inner = numel(shape[1:axis]), numel(shape[axis + 1:])
@@ -506,25 +500,25 @@ class OneHot(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        idx, values = _in(node, 0), _in(node, 2)
+        idx, values = required_input(node, 0), required_input(node, 2)
         depth = self._depth(node)
-        if values.type.dtype.name not in ALL_DTYPES:
+        if values.type.dtype.name not in DTYPES:
             raise UnsupportedOpError(f"{node.describe()}: values have dtype "
                                      f"{values.type.dtype.name}; cuvil compiles OneHot for "
-                                     f"{', '.join(ALL_DTYPES)} values")
+                                     f"{', '.join(DTYPES)} values")
         if not isinstance(values.type.numel, int) or values.type.numel != 2:
             raise ModelError(f"{node.describe()}: values must hold two elements [off, on], got "
                              f"{values.type}")
         r = idx.type.rank
-        axis = normalize_axis(node, int(node.attrs.get("axis", -1)), r + 1)
+        axis = normalize_axis(node, int(attr(node, "axis")), r + 1)
         shape = idx.type.shape
         return [TensorType(values.type.dtype, (*shape[:axis], depth, *shape[axis:]))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        idx, values, out = _in(node, 0), _in(node, 2), node.outputs[0]
+        idx, values, out = required_input(node, 0), required_input(node, 2), node.outputs[0]
         depth = self._depth(node)
         shape = idx.type.shape
-        axis = normalize_axis(node, int(node.attrs.get("axis", -1)), len(shape) + 1)
+        axis = normalize_axis(node, int(attr(node, "axis")), len(shape) + 1)
         outer, inner = numel(shape[:axis]), numel(shape[axis:])
         iv = _flat(k, idx, (outer, inner))
         y = _flat(k, out, (outer, depth, inner))
@@ -580,9 +574,7 @@ class TopK(Op):
 
     def _k(self, node: Node) -> Dim:
         if node.opset < 10:
-            kk: Dim | None = node.attrs.get("k")
-            if kk is None:
-                raise ModelError(f"{node.describe()}: attribute k is required")
+            kk: Dim = attr(node, "k")
         else:
             kk = _scalar(node, 1, "K")
             assert kk is not None
@@ -593,10 +585,10 @@ class TopK(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _in(node, 0)
+        x = required_input(node, 0)
         if x.type.rank < 1:
             raise ModelError(f"{node.describe()}: input must have rank >= 1")
-        axis = normalize_axis(node, int(node.attrs.get("axis", -1)), x.type.rank)
+        axis = normalize_axis(node, int(attr(node, "axis")), x.type.rank)
         kk = self._k(node)
         n = x.type.shape[axis]
         ctx.require(node, sympy.Le(kk, n), f"k = {kk} exceeds the axis length {n}")
@@ -605,14 +597,14 @@ class TopK(Op):
         return [TensorType(x.type.dtype, tuple(shape)), TensorType(np.int64, tuple(shape))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x = _in(node, 0)
+        x = required_input(node, 0)
         vals, idxs = node.outputs[0], node.outputs[1]
         shape = x.type.shape
-        axis = normalize_axis(node, int(node.attrs.get("axis", -1)), len(shape))
+        axis = normalize_axis(node, int(attr(node, "axis")), len(shape))
         kk = self._k(node)
         if isinstance(kk, int) and kk == 0:
             return
-        largest = bool(node.attrs.get("largest", 1))
+        largest = bool(attr(node, "largest"))
         dtype = x.type.dtype
         outer, n, inner = numel(shape[:axis]), shape[axis], numel(shape[axis + 1:])
         xv = _flat(k, x, (outer, n, inner))
@@ -692,26 +684,26 @@ class _ArgExtreme(Op):
     largest: bool
 
     def _axis(self, node: Node, rank: int) -> int:
-        return normalize_axis(node, int(node.attrs.get("axis", 0)), rank)
+        return normalize_axis(node, int(attr(node, "axis")), rank)
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _in(node, 0)
+        x = required_input(node, 0)
         if x.type.rank < 1:
             raise ModelError(f"{node.describe()}: input must have rank >= 1")
         axis = self._axis(node, x.type.rank)
         shape = list(x.type.shape)
-        if int(node.attrs.get("keepdims", 1)):
+        if int(attr(node, "keepdims")):
             shape[axis] = 1
         else:
             del shape[axis]
         return [TensorType(np.int64, tuple(shape))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x, out = _in(node, 0), node.outputs[0]
+        x, out = required_input(node, 0), node.outputs[0]
         shape = x.type.shape
         axis = self._axis(node, len(shape))
-        last = bool(node.attrs.get("select_last_index", 0))
+        last = bool(attr(node, "select_last_index"))
         dtype = x.type.dtype
         outer, n, inner = numel(shape[:axis]), shape[axis], numel(shape[axis + 1:])
         xv = _flat(k, x, (outer, n, inner))
@@ -777,18 +769,18 @@ class CumSum(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _in(node, 0)
+        x = required_input(node, 0)
         if x.type.rank < 1:
             raise ModelError(f"{node.describe()}: input must have rank >= 1")
         self._axis(node, x.type.rank)
         return [x.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x, out = _in(node, 0), node.outputs[0]
+        x, out = required_input(node, 0), node.outputs[0]
         shape = x.type.shape
         axis = self._axis(node, len(shape))
-        exclusive = bool(node.attrs.get("exclusive", 0))
-        reverse = bool(node.attrs.get("reverse", 0))
+        exclusive = bool(attr(node, "exclusive"))
+        reverse = bool(attr(node, "reverse"))
         dtype = x.type.dtype
         outer, n, inner = numel(shape[:axis]), shape[axis], numel(shape[axis + 1:])
         if isinstance(n, int) and n == 0:
@@ -829,11 +821,11 @@ class ReverseSequence(Op):
 
     op_type = "ReverseSequence"
     since = 10
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def _axes(self, node: Node) -> tuple[int, int]:
-        time_axis = int(node.attrs.get("time_axis", 0))
-        batch_axis = int(node.attrs.get("batch_axis", 1))
+        time_axis = int(attr(node, "time_axis"))
+        batch_axis = int(attr(node, "batch_axis"))
         if {time_axis, batch_axis} != {0, 1}:
             raise ModelError(f"{node.describe()}: time_axis ({time_axis}) and batch_axis "
                              f"({batch_axis}) must be 0 and 1, one each")
@@ -841,7 +833,7 @@ class ReverseSequence(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x, lens = _in(node, 0), _in(node, 1)
+        x, lens = required_input(node, 0), required_input(node, 1)
         _, batch_axis = self._axes(node)
         if x.type.rank < 2:
             raise ModelError(f"{node.describe()}: input must have rank >= 2, got {x.type}")
@@ -861,7 +853,7 @@ class ReverseSequence(Op):
         return [x.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x, lens, out = _in(node, 0), _in(node, 1), node.outputs[0]
+        x, lens, out = required_input(node, 0), required_input(node, 1), node.outputs[0]
         time_axis, batch_axis = self._axes(node)
         shape = x.type.shape
         inner = numel(shape[2:])
@@ -889,11 +881,11 @@ class ReverseSequence(Op):
 class Trilu(Op):
     op_type = "Trilu"
     since = 14
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _in(node, 0)
+        x = required_input(node, 0)
         if x.type.rank < 2:
             raise ModelError(f"{node.describe()}: input must have rank >= 2, got {x.type}")
         kv = node.input(1)
@@ -904,9 +896,9 @@ class Trilu(Op):
         return [x.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x, out = _in(node, 0), node.outputs[0]
+        x, out = required_input(node, 0), node.outputs[0]
         shape = x.type.shape
-        upper = bool(node.attrs.get("upper", 1))
+        upper = bool(attr(node, "upper"))
         kv = node.input(1)
         if kv is None:
             diag: ir.Value = k.i64(0)
@@ -929,7 +921,7 @@ class NonZero(Op):
 
     op_type = "NonZero"
     since = 9
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
     not_compiled = "output shape depends on the input's values (folded when the input is constant)"
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:

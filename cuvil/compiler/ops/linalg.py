@@ -9,8 +9,8 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
-from cuvil.compiler.ops import InferContext, Op, register
-from cuvil.compiler.ops._window import compute_dtype, entry_alloca
+from cuvil.compiler.ops import InferContext, Op, compute_dtype, register, required_input
+from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError
 
 
@@ -38,13 +38,11 @@ class Det(Op):
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
         batch, _ = self._matrix(node, ctx)
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         return [TensorType(x.type.dtype, batch)]
 
     def scratch_bytes(self, node: Node) -> Dim:
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         _, m = self._matrix(node)
         return simplify_dim(m * m * compute_dtype(x.type.dtype).itemsize)
 

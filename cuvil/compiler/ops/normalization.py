@@ -21,7 +21,16 @@ from llvmlite import ir
 from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import Emitter, View, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel
-from cuvil.compiler.ops import InferContext, Op, normalize_axis, register
+from cuvil.compiler.ops import (
+    FLOATS,
+    InferContext,
+    Op,
+    attr,
+    compute_dtype,
+    normalize_axis,
+    register,
+    required_input,
+)
 from cuvil.compiler.ops.reduce import (
     binary_intrinsic,
     entry_alloca,
@@ -34,24 +43,8 @@ from cuvil.compiler.ops.reduce import (
 )
 from cuvil.errors import ModelError, UnsupportedOpError
 
-FLOATS = ("float32", "float64", "float16")
 #: ONNX TensorProto codes of stash_type
 _STASH = {1: np.dtype(np.float32), 11: np.dtype(np.float64)}
-
-
-def compute_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype arithmetic runs in: float16 is widened to float32."""
-    return np.dtype(np.float32) if np.dtype(dtype).itemsize < 4 else np.dtype(dtype)
-
-
-def _input(node: Node, i: int) -> Value:
-    v = node.input(i)
-    assert v is not None
-    return v
-
-
-def _eps(node: Node, default: float = 1e-5) -> float:
-    return float(node.attrs.get("epsilon", default))
 
 
 # -- building blocks ------------------------------------------------------------------------
@@ -103,7 +96,7 @@ def _loader(k: Emitter, view: View, comp: np.dtype) -> Callable[[list[ir.Value]]
 
 def _param(k: Emitter, node: Node, i: int, comp: np.dtype, index: ir.Value) -> ir.Value:
     """Element `index` of a 1-D parameter input, converted to the compute dtype."""
-    v = k.view(_input(node, i))
+    v = k.view(required_input(node, i))
     return k.convert(k.load_at(v, index), v.dtype, comp)
 
 
@@ -182,7 +175,7 @@ class _Float(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        return [_input(node, 0).type]
+        return [required_input(node, 0).type]
 
 
 # -- softmax family -----------------------------------------------------------------------
@@ -195,18 +188,18 @@ class SoftmaxBase(_Float):
     mode: ClassVar[str]
 
     def geometry(self, node: Node) -> tuple[Dim, Dim, Dim]:
-        x = _input(node, 0)
+        x = required_input(node, 0)
         new = node.opset >= 13
-        axis = normalize_axis(node, int(node.attrs.get("axis", -1 if new else 1)), x.type.rank)
+        axis = normalize_axis(node, int(attr(node, "axis")), x.type.rank)
         return _axis_dims(node, x.type.shape, axis, flatten=not new)
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
         self.geometry(node)
-        return [_input(node, 0).type]
+        return [required_input(node, 0).type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _input(node, 0)
+        x_val = required_input(node, 0)
         comp = compute_dtype(x_val.type.dtype)
         emit = {"softmax": _softmax, "logsoftmax": _softmax, "hardmax": _hardmax}[self.mode]
         emit_axis_kernel(k, x_val, node.outputs[0], self.geometry(node),
@@ -291,22 +284,22 @@ class LpNormalization(_Float):
     op_type = "LpNormalization"
 
     def geometry(self, node: Node) -> tuple[Dim, Dim, Dim]:
-        x = _input(node, 0)
-        p = int(node.attrs.get("p", 2))
+        x = required_input(node, 0)
+        p = int(attr(node, "p"))
         if p not in (1, 2):
             raise ModelError(f"{node.describe()}: p must be 1 or 2, got {p}")
-        axis = normalize_axis(node, int(node.attrs.get("axis", -1)), x.type.rank)
+        axis = normalize_axis(node, int(attr(node, "axis")), x.type.rank)
         return _axis_dims(node, x.type.shape, axis, flatten=False)
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
         self.geometry(node)
-        return [_input(node, 0).type]
+        return [required_input(node, 0).type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _input(node, 0)
+        x_val = required_input(node, 0)
         comp = compute_dtype(x_val.type.dtype)
-        p = int(node.attrs.get("p", 2))
+        p = int(attr(node, "p"))
         b = k.b
 
         def body(L: _Lanes, size: ir.Value) -> None:
@@ -341,24 +334,24 @@ class LRN(_Float):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _input(node, 0)
+        x = required_input(node, 0)
         if x.type.rank < 2:
             raise ModelError(f"{node.describe()}: input {x.type} needs N x C x ... dims")
-        size = node.attrs.get("size")
-        if size is None or int(size) < 1:
+        size = attr(node, "size")
+        if int(size) < 1:
             raise ModelError(f"{node.describe()}: attribute size must be a positive integer, "
                              f"got {size}")
         return [x.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _input(node, 0)
+        x_val = required_input(node, 0)
         comp = compute_dtype(x_val.type.dtype)
         shape = x_val.type.shape
         dims3 = (shape[0], shape[1], numel(shape[2:]))
         size = int(node.attrs["size"])
-        alpha = float(node.attrs.get("alpha", 1e-4))
-        beta = float(node.attrs.get("beta", 0.75))
-        bias = float(node.attrs.get("bias", 1.0))
+        alpha = float(attr(node, "alpha"))
+        beta = float(attr(node, "beta"))
+        bias = float(attr(node, "bias"))
         before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
         x = k.contiguous(k.buffers[x_val], x_val.type.dtype, dims3)
         y = k.contiguous(k.buffers[node.outputs[0]], x_val.type.dtype, dims3)
@@ -402,15 +395,15 @@ class BatchNormalization(_Float):
 
     @staticmethod
     def training(node: Node) -> bool:
-        return node.opset >= 14 and bool(node.attrs.get("training_mode", 0))
+        return node.opset >= 14 and bool(attr(node, "training_mode"))
 
     @staticmethod
     def per_activation(node: Node) -> bool:
-        return node.opset < 9 and not node.attrs.get("spatial", 1)
+        return node.opset < 9 and not attr(node, "spatial")
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _input(node, 0)
+        x = required_input(node, 0)
         if x.type.rank < 2:
             raise ModelError(f"{node.describe()}: input {x.type} needs N x C x ... dims")
         if len(node.outputs) > 1 and not self.training(node):
@@ -435,17 +428,17 @@ class BatchNormalization(_Float):
                 _check_param(node, ctx, i, what, c)
         types = [x.type]
         if self.training(node):
-            types += [_input(node, 3).type, _input(node, 4).type]
+            types += [required_input(node, 3).type, required_input(node, 4).type]
         return types
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _input(node, 0)
+        x_val = required_input(node, 0)
         shape = x_val.type.shape
         comp = compute_dtype(x_val.type.dtype)
         dims3 = (shape[0], shape[1], numel(shape[2:]))
         x = k.contiguous(k.buffers[x_val], x_val.type.dtype, dims3)
         y = k.contiguous(k.buffers[node.outputs[0]], x_val.type.dtype, dims3)
-        eps = _eps(node)
+        eps = float(attr(node, "epsilon"))
         b = k.b
         if self.per_activation(node):
             with k.loop(x.dims[1], name="c") as ch, k.loop(x.dims[2], name="s") as s:
@@ -481,7 +474,7 @@ class BatchNormalization(_Float):
     def running_stats(k: Emitter, node: Node, ch: ir.Value, stats: tuple[ir.Value, ir.Value],
                       comp: np.dtype) -> None:
         """running = given * momentum + batch * (1 - momentum), for the outputs present."""
-        momentum = float(node.attrs.get("momentum", 0.9))
+        momentum = float(attr(node, "momentum"))
         b = k.b
         for out_index, in_index, batch in ((1, 3, stats[0]), (2, 4, stats[1])):
             if len(node.outputs) <= out_index:
@@ -504,7 +497,7 @@ class InstanceNormalization(_Float):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _input(node, 0)
+        x = required_input(node, 0)
         if x.type.rank < 3:
             raise ModelError(f"{node.describe()}: input {x.type} needs N x C x D1 x ... dims")
         for i, what in ((1, "scale"), (2, "B")):
@@ -512,14 +505,14 @@ class InstanceNormalization(_Float):
         return [x.type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _input(node, 0)
+        x_val = required_input(node, 0)
         shape = x_val.type.shape
         comp = compute_dtype(x_val.type.dtype)
         dims3 = (shape[0], shape[1], numel(shape[2:]))
         x = k.contiguous(k.buffers[x_val], x_val.type.dtype, dims3)
         y = k.contiguous(k.buffers[node.outputs[0]], x_val.type.dtype, dims3)
         b = k.b
-        eps = _eps(node)
+        eps = float(attr(node, "epsilon"))
         with k.loop(x.dims[0], name="n") as n, k.loop(x.dims[1], name="c") as c:
             mean, var = moments(k, [x.dims[2]], lambda idx: k.convert(
                 k.load(x, [n, c, idx[0]]), x.dtype, comp), comp)
@@ -540,10 +533,10 @@ class GroupNormalization(_Float):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _input(node, 0)
+        x = required_input(node, 0)
         if x.type.rank < 2:
             raise ModelError(f"{node.describe()}: input {x.type} needs N x C x ... dims")
-        groups = int(node.attrs.get("num_groups", 0))
+        groups = int(attr(node, "num_groups"))
         if groups < 1:
             raise ModelError(f"{node.describe()}: attribute num_groups must be positive")
         c = x.type.shape[1]
@@ -560,14 +553,14 @@ class GroupNormalization(_Float):
 
     @staticmethod
     def stash(node: Node) -> np.dtype:
-        code = int(node.attrs.get("stash_type", 1))
+        code = int(attr(node, "stash_type"))
         if code not in _STASH:
             raise UnsupportedOpError(f"{node.describe()}: stash_type {code} is not supported; "
                                      "use 1 (float32) or 11 (float64)")
         return _STASH[code]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _input(node, 0)
+        x_val = required_input(node, 0)
         shape = x_val.type.shape
         comp = compute_dtype(x_val.type.dtype)
         if self.stash(node) == np.float64:
@@ -578,7 +571,7 @@ class GroupNormalization(_Float):
         x = k.contiguous(k.buffers[x_val], x_val.type.dtype, dims4)
         y = k.contiguous(k.buffers[node.outputs[0]], x_val.type.dtype, dims4)
         b = k.b
-        eps = _eps(node)
+        eps = float(attr(node, "epsilon"))
         per_channel = node.opset >= 21
         with k.loop(x.dims[0], name="n") as n, k.loop(groups, name="g") as g:
             mean, var = moments(k, [x.dims[2], x.dims[3]], lambda idx: k.convert(
@@ -604,12 +597,12 @@ class LayerNormalization(_Float):
     since = 17
 
     def geometry(self, node: Node) -> int:
-        x = _input(node, 0)
-        return normalize_axis(node, int(node.attrs.get("axis", -1)), x.type.rank)
+        x = required_input(node, 0)
+        return normalize_axis(node, int(attr(node, "axis")), x.type.rank)
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _input(node, 0)
+        x = required_input(node, 0)
         axis = self.geometry(node)
         stash = GroupNormalization.stash(node)
         norm = x.type.shape[axis:]
@@ -634,7 +627,7 @@ class LayerNormalization(_Float):
         return [x.type, stat, stat]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _input(node, 0)
+        x_val = required_input(node, 0)
         shape = x_val.type.shape
         axis = self.geometry(node)
         comp = compute_dtype(x_val.type.dtype)
@@ -659,7 +652,7 @@ class LayerNormalization(_Float):
             else:
                 pviews.append(k.broadcast_to(k.view(v), norm))
         stats = [k.view(v) for v in node.outputs[1:3]]
-        eps = _eps(node)
+        eps = float(attr(node, "epsilon"))
         b = k.b
         inner_dims = list(x.dims[1:])
         with k.loop(x.dims[0], name="o") as o:
@@ -688,8 +681,8 @@ class MeanVarianceNormalization(_Float):
     since = 9
 
     def axes(self, node: Node) -> set[int]:
-        x = _input(node, 0)
-        raw = [int(a) for a in node.attrs.get("axes", [0, 2, 3])]
+        x = required_input(node, 0)
+        raw = [int(a) for a in attr(node, "axes")]
         axes = {normalize_axis(node, a, x.type.rank) for a in raw}
         if len(axes) != len(raw):
             raise ModelError(f"{node.describe()}: axes {raw} name an axis twice")
@@ -698,10 +691,10 @@ class MeanVarianceNormalization(_Float):
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
         self.axes(node)
-        return [_input(node, 0).type]
+        return [required_input(node, 0).type]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _input(node, 0)
+        x_val = required_input(node, 0)
         comp = compute_dtype(x_val.type.dtype)
         groups = split_groups(x_val.type.shape, self.axes(node))
         x = k.contiguous(k.buffers[x_val], x_val.type.dtype, [d for d, _ in groups])

@@ -18,32 +18,38 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
-from cuvil.compiler.ops import UNCHECKED, InferContext, Op, const_or_symbolic_input, register
+from cuvil.compiler.ops import (
+    FLOATS,
+    UNCHECKED,
+    InferContext,
+    Op,
+    attr,
+    compute_dtype,
+    const_or_symbolic_input,
+    register,
+    required_input,
+)
 from cuvil.compiler.ops._window import (
     Window,
     ceil_div,
     clamp,
-    compute_dtype,
     entry_alloca,
     kernel_range,
     window,
 )
 from cuvil.errors import ModelError
 
-FLOATS = ("float32", "float64", "float16")
-
 
 def _pool_window(node: Node, ctx: InferContext) -> Window:
-    x = node.inputs[0]
-    assert x is not None
+    x = required_input(node, 0)
     if "kernel_shape" not in node.attrs:
         raise ModelError(f"{node.describe()}: the kernel_shape attribute is required")
     return window(node, ctx, x.type.shape[2:], node.attrs["kernel_shape"],
-                  ceil_mode=bool(node.attrs.get("ceil_mode", 0)))
+                  ceil_mode=bool(attr(node, "ceil_mode")))
 
 
 def _lp_order(node: Node) -> float:
-    p = node.attrs.get("p", 2)
+    p = attr(node, "p")
     if p <= 0:
         raise ModelError(f"{node.describe()}: p = {p} must be positive")
     return float(p)
@@ -51,8 +57,7 @@ def _lp_order(node: Node) -> float:
 
 def _check_input(op: Op, node: Node) -> TensorType:
     op.check_dtypes(node)
-    x = node.inputs[0]
-    assert x is not None
+    x = required_input(node, 0)
     if x.type.rank < 3:
         raise ModelError(f"{node.describe()}: input {x.type} must be N x C x spatial...")
     return x.type
@@ -119,16 +124,15 @@ class Pool(Op):
         return [TensorType(xt.dtype, (*xt.shape[:2], *win.out))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = node.inputs[0]
-        assert x_val is not None
+        x_val = required_input(node, 0)
         win = _pool_window(node, UNCHECKED)
         x, y = k.view(x_val), k.view(node.outputs[0])
         dtype = x_val.type.dtype
         ct = compute_dtype(dtype)
         red = _Reduction(k, self.kind, ct, _lp_order(node) if self.kind == "lp" else 2.0)
         indices = k.view(node.outputs[1]) if len(node.outputs) > 1 else None
-        column_major = int(node.attrs.get("storage_order", 0)) == 1
-        count_pad = bool(node.attrs.get("count_include_pad", 0))
+        column_major = attr(node, "storage_order") == 1
+        count_pad = bool(attr(node, "count_include_pad"))
         b = k.b
         r = len(win.kernel)
         acc = entry_alloca(k, red.ty, "acc")
@@ -239,8 +243,7 @@ class GlobalPool(Op):
         return [TensorType(xt.dtype, (*xt.shape[:2], *([1] * (xt.rank - 2))))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = node.inputs[0]
-        assert x_val is not None
+        x_val = required_input(node, 0)
         dtype = x_val.type.dtype
         ct = compute_dtype(dtype)
         red = _Reduction(k, self.kind, ct, _lp_order(node) if self.kind == "lp" else 2.0)
@@ -317,7 +320,7 @@ class MaxRoiPool(Op):
         ct = compute_dtype(dtype)
         fty = llvm_type(ct)
         b = k.b
-        scale = ir.Constant(fty, float(node.attrs.get("spatial_scale", 1.0)))
+        scale = ir.Constant(fty, float(attr(node, "spatial_scale")))
         pooled = _pooled_shape(node)
         acc = entry_alloca(k, fty, "acc")
 
@@ -394,7 +397,7 @@ class MaxUnpool(Op):
             raise ModelError(f"{node.describe()}: I must be int64 of X's shape, got {ind.type}")
         for a in range(len(shape)):
             ctx.dims_equal(node, shape[a], ind.type.shape[a], f"dim {a} of X and I")
-        kernel = [int(v) for v in node.attrs.get("kernel_shape", [])]
+        kernel = [int(v) for v in attr(node, "kernel_shape")]
         strides = [int(v) for v in node.attrs.get("strides", [1] * r)]
         pads = [int(v) for v in node.attrs.get("pads", [0] * (2 * r))]
         if len(kernel) != r or min(kernel) < 1:
@@ -435,8 +438,7 @@ class MaxUnpool(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         _, out = self._shapes(node, ctx)
         return [TensorType(x.type.dtype, out)]
 

@@ -35,7 +35,7 @@ from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import I64, PTR, Emitter, llvm_type
 from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_gemm, emit_parallel_gemm, isa_of
 from cuvil.compiler.ir import Dim, Node, TensorType, simplify_dim
-from cuvil.compiler.ops import UNCHECKED, InferContext, Op, register
+from cuvil.compiler.ops import UNCHECKED, InferContext, Op, attr, register
 from cuvil.errors import ModelError, UnsupportedOpError
 
 __all__ = ["GRU", "LSTM", "RNN"]
@@ -175,13 +175,14 @@ class _Recurrent(Op):
             if v.type.dtype != x.type.dtype:
                 raise ModelError(f"{node.describe()}: {v.name!r} has dtype {v.type.dtype.name}, "
                                  f"X has {x.type.dtype.name}; they must match")
-        direction = node.attrs.get("direction", "forward")
+        # explicit: GRU-1 spells its default "foward"
+        direction = attr(node, "direction", "forward")
         if direction not in ("forward", "reverse", "bidirectional"):
             raise ModelError(f"{node.describe()}: direction {direction!r} must be forward, reverse "
                              "or bidirectional")
         dirs = 2 if direction == "bidirectional" else 1
         reverse = (False, True) if dirs == 2 else (direction == "reverse",)
-        layout = int(node.attrs.get("layout", 0))
+        layout = int(attr(node, "layout"))
         if layout not in (0, 1):
             raise ModelError(f"{node.describe()}: layout {layout} must be 0 or 1")
         seq, batch, input_size = x.type.shape if layout == 0 else (
@@ -191,7 +192,7 @@ class _Recurrent(Op):
         if packed:  # back to ONNX's [dirs, gates*hidden, input] and [dirs, gates*hidden, hidden]
             w_shape = (dirs, simplify_dim(w_shape[1] // dirs), w_shape[0])
             r_shape = (r_shape[0], r_shape[2], r_shape[1])
-        hidden_attr = node.attrs.get("hidden_size")
+        hidden_attr = attr(node, "hidden_size")
         r_hidden = r_shape[2]
         if hidden_attr is not None:
             hidden = int(hidden_attr)
@@ -238,7 +239,7 @@ class _Recurrent(Op):
                 raise ModelError(f"{node.describe()}: sequence_lens {lens.const.tolist()} must lie "
                                  f"in [0, {seq}] (the sequence length)")
 
-        clip = node.attrs.get("clip")
+        clip = attr(node, "clip")
         geo = _Geometry(self.gates, hidden, dirs, reverse, layout, seq, batch, input_size,
                         x.type.dtype, clip=None if clip is None else float(clip), packed=packed)
         if geo.clip is not None and not geo.clip > 0:
@@ -682,7 +683,7 @@ class GRU(_Recurrent):
     input_names = ("X", "W", "R", "B", "sequence_lens", "initial_h")
 
     def recurrent_bias_apart(self, node: Node) -> bool:
-        return bool(node.attrs.get("linear_before_reset", 0))
+        return bool(attr(node, "linear_before_reset"))
 
     def step(self, low: _Lowering, d: int, s: ir.Value) -> None:
         k, hid = low.k, low.geo.hidden
@@ -749,14 +750,14 @@ class LSTM(_Recurrent):
     input_names = ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P")
 
     def _check_attrs(self, node: Node) -> None:
-        if node.attrs.get("input_forget", 0) not in (0, 1):
+        if attr(node, "input_forget") not in (0, 1):
             raise ModelError(f"{node.describe()}: input_forget must be 0 or 1")
 
     def step(self, low: _Lowering, d: int, s: ir.Value) -> None:
         k, hid = low.k, low.geo.hidden
         g = 4 * hid
         peep = low.input_ptr(7)
-        couple = bool(low.node.attrs.get("input_forget", 0))
+        couple = bool(attr(low.node, "input_forget"))
         fb = k.b
         low.products(d, low.h_state, 0, g)
 

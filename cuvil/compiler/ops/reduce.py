@@ -22,7 +22,16 @@ from llvmlite import ir
 from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import REDUCE_FLAGS, Emitter, View, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, simplify_dim
-from cuvil.compiler.ops import InferContext, Op, const_input, normalize_axis, register
+from cuvil.compiler.ops import (
+    FLOATS,
+    InferContext,
+    Op,
+    attr,
+    const_input,
+    normalize_axis,
+    register,
+    required_input,
+)
 from cuvil.errors import ModelError
 
 __all__ = ["TILE", "Reducer", "binary_intrinsic", "emit_reduce", "entry_alloca", "interleave",
@@ -283,8 +292,7 @@ def emit_reduce(k: Emitter, x_val: Value, out_ptr: ir.Value, out_dtype: np.dtype
 # -- the ops ------------------------------------------------------------------------------
 
 
-_FLOATS = ("float32", "float64", "float16")
-_NUMERIC = (*_FLOATS, "int32", "int64", "uint32", "uint64")
+_NUMERIC = (*FLOATS, "int32", "int64", "uint32", "uint64")
 
 
 class Reduce(Op):
@@ -294,13 +302,12 @@ class Reduce(Op):
     dtypes = _NUMERIC
 
     def axes(self, node: Node) -> set[int]:
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         rank = x.type.rank
         if node.opset >= self.axes_input_since:
             arr = const_input(node, 1, "axes")
             raw = [] if arr is None else [int(a) for a in np.asarray(arr).reshape(-1)]
-            noop = bool(node.attrs.get("noop_with_empty_axes", 0))
+            noop = bool(attr(node, "noop_with_empty_axes"))
         else:
             if node.input(1) is not None:
                 raise ModelError(f"{node.describe()}: {node.op_type} takes axes as an attribute "
@@ -316,17 +323,15 @@ class Reduce(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         axes = self.axes(node)
-        keep = bool(node.attrs.get("keepdims", 1))
+        keep = bool(attr(node, "keepdims"))
         shape = [1 if a in axes else d for a, d in enumerate(x.type.shape)
                  if keep or a not in axes]
         return [TensorType(x.type.dtype, tuple(shape))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         y = node.outputs[0]
         emit_reduce(k, x, k.buffers[y], y.type.dtype, self.axes(node), self.reducer)
 
@@ -381,14 +386,14 @@ class ReduceLogSum(Reduce):
     op_type = "ReduceLogSum"
     reducer = Reducer("sum", post="log")
     # integer inputs have no defined meaning (onnx drops them from the schema in opset 28)
-    dtypes = _FLOATS
+    dtypes = FLOATS
 
 
 @register
 class ReduceLogSumExp(Reduce):
     op_type = "ReduceLogSumExp"
     reducer = Reducer("lse")
-    dtypes = _FLOATS
+    dtypes = FLOATS
 
 
 @register

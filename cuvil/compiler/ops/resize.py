@@ -27,21 +27,21 @@ import sympy
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I1, I32, I64, Emitter, View
-from cuvil.compiler.ir import Dim, Node, TensorType, simplify_dim
+from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, simplify_dim
 from cuvil.compiler.ops import (
     UNCHECKED,
     InferContext,
     Op,
+    attr,
     const_input,
     const_or_symbolic_input,
     normalize_axis,
     register,
+    required_input,
 )
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError, UnsupportedOpError
 
-ALL_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
-              "uint32", "uint64", "bool")
 F32 = ir.FloatType()
 F64 = ir.DoubleType()
 
@@ -105,34 +105,34 @@ def _plan(node: Node, ctx: InferContext) -> _Plan:
         raise ModelError(f"{node.describe()}: the input must have rank >= 1, got a scalar")
     upsample = node.op_type == "Upsample"
     opset = node.opset
-    mode = str(node.attrs.get("mode", "nearest"))
+    mode = str(attr(node, "mode"))
     if mode not in _MODES or (upsample and mode == "cubic"):
         raise ModelError(f"{node.describe()}: mode {mode!r} is not one of "
                          f"{list(_MODES[:2] if upsample else _MODES)}")
     legacy = upsample or opset < 11
     coordinate = "asymmetric" if legacy else str(
-        node.attrs.get("coordinate_transformation_mode", "half_pixel"))
+        attr(node, "coordinate_transformation_mode"))
     if coordinate not in _COORDINATE_MODES or (coordinate == "half_pixel_symmetric" and opset < 19):
         raise ModelError(f"{node.describe()}: coordinate_transformation_mode {coordinate!r} is not "
                          f"supported at opset {opset}")
-    nearest = "simple" if legacy else str(node.attrs.get("nearest_mode", "round_prefer_floor"))
+    nearest = "simple" if legacy else str(attr(node, "nearest_mode"))
     if not legacy and nearest not in _NEAREST_MODES:
         raise ModelError(f"{node.describe()}: nearest_mode {nearest!r} is not one of "
                          f"{list(_NEAREST_MODES)}")
-    exclude = bool(node.attrs.get("exclude_outside", 0))
+    exclude = bool(attr(node, "exclude_outside"))
     if exclude and mode != "cubic":
         raise ModelError(f"{node.describe()}: exclude_outside = 1 needs mode 'cubic'")
-    antialias = bool(int(node.attrs.get("antialias", 0))) and mode != "nearest"  # nearest ignores it
-    policy = str(node.attrs.get("keep_aspect_ratio_policy", "stretch"))
+    antialias = bool(attr(node, "antialias")) and mode != "nearest"  # nearest ignores it
+    policy = "stretch" if upsample else str(attr(node, "keep_aspect_ratio_policy"))
     if policy not in ("stretch", "not_larger", "not_smaller"):
         raise ModelError(f"{node.describe()}: keep_aspect_ratio_policy {policy!r} is unknown")
-    if x.type.dtype.name not in ALL_DTYPES:
+    if x.type.dtype.name not in DTYPES:
         raise UnsupportedOpError(f"{node.describe()}: dtype {x.type.dtype.name} is not supported")
     if mode != "nearest" and x.type.dtype.name != "float32":
         raise UnsupportedOpError(f"{node.describe()}: mode {mode!r} is compiled for float32 input "
                                  f"only, got {x.type.dtype.name}; mode 'nearest' takes any dtype")
 
-    axes_attr = node.attrs.get("axes") if opset >= 18 and not upsample else None
+    axes_attr = attr(node, "axes") if opset >= 18 and not upsample else None
     axes = (list(range(rank)) if axes_attr is None
             else [normalize_axis(node, int(a), rank) for a in axes_attr])
     if len(set(axes)) != len(axes):
@@ -141,7 +141,7 @@ def _plan(node: Node, ctx: InferContext) -> _Plan:
     # scales / sizes / roi by opset
     roi = sizes = None
     if upsample and opset < 9:
-        raw = node.attrs.get("scales")
+        raw = attr(node, "scales")
         scales = None if raw is None else np.asarray(raw, dtype=np.float32)
     elif legacy:
         scales = _floats(node, 1, "scales")
@@ -197,8 +197,11 @@ def _plan(node: Node, ctx: InferContext) -> _Plan:
                 if scale is None and sympy.simplify(sympy.sympify(n_out) - n_in) == 0:
                     scale = np.float32(1)
                 out[a] = _Axis(n_in, n_out, scale, out[a].roi)
-    return _Plan(mode, coordinate, nearest, np.float32(node.attrs.get("cubic_coeff_a", -0.75)),
-                 exclude, float(node.attrs.get("extrapolation_value", 0.0)), out, antialias)
+    # Upsample has neither attribute (nor a cubic mode, nor points outside the input)
+    cubic_a, outside = (-0.75, 0.0) if upsample else (attr(node, "cubic_coeff_a"),
+                                                      attr(node, "extrapolation_value"))
+    return _Plan(mode, coordinate, nearest, np.float32(cubic_a), exclude, float(outside), out,
+                 antialias)
 
 
 def _scaled_dim(node: Node, ctx: InferContext, n: Dim, s: np.float32) -> Dim:
@@ -616,12 +619,11 @@ def _aa_table(plan: _Plan, axis: _Axis) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 
 class _Resample(Op):
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         plan = _plan(node, ctx)
-        x = node.inputs[0]
-        assert x is not None
+        x = required_input(node, 0)
         return [TensorType(x.type.dtype, tuple(a.n_out for a in plan.axes))]
 
     def lower(self, node: Node, k: Emitter) -> None:

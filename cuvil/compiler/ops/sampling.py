@@ -15,26 +15,13 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I1, I64, Emitter, llvm_type
-from cuvil.compiler.ir import Node, TensorType, Value, numel, simplify_dim
-from cuvil.compiler.ops import InferContext, Op, register
+from cuvil.compiler.ir import Node, TensorType, numel, simplify_dim
+from cuvil.compiler.ops import FLOATS, InferContext, Op, attr, compute_dtype, register, required_input
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError, UnsupportedOpError
 
-FLOATS = ("float32", "float64", "float16")
 #: dtypes GridSample's nearest mode moves without arithmetic
 _GATHERED = ("int8", "int16", "int32", "int64", "uint8", "bool")
-
-
-def _in(node: Node, i: int, what: str) -> Value:
-    v = node.input(i)
-    if v is None:
-        raise ModelError(f"{node.describe()}: input {i} ({what}) is required")
-    return v
-
-
-def _compute_dtype(*dtypes: np.dtype) -> np.dtype:
-    """float64 when any operand is float64, else float32 (float16 is computed in float32)."""
-    return np.dtype(np.float64 if any(np.dtype(d) == np.float64 for d in dtypes) else np.float32)
 
 
 class _Float:
@@ -134,21 +121,21 @@ class GridSample(Op):
 
     def _attrs(self, node: Node) -> tuple[str, str, bool]:
         names = _MODES_16 if node.opset < 20 else _MODES_20
-        mode = str(node.attrs.get("mode", "bilinear" if node.opset < 20 else "linear"))
+        mode = str(attr(node, "mode"))
         if mode not in names:
             raise ModelError(f"{node.describe()}: mode {mode!r} is not one of {list(names)} "
                              f"(the names at opset {node.opset})")
-        padding = str(node.attrs.get("padding_mode", "zeros"))
+        padding = str(attr(node, "padding_mode"))
         if padding not in _PADDING:
             raise ModelError(f"{node.describe()}: padding_mode {padding!r} is not one of "
                              f"{list(_PADDING)}")
-        align = node.attrs.get("align_corners", 0)
+        align = attr(node, "align_corners")
         if align not in (0, 1):
             raise ModelError(f"{node.describe()}: align_corners must be 0 or 1, got {align!r}")
         return names[mode], padding, bool(align)
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x, grid = _in(node, 0, "X"), _in(node, 1, "grid")
+        x, grid = required_input(node, 0), required_input(node, 1)
         mode, _, _ = self._attrs(node)
         self.check_dtypes(node)
         dtype = x.type.dtype
@@ -178,7 +165,7 @@ class GridSample(Op):
         return [TensorType(dtype, (batch, x.type.shape[1], *grid.type.shape[1:-1]))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val, g_val = _in(node, 0, "X"), _in(node, 1, "grid")
+        x_val, g_val = required_input(node, 0), required_input(node, 1)
         mode, _, _ = self._attrs(node)
         shape = x_val.type.shape
         r = len(shape) - 2
@@ -204,12 +191,12 @@ class GridSample(Op):
 
     def _point(self, node: Node, k: Emitter, n: ir.Value, p: ir.Value) -> None:
         """Y[n, :, p]: the taps of grid point p of image n, then every channel."""
-        x_val, g_val, out = _in(node, 0, "X"), _in(node, 1, "grid"), node.outputs[0]
+        x_val, g_val, out = required_input(node, 0), required_input(node, 1), node.outputs[0]
         mode, padding, align = self._attrs(node)
         dtype, gdtype = x_val.type.dtype, g_val.type.dtype
         shape = x_val.type.shape
         r = len(shape) - 2
-        f = _Float(k, _compute_dtype(dtype, gdtype))
+        f = _Float(k, compute_dtype(dtype, gdtype))
         b = k.b
         points = numel(g_val.type.shape[1:-1])
         xv = k.view(x_val)
@@ -321,7 +308,7 @@ class RoiAlign(Op):
     dtypes = ("float32", "float64")
 
     def _attrs(self, node: Node) -> tuple[str, bool, int, int, int, float]:
-        mode = str(node.attrs.get("mode", "avg"))
+        mode = str(attr(node, "mode"))
         if mode not in ("avg", "max"):
             raise ModelError(f"{node.describe()}: mode {mode!r} is not 'avg' or 'max'")
         if node.opset < 16:
@@ -330,13 +317,13 @@ class RoiAlign(Op):
                                  f"opset 16 on; this model uses opset {node.opset}")
             ctm = "output_half_pixel"
         else:
-            ctm = str(node.attrs.get("coordinate_transformation_mode", "half_pixel"))
+            ctm = str(attr(node, "coordinate_transformation_mode"))
         if ctm not in ("half_pixel", "output_half_pixel"):
             raise ModelError(f"{node.describe()}: coordinate_transformation_mode {ctm!r} is not "
                              "'half_pixel' or 'output_half_pixel'")
-        height = int(node.attrs.get("output_height", 1))
-        width = int(node.attrs.get("output_width", 1))
-        ratio = int(node.attrs.get("sampling_ratio", 0))
+        height = int(attr(node, "output_height"))
+        width = int(attr(node, "output_width"))
+        ratio = int(attr(node, "sampling_ratio"))
         if height < 1 or width < 1:
             raise ModelError(f"{node.describe()}: output_height and output_width must be >= 1, got "
                              f"{height} and {width}")
@@ -344,11 +331,11 @@ class RoiAlign(Op):
             raise ModelError(f"{node.describe()}: sampling_ratio must be >= 0 (0: adaptive), got "
                              f"{ratio}")
         return mode, ctm == "half_pixel", height, width, ratio, float(
-            node.attrs.get("spatial_scale", 1.0))
+            attr(node, "spatial_scale"))
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x, rois, idx = _in(node, 0, "X"), _in(node, 1, "rois"), _in(node, 2, "batch_indices")
+        x, rois, idx = required_input(node, 0), required_input(node, 1), required_input(node, 2)
         _, _, height, width, _, _ = self._attrs(node)
         if x.type.rank != 4:
             raise ModelError(f"{node.describe()}: X must be 4-D (N, C, H, W), got {x.type}")
@@ -364,7 +351,7 @@ class RoiAlign(Op):
         return [TensorType(x.type.dtype, (count, x.type.shape[1], height, width))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val, r_val, i_val = (_in(node, i, w) for i, w in enumerate(("X", "rois", "batch_indices")))
+        x_val, r_val, i_val = (required_input(node, i) for i in range(3))
         mode, half_pixel, height, width, ratio, scale = self._attrs(node)
         dtype = x_val.type.dtype
         f = _Float(k, dtype)

@@ -18,31 +18,23 @@ import sympy
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import Emitter
-from cuvil.compiler.ir import Dim, Node, TensorType, Value, dim_str, numel, simplify_dim
+from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, Value, dim_str, numel, simplify_dim
 from cuvil.compiler.ops import (
     UNCHECKED,
     InferContext,
     Op,
+    attr,
     broadcast_shapes,
     const_or_symbolic_input,
     normalize_axis,
     register,
+    required_input,
 )
 from cuvil.compiler.ops.elementwise import Copy, emit_elementwise
 from cuvil.errors import ModelError, UnsupportedOpError
 
-ALL_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
-              "uint32", "uint64", "bool")
-
 #: a static start/end at least this large means "to the end" (dims never get this big)
 _HUGE = 1 << 31
-
-
-def _x(node: Node) -> Value:
-    x = node.inputs[0]
-    if x is None:
-        raise ModelError(f"{node.describe()}: input 0 is required")
-    return x
 
 
 def _shape_text(dims: Sequence[Dim]) -> str:
@@ -96,9 +88,9 @@ class Flatten(Copy):
     op_type = "Flatten"
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         rank = x.type.rank
-        axis = int(node.attrs.get("axis", 1))
+        axis = int(attr(node, "axis"))
         if not -rank <= axis <= rank:
             raise ModelError(f"{node.describe()}: axis {axis} is out of range for rank {rank}")
         axis = axis + rank if axis < 0 else axis
@@ -112,12 +104,12 @@ class Reshape(Copy):
     since = 5
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         target = _dim_values(node, 1, "shape")
         if target is None:
             raise ModelError(f"{node.describe()}: the shape input is required")
         text = _shape_text(target)
-        allowzero = int(node.attrs.get("allowzero", 0))
+        allowzero = int(attr(node, "allowzero"))
         out: list[Dim | None] = []
         for i, d in enumerate(target):
             if isinstance(d, int) and d == 0 and not allowzero:
@@ -163,7 +155,7 @@ class Reshape(Copy):
 def _axes_input(node: Node, since_input: int) -> list[int] | None:
     if node.opset >= since_input:
         return _int_values(node, 1, "axes")
-    axes = node.attrs.get("axes")
+    axes = attr(node, "axes")
     return None if axes is None else [int(a) for a in np.reshape(axes, -1)]
 
 
@@ -172,7 +164,7 @@ class Squeeze(Copy):
     op_type = "Squeeze"
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         axes_raw = _axes_input(node, 13)
         shape = x.type.shape
         if axes_raw is None:
@@ -190,7 +182,7 @@ class Unsqueeze(Copy):
     op_type = "Unsqueeze"
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         axes_raw = _axes_input(node, 13)
         if axes_raw is None:
             raise ModelError(f"{node.describe()}: axes are required")
@@ -304,7 +296,7 @@ def _max(k: Emitter, a: ir.Value, b: ir.Value) -> ir.Value:
 @register
 class Transpose(Op):
     op_type = "Transpose"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def _perm(self, node: Node, rank: int) -> list[int]:
         perm = [int(p) for p in node.attrs.get("perm", range(rank - 1, -1, -1))]
@@ -314,12 +306,12 @@ class Transpose(Op):
         return perm
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         perm = self._perm(node, x.type.rank)
         return [TensorType(x.type.dtype, tuple(x.type.shape[p] for p in perm))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x = _x(node)
+        x = required_input(node, 0)
         emit_permute(k, k.buffers[x], k.buffers[node.outputs[0]], x.type.dtype, x.type.shape,
                      self._perm(node, x.type.rank))
 
@@ -327,16 +319,16 @@ class Transpose(Op):
 class _BlockRearrange(Op):
     """DepthToSpace and SpaceToDepth: a reshape, a transpose and a reshape."""
 
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def geometry(self, node: Node, ctx: InferContext) -> tuple[list[Dim], list[int], TensorType]:
         raise NotImplementedError
 
     def _block(self, node: Node) -> tuple[Value, int]:
-        x = _x(node)
+        x = required_input(node, 0)
         if x.type.rank != 4:
             raise ModelError(f"{node.describe()}: input must be 4-D (NCHW), got {x.type}")
-        b = int(node.attrs.get("blocksize", 0))
+        b = int(attr(node, "blocksize"))
         if b < 1:
             raise ModelError(f"{node.describe()}: blocksize must be at least 1, got {b}")
         return x, b
@@ -346,7 +338,7 @@ class _BlockRearrange(Op):
 
     def lower(self, node: Node, k: Emitter) -> None:
         shape, perm, _ = self.geometry(node, UNCHECKED)
-        x = _x(node)
+        x = required_input(node, 0)
         emit_permute(k, k.buffers[x], k.buffers[node.outputs[0]], x.type.dtype, shape, perm)
 
 
@@ -367,7 +359,7 @@ class DepthToSpace(_BlockRearrange):
         x, b = self._block(node)
         n, c, h, w = x.type.shape
         c2 = _divide(node, ctx, c, b * b, "the channel count")
-        mode = node.attrs.get("mode", "DCR")
+        mode = attr(node, "mode")
         if mode == "DCR":
             shape, perm = [n, b, b, c2, h, w], [0, 3, 4, 1, 5, 2]
         elif mode == "CRD":
@@ -387,7 +379,7 @@ class SpaceToDepth(_BlockRearrange):
         h2 = _divide(node, ctx, h, b, "the height")
         w2 = _divide(node, ctx, w, b, "the width")
         # the onnx reference orders the new channels (row in block, column in block, channel)
-        mode = node.attrs.get("mode", "DCR")
+        mode = attr(node, "mode")
         if mode == "DCR":
             perm = [0, 3, 5, 1, 2, 4]
         elif mode == "CRD":
@@ -418,7 +410,7 @@ def _copy_rows(k: Emitter, dst: ir.Value, dst_row: Dim, dst_col: Dim, src: ir.Va
 @register
 class Concat(Op):
     op_type = "Concat"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         ins = [v for v in node.inputs if v is not None]
@@ -456,18 +448,18 @@ class Concat(Op):
 @register
 class Split(Op):
     op_type = "Split"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def sizes(self, node: Node, ctx: InferContext) -> tuple[int, list[Dim]]:
-        x = _x(node)
-        axis = normalize_axis(node, int(node.attrs.get("axis", 0)), x.type.rank)
+        x = required_input(node, 0)
+        axis = normalize_axis(node, int(attr(node, "axis", 0)), x.type.rank)  # Split-1 states no default
         d = x.type.shape[axis]
         n_out = len(node.outputs)
         split: list[Dim] | None
         if node.opset >= 13:
             split = _dim_values(node, 1, "split")
         else:
-            raw = node.attrs.get("split")
+            raw = attr(node, "split")
             split = None if raw is None else [int(s) for s in raw]
         if split is not None:
             if len(split) != n_out:
@@ -479,7 +471,7 @@ class Split(Op):
             ctx.dims_equal(node, simplify_dim(sum(split, sympy.Integer(0))), d,
                            f"sum of split sizes {_shape_text(split)} vs axis {axis} of {x.type}")
             return axis, split
-        num = node.attrs.get("num_outputs")
+        num = attr(node, "num_outputs")
         parts = int(num) if num is not None else n_out
         if num is not None and parts != n_out:
             raise ModelError(f"{node.describe()}: num_outputs is {parts} but the node has "
@@ -507,14 +499,14 @@ class Split(Op):
         return axis, [chunk] * (parts - 1) + [last]
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         axis, split = self.sizes(node, ctx)
         shape = list(x.type.shape)
         return [TensorType(x.type.dtype, tuple([*shape[:axis], s, *shape[axis + 1:]]))
                 for s in split]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x = _x(node)
+        x = required_input(node, 0)
         axis, split = self.sizes(node, UNCHECKED)
         itemsize = x.type.dtype.itemsize
         outer = numel(x.type.shape[:axis])
@@ -553,11 +545,11 @@ def _slice_axis(node: Node, start: Dim, end: Dim, step: int, d: Dim) -> tuple[Di
 @register
 class Slice(Op):
     op_type = "Slice"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def geometry(self, node: Node) -> tuple[list[Dim], list[int], list[Dim]]:
         """(start, step, output length) per axis of the input."""
-        x = _x(node)
+        x = required_input(node, 0)
         rank = x.type.rank
         if node.opset >= 10:
             starts = _dim_values(node, 1, "starts")
@@ -565,9 +557,9 @@ class Slice(Op):
             axes = _int_values(node, 3, "axes")
             steps = _int_values(node, 4, "steps")
         else:
-            starts = [int(v) for v in node.attrs.get("starts", [])]
-            ends = [int(v) for v in node.attrs.get("ends", [])]
-            axes = node.attrs.get("axes")
+            starts = [int(v) for v in attr(node, "starts")]
+            ends = [int(v) for v in attr(node, "ends")]
+            axes = attr(node, "axes")
             axes = None if axes is None else [int(a) for a in axes]
             steps = None
         if starts is None or ends is None or len(starts) != len(ends):
@@ -593,11 +585,11 @@ class Slice(Op):
         return first, step_of, length
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         return [TensorType(x.type.dtype, tuple(self.geometry(node)[2]))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _x(node)
+        x_val = required_input(node, 0)
         y_val = node.outputs[0]
         first, steps, length = self.geometry(node)
         in_shape = x_val.type.shape
@@ -635,13 +627,13 @@ class Slice(Op):
 class Pad(Op):
     op_type = "Pad"
     since = 1
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def geometry(self, node: Node) -> tuple[str, list[Dim], list[Dim]]:
         """(mode, pads at the start of each axis, pads at the end)."""
-        x = _x(node)
+        x = required_input(node, 0)
         rank = x.type.rank
-        mode = node.attrs.get("mode", "constant")
+        mode = attr(node, "mode")
         if mode not in ("constant", "reflect", "edge", "wrap"):
             raise UnsupportedOpError(f"{node.describe()}: mode {mode!r} is not supported")
         if node.opset >= 11:
@@ -664,7 +656,7 @@ class Pad(Op):
         return mode, begin, end
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         mode, begin, end = self.geometry(node)
         shape = []
         for a, d in enumerate(x.type.shape):
@@ -685,7 +677,7 @@ class Pad(Op):
         return [TensorType(x.type.dtype, tuple(shape))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = _x(node)
+        x_val = required_input(node, 0)
         y_val = node.outputs[0]
         mode, begin, end = self.geometry(node)
         dtype = x_val.type.dtype
@@ -700,7 +692,7 @@ class Pad(Op):
                 assert cv is not None
                 fill = k.load(k.view(cv), [k.i64(0)] * cv.type.rank)
             else:
-                fill = k.const(dtype, float(node.attrs.get("value", 0.0)))
+                fill = k.const(dtype, float(attr(node, "value") or 0.0))
         # negative pads crop first; the other modes then read only the cropped region (as
         # onnxruntime does): region of axis a = input[crop[a] : crop[a] + size[a]]
         pb = [k.dim(sympy.Max(b, 0)) for b in begin]
@@ -780,10 +772,10 @@ def _reinterpret(k: Emitter, value: Value, shape: Sequence[Dim]) -> Value:
 class Expand(Op):
     op_type = "Expand"
     since = 8
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         shape = _dim_values(node, 1, "shape")
         if shape is None:
             raise ModelError(f"{node.describe()}: the shape input is required")
@@ -793,17 +785,17 @@ class Expand(Op):
         return [TensorType(x.type.dtype, broadcast_shapes(node, ctx, x.type.shape, tuple(shape)))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        emit_elementwise(k, node.outputs[0], [_x(node)], lambda k, xs: xs[0])
+        emit_elementwise(k, node.outputs[0], [required_input(node, 0)], lambda k, xs: xs[0])
 
 
 @register
 class Tile(Op):
     op_type = "Tile"
     since = 6
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x = _x(node)
+        x = required_input(node, 0)
         reps = _dim_values(node, 1, "repeats")
         if reps is None or len(reps) != x.type.rank:
             raise ModelError(f"{node.describe()}: repeats must have one entry per axis of {x.type}")
@@ -814,7 +806,7 @@ class Tile(Op):
                                                for d, r in zip(x.type.shape, reps)))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x = _x(node)
+        x = required_input(node, 0)
         y = node.outputs[0]
         reps = _dim_values(node, 1, "repeats")
         assert reps is not None
@@ -853,7 +845,7 @@ class SymbolicValue(Op):
 
     op_type = "SymbolicValue"
     domain = "cuvil"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         return [node.outputs[0].type]
@@ -869,13 +861,13 @@ class Shape(Op):
     """Shape is resolved by the frontend (`shape_values`); this rule also serves direct use."""
 
     op_type = "Shape"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def _dims(self, node: Node) -> list[Dim]:
-        shape = list(_x(node).type.shape)
+        shape = list(required_input(node, 0).type.shape)
         rank = len(shape)
-        start = int(node.attrs.get("start", 0)) if node.opset >= 15 else 0
-        end = node.attrs.get("end") if node.opset >= 15 else None
+        start = int(attr(node, "start")) if node.opset >= 15 else 0
+        end = attr(node, "end") if node.opset >= 15 else None
         end = rank if end is None else int(end)
         start = min(max(start + rank if start < 0 else start, 0), rank)
         end = min(max(end + rank if end < 0 else end, 0), rank)
@@ -891,23 +883,23 @@ class Shape(Op):
 @register
 class Size(Op):
     op_type = "Size"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         return [TensorType(np.int64, ())]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        _store_dims(k, node.outputs[0], [_x(node).type.numel])
+        _store_dims(k, node.outputs[0], [required_input(node, 0).type.numel])
 
 
 @register
 class ConstantOfShape(Op):
     op_type = "ConstantOfShape"
     since = 9
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def _value(self, node: Node) -> np.ndarray:
-        value = node.attrs.get("value")
+        value = attr(node, "value")
         return np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
@@ -920,7 +912,7 @@ class ConstantOfShape(Op):
             if not isinstance(d, int):
                 ctx.require(node, sympy.Ge(d, 0), f"shape entry {i} ({d}) is negative")
         value = self._value(node)
-        if value.size != 1 or value.dtype.name not in ALL_DTYPES:
+        if value.size != 1 or value.dtype.name not in DTYPES:
             raise UnsupportedOpError(f"{node.describe()}: value must be one number of a dtype "
                                      f"cuvil supports, got {value.dtype} x{value.size}")
         return [TensorType(value.dtype, tuple(shape))]
@@ -944,33 +936,33 @@ class EyeLike(Op):
 
     op_type = "EyeLike"
     since = 9
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def _target(self, node: Node) -> np.dtype:
-        to = node.attrs.get("dtype")
+        to = attr(node, "dtype")
         if to is None:
-            return _x(node).type.dtype
+            return required_input(node, 0).type.dtype
         try:
             dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))
         except Exception:
             dtype = None
-        if dtype is None or dtype.name not in ALL_DTYPES:
+        if dtype is None or dtype.name not in DTYPES:
             raise UnsupportedOpError(f"{node.describe()}: dtype {to} is not one cuvil compiles "
-                                     f"({', '.join(ALL_DTYPES)})")
+                                     f"({', '.join(DTYPES)})")
         return dtype
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
-        x = _x(node)
+        x = required_input(node, 0)
         if x.type.rank != 2:
             raise ModelError(f"{node.describe()}: the input must be 2-D, got {x.type}")
-        if not isinstance(node.attrs.get("k", 0), int):
+        if not isinstance(attr(node, "k"), int):
             raise ModelError(f"{node.describe()}: k must be an integer, got {node.attrs['k']!r}")
         return [TensorType(self._target(node), x.type.shape)]
 
     def lower(self, node: Node, k: Emitter) -> None:
         out = node.outputs[0]
-        diag = int(node.attrs.get("k", 0))
+        diag = int(attr(node, "k"))
         k.memset(k.buffers[out], 0, k.dim(out.type.nbytes))
         y = k.view(out)
         rows, cols = y.dims
@@ -991,7 +983,7 @@ class Range(Op):
     dtypes = ("float32", "float64", "int16", "int32", "int64")
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        dtype = _x(node).type.dtype
+        dtype = required_input(node, 0).type.dtype
         if dtype.name not in self.dtypes:
             raise UnsupportedOpError(f"{node.describe()}: dtype {dtype.name}; cuvil compiles "
                                      f"Range for {', '.join(self.dtypes)}")
@@ -1040,7 +1032,7 @@ class Constant(Op):
     """Constant nodes become constant values in the frontend; this rule types them."""
 
     op_type = "Constant"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         value = node.outputs[0].const

@@ -25,9 +25,11 @@ from llvmlite import ir
 from cuvil.compiler.codegen.emitter import I64, Emitter, View
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import (
+    FLOATS,
     UNCHECKED,
     InferContext,
     Op,
+    attr,
     const_input,
     const_or_symbolic_input,
     register,
@@ -35,7 +37,6 @@ from cuvil.compiler.ops import (
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError
 
-FLOATS = ("float32", "float64", "float16")
 F64 = ir.DoubleType()
 
 #: receives (k, line buffer, length) and fills the buffer with one line's complex samples
@@ -199,7 +200,7 @@ class DFT17(_DFT):
         if node.input(2) is not None:
             raise ModelError(f"{node.describe()}: DFT before opset 20 takes the axis as an attribute, "
                              "not as input 2")
-        return int(node.attrs.get("axis", 1))
+        return int(attr(node, "axis"))
 
 
 @register

@@ -28,7 +28,7 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I64, Emitter, View
 from cuvil.compiler.ir import Node, TensorType, simplify_dim
-from cuvil.compiler.ops import InferContext, Op, register
+from cuvil.compiler.ops import InferContext, Op, attr, register
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError, UnsupportedOpError
 
@@ -65,7 +65,7 @@ def _ints(node: Node, name: str) -> list[int]:
 
 def _spec(node: Node) -> _Spec:
     where = node.describe()
-    mode = node.attrs.get("mode", "")
+    mode = attr(node, "mode")
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
     if mode not in ("TF", "IDF", "TFIDF"):
         raise ModelError(f"{where}: mode {mode!r} is not one of 'TF', 'IDF', 'TFIDF'")
@@ -78,7 +78,7 @@ def _spec(node: Node) -> _Spec:
     if min_gram < 1 or max_gram < min_gram or max_skip < 0:
         raise ModelError(f"{where}: need 1 <= min_gram_length <= max_gram_length and "
                          f"max_skip_count >= 0; got {min_gram}, {max_gram} and {max_skip}")
-    if node.attrs.get("pool_strings"):
+    if attr(node, "pool_strings"):
         raise UnsupportedOpError(f"{where}: the n-gram pool is given as strings (pool_strings); "
                                  "cuvil compiles TfIdfVectorizer over integer tokens only "
                                  "(pool_int64s with int32/int64 input). Map the tokens to integer "
