@@ -9,8 +9,11 @@ independent, which is what makes per-row sequence lengths simple: a row whose se
 ended keeps its state (so Y_h/Y_c hold its last valid step) and writes zeros into Y, as
 onnxruntime does. The two directions of a bidirectional layer run on two threads.
 
-Constant float32 W and R are stored transposed at compile time (the GEMM kernel reads B in
-rows); run-time weights and float64 use plain dot products instead.
+Constant float32 W and R are packed at compile time: W transposed (the GEMM kernel reads B
+in rows), R^T in the column panels of the per-step kernel (`_recurrent_kernel`), which keeps
+a few batch rows' sums in registers while it streams R once per step. The gate math of a
+step is one loop over the hidden units per row, vectorized (`vecmath`). Run-time weights and
+float64 use plain dot products instead.
 
 Scratch memory (the projection and, per direction, the states, gate sums and GRU's r*h) is
 the node's workspace scratch (`scratch_bytes`).
@@ -193,7 +196,7 @@ class _Recurrent(Op):
         if packed:  # back to ONNX's [dirs, gates*hidden, input] and [dirs, gates*hidden, hidden]
             # (packing sets hidden_size)
             w_shape = (dirs, simplify_dim(w_shape[1] // dirs), w_shape[0])
-            hid = int(hidden_attr)
+            hid = int(node.attrs["hidden_size"])
             if tuple(r_shape) != (dirs * self.gates * packed_rows(hid, hid), PANEL):
                 raise ModelError(f"{node.describe()}: packed R has shape {r.type}; expected "
                                  f"[{dirs * self.gates * packed_rows(hid, hid)}, {PANEL}]")
