@@ -36,7 +36,7 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import I64, PTR, Emitter, llvm_type
-from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_parallel_gemm
+from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_gemm, emit_parallel_gemm, isa_of
 from cuvil.compiler.ir import Dim, Node, TensorType, simplify_dim
 from cuvil.compiler.ops import UNCHECKED, InferContext, Op, register
 from cuvil.compiler.ops._recurrent_kernel import PANEL, emit_small_gemm, pack_panels, packed_rows
@@ -548,10 +548,21 @@ class _Lowering:
             # one call when the gates' panels follow each other in the columns of `gates`
             calls = [(first, count)] if h % PANEL == 0 else \
                 [(q * h, h) for q in range(first // h, (first + count) // h)]
+            # whole row tiles of the GEMM kernel (one call per panel) for many rows, the few
+            # rows left on the small-M kernel
+            mr = isa_of(k.module).mr
+            full = self.mul(k.floordiv(self.batch, k.i64(mr)), mr)
             for col, n in calls:
-                emit_small_gemm(k, self.batch, k.i64(n), k.i64(h), vec, k.i64(h),
-                                self.gate_panels(d, col // h), self._ptr(self.gates, col),
-                                k.i64(g))
+                panels = self.gate_panels(d, col // h)
+                with k.if_then(k.b.icmp_signed(">", full, k.i64(0))), \
+                        k.loop(-(-n // PANEL), name="panel") as p:
+                    j0 = self.mul(p, PANEL)
+                    emit_gemm(k, full, k.minimum("int64", k.i64(PANEL), k.b.sub(k.i64(n), j0)),
+                              k.i64(h), vec, k.i64(h), self._ptr(panels, self.mul(j0, h)),
+                              k.i64(PANEL), self._ptr(self.gates, self.add(j0, col)), k.i64(g))
+                emit_small_gemm(k, k.b.sub(self.batch, full), k.i64(n), k.i64(h),
+                                self._ptr(vec, self.mul(full, h)), k.i64(h), panels,
+                                self._ptr(self.gates, self.add(self.mul(full, g), col)), k.i64(g))
             return
         with k.loop(self.batch, name="prod_b") as b:
             vrow = self.row_of(vec, b, h)
