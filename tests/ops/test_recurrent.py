@@ -51,12 +51,13 @@ class Case:
 def random_case(rng: np.random.Generator, i: int, dtype: Any = np.float32, opset: int = 22,
                 static: tuple[int, int] | None = None, op: str | None = None,
                 hidden: int | None = None, isize: int | None = None, exotic: bool = True,
-                lengths: bool = True, **overrides: Any) -> Case:
+                lengths: bool = True, const: bool | None = None, **overrides: Any) -> Case:
     """One recurrent node with random attributes, optional inputs and requested outputs.
 
     With `static` = (seq, batch) the shapes are fixed and sequence_lens may be a constant;
     otherwise they use the symbols "seq" and "batch". `exotic` allows clip, input_forget and
-    non-default activations; `lengths` allows sequence_lens. `overrides` set attributes.
+    non-default activations; `lengths` allows sequence_lens; `const` makes the weights constant
+    (True) or run-time inputs (False), else either at random. `overrides` set attributes.
     """
     op = op or str(rng.choice(list(GATES)))
     g = GATES[op]
@@ -111,7 +112,7 @@ def random_case(rng: np.random.Generator, i: int, dtype: Any = np.float32, opset
 
     x_shape = [seq, batch, isize] if layout == 0 else [batch, seq, isize]
     case.feeds[p + "X"] = (dtype, x_shape, "data")
-    const_weights = rng.random() < 0.7
+    const_weights = rng.random() < 0.7 if const is None else const
     ins = [p + "X", weight("W", (dirs, g * hidden, isize), const_weights),
            weight("R", (dirs, g * hidden, hidden), const_weights)]
     ins.append(weight("B", (dirs, 2 * g * hidden), const_weights) if rng.random() < 0.7 else "")
@@ -296,6 +297,31 @@ def test_larger_shapes() -> None:
     compiled = cuvil.compile(model)
     failures = []
     for seq, batch in [(40, 4), (12, 13)]:
+        feeds = make_feeds(rng, cases, seq, batch)
+        failures += compare(cases, compiled.run(feeds), run_ort(oracle, feeds), 1e-4, 1e-5,
+                            f"seq={seq} batch={batch}")
+    assert not failures, f"{len(failures)} mismatches:\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("const", [True, False], ids=["packed", "runtime_weights"])
+def test_recurrent_kernel_panels(const: bool) -> None:
+    """Hidden sizes around the packed panels of the per-step kernel (64 columns: whole panels,
+    a partial last panel, gates called one by one when hidden is not a multiple of 64), at
+    batches hitting its 4-, 2- and 1-row tiles; both directions, sequence_lens, both GRU
+    reset modes. With run-time weights, the same nodes on the unpacked fallback."""
+    rng = np.random.default_rng(4)
+    shapes = [("LSTM", 64, 30, {"direction": "bidirectional"}),
+              ("LSTM", 70, 12, {"direction": "reverse"}),
+              ("GRU", 128, 16, {"linear_before_reset": 0}),
+              ("GRU", 96, 20, {"linear_before_reset": 0, "direction": "bidirectional"}),
+              ("GRU", 100, 8, {"linear_before_reset": 1}),
+              ("RNN", 65, 10, {"direction": "forward"})]
+    cases = [random_case(rng, i, op=op, hidden=h, isize=n, exotic=False, const=const, **attrs)
+             for i, (op, h, n, attrs) in enumerate(shapes)]
+    model, oracle = build(cases), build(cases, oracle=True)
+    compiled = cuvil.compile(model)
+    failures = []
+    for seq, batch in [(7, 1), (5, 7), (3, 10)]:
         feeds = make_feeds(rng, cases, seq, batch)
         failures += compare(cases, compiled.run(feeds), run_ort(oracle, feeds), 1e-4, 1e-5,
                             f"seq={seq} batch={batch}")

@@ -9,8 +9,11 @@ independent, which is what makes per-row sequence lengths simple: a row whose se
 ended keeps its state (so Y_h/Y_c hold its last valid step) and writes zeros into Y, as
 onnxruntime does. The two directions of a bidirectional layer run on two threads.
 
-Constant float32 W and R are stored transposed at compile time (the GEMM kernel reads B in
-rows); run-time weights and float64 use plain dot products instead.
+Constant float32 W and R are packed at compile time: W transposed (the GEMM kernel reads B
+in rows), R^T in the column panels of the per-step kernel (`_recurrent_kernel`), which keeps
+a few batch rows' sums in registers while it streams R once per step. The gate math of a
+step is one loop over the hidden units per row, vectorized (`vecmath`). Run-time weights and
+float64 use plain dot products instead.
 
 Scratch memory (the projection and, per direction, the states, gate sums and GRU's r*h) is
 the node's workspace scratch (`scratch_bytes`).
@@ -36,11 +39,12 @@ from cuvil.compiler.codegen.emitter import I64, PTR, Emitter, llvm_type
 from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_gemm, emit_parallel_gemm, isa_of
 from cuvil.compiler.ir import Dim, Node, TensorType, simplify_dim
 from cuvil.compiler.ops import UNCHECKED, InferContext, Op, attr, register
+from cuvil.compiler.ops._recurrent_kernel import PANEL, emit_small_gemm, pack_panels, packed_rows
 from cuvil.errors import ModelError, UnsupportedOpError
 
 __all__ = ["GRU", "LSTM", "RNN"]
 
-#: node attribute set once W and R are stored transposed (constant float32 weights)
+#: node attribute set once W is stored transposed and R in panels (constant float32 weights)
 _PACKED = "cuvil.packed_weights"
 
 # name -> (takes alpha, takes beta, default alpha, default beta), as onnxruntime reads them
@@ -167,7 +171,7 @@ class _Recurrent(Op):
         if x is None or w is None or r is None:
             raise ModelError(f"{node.describe()}: inputs X, W and R are required")
         packed = bool(node.attrs.get(_PACKED, 0))
-        for v, want in ((x, 3), (w, 2 if packed else 3), (r, 3)):
+        for v, want in ((x, 3), (w, 2 if packed else 3), (r, 2 if packed else 3)):
             if v.type.rank != want:
                 raise ModelError(f"{node.describe()}: input {v.name!r} must have rank {want}, "
                                  f"got {v.type}")
@@ -189,10 +193,15 @@ class _Recurrent(Op):
             x.type.shape[1], x.type.shape[0], x.type.shape[2])
 
         w_shape, r_shape = w.type.shape, r.type.shape
-        if packed:  # back to ONNX's [dirs, gates*hidden, input] and [dirs, gates*hidden, hidden]
-            w_shape = (dirs, simplify_dim(w_shape[1] // dirs), w_shape[0])
-            r_shape = (r_shape[0], r_shape[2], r_shape[1])
         hidden_attr = attr(node, "hidden_size")
+        if packed:  # back to ONNX's [dirs, gates*hidden, input] and [dirs, gates*hidden, hidden]
+            # (packing sets hidden_size)
+            w_shape = (dirs, simplify_dim(w_shape[1] // dirs), w_shape[0])
+            hid = int(node.attrs["hidden_size"])
+            if tuple(r_shape) != (dirs * self.gates * packed_rows(hid, hid), PANEL):
+                raise ModelError(f"{node.describe()}: packed R has shape {r.type}; expected "
+                                 f"[{dirs * self.gates * packed_rows(hid, hid)}, {PANEL}]")
+            r_shape = (dirs, self.gates * hid, hid)
         r_hidden = r_shape[2]
         if hidden_attr is not None:
             hidden = int(hidden_attr)
@@ -292,19 +301,22 @@ class _Recurrent(Op):
         return outs
 
     def _pack_weights(self, node: Node, ctx: InferContext, geo: _Geometry) -> None:
-        """Constant float32 W and R become W^T [input, dirs*gates*hidden] and R^T [dirs,
-        hidden, gates*hidden]: the layout of B in the shared GEMM kernel (unit-stride rows)."""
+        """Constant float32 W and R become W^T [input, dirs*gates*hidden] (the layout of B in
+        the shared GEMM kernel) and, for each direction and gate, R^T's [hidden, hidden] block
+        in the panels of `_recurrent_kernel` (`_Lowering.gate_panels` finds one)."""
         w, r = node.inputs[1], node.inputs[2]
         if geo.packed or geo.dtype != np.float32 or w is None or r is None \
                 or w.const is None or r.const is None:
             return
         graph = ctx.graph
         wt = np.ascontiguousarray(w.const.transpose(2, 0, 1).reshape(w.const.shape[2], -1))
-        rt = np.ascontiguousarray(r.const.transpose(0, 2, 1))
+        h = geo.hidden
+        rt = np.concatenate([pack_panels(r.const[d, q * h:(q + 1) * h].T)
+                             for d in range(geo.dirs) for q in range(geo.gates)])
         for i, (old, arr) in enumerate(((w, wt), (r, rt)), start=1):
             # the node is not in a graph yet (the importer adds it after `infer`): no users
             node.inputs[i] = graph.constant(arr, f"{old.name}_packed")
-        node.attrs = {**node.attrs, _PACKED: 1}
+        node.attrs = {**node.attrs, _PACKED: 1, "hidden_size": h}
 
     # -- lowering ------------------------------------------------------------------------
     def scratch_bytes(self, node: Node) -> Dim:
@@ -350,58 +362,6 @@ def _dot_function(k: Emitter, dtype: np.dtype) -> ir.Function:
         acc = inner.b.load(slot, typ=ty)
         inner.b.store(inner.fmul_add(inner.b.load(pa, typ=ty), inner.b.load(pb, typ=ty), acc), slot)
     inner.b.ret(inner.b.load(slot, typ=ty))
-    return fn
-
-
-def _rows_function(k: Emitter) -> ir.Function:
-    """`void f(m, n, kk, a, lda, b, ldb, c, ldc)`: C[m, n] = A[m, kk] @ B[kk, n] in float32,
-    for the few rows (batch rows) of a recurrent step.
-
-    With few rows the product is bound by reading B (R^T, often larger than L2), so B is read
-    in its memory order, once per group of up to four rows: for each k, C[i, :] += A[i, k] *
-    B[k, :] for each row i of the group, with the C rows staying in L1. (The shared GEMM
-    kernel walks B by column panels, and takes the rows past its MR-row tiles one at a time,
-    latency-bound on two accumulators.)
-    """
-    name = "cuvil.recurrent_rows.float32"
-    if name in k.module.globals:
-        return k.module.globals[name]
-    f32 = ir.FloatType()
-    fn = ir.Function(k.module, ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, PTR, I64,
-                                                              PTR, I64]), name)
-    fn.linkage = "internal"
-    fn.attributes.add("noinline")
-    m, n, kk, a, lda, bm, ldb, c, ldc = fn.args
-    for arg in (a, bm, c):
-        arg.add_attribute("noalias")
-    e = Emitter(k.module, fn, ir.Constant(PTR, None), [], {})
-    b = e.b
-
-    def at(base: ir.Value, row: ir.Value, ld: ir.Value, col: ir.Value) -> ir.Value:
-        return b.gep(base, [b.add(b.mul(row, ld), col)], source_etype=f32, inbounds=True)
-
-    def rows(i0: ir.Value, count: int) -> None:
-        for r in range(count):
-            e.memset(at(c, b.add(i0, e.i64(r)), ldc, e.i64(0)), 0, b.mul(n, e.i64(4)))
-        with e.loop(kk, name="k") as p:
-            xs = [b.load(at(a, b.add(i0, e.i64(r)), lda, p), typ=f32) for r in range(count)]
-            brow = at(bm, p, ldb, e.i64(0))
-            crows = [at(c, b.add(i0, e.i64(r)), ldc, e.i64(0)) for r in range(count)]
-            with e.loop(n, name="j") as j:
-                bv = b.load(b.gep(brow, [j], source_etype=f32, inbounds=True), typ=f32)
-                for x, crow in zip(xs, crows):
-                    ptr = b.gep(crow, [j], source_etype=f32, inbounds=True)
-                    b.store(e.intrinsic("llvm.fmuladd", [x, bv, b.load(ptr, typ=f32)]), ptr)
-
-    quads = b.mul(e.floordiv(m, e.i64(4)), e.i64(4))
-    with e.loop(quads, step=4, name="i4") as i:
-        rows(i, 4)
-    pairs = b.add(quads, b.mul(e.floordiv(b.sub(m, quads), e.i64(2)), e.i64(2)))
-    with e.loop(pairs, start=quads, step=2, name="i2") as i:
-        rows(i, 2)
-    with e.loop(m, start=pairs, name="i1") as i:
-        rows(i, 1)
-    b.ret_void()
     return fn
 
 
@@ -564,6 +524,13 @@ class _Lowering:
                 init = self.ld(self.bias_row, col) if bias is not None else self.c(0.0)
                 self.st(prow, col, self.dot(xrow, self._ptr(w, self.mul(col, isize)), isize, init))
 
+    def gate_panels(self, d: int, q: int) -> ir.Value:
+        """Direction d's packed R^T block of gate q (`_Recurrent._pack_weights`)."""
+        r = self.input_ptr(2)
+        assert r is not None
+        h = self.geo.hidden
+        return self._ptr(r, (d * self.geo.gates + q) * packed_rows(h, h) * PANEL)
+
     def dot(self, a: ir.Value, b: ir.Value, n: ir.Value, init: ir.Value) -> ir.Value:
         """init + sum(a[i] * b[i] for i < n), reassociated so it vectorizes."""
         return self.k.b.call(_dot_function(self.k, self.dtype), [a, b, n, init])
@@ -575,16 +542,25 @@ class _Lowering:
         r = self.input_ptr(2)
         assert r is not None
         rd = self._ptr(r, d * g * h)
-        if geo.packed:  # R^T[d] is [hidden, g]
-            # whole tiles of the GEMM kernel for many rows, the few rows left in pairs
-            batch = self.batch
+        if geo.packed:
+            # one call when the gates' panels follow each other in the columns of `gates`
+            calls = [(first, count)] if h % PANEL == 0 else \
+                [(q * h, h) for q in range(first // h, (first + count) // h)]
+            # whole row tiles of the GEMM kernel (one call per panel) for many rows, the few
+            # rows left on the small-M kernel
             mr = isa_of(k.module).mr
-            full = self.mul(k.floordiv(batch, k.i64(mr)), mr)
-            bd, cd = self._ptr(rd, first), self._ptr(self.gates, first)
-            emit_gemm(k, full, k.i64(count), k.i64(h), vec, k.i64(h), bd, k.i64(g), cd, k.i64(g))
-            k.b.call(_rows_function(k), [
-                k.b.sub(batch, full), k.i64(count), k.i64(h), self._ptr(vec, self.mul(full, h)),
-                k.i64(h), bd, k.i64(g), self._ptr(cd, self.mul(full, g)), k.i64(g)])
+            full = self.mul(k.floordiv(self.batch, k.i64(mr)), mr)
+            for col, n in calls:
+                panels = self.gate_panels(d, col // h)
+                with k.if_then(k.b.icmp_signed(">", full, k.i64(0))), \
+                        k.loop(-(-n // PANEL), name="panel") as p:
+                    j0 = self.mul(p, PANEL)
+                    emit_gemm(k, full, k.minimum("int64", k.i64(PANEL), k.b.sub(k.i64(n), j0)),
+                              k.i64(h), vec, k.i64(h), self._ptr(panels, self.mul(j0, h)),
+                              k.i64(PANEL), self._ptr(self.gates, self.add(j0, col)), k.i64(g))
+                emit_small_gemm(k, k.b.sub(self.batch, full), k.i64(n), k.i64(h),
+                                self._ptr(vec, self.mul(full, h)), k.i64(h), panels,
+                                self._ptr(self.gates, self.add(self.mul(full, g), col)), k.i64(g))
             return
         with k.loop(self.batch, name="prod_b") as b:
             vrow = self.row_of(vec, b, h)
