@@ -30,7 +30,7 @@ from llvmlite import ir
 from cuvil.compiler.codegen.emitter import I8, I32, I64, PTR, Emitter, View
 from cuvil.compiler.ir import DTYPES, Dim, Graph, Node, TensorType, Value, dim_str, simplify_dim
 from cuvil.compiler.memory import MemoryPlan
-from cuvil.compiler.ops import InferContext, Op, lookup, normalize_axis, register
+from cuvil.compiler.ops import InferContext, Op, lookup, normalize_axis, register, required_input
 from cuvil.errors import CuvilError, ModelError, UnsupportedOpError
 
 __all__ = ["PLANS", "If", "Loop", "Scan", "SubgraphOp", "free_values", "known_flag", "planning_graph"]
@@ -275,7 +275,7 @@ class If(SubgraphOp):
 
     def lower(self, node: Node, k: Emitter) -> None:
         then, other = (_plan(node, a) for a in self.graph_attrs)
-        cond = k.b.load(k.buffers[node.inputs[0]], typ=I8)
+        cond = k.b.load(k.buffers[required_input(node, 0)], typ=I8)
         outs = [k.buffers[v] for v in node.outputs]
         with k.b.if_else(k.b.icmp_unsigned("!=", cond, ir.Constant(I8, 0))) as (yes, no):
             with yes:
@@ -407,7 +407,7 @@ class Loop(SubgraphOp):
         if any(v is None for v in carried):
             raise ModelError(f"{node.describe()}: a loop-carried initial value is missing")
         # the body runs only while the condition holds: its condition input is always true
-        return [TensorType(np.int64, ()), np.array(True),
+        return [TensorType(np.dtype(np.int64), ()), np.array(True),
                 *[v.type for v in carried if v is not None]]
 
     def _parts(self, node: Node) -> tuple[Value | None, Value | None, list[Value], Graph, int]:

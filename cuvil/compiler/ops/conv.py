@@ -59,7 +59,7 @@ def _kernel(node: Node, w: Value) -> tuple[int, ...]:
             f"{node.describe()}: kernel_shape {list(node.attrs['kernel_shape'])} does not match "
             f"the weight's spatial shape {list(shape)}"
         )
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 def _check_operands(node: Node, op: Op) -> tuple[Value, Value, int]:

@@ -69,11 +69,11 @@ def parse_equation(node: Node, ranks: list[int]) -> Equation:
     ellipsis_rank = 0
     spans = []
     for i, (term, rank) in enumerate(zip(terms, ranks)):
-        letters = len(term.replace("...", ""))
-        extra = rank - letters
+        n_letters = len(term.replace("...", ""))
+        extra = rank - n_letters
         if extra < 0 or (extra and "..." not in term):
             raise ModelError(f"{node.describe()}: term {term!r} of equation {text!r} names "
-                             f"{letters} axes but input {i} has rank {rank}")
+                             f"{n_letters} axes but input {i} has rank {rank}")
         spans.append(extra)
         ellipsis_rank = max(ellipsis_rank, extra)
 
@@ -96,8 +96,8 @@ def parse_equation(node: Node, ranks: list[int]) -> Equation:
     else:
         # implicit output: the ellipsis dims, then the letters used once, in ASCII order (numpy's)
         counts: dict[str, int] = {}
-        for term in inputs:
-            for lab in term:
+        for labels in inputs:
+            for lab in labels:
                 counts[lab] = counts.get(lab, 0) + 1
         once = sorted(lab for lab, c in counts.items() if c == 1 and not lab.startswith("..."))
         output = (*[f"...{j}" for j in range(ellipsis_rank) if any("..." in t for t in terms)],

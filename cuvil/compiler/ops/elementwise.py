@@ -452,7 +452,7 @@ class Row:
 class _RowOp(Elementwise):
     fn: ClassVar[Callable[..., ir.Value]]
 
-    def compute(self, k, node, xs, dt):
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         return type(self).fn(k, dt, *xs)
 
 
@@ -499,7 +499,7 @@ class Div(Elementwise):
     op_type = "Div"
     cost = 4
 
-    def compute(self, k, node, xs, dt):
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         a, b = xs
         if _kind(dt) == "f":
             return k.b.fdiv(a, b)
@@ -516,7 +516,7 @@ class Mod(Elementwise):
     op_type = "Mod"
     cost = 16
 
-    def check(self, node, schema, bound):
+    def check(self, node: Node, schema: onnx.defs.OpSchema, bound: dict[str, np.dtype]) -> None:
         fmod = int(attr(node, "fmod"))
         if fmod not in (0, 1):
             raise ModelError(f"{node.describe()}: fmod must be 0 or 1, got {fmod}")
@@ -524,7 +524,7 @@ class Mod(Elementwise):
             raise ModelError(f"{node.describe()}: Mod of floating-point inputs needs fmod=1 before "
                              "opset 28; set fmod=1 (C fmod) or export with opset 28")
 
-    def compute(self, k, node, xs, dt):
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         a, b = xs
         fmod = int(attr(node, "fmod"))
         if _kind(dt) == "f":
@@ -554,10 +554,10 @@ class Pow(Elementwise):
     cost = 40
     promote_half = True
 
-    def compute(self, k, node, xs, dt):
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         x, y = xs
-        base = node.inputs[0].type.dtype  # type: ignore[union-attr]
-        ydt = compute_dtype(node.inputs[1].type.dtype)  # type: ignore[union-attr]
+        base = required_input(node, 0).type.dtype
+        ydt = compute_dtype(required_input(node, 1).type.dtype)
         small = _small_exponent(node)
         if small is not None:
             r = x
@@ -587,13 +587,13 @@ def _small_exponent(node: Node) -> int | None:
 class BitShift(Elementwise):
     op_type = "BitShift"
 
-    def check(self, node, schema, bound):
+    def check(self, node: Node, schema: onnx.defs.OpSchema, bound: dict[str, np.dtype]) -> None:
         direction = attr(node, "direction")
         if direction not in ("LEFT", "RIGHT"):
             raise ModelError(f"{node.describe()}: direction must be \"LEFT\" or \"RIGHT\", "
                              f"got {direction!r}")
 
-    def compute(self, k, node, xs, dt):
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         x, y = xs
         bits = dt.itemsize * 8
         in_range = k.b.icmp_unsigned("<", y, _c(y, bits))  # negative counts are huge unsigned
@@ -656,7 +656,7 @@ class Where(Elementwise):
     main = 1
     promote_half = False
 
-    def compute(self, k, node, xs, dt):
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         cond = k.b.icmp_unsigned("!=", xs[0], _c(xs[0], 0))
         return k.b.select(cond, xs[1], xs[2])
 
@@ -664,7 +664,7 @@ class Where(Elementwise):
 class IsInf(Elementwise):
     op_type = "IsInf"
 
-    def compute(self, k, node, xs, dt):
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         x = xs[0]
         pos = k.b.fcmp_ordered("==", x, _c(x, float("inf")))
         neg = k.b.fcmp_ordered("==", x, _c(x, float("-inf")))
@@ -709,7 +709,8 @@ class Cast(Elementwise):
     def target(self, node: Node) -> np.dtype:
         return to_dtype(node, "casts")
 
-    def out_dtype(self, node, schema, bound):
+    def out_dtype(self, node: Node, schema: onnx.defs.OpSchema,
+                  bound: dict[str, np.dtype]) -> np.dtype:
         return self.target(node)
 
     def lower(self, node: Node, k: Emitter) -> None:
@@ -725,7 +726,8 @@ class CastLike(Cast):
         like = required_input(node, 1)
         return like.type.dtype
 
-    def out_dtype(self, node, schema, bound):
+    def out_dtype(self, node: Node, schema: onnx.defs.OpSchema,
+                  bound: dict[str, np.dtype]) -> np.dtype:
         return self.target(node)
 
 
@@ -802,7 +804,7 @@ table(
 class LeakyRelu(Elementwise):
     op_type = "LeakyRelu"
 
-    def compute(self, k, node, xs, dt):
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         x = xs[0]
         scaled = k.b.fmul(x, _c(x, attr(node, "alpha")))
         return k.b.select(k.b.fcmp_ordered("<", x, _c(x, 0)), scaled, x)
@@ -813,7 +815,7 @@ class PRelu(Elementwise):
 
     op_type = "PRelu"
 
-    def out_shape(self, node, ctx):
+    def out_shape(self, node: Node, ctx: InferContext) -> tuple[Dim, ...]:
         x, slope = required_input(node, 0), required_input(node, 1)
         shape = super().out_shape(node, ctx)
         if len(shape) != x.type.rank or any(a != b for a, b in zip(shape, x.type.shape)):
@@ -821,7 +823,7 @@ class PRelu(Elementwise):
                              f"broadcast to X's shape {list(x.type.shape)} without growing it")
         return x.type.shape
 
-    def compute(self, k, node, xs, dt):
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         x, slope = xs
         return k.b.select(_lt(k, dt, x, _c(x, 0)), k.mul(dt, x, slope), x)
 
@@ -830,7 +832,7 @@ class Elu(Elementwise):
     op_type = "Elu"
     cost = 14
 
-    def compute(self, k, node, xs, dt):
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         x = xs[0]
         neg = k.b.fmul(_c(x, attr(node, "alpha")), vecmath.expm1(k.b, x))
         return k.b.select(k.b.fcmp_ordered("<", x, _c(x, 0)), neg, x)
@@ -840,7 +842,7 @@ class Selu(Elementwise):
     op_type = "Selu"
     cost = 14
 
-    def compute(self, k, node, xs, dt):
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         x = xs[0]
         alpha = attr(node, "alpha")
         gamma = attr(node, "gamma")
@@ -853,7 +855,7 @@ class Celu(Elementwise):
     op_type = "Celu"
     cost = 16
 
-    def compute(self, k, node, xs, dt):
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         x = xs[0]
         alpha = attr(node, "alpha")
         neg = k.b.fmul(_c(x, alpha), vecmath.expm1(k.b, k.b.fdiv(x, _c(x, alpha))))
@@ -863,7 +865,7 @@ class Celu(Elementwise):
 class ThresholdedRelu(Elementwise):
     op_type = "ThresholdedRelu"
 
-    def compute(self, k, node, xs, dt):
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         x = xs[0]
         return k.b.select(k.b.fcmp_ordered(">", x, _c(x, attr(node, "alpha"))), x, _c(x, 0))
 
@@ -871,7 +873,7 @@ class ThresholdedRelu(Elementwise):
 class HardSigmoid(Elementwise):
     op_type = "HardSigmoid"
 
-    def compute(self, k, node, xs, dt):
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         return _hard_sigmoid(k, xs[0], attr(node, "alpha"), attr(node, "beta"))
 
 
@@ -879,12 +881,12 @@ class Gelu(Elementwise):
     op_type = "Gelu"
     cost = 24
 
-    def check(self, node, schema, bound):
+    def check(self, node: Node, schema: onnx.defs.OpSchema, bound: dict[str, np.dtype]) -> None:
         if attr(node, "approximate") not in ("none", "tanh"):
             raise ModelError(f"{node.describe()}: approximate must be \"none\" or \"tanh\", got "
                              f"{attr(node, 'approximate')!r}")
 
-    def compute(self, k, node, xs, dt):
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         x = xs[0]
         b = k.b
         if attr(node, "approximate") == "tanh":
@@ -903,7 +905,7 @@ class Clip(Elementwise):
 
     op_type = "Clip"
 
-    def out_shape(self, node, ctx):
+    def out_shape(self, node: Node, ctx: InferContext) -> tuple[Dim, ...]:
         x = required_input(node, 0)
         for i in (1, 2):
             v = node.input(i)
@@ -934,7 +936,7 @@ class Clip(Elementwise):
 
         emit_elementwise(k, out, ops, fn)
 
-    def compute(self, k, node, xs, dt):
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         y = xs[0]
         if node.opset < 11:
             # Clip-1 states no defaults; these are Clip-6's (the float range)
@@ -946,7 +948,7 @@ class Clip(Elementwise):
             hi = next(rest) if node.input(2) is not None else None
             if _kind(dt) == "f":
                 # absent bounds are the dtype's lowest/max: Clip(inf) is the largest finite
-                big = float(np.finfo(node.inputs[0].type.dtype).max)  # type: ignore[union-attr]
+                big = float(np.finfo(required_input(node, 0).type.dtype).max)
                 lo = _c(y, -big) if lo is None else lo
                 hi = _c(y, big) if hi is None else hi
         if lo is not None:
@@ -962,7 +964,7 @@ class Shrink(Elementwise):
 
     op_type = "Shrink"
 
-    def compute(self, k, node, xs, dt):
+    def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         x = xs[0]
         work = F64 if dt == F64 else F32
         xf = k.convert(x, dt, work)
@@ -1021,7 +1023,7 @@ class Dropout(Copy):
         x = required_input(node, 0)
         types = [x.type]
         if len(node.outputs) > 1:
-            types.append(TensorType(np.bool_, x.type.shape))
+            types.append(TensorType(BOOL, x.type.shape))
         return types
 
     def lower(self, node: Node, k: Emitter) -> None:

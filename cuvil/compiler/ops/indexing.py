@@ -528,7 +528,7 @@ class OneHot(Op):
         with k.loop(iv.dims[0], name="o") as o, k.loop(dv, name="d") as d, \
                 k.loop(iv.dims[1], name="i") as i:
             # like onnxruntime: truncate to an integer, then count negatives from the end
-            pos = k.convert(k.load(iv, [o, i]), idx.type.dtype, np.int64)
+            pos = k.convert(k.load(iv, [o, i]), idx.type.dtype, np.dtype(np.int64))
             pos = k.b.select(k.b.icmp_signed("<", pos, k.i64(0)), k.b.add(pos, dv), pos)
             k.store(y, [o, d, i], k.b.select(k.b.icmp_signed("==", pos, d), on, off))
 
@@ -594,7 +594,7 @@ class TopK(Op):
         ctx.require(node, sympy.Le(kk, n), f"k = {kk} exceeds the axis length {n}")
         shape = list(x.type.shape)
         shape[axis] = kk
-        return [TensorType(x.type.dtype, tuple(shape)), TensorType(np.int64, tuple(shape))]
+        return [TensorType(x.type.dtype, tuple(shape)), TensorType(np.dtype(np.int64), tuple(shape))]
 
     def lower(self, node: Node, k: Emitter) -> None:
         x = required_input(node, 0)
@@ -697,7 +697,7 @@ class _ArgExtreme(Op):
             shape[axis] = 1
         else:
             del shape[axis]
-        return [TensorType(np.int64, tuple(shape))]
+        return [TensorType(np.dtype(np.int64), tuple(shape))]
 
     def lower(self, node: Node, k: Emitter) -> None:
         x, out = required_input(node, 0), node.outputs[0]

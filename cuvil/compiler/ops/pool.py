@@ -114,7 +114,7 @@ def _pow(k: Emitter, a: ir.Value, b: ir.Value) -> ir.Value:
 
 class Pool(Op):
     kind: ClassVar[str]  # "max" | "avg" | "lp"
-    dtypes = FLOATS
+    dtypes: ClassVar[tuple[str, ...]] = FLOATS
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         xt = _check_input(self, node)

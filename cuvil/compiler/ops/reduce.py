@@ -299,7 +299,7 @@ class Reduce(Op):
     reducer: ClassVar[Reducer]
     #: from this opset on, axes come as an optional input (and noop_with_empty_axes exists)
     axes_input_since: ClassVar[int] = 18
-    dtypes = _NUMERIC
+    dtypes: ClassVar[tuple[str, ...]] = _NUMERIC
 
     def axes(self, node: Node) -> set[int]:
         x = required_input(node, 0)

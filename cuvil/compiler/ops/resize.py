@@ -248,14 +248,14 @@ def _keep_aspect_ratio(node: Node, n_in: list[Dim], want: list[Dim], policy: str
 class _Math:
     """float32/float64/int64 operations used by the coordinate formulas."""
 
-    def f32(self, v: float) -> Any: ...
+    def f32(self, v: float | np.float32) -> Any: ...
     def f64(self, v: float) -> Any: ...
 
 
 class _NumpyMath(_Math):
     """Arrays of float32 (float64, int64) values, one element per output coordinate."""
 
-    def f32(self, v: float) -> Any:
+    def f32(self, v: float | np.float32) -> Any:
         return np.float32(v)
 
     def f64(self, v: float) -> Any:
@@ -348,7 +348,7 @@ class _LLVMMath(_Math):
         self.k = k
         self.b = k.b
 
-    def f32(self, v: float) -> Any:
+    def f32(self, v: float | np.float32) -> Any:
         return ir.Constant(F32, float(np.float32(v)))
 
     def f64(self, v: float) -> Any:

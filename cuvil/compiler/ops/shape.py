@@ -149,7 +149,7 @@ class Reshape(Copy):
                         f"not a multiple of {known}")
         else:
             ctx.dims_equal(node, total, known, f"element count of input {x.type} vs shape {text}")
-        return [TensorType(x.type.dtype, tuple(out))]  # type: ignore[arg-type]
+        return [TensorType(x.type.dtype, tuple(out))]
 
 
 def _axes_input(node: Node, since_input: int) -> list[int] | None:
@@ -263,7 +263,7 @@ def emit_permute(k: Emitter, src: ir.Value, dst: ir.Value, dtype: np.dtype,
         inner = a if out_shape[a] == min(small) else last
         order = [*outer_axes, last if inner == a else a, inner]
         with k.loops([out_shape[o] for o in order], name="t") as idx:
-            out_idx = [k.i64(0)] * rank
+            out_idx: list[ir.Value] = [k.i64(0)] * rank
             for o, i in zip(order, idx):
                 out_idx[o] = i
             move(out_idx)
@@ -277,7 +277,7 @@ def emit_permute(k: Emitter, src: ir.Value, dst: ir.Value, dtype: np.dtype,
             il_end = _min(k, k.b.add(il0, k.i64(tile)), dl)
             with k.loop(il_end, start=il0, name="jl") as il, \
                     k.loop(ia_end, start=ia0, name="ja") as ia:
-                out_idx: list[ir.Value] = [k.i64(0)] * rank
+                out_idx = [k.i64(0)] * rank
                 for o, i in zip(outer_axes, outer):
                     out_idx[o] = i
                 out_idx[a] = ia
@@ -399,8 +399,8 @@ def _copy_rows(k: Emitter, dst: ir.Value, dst_row: Dim, dst_col: Dim, src: ir.Va
     dst_col] (all in bytes)."""
     if isinstance(nbytes, int) and nbytes == 0:
         return
-    s_view = k.contiguous(src, np.uint8, (outer, src_row))
-    d_view = k.contiguous(dst, np.uint8, (outer, dst_row))
+    s_view = k.contiguous(src, np.dtype(np.uint8), (outer, src_row))
+    d_view = k.contiguous(dst, np.dtype(np.uint8), (outer, dst_row))
     with k.loop(outer, name="row") as o:
         s = k.element_ptr(s_view, k.b.add(k.offset(s_view, [o, k.i64(0)]), k.dim(src_col)))
         d = k.element_ptr(d_view, k.b.add(k.offset(d_view, [o, k.i64(0)]), k.dim(dst_col)))
@@ -831,10 +831,10 @@ def _store_dims(k: Emitter, out: Value, values: Sequence[Dim]) -> None:
         expr = sympy.sympify(v)
         num, den = sympy.fraction(sympy.together(expr))
         if den == 1 or dtype.kind != "f":
-            value = k.convert(k.dim(simplify_dim(expr)), np.int64, dtype)
+            value = k.convert(k.dim(simplify_dim(expr)), np.dtype(np.int64), dtype)
         else:
-            value = k.b.fdiv(k.convert(k.dim(simplify_dim(num)), np.int64, dtype),
-                             k.convert(k.dim(simplify_dim(den)), np.int64, dtype))
+            value = k.b.fdiv(k.convert(k.dim(simplify_dim(num)), np.dtype(np.int64), dtype),
+                             k.convert(k.dim(simplify_dim(den)), np.dtype(np.int64), dtype))
         k.store(view, [k.i64(i)], value)
 
 
@@ -874,7 +874,7 @@ class Shape(Op):
         return shape[start:end]
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        return [TensorType(np.int64, (len(self._dims(node)),))]
+        return [TensorType(np.dtype(np.int64), (len(self._dims(node)),))]
 
     def lower(self, node: Node, k: Emitter) -> None:
         _store_dims(k, node.outputs[0], self._dims(node))
@@ -886,7 +886,7 @@ class Size(Op):
     dtypes = DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        return [TensorType(np.int64, ())]
+        return [TensorType(np.dtype(np.int64), ())]
 
     def lower(self, node: Node, k: Emitter) -> None:
         _store_dims(k, node.outputs[0], [required_input(node, 0).type.numel])

@@ -328,7 +328,7 @@ def _scratch_bytes(length: Dim) -> Dim:
 
 
 def _to_f64(k: Emitter, v: ir.Value, dtype: np.dtype) -> ir.Value:
-    return k.convert(v, dtype, np.float64)
+    return k.convert(v, dtype, np.dtype(np.float64))
 
 
 def _cptr(k: Emitter, buf: ir.Value, i: ir.Value, part: int) -> ir.Value:
@@ -399,7 +399,7 @@ def _store_bins(k: Emitter, out: ir.Value, yv: View, index: Callable[[ir.Value, 
         parts = _cload(k, out, j)
         for part in range(components):
             v = parts[part] if factor is None else b.fmul(parts[part], factor)
-            k.store(yv, index(j, part), k.convert(v, np.float64, yv.dtype))
+            k.store(yv, index(j, part), k.convert(v, np.dtype(np.float64), yv.dtype))
 
 
 class _Fft:

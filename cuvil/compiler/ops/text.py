@@ -138,7 +138,10 @@ def _build_trie(grams: dict[tuple[int, ...], tuple[int, float]]) -> _Trie:
                 weight.append(0.0)
             at = nxt
         column[at], weight[at] = col, w
-    first, count, keys, nodes = [], [], [], []
+    first: list[int] = []
+    count: list[int] = []
+    keys: list[int] = []
+    nodes: list[int] = []
     for kids in children:
         first.append(len(keys))
         count.append(len(kids))
@@ -275,7 +278,7 @@ class TfIdfVectorizer(Op):
                 lo = b.select(b.icmp_signed("==", d, k.i64(1)), k.i64(spec.min_gram),
                               k.i64(lo_skipped))
                 with k.loop(n_items, name="s") as s:
-                    child = find(None, k.convert(k.load(x, [r, s]), dtype, np.int64))
+                    child = find(None, k.convert(k.load(x, [r, s]), dtype, np.dtype(np.int64)))
                     visit(child, k.i64(1), lo)
                     if depth >= 2:
                         self._walk(k, child, s, d, lo, depth, x, r, at, pos, find, visit)
@@ -293,7 +296,7 @@ class TfIdfVectorizer(Op):
                 p, here = b.load(pos), b.load(at)
                 alive = b.and_(b.icmp_signed(">=", here, zero), b.icmp_signed("<", p, x.dims[1]))
                 with k.if_then(alive):
-                    nxt = find(here, k.convert(k.load(x, [r, p]), x.dtype, np.int64))
+                    nxt = find(here, k.convert(k.load(x, [r, p]), x.dtype, np.dtype(np.int64)))
                     b.store(nxt, at)
                     b.store(b.add(p, d), pos)
                     visit(nxt, n, lo)
