@@ -175,9 +175,9 @@ class _Recurrent(Op):
             if v.type.rank != want:
                 raise ModelError(f"{node.describe()}: input {v.name!r} must have rank {want}, "
                                  f"got {v.type}")
-        for v in (w, r):
-            if v.type.dtype != x.type.dtype:
-                raise ModelError(f"{node.describe()}: {v.name!r} has dtype {v.type.dtype.name}, "
+        for operand in (w, r):
+            if operand.type.dtype != x.type.dtype:
+                raise ModelError(f"{node.describe()}: {operand.name!r} has dtype {operand.type.dtype.name}, "
                                  f"X has {x.type.dtype.name}; they must match")
         # explicit: GRU-1 spells its default "foward"
         direction = attr(node, "direction", "forward")
@@ -226,20 +226,20 @@ class _Recurrent(Op):
             expected[6] = state_shape
             expected[7] = (dirs, 3 * hidden)
         for i, shape in expected.items():
-            v = node.input(i)
-            if v is None:
+            opt = node.input(i)
+            if opt is None:
                 continue
             if i == 4:
-                if v.type.dtype.kind not in "iu":
+                if opt.type.dtype.kind not in "iu":
                     raise ModelError(f"{node.describe()}: sequence_lens must be int32, got "
-                                     f"{v.type.dtype.name}")
-            elif v.type.dtype != x.type.dtype:
-                raise ModelError(f"{node.describe()}: {self.input_names[i]} ({v.name!r}) has dtype "
-                                 f"{v.type.dtype.name}; expected {x.type.dtype.name}")
-            if v.type.rank != len(shape):
-                raise ModelError(f"{node.describe()}: {self.input_names[i]} ({v.name!r}) must have "
-                                 f"shape {[str(d) for d in shape]}, got {v.type}")
-            for axis, (have, want) in enumerate(zip(v.type.shape, shape)):
+                                     f"{opt.type.dtype.name}")
+            elif opt.type.dtype != x.type.dtype:
+                raise ModelError(f"{node.describe()}: {self.input_names[i]} ({opt.name!r}) has dtype "
+                                 f"{opt.type.dtype.name}; expected {x.type.dtype.name}")
+            if opt.type.rank != len(shape):
+                raise ModelError(f"{node.describe()}: {self.input_names[i]} ({opt.name!r}) must have "
+                                 f"shape {[str(d) for d in shape]}, got {opt.type}")
+            for axis, (have, want) in enumerate(zip(opt.type.shape, shape)):
                 ctx.dims_equal(node, have, want, f"{self.input_names[i]} dim {axis}")
         lens = node.input(4)
         if lens is not None and lens.const is not None and isinstance(seq, int):
@@ -461,7 +461,7 @@ class _Lowering:
             return self.seq
         ty = llvm_type(lens.type.dtype)
         p = self.k.b.gep(self.k.buffers[lens], [b], source_etype=ty, inbounds=True)
-        return self.k.convert(self.k.b.load(p, typ=ty), lens.type.dtype, np.int64)
+        return self.k.convert(self.k.b.load(p, typ=ty), lens.type.dtype, np.dtype(np.int64))
 
     # -- the node ------------------------------------------------------------------------
     def emit(self) -> None:
