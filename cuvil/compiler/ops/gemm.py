@@ -292,15 +292,16 @@ def _lower_batched_kernel(node: Node, k: Emitter) -> None:
         with few:
             a, b, y, _ = _operands(node, k)
             with k.loop(count_v, name="batch") as t:
-                am, bm, ym = (_at(k, v, _unravel(k, t, batch_shape)) for v in (a, b, y))
+                idx = _unravel(k, t, batch_shape)
+                am, bm, ym = (_at(k, v, idx) for v in (a, b, y))
                 emit_parallel_gemm(k, am.dims[0], bm.dims[1], am.dims[1], am.ptr, am.strides[0],
                                    bm.ptr, bm.strides[0], ym.ptr, ym.strides[0])
-        with many:
-            with k.parallel_loop(count, cost=m * n * kk, name="batch") as t:
-                a, b, y, _ = _operands(node, k)
-                am, bm, ym = (_at(k, v, _unravel(k, t, batch_shape)) for v in (a, b, y))
-                emit_gemm(k, am.dims[0], bm.dims[1], am.dims[1], am.ptr, am.strides[0], bm.ptr,
-                          bm.strides[0], ym.ptr, ym.strides[0])
+        with many, k.parallel_loop(count, cost=m * n * kk, name="batch") as t:
+            a, b, y, _ = _operands(node, k)
+            idx = _unravel(k, t, batch_shape)
+            am, bm, ym = (_at(k, v, idx) for v in (a, b, y))
+            emit_gemm(k, am.dims[0], bm.dims[1], am.dims[1], am.ptr, am.strides[0], bm.ptr,
+                      bm.strides[0], ym.ptr, ym.strides[0])
 
 
 def _zero_if_empty(k: Emitter, y: Value, kk: Dim) -> None:

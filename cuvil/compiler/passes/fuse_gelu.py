@@ -106,11 +106,11 @@ def _match(graph: Graph, out: Node) -> tuple[Value, list[Node]] | None:
         return None
     # (x * 0.5) * (1 + erf) or x * ((1 + erf) * 0.5)
     for p, q in _split(out):
-        x = _half_of(graph, p)
-        if x is not None:
+        halved = _half_of(graph, p)
+        if halved is not None:
             found = _one_plus_erf(graph, q)
-            if found is not None and found[0] is x:
-                return x, [*found[1], p.producer]  # type: ignore[list-item]
+            if found is not None and found[0] is halved:
+                return halved, [*found[1], p.producer]  # type: ignore[list-item]
         half = _half_of(graph, q)
         if half is not None:
             found = _one_plus_erf(graph, half)

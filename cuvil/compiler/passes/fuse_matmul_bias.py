@@ -33,7 +33,7 @@ def fuse_matmul_bias(graph: Graph) -> Graph:
             continue
         for product in add.inputs:
             matmul = product.producer if product is not None else None
-            if (matmul is None or matmul.op_type != "MatMul" or matmul.domain
+            if (product is None or matmul is None or matmul.op_type != "MatMul" or matmul.domain
                     or matmul not in graph.nodes or FUSED_BIAS in matmul.attrs
                     or not on_one_gemm(matmul) or len(product.users) != 1
                     or product in graph.outputs):
@@ -44,6 +44,7 @@ def fuse_matmul_bias(graph: Graph) -> Graph:
             if bias is None or not (isinstance(kk, int) and kk > 0):
                 continue
             if bias.type.rank != 1:
+                assert bias.const is not None
                 bias = graph.constant(np.ascontiguousarray(bias.const.reshape(-1)),
                                       f"{bias.name}_flat")
             y = add.outputs[0]
