@@ -29,8 +29,9 @@ from cuvil.runtime._loader import Model, Profile
 RNG = np.random.default_rng(7)
 CONV_W = RNG.standard_normal((32, 3, 3, 3)).astype(np.float32)
 MATMUL_B = RNG.standard_normal((48, 20)).astype(np.float32)
-BIAS = RNG.standard_normal((20,)).astype(np.float32)
 HEIGHT, WIDTH = 40, 48
+# one value per row and column: not a per-column bias the MatMul's kernel would add itself
+BIAS = RNG.standard_normal((HEIGHT, 20)).astype(np.float32)
 
 
 def conv_relu_matmul() -> onnx.ModelProto:

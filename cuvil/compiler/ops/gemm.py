@@ -12,7 +12,7 @@ from dataclasses import replace
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import Emitter, View
-from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue, emit_parallel_gemm
+from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue, emit_gemm, emit_parallel_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, Value
 from cuvil.compiler.ops import (
     FLOATS,
@@ -229,27 +229,122 @@ class MatMul(Op):
         return [TensorType(a.type.dtype, out)]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        a_val, b_val = required_input(node, 0), required_input(node, 1)
-        y_val = node.outputs[0]
-        a, b, y = k.view(a_val), k.view(b_val), k.view(y_val)
-        one = k.i64(1)
-        zero = k.i64(0)
-        # promote 1-D operands to matrices: [K] -> [1,K] for a, [K] -> [K,1] for b
-        if a.rank == 1:
-            a = replace(a, dims=(one, *a.dims), strides=(zero, *a.strides), shape=(1, *a.shape))
-        if b.rank == 1:
-            b = replace(b, dims=(*b.dims, one), strides=(*b.strides, zero), shape=(*b.shape, 1))
-        batch_shape = broadcast_shapes(node, UNCHECKED, a.shape[:-2], b.shape[:-2])
-        # y holds batch x M x N elements in that order whatever operands were promoted
-        y_full = k.contiguous(y.ptr, y.dtype, (*batch_shape, a.shape[-2], b.shape[-1]))
-        a_b = _broadcast_batch(k, a, batch_shape)
-        b_b = _broadcast_batch(k, b, batch_shape)
-        dot = compute_dtype(y.dtype) != y.dtype or prefers_dot(a, b)
+        if on_one_gemm(node):
+            _lower_one_gemm(node, k)
+            return
+        assert node.input(2) is None, "a bias is fused only into MatMuls that run as one GEMM"
+        if _on_batched_kernel(node):
+            _lower_batched_kernel(node, k)
+            return
+        a, b, y_full, batch_shape = _operands(node, k)
+        dot = compute_dtype(y_full.dtype) != y_full.dtype or prefers_dot(_at(k, a, None), _at(k, b, None))
         kernel = emit_matmul_dot if dot else emit_matmul
-        if uses_kernel(a, b, y_full):
-            kernel = emit_kernel_matmul
         with k.loops([k.dim(d) for d in batch_shape], name="batch") as idx:
-            kernel(k, _at(k, a_b, idx), _at(k, b_b, idx), _at(k, y_full, idx))
+            kernel(k, _at(k, a, idx), _at(k, b, idx), _at(k, y_full, idx))
+
+
+#: attribute a fusion pass sets on a MatMul whose input 2 is a bias of one value per column,
+#: added in the GEMM kernel's epilogue (`on_one_gemm` must hold)
+FUSED_BIAS = "cuvil.fused_bias"
+#: batches fewer than this run one after the other, each split over the threads; more run
+#: one matrix per task
+MIN_PARALLEL_BATCH = 4
+
+
+def on_one_gemm(node: Node) -> bool:
+    """float32 MatMul whose B is one matrix for every batch entry (a Linear layer: [..., K] x
+    [K, N]): A's batch dims and rows are contiguous, so it is one [batch * M, K] x [K, N]
+    product on the threaded kernel."""
+    b = node.inputs[1]
+    return (node.outputs[0].type.dtype.name == "float32" and b is not None and b.type.rank >= 2
+            and all(isinstance(d, int) and d == 1 for d in b.type.shape[:-2]))
+
+
+def _on_batched_kernel(node: Node) -> bool:
+    a, b = node.inputs[0], node.inputs[1]
+    return (node.outputs[0].type.dtype.name == "float32" and a is not None and b is not None
+            and a.type.rank >= 2 and b.type.rank >= 2)
+
+
+def _lower_one_gemm(node: Node, k: Emitter) -> None:
+    a_val, b_val, bias = node.inputs[0], node.inputs[1], node.input(2)
+    assert a_val is not None and b_val is not None
+    kk, n = b_val.type.shape[-2], b_val.type.shape[-1]
+    rows = 1
+    for d in a_val.type.shape[:-1]:
+        rows = rows * d
+    epilogue = Epilogue("col") if bias is not None else PLAIN
+    _zero_if_empty(k, node.outputs[0], kk)
+    emit_parallel_gemm(k, k.dim(rows), k.dim(n), k.dim(kk), k.buffers[a_val], k.dim(kk),
+                       k.buffers[b_val], k.dim(n), k.buffers[node.outputs[0]], k.dim(n),
+                       bias=k.buffers[bias] if bias is not None else None, epilogue=epilogue)
+
+
+def _lower_batched_kernel(node: Node, k: Emitter) -> None:
+    """Batched products of contiguous matrices (attention's Q @ K^T and P @ V): one matrix per
+    task on the kernel, or, for few batch entries, each product split over the threads."""
+    a_val, b_val = node.inputs[0], node.inputs[1]
+    assert a_val is not None and b_val is not None
+    batch_shape = broadcast_shapes(node, UNCHECKED, a_val.type.shape[:-2], b_val.type.shape[:-2])
+    count: Dim = 1
+    for d in batch_shape:
+        count = count * d
+    m, kk, n = a_val.type.shape[-2], a_val.type.shape[-1], b_val.type.shape[-1]
+    bld = k.b
+    count_v = k.dim(count)
+    _zero_if_empty(k, node.outputs[0], kk)
+    with bld.if_else(bld.icmp_signed("<", count_v, k.i64(MIN_PARALLEL_BATCH))) as (few, many):
+        with few:
+            a, b, y, _ = _operands(node, k)
+            with k.loop(count_v, name="batch") as t:
+                idx = _unravel(k, t, batch_shape)
+                am, bm, ym = (_at(k, v, idx) for v in (a, b, y))
+                emit_parallel_gemm(k, am.dims[0], bm.dims[1], am.dims[1], am.ptr, am.strides[0],
+                                   bm.ptr, bm.strides[0], ym.ptr, ym.strides[0])
+        with many, k.parallel_loop(count, cost=m * n * kk, name="batch") as t:
+            a, b, y, _ = _operands(node, k)
+            idx = _unravel(k, t, batch_shape)
+            am, bm, ym = (_at(k, v, idx) for v in (a, b, y))
+            emit_gemm(k, am.dims[0], bm.dims[1], am.dims[1], am.ptr, am.strides[0], bm.ptr,
+                      bm.strides[0], ym.ptr, ym.strides[0])
+
+
+def _zero_if_empty(k: Emitter, y: Value, kk: Dim) -> None:
+    """An empty sum (K = 0) is 0: the kernel, which loops over K, would not write Y at all."""
+    if isinstance(kk, int) and kk > 0:
+        return
+    with k.if_then(k.b.icmp_signed("==", k.dim(kk), k.i64(0))):
+        k.memset(k.buffers[y], 0, k.dim(y.type.nbytes))
+
+
+def _unravel(k: Emitter, flat: ir.Value, shape: tuple[Dim, ...]) -> list[ir.Value]:
+    """The multi-index of row-major position `flat` in `shape`."""
+    idx: list[ir.Value] = []
+    for d in reversed(shape):
+        dv = k.dim(d)
+        q = k.b.sdiv(flat, dv)
+        idx.append(k.b.sub(flat, k.b.mul(q, dv)))
+        flat = q
+    return idx[::-1]
+
+
+def _operands(node: Node, k: Emitter) -> tuple[View, View, View, tuple[Dim, ...]]:
+    """Views of A, B and Y with 1-D operands promoted to matrices and batch dims broadcast
+    to the output's (Y as batch x M x N whatever operands were promoted)."""
+    a_val, b_val = node.inputs[0], node.inputs[1]
+    assert a_val is not None and b_val is not None
+    a, b, y = k.view(a_val), k.view(b_val), k.view(node.outputs[0])
+    one = k.i64(1)
+    zero = k.i64(0)
+    # promote 1-D operands to matrices: [K] -> [1,K] for a, [K] -> [K,1] for b
+    if a.rank == 1:
+        a = replace(a, dims=(one, *a.dims), strides=(zero, *a.strides), shape=(1, *a.shape))
+    if b.rank == 1:
+        b = replace(b, dims=(*b.dims, one), strides=(*b.strides, zero), shape=(*b.shape, 1))
+    batch_shape = broadcast_shapes(node, UNCHECKED, a.shape[:-2], b.shape[:-2])
+    y_full = k.contiguous(y.ptr, y.dtype, (*batch_shape, a.shape[-2], b.shape[-1]))
+    return (_broadcast_batch(k, a, batch_shape), _broadcast_batch(k, b, batch_shape), y_full,
+            batch_shape)
 
 
 def _broadcast_batch(k: Emitter, v: View, batch: tuple[Dim, ...]) -> View:
@@ -260,8 +355,10 @@ def _broadcast_batch(k: Emitter, v: View, batch: tuple[Dim, ...]) -> View:
                    shape=(*batch, *v.shape[-2:]))
 
 
-def _at(k: Emitter, v: View, batch_index: list) -> View:
-    """The 2-D matrix of `v` at a batch index."""
+def _at(k: Emitter, v: View, batch_index: list | None) -> View:
+    """The 2-D matrix of `v` at a batch index (None: the first one's layout, for decisions)."""
+    if batch_index is None:
+        return replace(v, dims=v.dims[-2:], strides=v.strides[-2:], shape=v.shape[-2:])
     if not batch_index:
         return v
     off = k.offset(replace(v, strides=v.strides[: len(batch_index)]), batch_index)

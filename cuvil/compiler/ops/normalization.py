@@ -43,6 +43,9 @@ from cuvil.compiler.ops.reduce import (
 )
 from cuvil.errors import ModelError, UnsupportedOpError
 
+#: work per element of a row normalization (passes over it, an exp), in multiply-adds, for
+#: the runtime's decision to split the rows over threads
+ROW_COST = 8
 #: ONNX TensorProto codes of stash_type
 _STASH = {1: np.dtype(np.float32), 11: np.dtype(np.float64)}
 
@@ -153,12 +156,15 @@ class _Lanes:
 
 def emit_axis_kernel(k: Emitter, x_val: Value, y_val: Value, dims3: tuple[Dim, Dim, Dim],
                      body: Callable[[_Lanes, ir.Value], None]) -> None:
-    """Call body(lanes, axis_size) for every lane group of x viewed as [outer, axis, inner]."""
-    x = k.contiguous(k.buffers[x_val], x_val.type.dtype, dims3)
-    y = k.contiguous(k.buffers[y_val], y_val.type.dtype, dims3)
+    """Call body(lanes, axis_size) for every lane group of x viewed as [outer, axis, inner],
+    the outer positions spread over the threads (`body` runs inside the parallel loop: it
+    takes its views there)."""
     width = tile_width(dims3[2])
-    with k.loop(x.dims[0], name="o") as o, tiles(k, dims3[2]) as (t, n):
-        body(_Lanes(k, x, y, o, t, n, width), x.dims[1])
+    with k.parallel_loop(dims3[0], cost=ROW_COST * dims3[1] * dims3[2], name="o") as o:
+        x = k.contiguous(k.buffers[x_val], x_val.type.dtype, dims3)
+        y = k.contiguous(k.buffers[y_val], y_val.type.dtype, dims3)
+        with tiles(k, dims3[2]) as (t, n):
+            body(_Lanes(k, x, y, o, t, n, width), x.dims[1])
 
 
 def _axis_dims(node: Node, shape: Sequence[Dim], axis: int, flatten: bool) -> tuple[Dim, Dim, Dim]:
@@ -300,9 +306,9 @@ class LpNormalization(_Float):
         x_val = required_input(node, 0)
         comp = compute_dtype(x_val.type.dtype)
         p = int(attr(node, "p"))
-        b = k.b
 
         def body(L: _Lanes, size: ir.Value) -> None:
+            b = k.b  # the parallel loop body's builder
             acc = L.state(comp, "norm")
             L.fill(acc, k.const(comp, 0.0))
             with k.loop(size, name="r0") as r, L.each() as j:
@@ -635,33 +641,32 @@ class LayerNormalization(_Float):
             comp = np.dtype(np.float64)
         norm = tuple(shape[axis:])
         outer, size = numel(shape[:axis]), numel(norm)
-        x2 = k.contiguous(k.buffers[x_val], x_val.type.dtype, (outer, size))
         params = [node.input(i) for i in (1, 2)]
         # parameters that cover the whole normalized shape are read with the row index;
         # broadcast ones through a view with zero strides over the normalized dims
         flat = all(v is None or numel(v.type.shape) == size for v in params)
         inner_shape = (size,) if flat else norm
-        x = k.contiguous(x2.ptr, x2.dtype, (outer, *inner_shape))
-        y = k.contiguous(k.buffers[node.outputs[0]], x2.dtype, (outer, *inner_shape))
-        pviews: list[View | None] = []
-        for v in params:
-            if v is None:
-                pviews.append(None)
-            elif flat:
-                pviews.append(k.contiguous(k.buffers[v], v.type.dtype, (size,)))
-            else:
-                pviews.append(k.broadcast_to(k.view(v), norm))
-        stats = [k.view(v) for v in node.outputs[1:3]]
         eps = float(attr(node, "epsilon"))
-        b = k.b
-        inner_dims = list(x.dims[1:])
-        with k.loop(x.dims[0], name="o") as o:
+        with k.parallel_loop(outer, cost=ROW_COST * size, name="o") as o:
+            x2 = k.contiguous(k.buffers[x_val], x_val.type.dtype, (outer, size))
+            x = k.contiguous(x2.ptr, x2.dtype, (outer, *inner_shape))
+            y = k.contiguous(k.buffers[node.outputs[0]], x2.dtype, (outer, *inner_shape))
+            pviews: list[View | None] = []
+            for v in params:
+                if v is None:
+                    pviews.append(None)
+                elif flat:
+                    pviews.append(k.contiguous(k.buffers[v], v.type.dtype, (size,)))
+                else:
+                    pviews.append(k.broadcast_to(k.view(v), norm))
+            stats = [k.view(v) for v in node.outputs[1:3]]
+            b = k.b
             mean, var = moments(k, [x2.dims[1]], lambda idx: k.convert(
                 k.load(x2, [o, idx[0]]), x2.dtype, comp), comp)
             inv = inv_std(k, var, eps)
             for view, value in zip(stats, (mean, inv)):
                 k.store_at(view, o, k.convert(value, comp, view.dtype))
-            with k.loops(inner_dims, name="s") as idx:
+            with k.loops(list(x.dims[1:]), name="s") as idx:
                 v = k.convert(k.load(x, [o, *idx]), x.dtype, comp)
                 v = b.fmul(b.fsub(v, mean), inv)
                 scale, bias = pviews
