@@ -65,6 +65,11 @@ def assert_matches_ort(
     compiled = compiled or cuvil.compile(model, inputs=inputs)
     expected = run_ort(model, feeds)
     got = compiled.run(dict(feeds))
+    names = [o.name for o in model.graph.output]
+    assert len(expected) == len(names), f"onnxruntime gives {len(expected)} outputs for {names}"
+    assert [info.name for info in compiled.outputs] == names, \
+        f"cuvil declares outputs {[info.name for info in compiled.outputs]}, the model {names}"
+    assert sorted(got) == sorted(names), f"cuvil returns {sorted(got)}, the model has {names}"
     for info, want in zip(compiled.outputs, expected):
         have = got[info.name]
         assert have.shape == want.shape, f"{info.name}: shape {have.shape} != {want.shape}"

@@ -9,7 +9,7 @@ strided conv), so shapes can be checked at compile time and evaluated at call ti
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -166,6 +166,39 @@ class Constraint:
     message: str
 
 
+class IRError(Exception):
+    """A graph breaks an invariant of the IR: a bug in cuvil (a pass, the frontend), never
+    something a user can fix, hence not a `CuvilError`."""
+
+
+def subgraphs(node: Node) -> list[Graph]:
+    """The bodies of a node with graph attributes (If, Loop, Scan)."""
+    return [a for a in node.attrs.values() if isinstance(a, Graph)]
+
+
+def walk_nodes(nodes: Iterable[Node]) -> Iterator[Node]:
+    """`nodes` and, after each, the nodes of its bodies, recursively."""
+    for n in nodes:
+        yield n
+        for body in subgraphs(n):
+            yield from walk_nodes(body.nodes)
+
+
+def _register(node: Node) -> None:
+    for v in node.inputs:
+        if v is not None:
+            v.users.append(node)
+    for v in node.outputs:
+        v.producer = node
+
+
+def _unregister(node: Node) -> None:
+    """Drop `node` from the users of what it reads (its outputs keep their producer)."""
+    for v in node.inputs:
+        if v is not None and node in v.users:
+            v.users.remove(node)
+
+
 class Graph:
     def __init__(self, name: str) -> None:
         self.name = name
@@ -191,26 +224,43 @@ class Graph:
         array = np.asarray(array, order="C")  # (ascontiguousarray makes 0-D arrays 1-D)
         return self.value(name, TensorType(array.dtype, array.shape), array)
 
+    # -- editing ------------------------------------------------------------------------
+    # Every change to the wiring goes through these methods, so that `Value.users` (one entry
+    # per input slot reading the value, nodes of subgraph bodies included) and
+    # `Value.producer` stay exact; passes never touch those lists themselves.
+
     def add_node(self, node: Node, index: int | None = None) -> Node:
-        for v in node.inputs:
-            if v is not None:
-                v.users.append(node)
+        """Append `node` (or insert it at position `index`) and register its wiring."""
         for v in node.outputs:
-            v.producer = node
+            if v.producer is not None and v.producer is not node:
+                raise IRError(f"{self.name}: {node.describe()} would produce {v.name!r}, which "
+                              f"{v.producer.describe()} already produces")
+        _register(node)
         if index is None:
             self.nodes.append(node)
         else:
             self.nodes.insert(index, node)
         return node
 
-    def remove_node(self, node: Node) -> None:
-        self.nodes.remove(node)
-        for v in node.inputs:
-            if v is not None and node in v.users:
-                v.users.remove(node)
-        for v in node.outputs:
-            if v.producer is node:
-                v.producer = None
+    def insert_before(self, anchor: Node, node: Node) -> Node:
+        return self.add_node(node, self._index(anchor))
+
+    def insert_after(self, anchor: Node, node: Node) -> Node:
+        return self.add_node(node, self._index(anchor) + 1)
+
+    def set_input(self, node: Node, i: int, value: Value | None) -> None:
+        """Make input slot i of `node` read `value` (None: leave it empty); slots past the end
+        are created empty."""
+        while len(node.inputs) <= i:
+            node.inputs.append(None)
+        old = node.inputs[i]
+        if old is value:
+            return
+        if old is not None:
+            old.users.remove(node)
+        node.inputs[i] = value
+        if value is not None:
+            value.users.append(node)
 
     def replace_uses(self, old: Value, new: Value) -> None:
         """Make every reader of `old` (nodes and graph outputs) read `new` instead."""
@@ -219,6 +269,102 @@ class Graph:
             new.users.append(user)
         old.users.clear()
         self.outputs = [new if v is old else v for v in self.outputs]
+
+    def set_output(self, node: Node, i: int, value: Value) -> None:
+        """Make `node` produce `value` as its output i; the value it produced there before is
+        left without a producer. `value` must not be produced by another node."""
+        if value.producer is not None and value.producer is not node:
+            raise IRError(f"{self.name}: {node.describe()} cannot produce {value.name!r}: "
+                          f"{value.producer.describe()} produces it")
+        old = node.outputs[i]
+        if old.producer is node:
+            old.producer = None
+        node.outputs[i] = value
+        value.producer = node
+
+    def replace_node(self, old: Node, new: Node) -> Node:
+        """Put `new` in `old`'s place, producing `old`'s outputs (`new.outputs` empty or the
+        same values); `old` leaves the graph."""
+        if new.outputs and new.outputs != old.outputs:
+            raise IRError(f"{self.name}: {new.describe()} replaces {old.describe()} but has "
+                          "other outputs")
+        index = self._index(old)
+        _unregister(old)
+        del self.nodes[index]
+        outputs, old.outputs = list(old.outputs), []
+        for v in outputs:
+            v.producer = None
+        new.outputs = outputs
+        return self.add_node(new, index)
+
+    def absorb(self, producer: Node, consumer: Node) -> None:
+        """Let `producer` compute `consumer` too (a fusion): `producer` takes over the output of
+        `consumer`, in place of its own output that `consumer` reads, which nothing else may
+        read; `consumer` leaves the graph."""
+        read = [v for v in producer.outputs if consumer in v.users]
+        if len(read) != 1 or len(consumer.outputs) != 1:
+            raise IRError(f"{self.name}: {consumer.describe()} must read exactly one output of "
+                          f"{producer.describe()} and have one output to be absorbed")
+        x, y = read[0], consumer.outputs[0]
+        if any(u is not consumer for u in x.users) or x in self.outputs:
+            raise IRError(f"{self.name}: {producer.describe()} cannot absorb "
+                          f"{consumer.describe()}: {x.name!r} has other readers")
+        self.remove_nodes([consumer], keep_outputs=True)
+        self.set_output(producer, producer.outputs.index(x), y)
+
+    def remove_node(self, node: Node) -> None:
+        self.remove_nodes([node])
+
+    def remove_nodes(self, nodes: Iterable[Node], keep_outputs: bool = False) -> None:
+        """Remove `nodes` (and the bodies of their subgraphs). No other node and no graph
+        output may read what they produce, unless `keep_outputs`: the caller then gives those
+        values another producer (see `absorb`)."""
+        gone = list(nodes)
+        members = {id(n) for n in self.nodes}
+        closure = {id(n) for n in walk_nodes(gone)}
+        for n in gone:
+            if id(n) not in members:
+                raise IRError(f"{self.name}: {n.describe()} is not a node of this graph")
+            if keep_outputs:
+                continue
+            for v in n.outputs:
+                if v in self.outputs:
+                    raise IRError(f"{self.name}: cannot remove {n.describe()}: {v.name!r} is a "
+                                  "graph output")
+                reader = next((u for u in v.users if id(u) not in closure), None)
+                if reader is not None:
+                    raise IRError(f"{self.name}: cannot remove {n.describe()}: {reader.describe()} "
+                                  f"reads {v.name!r}")
+        for n in walk_nodes(gone):
+            _unregister(n)
+        for n in gone:
+            for v in n.outputs:
+                if v.producer is n:
+                    v.producer = None
+            if keep_outputs:
+                n.outputs = []
+        removed = {id(n) for n in gone}
+        self.nodes = [n for n in self.nodes if id(n) not in removed]
+
+    def forget(self) -> None:
+        """Drop every node (a body that will not be compiled), so that the values it read,
+        enclosing ones among them, no longer count its nodes as users."""
+        for n in walk_nodes(self.nodes):
+            _unregister(n)
+        self.nodes = []
+
+    def _index(self, node: Node) -> int:
+        for i, n in enumerate(self.nodes):
+            if n is node:
+                return i
+        raise IRError(f"{self.name}: {node.describe()} is not a node of this graph")
+
+    def verify(self) -> None:
+        """Check the IR's invariants on this graph and its nodes' bodies (see
+        `cuvil.compiler.verify`); raise `IRError` naming the first broken one."""
+        from cuvil.compiler.verify import verify_graph
+
+        verify_graph(self)
 
     # -- queries ------------------------------------------------------------------------
     @property

@@ -133,6 +133,8 @@ def check_cases(
     """
     model = build(cases, opset)
     compiled = cuvil.compile(model, inputs=inputs)
+    assert [o.name for o in compiled.outputs] == [o.name for o in model.graph.output], \
+        "cuvil declares other outputs than the model"
     rng = np.random.default_rng(seed)
     failures = []
     for binding in sizes:
@@ -146,6 +148,7 @@ def check_cases(
             sub = _case_model(model, c, i)
             names = [v.name for v in sub.graph.input]
             want = _oracle(c, sub, {n: feeds[n] for n in names})
+            assert len(want) == len(sub.graph.output), f"case {i}: the oracle gives {len(want)} outputs"
             for out, expected in zip([v.name for v in sub.graph.output], want):
                 have = got[out]
                 try:

@@ -19,7 +19,7 @@ from onnx import numpy_helper
 from cuvil.compiler.frontend.functions import expandable, function_body
 from cuvil.compiler.frontend.loader import check_and_upgrade, load_onnx
 from cuvil.compiler.frontend.shape_values import propagate
-from cuvil.compiler.ir import Dim, Graph, Node, TensorType, Value, symbol
+from cuvil.compiler.ir import Dim, Graph, Node, TensorType, Value, subgraphs, symbol
 from cuvil.compiler.ops import InferContext, lookup
 from cuvil.compiler.ops.control import SubgraphOp, known_flag
 from cuvil.compiler.passes.fold_constants import fold_node
@@ -275,7 +275,7 @@ class _Importer:
         try:
             self.nodes(proto.node, inner, body)
         except CuvilError:
-            _forget(body)
+            body.forget()
             raise
         finally:
             self.prefix = outer_prefix
@@ -384,9 +384,8 @@ class _Importer:
             return
         except CuvilError as exc:
             rolled_error = exc
-            for body in node.attrs.values():
-                if isinstance(body, Graph):
-                    _forget(body)
+            for body in subgraphs(node):
+                body.forget()
         trip = self._unroll_count(pn, node)
         if isinstance(trip, str):
             raise type(rolled_error)(
@@ -398,8 +397,7 @@ class _Importer:
         try:
             self._unroll(pn, node, node_label, trip, scope, graph)
         except CuvilError as exc:
-            for n in graph.nodes[first:][::-1]:
-                graph.remove_node(n)
+            graph.remove_nodes(graph.nodes[first:])
             self.unsupported = unsupported
             del self.main.constraints[constraints:]
             raise type(rolled_error)(
@@ -509,18 +507,6 @@ class _Importer:
         self.node(onnx.helper.make_node("Concat", rows, [out_name], axis=0, name=node_label),
                   0, work, graph)
         scope[out_name] = work[out_name]
-
-
-def _forget(body: Graph) -> None:
-    """Drop a discarded body's nodes from the users of the values they read (enclosing
-    values among them), so that passes do not count them."""
-    for n in body.nodes:
-        for v in n.inputs:
-            if v is not None and n in v.users:
-                v.users.remove(n)
-        for a in n.attrs.values():
-            if isinstance(a, Graph):
-                _forget(a)
 
 
 def _opsets(imports: Sequence[onnx.OperatorSetIdProto]) -> dict[str, int]:

@@ -301,11 +301,8 @@ class _Recurrent(Op):
         wt = np.ascontiguousarray(w.const.transpose(2, 0, 1).reshape(w.const.shape[2], -1))
         rt = np.ascontiguousarray(r.const.transpose(0, 2, 1))
         for i, (old, arr) in enumerate(((w, wt), (r, rt)), start=1):
-            new = graph.constant(arr, f"{old.name}_packed")
-            if node in old.users:  # (the importer registers the users after `infer`)
-                old.users.remove(node)
-                new.users.append(node)
-            node.inputs[i] = new
+            # the node is not in a graph yet (the importer adds it after `infer`): no users
+            node.inputs[i] = graph.constant(arr, f"{old.name}_packed")
         node.attrs = {**node.attrs, _PACKED: 1}
 
     # -- lowering ------------------------------------------------------------------------

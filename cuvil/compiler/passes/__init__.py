@@ -1,8 +1,16 @@
-"""Graph rewrites between the frontend and codegen, each in its own module."""
+"""Graph rewrites between the frontend and codegen, each in its own module.
+
+A pass edits the graph only through `Graph`'s editing methods (`set_input`, `replace_uses`,
+`replace_node`, `absorb`, `remove_nodes`...), which keep every value's users and producer
+exact. With ``CUVIL_VERIFY_IR=1`` (the test suite sets it) `run_passes` checks the IR's
+invariants (`Graph.verify`) on the graph it is given and after every pass.
+"""
 
 from __future__ import annotations
 
-from cuvil.compiler.ir import Graph
+import os
+
+from cuvil.compiler.ir import Graph, IRError
 from cuvil.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from cuvil.compiler.passes.fold_batchnorm import fold_batchnorm
 from cuvil.compiler.passes.fuse_activation import fuse_activation
@@ -12,8 +20,29 @@ from cuvil.compiler.passes.pack_gemm_weights import pack_gemm_weights
 #: to type shape inputs)
 PIPELINE = (eliminate_dead_code, fold_batchnorm, pack_gemm_weights, fuse_activation)
 
+#: environment variable switching IR verification on (any value but "" and "0")
+VERIFY_ENV = "CUVIL_VERIFY_IR"
 
-def run_passes(graph: Graph) -> Graph:
+
+def verify_enabled() -> bool:
+    return os.environ.get(VERIFY_ENV, "") not in ("", "0")
+
+
+def run_passes(graph: Graph, verify: bool | None = None) -> Graph:
+    """Run the pipeline; `verify` (default: `CUVIL_VERIFY_IR`) checks the graph before the
+    first pass (the frontend's output) and after each."""
+    check = verify_enabled() if verify is None else verify
+    if check:
+        _verify(graph, "the frontend")
     for p in PIPELINE:
         graph = p(graph)
+        if check:
+            _verify(graph, f"pass {p.__name__}")
     return graph
+
+
+def _verify(graph: Graph, after: str) -> None:
+    try:
+        graph.verify()
+    except IRError as exc:
+        raise IRError(f"after {after}: {exc}") from exc

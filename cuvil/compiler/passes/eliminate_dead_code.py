@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from cuvil.compiler.ir import Graph, Value
+from cuvil.compiler.ir import Graph, Node, Value
 
 
 def eliminate_dead_code(graph: Graph) -> Graph:
     live: set[Value] = set(graph.outputs)
-    kept = []
+    dead: list[Node] = []
     for node in reversed(graph.nodes):
         if any(v in live for v in node.outputs):
-            kept.append(node)
             live.update(v for v in node.inputs if v is not None)
         else:
-            for v in node.inputs:
-                if v is not None and node in v.users:
-                    v.users.remove(node)
-    graph.nodes = kept[::-1]
+            dead.append(node)
+    graph.remove_nodes(dead)
     return graph

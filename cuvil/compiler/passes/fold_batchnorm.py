@@ -46,14 +46,7 @@ def _affine(bn: Node) -> tuple[np.ndarray, np.ndarray] | None:
 
 def _replace_input(graph: Graph, node: Node, i: int, array: np.ndarray, name: str) -> None:
     """Make input i of `node` a new constant (the old one may be shared with other nodes)."""
-    new = graph.constant(array, name)
-    old = node.input(i)
-    if old is not None and node in old.users:
-        old.users.remove(node)
-    while len(node.inputs) <= i:
-        node.inputs.append(None)
-    node.inputs[i] = new
-    new.users.append(node)
+    graph.set_input(node, i, graph.constant(array, name))
 
 
 def _fold_into_conv(graph: Graph, conv: Node, a: np.ndarray, s: np.ndarray) -> Node | None:
@@ -98,10 +91,8 @@ def _fold_into_matmul(graph: Graph, mm: Node, a: np.ndarray, s: np.ndarray) -> N
     x, w = mm.input(0), _const_float(mm.input(1))
     if x is None or x.type.rank != 2 or w is None or w.ndim != 2 or w.shape[1] != a.shape[0]:
         return None
-    gemm = Node("Gemm", [x, mm.inputs[1]], list(mm.outputs), {}, name=mm.name, opset=mm.opset)
-    index = graph.nodes.index(mm)
-    graph.remove_node(mm)
-    graph.add_node(gemm, index)
+    gemm = Node("Gemm", [x, mm.inputs[1]], [], {}, name=mm.name, opset=mm.opset)
+    graph.replace_node(mm, gemm)
     return _fold_into_gemm(graph, gemm, a, s)
 
 
@@ -129,9 +120,5 @@ def fold_batchnorm(graph: Graph) -> Graph:
         folded = RULES[producer.op_type](graph, producer, *affine)
         if folded is None:
             continue
-        y = bn.outputs[0]
-        graph.remove_node(bn)
-        folded.outputs = [y if v is x else v for v in folded.outputs]
-        y.producer = folded
-        x.producer = None
+        graph.absorb(folded, bn)
     return graph

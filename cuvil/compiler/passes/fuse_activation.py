@@ -26,9 +26,6 @@ def fuse_activation(graph: Graph) -> Graph:
                 or FUSED_ACTIVATION in producer.attrs or x.type.dtype.name != "float32"
                 or len(x.users) != 1 or x in graph.outputs):
             continue
-        y = relu.outputs[0]
-        graph.remove_node(relu)
+        graph.absorb(producer, relu)
         producer.attrs = {**producer.attrs, FUSED_ACTIVATION: "Relu"}
-        producer.outputs = [y if v is x else v for v in producer.outputs]
-        y.producer = producer
     return graph

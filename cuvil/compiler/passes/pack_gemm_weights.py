@@ -18,9 +18,6 @@ def pack_gemm_weights(graph: Graph) -> Graph:
         b = node.inputs[1]
         if b is None or b.const is None:
             continue
-        packed = graph.constant(np.ascontiguousarray(b.const.T), f"{b.name}_packed")
-        b.users.remove(node)
-        packed.users.append(node)
-        node.inputs[1] = packed
+        graph.set_input(node, 1, graph.constant(np.ascontiguousarray(b.const.T), f"{b.name}_packed"))
         node.attrs = {**node.attrs, "transB": 0}
     return graph
