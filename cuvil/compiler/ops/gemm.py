@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from llvmlite import ir
 
+from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue, emit_parallel_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, Value
@@ -82,8 +83,44 @@ def prefers_dot(a: View, b: View) -> bool:
     return not _unit(b.strides[1]) and _unit(a.strides[1]) and _unit(b.strides[0])
 
 
-#: attribute a fusion pass sets on Conv/Gemm to apply an activation in the kernel's epilogue
+#: attributes the fusion pass (passes/fuse_epilogue.py) sets on Conv, Gemm and MatMul: an
+#: activation of codegen/activation.py and its parameters, applied in the kernel's epilogue
 FUSED_ACTIVATION = "cuvil.fused_activation"
+ACTIVATION_PARAMS = "cuvil.activation_params"
+#: input slot of a fused residual: a tensor of the output's type, added before the activation
+RESIDUAL_SLOT = 3
+#: MatMul's input slot for a fused bias (one value per output column, added first)
+MATMUL_BIAS_SLOT = 2
+
+
+def node_epilogue(node: Node, bias: str = "none") -> Epilogue:
+    """The epilogue a (fused) Conv, Gemm or MatMul asks for, with a bias of kind `bias`."""
+    return Epilogue(bias, residual=node.input(RESIDUAL_SLOT) is not None,
+                    activation=node.attrs.get(FUSED_ACTIVATION),
+                    params=tuple(node.attrs.get(ACTIVATION_PARAMS, ())))
+
+
+def check_fused_inputs(node: Node, out: TensorType) -> None:
+    """Shape rule for the inputs fusion adds: a residual exactly of the output's type."""
+    r = node.input(RESIDUAL_SLOT)
+    if r is not None and (r.type.dtype != out.dtype or r.type.shape != out.shape):
+        raise ModelError(f"{node.describe()}: the fused residual {r.name!r} is {r.type}, "
+                         f"not the output's {out}")
+
+
+def apply_epilogue(k: Emitter, y: View, epilogue: Epilogue, residual: View | None = None,
+                   col_bias: View | None = None) -> None:
+    """y = act(y + bias + residual) element by element: the epilogue of products that do not
+    run on the kernel (strided operands)."""
+    with k.loops(y.dims, name="ep") as idx:
+        v = k.load(y, idx)
+        if col_bias is not None:
+            v = k.b.fadd(v, k.load(col_bias, idx[-1:]))
+        if residual is not None:
+            v = k.b.fadd(v, k.load(residual, idx))
+        if epilogue.activation is not None:
+            v = apply_activation(k.b, epilogue.activation, epilogue.params, v)
+        k.store(y, idx, v)
 
 
 def uses_kernel(a: View, b: View, y: View) -> bool:
@@ -93,11 +130,13 @@ def uses_kernel(a: View, b: View, y: View) -> bool:
 
 
 def emit_kernel_matmul(k: Emitter, a: View, b: View, y: View, *, accumulate: bool = False,
-                       bias: ir.Value | None = None, epilogue: Epilogue = PLAIN) -> None:
-    """y = a @ b (+ y) (+ bias) on the shared, threaded GEMM kernel (`uses_kernel` holds)."""
+                       bias: ir.Value | None = None, residual: ir.Value | None = None,
+                       epilogue: Epilogue = PLAIN) -> None:
+    """y = a @ b (+ y) (+ bias) (+ residual, laid out like y) on the shared, threaded GEMM
+    kernel (`uses_kernel` holds)."""
     emit_parallel_gemm(k, a.dims[0], b.dims[1], a.dims[1], a.ptr, a.strides[0], b.ptr,
                        b.strides[0], y.ptr, y.strides[0], accumulate=accumulate, bias=bias,
-                       epilogue=epilogue)
+                       residual=residual, epilogue=epilogue)
 
 
 def _check_same_dtype(node: Node) -> None:
@@ -136,7 +175,9 @@ class Gemm(Op):
             out = broadcast_shapes(node, ctx, (m, n), c.type.shape)
             ctx.dims_equal(node, out[0], m, "C rows")
             ctx.dims_equal(node, out[1], n, "C columns")
-        return [TensorType(a.type.dtype, (m, n))]
+        y = TensorType(a.type.dtype, (m, n))
+        check_fused_inputs(node, y)
+        return [y]
 
     def lower(self, node: Node, k: Emitter) -> None:
         a_val, b_val, c_val = node.inputs[0], node.inputs[1], node.input(2)
@@ -150,26 +191,29 @@ class Gemm(Op):
         alpha = float(node.attrs.get("alpha", 1.0))
         beta = float(node.attrs.get("beta", 1.0))
         accumulate = c_val is not None and beta != 0.0
-        relu = node.attrs.get(FUSED_ACTIVATION) == "Relu"
+        epilogue, r_val = node_epilogue(node), node.input(RESIDUAL_SLOT)
         if alpha == 1.0 and uses_kernel(a, b, y):
+            residual = k.buffers[r_val] if r_val is not None else None
             bias_kind = _bias_kind(c_val, y_val.type.shape) if accumulate and beta == 1.0 else None
             if bias_kind is not None:
                 assert c_val is not None
-                emit_kernel_matmul(k, a, b, y, bias=k.buffers[c_val],
-                                   epilogue=Epilogue(bias_kind, relu=relu))
+                emit_kernel_matmul(k, a, b, y, bias=k.buffers[c_val], residual=residual,
+                                   epilogue=replace(epilogue, bias=bias_kind))
                 return
             if accumulate:
                 _fill_scaled(k, c_val, y, y_val.type.shape, beta)
-            emit_kernel_matmul(k, a, b, y, accumulate=accumulate, epilogue=Epilogue(relu=relu))
+            emit_kernel_matmul(k, a, b, y, accumulate=accumulate, residual=residual,
+                               epilogue=epilogue)
             return
-        assert not relu, "the activation fusion pass only fuses into kernel-eligible Gemms"
         if compute_dtype(y.dtype) != y.dtype or prefers_dot(a, b):
             c = k.broadcast_to(k.view(c_val), y_val.type.shape) if accumulate else None
             emit_matmul_dot(k, a, b, y, alpha=alpha, c=c, beta=beta)
-            return
-        if accumulate:
-            _fill_scaled(k, c_val, y, y_val.type.shape, beta)
-        emit_matmul(k, a, b, y, alpha=alpha, accumulate=accumulate)
+        else:
+            if accumulate:
+                _fill_scaled(k, c_val, y, y_val.type.shape, beta)
+            emit_matmul(k, a, b, y, alpha=alpha, accumulate=accumulate)
+        if epilogue != PLAIN:
+            apply_epilogue(k, y, epilogue, k.view(r_val) if r_val is not None else None)
 
 
 def _bias_kind(c: Value | None, out: tuple[Dim, ...]) -> str | None:
@@ -221,7 +265,14 @@ class MatMul(Op):
             out = out[:-2] + out[-1:]
         if len(sb) == 1:
             out = out[:-1]
-        return [TensorType(a.type.dtype, out)]
+        y = TensorType(a.type.dtype, out)
+        bias = node.input(MATMUL_BIAS_SLOT)
+        if bias is not None and (len(sa) < 2 or len(sb) < 2 or bias.type.dtype != y.dtype
+                                 or bias.type.shape != out[-1:]):
+            raise ModelError(f"{node.describe()}: the fused bias {bias.name!r} is {bias.type}; "
+                             f"it must be one value per output column of matrices ({y})")
+        check_fused_inputs(node, y)
+        return [y]
 
     def lower(self, node: Node, k: Emitter) -> None:
         a_val, b_val = node.inputs[0], node.inputs[1]
@@ -242,10 +293,23 @@ class MatMul(Op):
         b_b = _broadcast_batch(k, b, batch_shape)
         dot = compute_dtype(y.dtype) != y.dtype or prefers_dot(a, b)
         kernel = emit_matmul_dot if dot else emit_matmul
+        bias_val, r_val = node.input(MATMUL_BIAS_SLOT), node.input(RESIDUAL_SLOT)
+        epilogue = node_epilogue(node, "col" if bias_val is not None else "none")
+        # a fused residual has y's shape, hence y_full's layout
+        r_full = k.contiguous(k.buffers[r_val], y.dtype, y_full.shape) if r_val is not None else None
+        batches = [k.dim(d) for d in batch_shape]
         if uses_kernel(a, b, y_full):
-            kernel = emit_kernel_matmul
-        with k.loops([k.dim(d) for d in batch_shape], name="batch") as idx:
+            bias = k.buffers[bias_val] if bias_val is not None else None
+            with k.loops(batches, name="batch") as idx:
+                emit_kernel_matmul(k, _at(k, a_b, idx), _at(k, b_b, idx), _at(k, y_full, idx),
+                                   bias=bias, epilogue=epilogue,
+                                   residual=_at(k, r_full, idx).ptr if r_full is not None else None)
+            return
+        with k.loops(batches, name="batch") as idx:
             kernel(k, _at(k, a_b, idx), _at(k, b_b, idx), _at(k, y_full, idx))
+        if epilogue != PLAIN:
+            apply_epilogue(k, y_full, epilogue, r_full,
+                           k.view(bias_val) if bias_val is not None else None)
 
 
 def _broadcast_batch(k: Emitter, v: View, batch: tuple[Dim, ...]) -> View:

@@ -13,12 +13,12 @@ import os
 from cuvil.compiler.ir import Graph, IRError
 from cuvil.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from cuvil.compiler.passes.fold_batchnorm import fold_batchnorm
-from cuvil.compiler.passes.fuse_activation import fuse_activation
+from cuvil.compiler.passes.fuse_epilogue import fuse_epilogue
 from cuvil.compiler.passes.pack_gemm_weights import pack_gemm_weights
 
 #: the pipeline, in order (constant folding runs inside the frontend, which needs constants
 #: to type shape inputs)
-PIPELINE = (eliminate_dead_code, fold_batchnorm, pack_gemm_weights, fuse_activation)
+PIPELINE = (eliminate_dead_code, fold_batchnorm, pack_gemm_weights, fuse_epilogue)
 
 #: environment variable switching IR verification on (any value but "" and "0")
 VERIFY_ENV = "CUVIL_VERIFY_IR"
