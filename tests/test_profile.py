@@ -30,12 +30,13 @@ RNG = np.random.default_rng(7)
 CONV_W = RNG.standard_normal((32, 3, 3, 3)).astype(np.float32)
 MATMUL_B = RNG.standard_normal((48, 20)).astype(np.float32)
 HEIGHT, WIDTH = 40, 48
-# one value per row and column: not a per-column bias the MatMul's kernel would add itself
-BIAS = RNG.standard_normal((HEIGHT, 20)).astype(np.float32)
+#: one value per row of the MatMul's output: an Add the epilogue fusion leaves as a node
+BIAS = RNG.standard_normal((HEIGHT, 1)).astype(np.float32)
 
 
 def conv_relu_matmul() -> onnx.ModelProto:
-    """x[n, 3, 40, 48] -> Conv 3x3 (32 channels, same padding) -> Relu -> MatMul [48, 20] -> Add."""
+    """x[n, 3, 40, 48] -> Conv 3x3 (32 channels, same padding) -> Relu -> MatMul [48, 20] -> Add
+    (of a [40, 1] column, which stays a node of its own)."""
     return make_model(
         [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
          helper.make_node("Relu", ["c"], ["r"], name="relu"),

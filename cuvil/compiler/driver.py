@@ -20,7 +20,7 @@ from cuvil.compiler.codegen.module import build_module, emit_object, symbol_name
 from cuvil.compiler.frontend import import_model
 from cuvil.compiler.ir import Graph, Node, Value, dim_str
 from cuvil.compiler.ops.flops import node_flops
-from cuvil.compiler.ops.gemm import FUSED_ACTIVATION, FUSED_BIAS
+from cuvil.compiler.ops.gemm import FUSED_ACTIVATION, MATMUL_BIAS_SLOT, RESIDUAL_SLOT
 from cuvil.compiler.passes import run_passes
 from cuvil.compiler.passes.plan_memory import plan_memory
 from cuvil.compiler.symbolic import relational_to_python, to_python
@@ -65,9 +65,13 @@ def signature_of(graph: Graph, name: str, library_file: str) -> dict[str, Any]:
 
 
 def _node_profile(node: Node) -> dict[str, Any]:
-    """The node's name, what it runs (a fused activation included), the shapes that tell
+    """The node's name, what it runs (fused steps included: "Conv+Add+Relu"), the shapes that tell
     nodes of one type apart and its FLOPs per call."""
-    fused = node.attrs.get(FUSED_ACTIVATION) or ("Add" if node.attrs.get(FUSED_BIAS) else None)
+    product = node.op_type in ("Conv", "Gemm", "MatMul")
+    steps = [("Bias", product and node.op_type == "MatMul" and node.input(MATMUL_BIAS_SLOT) is not None),
+             ("Add", product and node.input(RESIDUAL_SLOT) is not None),
+             (str(node.attrs.get(FUSED_ACTIVATION)), FUSED_ACTIVATION in node.attrs)]
+    fused = "+".join(step for step, there in steps if there)
     first = next((v for v in node.inputs if v is not None), None)
 
     def shape(v: Value) -> str:

@@ -1,5 +1,6 @@
-"""The shared GEMM kernel against numpy: every edge of the tiling, both epilogues, threads,
-and the tile shapes of each x86 instruction set the kernel targets."""
+"""The shared GEMM kernel against numpy: every edge of the tiling, the epilogues (bias,
+residual, activations), threads, and the tile shapes of each x86 instruction set the kernel
+targets."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_parallel_gemm
 from cuvil.compiler.codegen.module import emit_object, hide_declarations
 from cuvil.compiler.driver import RUNTIME_SOURCE
 
-EPILOGUES = [Epilogue(), Epilogue("row"), Epilogue("col", relu=True), Epilogue("none", relu=True)]
+EPILOGUES = [Epilogue(), Epilogue("row"), Epilogue("col", activation="Relu"),
+             Epilogue("none", activation="Relu"), Epilogue("row", residual=True, activation="Relu"),
+             Epilogue("col", residual=True, activation="Tanh"), Epilogue("none", residual=True)]
+ACTIVATIONS = {None: lambda y: y, "Relu": lambda y: np.maximum(y, 0), "Tanh": np.tanh}
 FEATURES = {"sse": "", "avx2": "+avx,+avx2,+fma",
             "avx512": "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl"}
 
@@ -26,7 +30,8 @@ def cpu_of(features: str) -> str:
 
 
 def build(tmp: Path, features: str) -> ctypes.CDLL:
-    """A library exporting gemm_<i>(dims[M,N,K,acc], A, B, C, bias) for each epilogue."""
+    """A library exporting gemm_<i>(dims[M,N,K,acc], A, B, C, bias, residual) for each
+    epilogue."""
     from cuvil.toolchains import get_target, target_machine, zig
 
     target = get_target(None)
@@ -37,16 +42,17 @@ def build(tmp: Path, features: str) -> ctypes.CDLL:
     module.data_layout = str(tm.target_data)
     module.cuvil_features = features
     for e, ep in enumerate(EPILOGUES):
-        fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 5), f"gemm_{e}")
+        fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 6), f"gemm_{e}")
         k = Emitter(module, fn, fn.args[0], [], {})
         dims = [k.b.load(k.b.gep(fn.args[0], [k.i64(i)], source_etype=I64), typ=I64)
                 for i in range(4)]
         m, n, kk, acc = dims
-        a, b, c, bias = fn.args[1:]
+        a, b, c, bias, residual = fn.args[1:]
         for flag in (0, 1):
             with k.if_then(k.b.icmp_signed("==", acc, k.i64(flag))):
                 emit_parallel_gemm(k, m, n, kk, a, kk, b, n, c, n, accumulate=bool(flag),
-                                   bias=bias, epilogue=ep)
+                                   bias=bias, residual=residual if ep.residual else None,
+                                   epilogue=ep)
         k.b.ret(ir.Constant(I32, 0))
     obj = tmp / "g.o"
     obj.write_bytes(emit_object(hide_declarations(str(module), "-"), tm))
@@ -66,7 +72,7 @@ def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     return build(tmp_path_factory.mktemp(request.param), FEATURES[request.param])
 
 
-def reference(a, b, c0, bias, ep: Epilogue, accumulate: bool) -> np.ndarray:
+def reference(a, b, c0, bias, residual, ep: Epilogue, accumulate: bool) -> np.ndarray:
     y = a.astype(np.float64) @ b.astype(np.float64)
     if accumulate:
         y += c0
@@ -74,7 +80,9 @@ def reference(a, b, c0, bias, ep: Epilogue, accumulate: bool) -> np.ndarray:
         y += bias[: a.shape[0], None]
     elif ep.bias == "col":
         y += bias[None, : b.shape[1]]
-    return np.maximum(y, 0) if ep.relu else y
+    if ep.residual:
+        y += residual
+    return ACTIVATIONS[ep.activation](y)
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (6, 16, 5), (7, 17, 3), (5, 9, 33), (13, 70, 64),
@@ -90,11 +98,12 @@ def test_gemm_matches_numpy(lib: ctypes.CDLL, shape, e: int, accumulate: bool) -
     b = rng.standard_normal((kk, n)).astype(np.float32)
     c = rng.standard_normal((m, n)).astype(np.float32)
     bias = rng.standard_normal(max(m, n)).astype(np.float32)
-    want = reference(a, b, c, bias, EPILOGUES[e], accumulate)
+    residual = rng.standard_normal((m, n)).astype(np.float32)
+    want = reference(a, b, c, bias, residual, EPILOGUES[e], accumulate)
     dims = (ctypes.c_int64 * 4)(m, n, kk, int(accumulate))
     fn = getattr(lib, f"gemm_{e}")
-    fn.argtypes = [ctypes.c_void_p] * 5
-    fn(dims, a.ctypes.data, b.ctypes.data, c.ctypes.data, bias.ctypes.data)
+    fn.argtypes = [ctypes.c_void_p] * 6
+    fn(dims, a.ctypes.data, b.ctypes.data, c.ctypes.data, bias.ctypes.data, residual.ctypes.data)
     np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4 * np.sqrt(kk))
 
 

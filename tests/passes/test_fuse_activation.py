@@ -1,4 +1,4 @@
-"""fuse_activation: the graph after the pass, and the fused model's numbers against
+"""epilogue fusion of a Relu: the graph after the pass, and the fused model's numbers against
 onnxruntime on the unfused model."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_the_fused_node_produces_the_relus_output() -> None:
     Relu's output (a graph output's name) now produced by the Gemm."""
     from irbuild import build, structure
 
-    from cuvil.compiler.passes.fuse_activation import fuse_activation
+    from cuvil.compiler.passes.fuse_epilogue import fuse_epilogue
 
     w = rng.standard_normal((11, 6)).astype(np.float32)
     g = build("""
@@ -77,7 +77,7 @@ def test_the_fused_node_produces_the_relus_output() -> None:
         return r, n
     """, w=w)
     r = g.outputs[0]
-    fuse_activation(g)
+    fuse_epilogue(g)
     g.verify()
     assert structure(g) == [f"%0 = Gemm(x, const[11, 6]) {{'{FUSED_ACTIVATION}': 'Relu'}}",
                             "%1 = Neg(%0)", "return %0, %1"]

@@ -9,16 +9,20 @@ of 4, 2 and 1 rows; the last columns, a vector panel whose lanes past N are mask
 
 Tile sizes follow the target's vector registers (`isa_of`): 16 registers of 8 floats (AVX2)
 hold a 6 x 16 tile; 16 of 4 floats (SSE) a 4 x 8 one; AArch64's 32 NEON registers an 8 x 8.
-The epilogue adds a bias per row (convolution channels) or per column (Gemm), and can apply
-ReLU, while the tile is still in registers.
+The epilogue adds a bias per row (convolution channels) or per column (Gemm), then a
+residual (a tensor laid out like C, read with C's strides), then applies an activation
+(codegen/activation.py), while the tile is still in registers: fused nodes make one pass over
+memory instead of three.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from llvmlite import ir
 
+from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.emitter import I1, I64, PTR, Emitter
 
 F32 = ir.FloatType()
@@ -49,12 +53,25 @@ def isa_of(module: ir.Module) -> Isa:
 
 @dataclass(frozen=True)
 class Epilogue:
+    """What the kernel does to a finished tile, in this order: C = act(C + bias + residual)."""
+
     bias: str = "none"  # "none" | "row" (one per row of C) | "col" (one per column)
-    relu: bool = False
+    #: add the residual operand (same layout and strides as C)
+    residual: bool = False
+    #: an activation of codegen/activation.py, and its parameters
+    activation: str | None = None
+    params: tuple[float, ...] = ()
 
     @property
     def suffix(self) -> str:
-        return f"{self.bias}{'_relu' if self.relu else ''}"
+        """Names the kernel: one function per distinct epilogue (parameters by their bits)."""
+        parts = [self.bias]
+        if self.residual:
+            parts.append("res")
+        if self.activation is not None:
+            parts.append(self.activation.lower())
+            parts += [struct.pack("<f", p).hex() for p in self.params]
+        return "_".join(parts)
 
 
 #: no bias, no activation
@@ -62,10 +79,12 @@ PLAIN = Epilogue()
 
 
 def gemm_function(module: ir.Module, epilogue: Epilogue = PLAIN) -> ir.Function:
-    """`void gemm(M, N, K, A, lda, B, ldb, C, ldc, accumulate, bias)` (all i64 but pointers).
+    """`void gemm(M, N, K, A, lda, B, ldb, C, ldc, accumulate, bias, residual)` (all i64 but
+    pointers and the flag).
 
-    C[i, j] = (accumulate ? C[i, j] : 0) + sum_k A[i, k] * B[k, j] (+ bias) (then ReLU).
-    Strides are in elements; rows of B and C must be contiguous (unit column stride).
+    C[i, j] = act((accumulate ? C[i, j] : 0) + sum_k A[i, k] * B[k, j] (+ bias)
+    (+ residual[i * ldc + j])). Strides are in elements; rows of B and C must be contiguous
+    (unit column stride).
     """
     name = f"cuvil.gemm.{epilogue.suffix}"
     try:
@@ -73,12 +92,12 @@ def gemm_function(module: ir.Module, epilogue: Epilogue = PLAIN) -> ir.Function:
     except KeyError:
         pass
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, PTR, I64,
-                                                            PTR, I64, I1, PTR]), name)
+                                                            PTR, I64, I1, PTR, PTR]), name)
     fn.linkage = "internal"
     # one shared copy: inlined into each caller, LLVM would specialize and unroll it for every
     # call's constant sizes, multiplying compile time and code size for no speed
     fn.attributes.add("noinline")
-    for i in (3, 5, 7, 10):
+    for i in (3, 5, 7, 10, 11):
         fn.args[i].add_attribute("noalias")
     _GemmWriter(module, fn, isa_of(module), epilogue).write()
     return fn
@@ -102,7 +121,7 @@ class _GemmWriter:
         self.isa = isa
         self.epilogue = epilogue
         (self.m, self.n, self.kk, self.a, self.lda, self.bm, self.ldb, self.c, self.ldc,
-         self.acc, self.bias) = fn.args
+         self.acc, self.bias, self.residual) = fn.args
         #: lanes of the last, partial vector panel (None elsewhere)
         self.mask: ir.Value | None = None
 
@@ -194,10 +213,10 @@ class _GemmWriter:
         width = self.isa.vector
         vt = ir.VectorType(F32, width)
 
-        def c_ptr(r: int, v: int) -> ir.Value:
+        def c_ptr(r: int, v: int, base: ir.Value = self.c) -> ir.Value:
             row = b.add(i0, k.i64(r))
             off = b.add(b.mul(row, self.ldc), b.add(j0, k.i64(v * width)))
-            return b.gep(self.c, [off], source_etype=F32, inbounds=True)
+            return b.gep(base, [off], source_etype=F32, inbounds=True)
 
         zero = ir.Constant(vt, None)
         init = []
@@ -237,11 +256,24 @@ class _GemmWriter:
         for phi, x in zip(accs, new):
             phi.add_incoming(x, latch)
         b.position_at_end(done)
-        for r in range(rows):
-            for v in range(nv):
-                acc = accs[r * nv + v]
-                out = self.finish(acc, b.add(i0, k.i64(r)), b.add(j0, k.i64(v * width)))
-                self.vstore(b.select(self.last, out, acc), c_ptr(r, v))
+        if self.epilogue == PLAIN:
+            for r in range(rows):
+                for v in range(nv):
+                    self.vstore(accs[r * nv + v], c_ptr(r, v))
+            return
+        # the epilogue only after the last block of K (earlier blocks store partial sums)
+        with b.if_else(self.last) as (last, partial):
+            with last:
+                for r in range(rows):
+                    for v in range(nv):
+                        res = c_ptr(r, v, self.residual) if self.epilogue.residual else None
+                        out = self.finish(accs[r * nv + v], b.add(i0, k.i64(r)),
+                                          b.add(j0, k.i64(v * width)), res)
+                        self.vstore(out, c_ptr(r, v))
+            with partial:
+                for r in range(rows):
+                    for v in range(nv):
+                        self.vstore(accs[r * nv + v], c_ptr(r, v))
 
     def vload(self, p: ir.Value) -> ir.Value:
         b, vt = self.k.b, ir.VectorType(F32, self.isa.vector)
@@ -256,16 +288,18 @@ class _GemmWriter:
         else:
             b.call(_masked(self.k.module, "store", x.type), [x, p, _ALIGN, self.mask])
 
-    def finish(self, acc: ir.Value, row: ir.Value, col: ir.Value) -> ir.Value:
+    def finish(self, acc: ir.Value, row: ir.Value, col: ir.Value,
+               residual: ir.Value | None) -> ir.Value:
         b, ep = self.k.b, self.epilogue
         if ep.bias == "row":
             bias = b.load(b.gep(self.bias, [row], source_etype=F32, inbounds=True), typ=F32)
             acc = b.fadd(acc, _splat(b, bias, self.isa.vector))
         elif ep.bias == "col":
             acc = b.fadd(acc, self.vload(b.gep(self.bias, [col], source_etype=F32, inbounds=True)))
-        if ep.relu:
-            zero = ir.Constant(acc.type, None)
-            acc = b.select(b.fcmp_ordered("<", acc, zero), zero, acc)
+        if residual is not None:
+            acc = b.fadd(acc, self.vload(residual))
+        if ep.activation is not None:
+            acc = apply_activation(b, ep.activation, ep.params, acc)
         return acc
 
 
@@ -307,17 +341,19 @@ def _splat(b: ir.IRBuilder, x: ir.Value, width: int) -> ir.Value:
 def emit_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,
               b_ptr: ir.Value, ldb: ir.Value, c: ir.Value, ldc: ir.Value, *,
               accumulate: bool = False, bias: ir.Value | None = None,
-              epilogue: Epilogue = PLAIN) -> None:
-    """Call the module's kernel from the current function (one thread)."""
+              residual: ir.Value | None = None, epilogue: Epilogue = PLAIN) -> None:
+    """Call the module's kernel from the current function (one thread). `residual` (when the
+    epilogue adds one) is laid out like C, with C's row stride."""
     fn = gemm_function(k.module, epilogue)
+    null = ir.Constant(PTR, None)
     k.b.call(fn, [m, n, kk, a, lda, b_ptr, ldb, c, ldc, ir.Constant(I1, int(accumulate)),
-                  bias if bias is not None else ir.Constant(PTR, None)])
+                  bias if bias is not None else null, residual if residual is not None else null])
 
 
 def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,
                        lda: ir.Value, b_ptr: ir.Value, ldb: ir.Value, c: ir.Value, ldc: ir.Value,
                        *, accumulate: bool = False, bias: ir.Value | None = None,
-                       epilogue: Epilogue = PLAIN) -> None:
+                       residual: ir.Value | None = None, epilogue: Epilogue = PLAIN) -> None:
     """The same product split over threads into blocks of rows (or of columns when M is small)."""
     isa = isa_of(k.module)
     b = k.b
@@ -332,10 +368,11 @@ def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir
     count = k.floordiv(b.add(extent, b.sub(block, k.i64(1))), block)
     other = b.select(by_rows, n, m)
     bias_v = bias if bias is not None else ir.Constant(PTR, None)
-    carry = [m, n, kk, a, lda, b_ptr, ldb, c, ldc, bias_v, block, b.zext(by_rows, I64)]
+    res_v = residual if residual is not None else ir.Constant(PTR, None)
+    carry = [m, n, kk, a, lda, b_ptr, ldb, c, ldc, bias_v, res_v, block, b.zext(by_rows, I64)]
     with k.parallel_loop(count, cost=b.mul(b.mul(block, other), kk), name="gemm",
                          carry=carry) as t:
-        (m_, n_, kk_, a_, lda_, b_, ldb_, c_, ldc_, bias_, block_, rows_flag) = k.carried
+        (m_, n_, kk_, a_, lda_, b_, ldb_, c_, ldc_, bias_, res_, block_, rows_flag) = k.carried
         bb = k.b
         start = bb.mul(t, block_)
         rows = bb.icmp_signed("!=", rows_flag, k.i64(0))
@@ -354,4 +391,5 @@ def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir
             bb.gep(a_, [a_off], source_etype=F32), lda_, bb.gep(b_, [b_off], source_etype=F32),
             ldb_, bb.gep(c_, [c_off], source_etype=F32), ldc_, accumulate=accumulate,
             bias=sub_bias, epilogue=epilogue,
+            residual=bb.gep(res_, [c_off], source_etype=F32) if epilogue.residual else None,
         )

@@ -3,8 +3,8 @@
 LLVM turns `llvm.exp` and friends into calls to libm, and a loop that calls a function does
 not vectorize. The functions here are written with arithmetic, bit operations and `select`
 only, so an elementwise loop over them becomes SIMD code. They take an IRBuilder and a
-`float` or `double` value and return a value of the same type; float16 callers compute in
-float32.
+`float` or `double` value, or a vector of them (the GEMM kernel's epilogue works on whole
+registers), and return a value of the same type; float16 callers compute in float32.
 
 Method (classic table-free elementary-function design; see J.-M. Muller, "Elementary
 Functions: Algorithms and Implementation", ch. 2-3 and 11, and W. Cody & W. Waite, "Software
@@ -114,11 +114,12 @@ LN2 = 0.6931471805599453
 
 
 def _fmt(x: ir.Value) -> _Format:
-    if isinstance(x.type, ir.FloatType):
+    ty = x.type.element if isinstance(x.type, ir.VectorType) else x.type
+    if isinstance(ty, ir.FloatType):
         return _F32
-    if isinstance(x.type, ir.DoubleType):
+    if isinstance(ty, ir.DoubleType):
         return _F64
-    raise TypeError(f"vecmath works on float and double values, not {x.type}")
+    raise TypeError(f"vecmath works on float and double values (or vectors of them), not {x.type}")
 
 
 class _M:
@@ -127,19 +128,31 @@ class _M:
     def __init__(self, b: ir.IRBuilder, x: ir.Value) -> None:
         self.b = b
         self.f = _fmt(x)
+        #: lanes of a vector argument (the GEMM kernel's epilogue), 0 for a scalar
+        self.lanes = x.type.count if isinstance(x.type, ir.VectorType) else 0
+        self.ty = self._vec(self.f.ty)
+        self.ity = self._vec(self.f.ity)
+
+    def _vec(self, ty: ir.Type) -> ir.Type:
+        return ir.VectorType(ty, self.lanes) if self.lanes else ty
+
+    def _splat(self, scalar: ir.Constant) -> ir.Constant:
+        return ir.Constant(self._vec(scalar.type), [scalar] * self.lanes) if self.lanes else scalar
 
     def c(self, v: float) -> ir.Constant:
-        return ir.Constant(self.f.ty, v)
+        return self._splat(ir.Constant(self.f.ty, v))
 
     def ci(self, v: int) -> ir.Constant:
-        return ir.Constant(self.f.ity, v)
+        return self._splat(ir.Constant(self.f.ity, v))
 
     def call(self, name: str, *args: ir.Value) -> ir.Value:
-        """An overloaded LLVM intrinsic on this format (llvm.fabs -> llvm.fabs.f32)."""
-        full = f"{name}.{'f32' if self.f is _F32 else 'f64'}"
+        """An overloaded LLVM intrinsic on this format (llvm.fabs -> llvm.fabs.f32, or
+        llvm.fabs.v8f32 on vectors)."""
+        elem = "f32" if self.f is _F32 else "f64"
+        full = f"{name}.{f'v{self.lanes}{elem}' if self.lanes else elem}"
         fn = self.b.module.globals.get(full)
         if fn is None:
-            fn = ir.Function(self.b.module, ir.FunctionType(self.f.ty, [self.f.ty] * len(args)), full)
+            fn = ir.Function(self.b.module, ir.FunctionType(self.ty, [self.ty] * len(args)), full)
         return self.b.call(fn, list(args))
 
     def fabs(self, x: ir.Value) -> ir.Value:
@@ -171,7 +184,7 @@ class _M:
         """2^n for an integer n in the normal exponent range."""
         f = self.f
         bits = self.b.shl(self.b.add(n, self.ci(f.bias)), self.ci(f.mant))
-        return self.b.bitcast(bits, f.ty)
+        return self.b.bitcast(bits, self.ty)
 
 
 # -- exp, expm1 ------------------------------------------------------------------------------
@@ -184,7 +197,7 @@ def _exp_reduce(m: _M, x: ir.Value) -> tuple[ir.Value, ir.Value]:
     # adding 1.5*2^p rounds x/ln2 to an integer in the low mantissa bits (round to nearest)
     t = b.fadd(b.fmul(x, m.c(LOG2E)), shifter)
     nf = b.fsub(t, shifter)
-    n = b.sub(b.bitcast(t, f.ity), b.bitcast(shifter, f.ity))
+    n = b.sub(b.bitcast(t, m.ity), b.bitcast(shifter, m.ity))
     r = m.fma(nf, m.c(-f.ln2_hi), x)
     r = m.fma(nf, m.c(-f.ln2_lo), r)
     return n, r
@@ -229,12 +242,12 @@ def log(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     sub = m.lt(x, m.c(f.min_normal))
     xs = b.select(sub, b.fmul(x, m.c(2.0 ** f.mant)), x)
     # shift the bits so that the exponent field flips where m crosses sqrt(2)
-    ix = b.add(b.bitcast(xs, f.ity), m.ci(one - f.sqrt_half_bits))
+    ix = b.add(b.bitcast(xs, m.ity), m.ci(one - f.sqrt_half_bits))
     e = b.sub(b.ashr(ix, m.ci(f.mant)), m.ci(f.bias))
     e = b.sub(e, b.select(sub, m.ci(f.mant), m.ci(0)))
     mbits = b.add(b.and_(ix, m.ci((1 << f.mant) - 1)), m.ci(f.sqrt_half_bits))
-    fr = b.fsub(b.bitcast(mbits, f.ty), m.c(1.0))  # exact
-    ef = b.sitofp(e, f.ty)
+    fr = b.fsub(b.bitcast(mbits, m.ty), m.c(1.0))  # exact
+    ef = b.sitofp(e, m.ty)
     if f is _F32:
         f2 = b.fmul(fr, fr)
         y = b.fmul(b.fmul(f2, fr), m.horner(LOG_P32, fr))
@@ -293,6 +306,7 @@ def tanh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 def erf(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     m = _M(b, x)
     if m.f is _F64:
+        assert not m.lanes, "float64 erf is libm's, one value at a time"
         fn = b.module.globals.get("erf")
         if fn is None:
             fn = ir.Function(b.module, ir.FunctionType(m.f.ty, [m.f.ty]), "erf")
@@ -314,8 +328,8 @@ def _exp_normal(m: _M, x: ir.Value) -> ir.Value:
     xc = b.select(m.lt(xc, m.c(lo)), m.c(lo), xc)
     n, r = _exp_reduce(m, xc)
     y = b.fadd(_expm1_poly(m, r), m.c(1.0))
-    bits = b.add(b.bitcast(y, f.ity), b.shl(n, m.ci(f.mant)))
-    return b.bitcast(bits, f.ty)
+    bits = b.add(b.bitcast(y, m.ity), b.shl(n, m.ci(f.mant)))
+    return b.bitcast(bits, m.ty)
 
 
 def sigmoid(b: ir.IRBuilder, x: ir.Value) -> ir.Value:

@@ -4,7 +4,8 @@ For each image and group, the output channels are Y[Mg, P] = W[Mg, Cg*K] @ X'[Cg
 P counts output positions and X' ("im2col") lists, for every input channel and kernel tap,
 the input value each output position reads (zero in the padding). X' is written into the
 node's scratch memory; a 1x1 convolution with unit strides and no padding reads X directly.
-The bias (and a fused ReLU) are applied by the kernel while the tile is in registers.
+The bias (and a fused residual and activation, see ops/gemm.py `node_epilogue`) are applied
+by the kernel while the tile is in registers.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_gemm, emit_paralle
 from cuvil.compiler.ir import Dim, Node, numel
 from cuvil.compiler.ops import required_input
 from cuvil.compiler.ops._window import Window, ceil_div, clamp
+from cuvil.compiler.ops.gemm import RESIDUAL_SLOT, node_epilogue
 
 F32 = ir.FloatType()
 
@@ -42,7 +44,7 @@ def im2col_bytes(node: Node, win: Window) -> Dim:
     return numel([cg * taps, *win.out, 4])
 
 
-def lower_conv_gemm(node: Node, k: Emitter, win: Window, activation: str | None = None) -> None:
+def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
     x_val, w_val, b_val = required_input(node, 0), required_input(node, 1), node.input(2)
     y_val = node.outputs[0]
     b = k.b
@@ -58,7 +60,9 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window, activation: str | None 
     in_plane = k.dim(numel(x_val.type.shape[2:]))
     x_ptr, w_ptr, y_ptr = k.buffers[x_val], k.buffers[w_val], k.buffers[y_val]
     bias = k.buffers[b_val] if b_val is not None else None
-    epilogue = Epilogue("row" if bias is not None else "none", relu=activation == "Relu")
+    r_val = node.input(RESIDUAL_SLOT)
+    residual = k.buffers[r_val] if r_val is not None else None
+    epilogue = node_epilogue(node, "row" if bias is not None else "none")
     pointwise = is_pointwise(win)
     in_shape = x_val.type.shape[2:]
     # output rows per chunk of X': about CHUNK_COLUMNS positions
@@ -70,39 +74,43 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window, activation: str | None 
         first_channel = b.add(b.mul(n, k.dim(c_in)), b.mul(g, k.i64(cg)))
         x_slice = b.gep(x_ptr, [b.mul(first_channel, in_plane)], source_etype=F32)
         w_g = b.gep(w_ptr, [b.mul(g, k.i64(mg * kk))], source_etype=F32)
-        y_g = b.gep(y_ptr, [b.mul(b.add(b.mul(n, k.i64(m)), b.mul(g, k.i64(mg))), p)],
-                    source_etype=F32)
+        y_off = b.mul(b.add(b.mul(n, k.i64(m)), b.mul(g, k.i64(mg))), p)
+        y_g = b.gep(y_ptr, [y_off], source_etype=F32)
+        # the residual has the output's layout
+        r_g = b.gep(residual, [y_off], source_etype=F32) if residual is not None else None
         bias_g = b.gep(bias, [b.mul(g, k.i64(mg))], source_etype=F32) if bias is not None else None
         if pointwise:
             emit_parallel_gemm(k, k.i64(mg), p, k.i64(kk), w_g, k.i64(kk), x_slice, p, y_g, p,
-                               bias=bias_g, epilogue=epilogue)
+                               bias=bias_g, residual=r_g, epilogue=epilogue)
         else:
             assert k.scratch is not None
             many = b.icmp_signed(">=", chunks, k.i64(MIN_CHUNKS))
             with b.if_else(many) as (by_chunks, whole):
                 with by_chunks:
-                    _chunked(k, win, in_shape, cg, mg, kk, (x_slice, w_g, y_g, bias_g, k.scratch),
-                             rows_per_chunk, chunks, inner, p, epilogue)
+                    _chunked(k, win, in_shape, cg, mg, kk,
+                             (x_slice, w_g, y_g, bias_g, r_g, k.scratch), rows_per_chunk, chunks,
+                             inner, p, epilogue)
                 with whole:
                     _im2col(k, x_slice, in_shape, win, k.scratch, cg)
                     emit_parallel_gemm(k, k.i64(mg), p, k.i64(kk), w_g, k.i64(kk), k.scratch, p,
-                                       y_g, p, bias=bias_g, epilogue=epilogue)
+                                       y_g, p, bias=bias_g, residual=r_g, epilogue=epilogue)
 
 
 def _chunked(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, mg: int, kk: int,
-             ptrs: tuple[ir.Value, ir.Value, ir.Value, ir.Value | None, ir.Value],
+             ptrs: tuple[ir.Value, ir.Value, ir.Value, ir.Value | None, ir.Value | None, ir.Value],
              rows_per_chunk: ir.Value, chunks: ir.Value, inner: ir.Value, p: ir.Value,
              epilogue: Epilogue) -> None:
     """Y = W @ X' by chunks of output rows spread over the threads: each unfolds its chunk of
     X' (K x ~CHUNK_COLUMNS floats, its own part of the scratch) and multiplies it while it is
     still in its cache. Unfolding X' whole would run on one thread before the product."""
     b = k.b
-    x, w, y, bias, cols = ptrs
-    carry = [x, w, y, bias if bias is not None else ir.Constant(PTR, None), cols, rows_per_chunk,
-             inner, p]
+    x, w, y, bias, residual, cols = ptrs
+    null = ir.Constant(PTR, None)
+    carry = [x, w, y, bias if bias is not None else null,
+             residual if residual is not None else null, cols, rows_per_chunk, inner, p]
     cost = b.mul(b.mul(rows_per_chunk, inner), k.i64(mg * kk))
     with k.parallel_loop(chunks, cost=cost, name="chunk", carry=carry) as t:
-        x_c, w_c, y_c, bias_c, cols_c, rpc, inner_c, p_c = k.carried
+        x_c, w_c, y_c, bias_c, res_c, cols_c, rpc, inner_c, p_c = k.carried
         bb = k.b
         first = bb.mul(t, rpc)
         count = k.minimum("int64", bb.sub(k.dim(win.out[0]), first), rpc)
@@ -112,7 +120,8 @@ def _chunked(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, mg: in
         _im2col(k, x_c, in_shape, win, chunk, cg, (first, count))
         emit_gemm(k, k.i64(mg), width, k.i64(kk), w_c, k.i64(kk), chunk, width,
                   bb.gep(y_c, [col0], source_etype=F32), p_c,
-                  bias=bias_c if bias is not None else None, epilogue=epilogue)
+                  bias=bias_c if bias is not None else None, epilogue=epilogue,
+                  residual=bb.gep(res_c, [col0], source_etype=F32) if residual is not None else None)
 
 
 def _im2col(k: Emitter, x: ir.Value, in_shape: tuple[Dim, ...], win: Window, cols: ir.Value,

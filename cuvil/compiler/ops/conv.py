@@ -45,7 +45,7 @@ from cuvil.compiler.ops._window import (
     kernel_range,
     window,
 )
-from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
+from cuvil.compiler.ops.gemm import FUSED_ACTIVATION, RESIDUAL_SLOT, check_fused_inputs
 from cuvil.errors import ModelError, UnsupportedOpError
 
 
@@ -105,7 +105,9 @@ class Conv(Op):
         ctx.dims_equal(node, c_in, w.type.shape[1] * group, "input channels vs weight channels x group")
         _check_bias(node, m)
         win = conv_window(node, ctx)
-        return [TensorType(x.type.dtype, (x.type.shape[0], m, *win.out))]
+        y = TensorType(x.type.dtype, (x.type.shape[0], m, *win.out))
+        check_fused_inputs(node, y)
+        return [y]
 
     def scratch_bytes(self, node: Node) -> Dim:
         if node.outputs[0].type.dtype.name != "float32":
@@ -121,9 +123,10 @@ class Conv(Op):
         m, cg = int(w_val.type.shape[0]), int(w_val.type.shape[1])
         mg = m // group
         if y.dtype.name == "float32":
-            lower_conv_gemm(node, k, win, activation=node.attrs.get(FUSED_ACTIVATION))
+            lower_conv_gemm(node, k, win)
             return
-        assert FUSED_ACTIVATION not in node.attrs, "activations are fused into float32 convs only"
+        assert FUSED_ACTIVATION not in node.attrs and node.input(RESIDUAL_SLOT) is None, \
+            "epilogues are fused into float32 convs only"
         if compute_dtype(y.dtype) != y.dtype:
             _conv_gather(k, x, w, y, bias, win, cg, mg)
             return

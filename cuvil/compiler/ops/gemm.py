@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from llvmlite import ir
 
+from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue, emit_gemm, emit_parallel_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, Value
@@ -90,8 +91,44 @@ def prefers_dot(a: View, b: View) -> bool:
     return not _unit(b.strides[1]) and _unit(a.strides[1]) and _unit(b.strides[0])
 
 
-#: attribute a fusion pass sets on Conv/Gemm to apply an activation in the kernel's epilogue
+#: attributes the fusion pass (passes/fuse_epilogue.py) sets on Conv, Gemm and MatMul: an
+#: activation of codegen/activation.py and its parameters, applied in the kernel's epilogue
 FUSED_ACTIVATION = "cuvil.fused_activation"
+ACTIVATION_PARAMS = "cuvil.activation_params"
+#: input slot of a fused residual: a tensor of the output's type, added before the activation
+RESIDUAL_SLOT = 3
+#: MatMul's input slot for a fused bias (one value per output column, added first)
+MATMUL_BIAS_SLOT = 2
+
+
+def node_epilogue(node: Node, bias: str = "none") -> Epilogue:
+    """The epilogue a (fused) Conv, Gemm or MatMul asks for, with a bias of kind `bias`."""
+    return Epilogue(bias, residual=node.input(RESIDUAL_SLOT) is not None,
+                    activation=node.attrs.get(FUSED_ACTIVATION),
+                    params=tuple(node.attrs.get(ACTIVATION_PARAMS, ())))
+
+
+def check_fused_inputs(node: Node, out: TensorType) -> None:
+    """Shape rule for the inputs fusion adds: a residual exactly of the output's type."""
+    r = node.input(RESIDUAL_SLOT)
+    if r is not None and (r.type.dtype != out.dtype or r.type.shape != out.shape):
+        raise ModelError(f"{node.describe()}: the fused residual {r.name!r} is {r.type}, "
+                         f"not the output's {out}")
+
+
+def apply_epilogue(k: Emitter, y: View, epilogue: Epilogue, residual: View | None = None,
+                   col_bias: View | None = None) -> None:
+    """y = act(y + bias + residual) element by element: the epilogue of products that do not
+    run on the kernel (strided operands)."""
+    with k.loops(y.dims, name="ep") as idx:
+        v = k.load(y, idx)
+        if col_bias is not None:
+            v = k.b.fadd(v, k.load(col_bias, idx[-1:]))
+        if residual is not None:
+            v = k.b.fadd(v, k.load(residual, idx))
+        if epilogue.activation is not None:
+            v = apply_activation(k.b, epilogue.activation, epilogue.params, v)
+        k.store(y, idx, v)
 
 
 def uses_kernel(a: View, b: View, y: View) -> bool:
@@ -101,11 +138,13 @@ def uses_kernel(a: View, b: View, y: View) -> bool:
 
 
 def emit_kernel_matmul(k: Emitter, a: View, b: View, y: View, *, accumulate: bool = False,
-                       bias: ir.Value | None = None, epilogue: Epilogue = PLAIN) -> None:
-    """y = a @ b (+ y) (+ bias) on the shared, threaded GEMM kernel (`uses_kernel` holds)."""
+                       bias: ir.Value | None = None, residual: ir.Value | None = None,
+                       epilogue: Epilogue = PLAIN) -> None:
+    """y = a @ b (+ y) (+ bias) (+ residual, laid out like y) on the shared, threaded GEMM
+    kernel (`uses_kernel` holds)."""
     emit_parallel_gemm(k, a.dims[0], b.dims[1], a.dims[1], a.ptr, a.strides[0], b.ptr,
                        b.strides[0], y.ptr, y.strides[0], accumulate=accumulate, bias=bias,
-                       epilogue=epilogue)
+                       residual=residual, epilogue=epilogue)
 
 
 def _check_same_dtype(node: Node) -> None:
@@ -143,7 +182,9 @@ class Gemm(Op):
             out = broadcast_shapes(node, ctx, (m, n), c.type.shape)
             ctx.dims_equal(node, out[0], m, "C rows")
             ctx.dims_equal(node, out[1], n, "C columns")
-        return [TensorType(a.type.dtype, (m, n))]
+        y = TensorType(a.type.dtype, (m, n))
+        check_fused_inputs(node, y)
+        return [y]
 
     def lower(self, node: Node, k: Emitter) -> None:
         a_val, b_val, c_val = required_input(node, 0), required_input(node, 1), node.input(2)
@@ -156,26 +197,29 @@ class Gemm(Op):
         alpha = float(attr(node, "alpha"))
         beta = float(attr(node, "beta"))
         accumulate = c_val is not None and beta != 0.0
-        relu = node.attrs.get(FUSED_ACTIVATION) == "Relu"
+        epilogue, r_val = node_epilogue(node), node.input(RESIDUAL_SLOT)
         if alpha == 1.0 and uses_kernel(a, b, y):
+            residual = k.buffers[r_val] if r_val is not None else None
             bias_kind = _bias_kind(c_val, y_val.type.shape) if accumulate and beta == 1.0 else None
             if bias_kind is not None:
                 assert c_val is not None
-                emit_kernel_matmul(k, a, b, y, bias=k.buffers[c_val],
-                                   epilogue=Epilogue(bias_kind, relu=relu))
+                emit_kernel_matmul(k, a, b, y, bias=k.buffers[c_val], residual=residual,
+                                   epilogue=replace(epilogue, bias=bias_kind))
                 return
             if accumulate:
                 _fill_scaled(k, c_val, y, y_val.type.shape, beta)
-            emit_kernel_matmul(k, a, b, y, accumulate=accumulate, epilogue=Epilogue(relu=relu))
+            emit_kernel_matmul(k, a, b, y, accumulate=accumulate, residual=residual,
+                               epilogue=epilogue)
             return
-        assert not relu, "the activation fusion pass only fuses into kernel-eligible Gemms"
         if compute_dtype(y.dtype) != y.dtype or prefers_dot(a, b):
             c = k.broadcast_to(k.view(c_val), y_val.type.shape) if accumulate else None
             emit_matmul_dot(k, a, b, y, alpha=alpha, c=c, beta=beta)
-            return
-        if accumulate:
-            _fill_scaled(k, c_val, y, y_val.type.shape, beta)
-        emit_matmul(k, a, b, y, alpha=alpha, accumulate=accumulate)
+        else:
+            if accumulate:
+                _fill_scaled(k, c_val, y, y_val.type.shape, beta)
+            emit_matmul(k, a, b, y, alpha=alpha, accumulate=accumulate)
+        if epilogue != PLAIN:
+            apply_epilogue(k, y, epilogue, k.view(r_val) if r_val is not None else None)
 
 
 def _bias_kind(c: Value | None, out: tuple[Dim, ...]) -> str | None:
@@ -226,26 +270,35 @@ class MatMul(Op):
             out = out[:-2] + out[-1:]
         if len(sb) == 1:
             out = out[:-1]
-        return [TensorType(a.type.dtype, out)]
+        y = TensorType(a.type.dtype, out)
+        bias = node.input(MATMUL_BIAS_SLOT)
+        if bias is not None and (len(sa) < 2 or len(sb) < 2 or bias.type.dtype != y.dtype
+                                 or bias.type.shape != out[-1:]):
+            raise ModelError(f"{node.describe()}: the fused bias {bias.name!r} is {bias.type}; "
+                             f"it must be one value per output column of matrices ({y})")
+        check_fused_inputs(node, y)
+        return [y]
 
     def lower(self, node: Node, k: Emitter) -> None:
         if on_one_gemm(node):
             _lower_one_gemm(node, k)
             return
-        assert node.input(2) is None, "a bias is fused only into MatMuls that run as one GEMM"
         if _on_batched_kernel(node):
             _lower_batched_kernel(node, k)
             return
         a, b, y_full, batch_shape = _operands(node, k)
-        dot = compute_dtype(y_full.dtype) != y_full.dtype or prefers_dot(_at(k, a, None), _at(k, b, None))
+        dot = compute_dtype(y_full.dtype) != y_full.dtype or prefers_dot(_at(k, a, None),
+                                                                        _at(k, b, None))
         kernel = emit_matmul_dot if dot else emit_matmul
         with k.loops([k.dim(d) for d in batch_shape], name="batch") as idx:
             kernel(k, _at(k, a, idx), _at(k, b, idx), _at(k, y_full, idx))
+        epilogue = node_epilogue(node)
+        bias_val, r_val = node.input(MATMUL_BIAS_SLOT), node.input(RESIDUAL_SLOT)
+        if epilogue != PLAIN or bias_val is not None:
+            apply_epilogue(k, y_full, epilogue, _residual(node, k, y_full),
+                           k.view(bias_val) if bias_val is not None else None)
 
 
-#: attribute a fusion pass sets on a MatMul whose input 2 is a bias of one value per column,
-#: added in the GEMM kernel's epilogue (`on_one_gemm` must hold)
-FUSED_BIAS = "cuvil.fused_bias"
 #: batches fewer than this run one after the other, each split over the threads; more run
 #: one matrix per task
 MIN_PARALLEL_BATCH = 4
@@ -266,47 +319,66 @@ def _on_batched_kernel(node: Node) -> bool:
             and a.type.rank >= 2 and b.type.rank >= 2)
 
 
+def _matmul_epilogue(node: Node, k: Emitter) -> tuple[Epilogue, ir.Value | None]:
+    """The fused epilogue of a MatMul on the kernel, and its bias pointer (one per column)."""
+    bias = node.input(MATMUL_BIAS_SLOT)
+    epilogue = node_epilogue(node, "col" if bias is not None else "none")
+    return epilogue, k.buffers[bias] if bias is not None else None
+
+
+def _residual(node: Node, k: Emitter, y_full: View) -> View | None:
+    """The fused residual (of y's shape) viewed with y_full's layout."""
+    r = node.input(RESIDUAL_SLOT)
+    return k.contiguous(k.buffers[r], y_full.dtype, y_full.shape) if r is not None else None
+
+
 def _lower_one_gemm(node: Node, k: Emitter) -> None:
-    a_val, b_val, bias = node.inputs[0], node.inputs[1], node.input(2)
-    assert a_val is not None and b_val is not None
+    a_val, b_val = required_input(node, 0), required_input(node, 1)
+    r_val = node.input(RESIDUAL_SLOT)
     kk, n = b_val.type.shape[-2], b_val.type.shape[-1]
-    rows = 1
+    rows: Dim = 1
     for d in a_val.type.shape[:-1]:
         rows = rows * d
-    epilogue = Epilogue("col") if bias is not None else PLAIN
+    epilogue, bias = _matmul_epilogue(node, k)
     _zero_if_empty(k, node.outputs[0], kk)
     emit_parallel_gemm(k, k.dim(rows), k.dim(n), k.dim(kk), k.buffers[a_val], k.dim(kk),
                        k.buffers[b_val], k.dim(n), k.buffers[node.outputs[0]], k.dim(n),
-                       bias=k.buffers[bias] if bias is not None else None, epilogue=epilogue)
+                       bias=bias, residual=k.buffers[r_val] if r_val is not None else None,
+                       epilogue=epilogue)
 
 
 def _lower_batched_kernel(node: Node, k: Emitter) -> None:
     """Batched products of contiguous matrices (attention's Q @ K^T and P @ V): one matrix per
     task on the kernel, or, for few batch entries, each product split over the threads."""
-    a_val, b_val = node.inputs[0], node.inputs[1]
-    assert a_val is not None and b_val is not None
+    a_val, b_val = required_input(node, 0), required_input(node, 1)
     batch_shape = broadcast_shapes(node, UNCHECKED, a_val.type.shape[:-2], b_val.type.shape[:-2])
     count: Dim = 1
     for d in batch_shape:
         count = count * d
     m, kk, n = a_val.type.shape[-2], a_val.type.shape[-1], b_val.type.shape[-1]
+    epilogue, bias = _matmul_epilogue(node, k)
     bld = k.b
     count_v = k.dim(count)
     _zero_if_empty(k, node.outputs[0], kk)
+
+    def matrices(t: ir.Value) -> tuple[View, View, View, ir.Value | None]:
+        a, b, y, _ = _operands(node, k)
+        r = _residual(node, k, y)
+        idx = _unravel(k, t, batch_shape)
+        am, bm, ym = (_at(k, v, idx) for v in (a, b, y))
+        return am, bm, ym, _at(k, r, idx).ptr if r is not None else None
+
     with bld.if_else(bld.icmp_signed("<", count_v, k.i64(MIN_PARALLEL_BATCH))) as (few, many):
-        with few:
-            a, b, y, _ = _operands(node, k)
-            with k.loop(count_v, name="batch") as t:
-                idx = _unravel(k, t, batch_shape)
-                am, bm, ym = (_at(k, v, idx) for v in (a, b, y))
-                emit_parallel_gemm(k, am.dims[0], bm.dims[1], am.dims[1], am.ptr, am.strides[0],
-                                   bm.ptr, bm.strides[0], ym.ptr, ym.strides[0])
+        with few, k.loop(count_v, name="batch") as t:
+            am, bm, ym, rm = matrices(t)
+            emit_parallel_gemm(k, am.dims[0], bm.dims[1], am.dims[1], am.ptr, am.strides[0],
+                               bm.ptr, bm.strides[0], ym.ptr, ym.strides[0], bias=bias,
+                               residual=rm, epilogue=epilogue)
         with many, k.parallel_loop(count, cost=m * n * kk, name="batch") as t:
-            a, b, y, _ = _operands(node, k)
-            idx = _unravel(k, t, batch_shape)
-            am, bm, ym = (_at(k, v, idx) for v in (a, b, y))
+            am, bm, ym, rm = matrices(t)
             emit_gemm(k, am.dims[0], bm.dims[1], am.dims[1], am.ptr, am.strides[0], bm.ptr,
-                      bm.strides[0], ym.ptr, ym.strides[0])
+                      bm.strides[0], ym.ptr, ym.strides[0], bias=bias, residual=rm,
+                      epilogue=epilogue)
 
 
 def _zero_if_empty(k: Emitter, y: Value, kk: Dim) -> None:
@@ -331,8 +403,7 @@ def _unravel(k: Emitter, flat: ir.Value, shape: tuple[Dim, ...]) -> list[ir.Valu
 def _operands(node: Node, k: Emitter) -> tuple[View, View, View, tuple[Dim, ...]]:
     """Views of A, B and Y with 1-D operands promoted to matrices and batch dims broadcast
     to the output's (Y as batch x M x N whatever operands were promoted)."""
-    a_val, b_val = node.inputs[0], node.inputs[1]
-    assert a_val is not None and b_val is not None
+    a_val, b_val = required_input(node, 0), required_input(node, 1)
     a, b, y = k.view(a_val), k.view(b_val), k.view(node.outputs[0])
     one = k.i64(1)
     zero = k.i64(0)

@@ -13,22 +13,19 @@ import os
 from cuvil.compiler.ir import Graph, IRError
 from cuvil.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from cuvil.compiler.passes.fold_batchnorm import fold_batchnorm
-from cuvil.compiler.passes.fuse_activation import fuse_activation
-from cuvil.compiler.passes.fuse_gelu import fuse_gelu
-from cuvil.compiler.passes.fuse_matmul_bias import fuse_matmul_bias
+from cuvil.compiler.passes.fuse_epilogue import fuse_epilogue
 from cuvil.compiler.passes.pack_gemm_weights import pack_gemm_weights
 from cuvil.compiler.passes.rewrite_bodies import rewrite_bodies
 
 #: the pipeline, in order (constant folding runs inside the frontend, which needs constants
 #: to type shape inputs)
-PIPELINE = (eliminate_dead_code, fold_batchnorm, pack_gemm_weights, fuse_matmul_bias, fuse_gelu,
-            fuse_activation)
+PIPELINE = (eliminate_dead_code, fold_batchnorm, pack_gemm_weights, fuse_epilogue)
 
 #: passes of the pipeline that If/Loop/Scan bodies skip, and why; every other pass runs on
 #: each body too (`SUBGRAPH_PIPELINE`)
 TOP_LEVEL_ONLY = {
     fold_batchnorm: "it follows producers, which for a body may lie outside it",
-    fuse_activation: "not yet tested on bodies (their Conv and Gemm lowerings run unfused)",
+    fuse_epilogue: "not yet tested on bodies (their Conv and Gemm lowerings run unfused)",
 }
 SUBGRAPH_PIPELINE = tuple(p for p in PIPELINE if p not in TOP_LEVEL_ONLY)
 

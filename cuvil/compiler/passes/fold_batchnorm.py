@@ -6,8 +6,9 @@ s = B - mean * a. A layer whose output channel c is a linear function of its wei
 (plus bias c) absorbs it: weights row c times a[c], bias c becomes bias[c] * a[c] + s[c].
 The folded constants are computed in float64 and stored in the weights' dtype.
 
-Each rule below says how one producer op absorbs (a, s); the driver finds the pattern
-(producer -> BatchNormalization, the producer's output read by nothing else) and rewires.
+Each fold below says how one producer op absorbs (a, s); one rewrite rule (passes/rewrite.py)
+finds the pattern (producer -> BatchNormalization, the producer's output read by nothing
+else) and rewires.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from cuvil.compiler.ir import Graph, Node, Value
+from cuvil.compiler.passes.rewrite import Rule, apply_rules, pattern, producer
 
 __all__ = ["fold_batchnorm"]
 
@@ -96,29 +98,31 @@ def _fold_into_matmul(graph: Graph, mm: Node, a: np.ndarray, s: np.ndarray) -> N
     return _fold_into_gemm(graph, gemm, a, s)
 
 
-#: producer op type -> rule: absorb (a, s) into the producer (returning the node that now
+#: producer op type -> fold: absorb (a, s) into the producer (returning the node that now
 #: computes the normalized output), or leave the graph unchanged and return None
-RULES: dict[str, Callable[[Graph, Node, np.ndarray, np.ndarray], Node | None]] = {
+FOLDS: dict[str, Callable[[Graph, Node, np.ndarray, np.ndarray], Node | None]] = {
     "Conv": _fold_into_conv,
     "Gemm": _fold_into_gemm,
     "MatMul": _fold_into_matmul,
 }
 
 
+def _fold(graph: Graph, bn: Node) -> Node | None:
+    x = bn.inputs[0]
+    prod = producer(graph, x, FOLDABLE, bn)
+    if x is None or prod is None or x.type.dtype != bn.outputs[0].type.dtype:
+        return None
+    affine = _affine(bn)
+    folded = FOLDS[prod.op_type](graph, prod, *affine) if affine is not None else None
+    if folded is None:
+        return None
+    graph.absorb(folded, bn)
+    return folded
+
+
+FOLDABLE = pattern(*FOLDS, dtype=None)
+RULES = (Rule("batchnorm", pattern("BatchNormalization", dtype=None), _fold),)
+
+
 def fold_batchnorm(graph: Graph) -> Graph:
-    for bn in list(graph.nodes):
-        if bn.op_type != "BatchNormalization":
-            continue
-        x = bn.inputs[0]
-        producer = x.producer if x is not None else None
-        if (x is None or producer is None or producer.domain or producer.op_type not in RULES
-                or x.users != [bn] or x in graph.outputs or x.type.dtype != bn.outputs[0].type.dtype):
-            continue
-        affine = _affine(bn)
-        if affine is None:
-            continue
-        folded = RULES[producer.op_type](graph, producer, *affine)
-        if folded is None:
-            continue
-        graph.absorb(folded, bn)
-    return graph
+    return apply_rules(graph, RULES)
