@@ -47,9 +47,13 @@ def _matmul(node: Node) -> Dim:
 
 def _recurrent(node: Node) -> Dim:
     # per step and batch row: every gate's input weights (W) and recurrent weights (R)
+    # R may be stored in padded panels (recurrent.py packs it): count dirs x gates x hidden
+    # rows of `hidden` weights, the rows read from W's size (input x those rows, either layout)
     x = _shape(node, 0)
     w, r = _shape(node, 1), _shape(node, 2)
-    return x[0] * x[1] * (numel(w) + numel(r))
+    hidden = node.attrs.get("hidden_size", r[-1])
+    rows = numel(w) // x[2]
+    return x[0] * x[1] * (numel(w) + rows * hidden)
 
 
 def _einsum(node: Node) -> Dim:

@@ -293,7 +293,7 @@ class MatMul(Op):
         with k.loops([k.dim(d) for d in batch_shape], name="batch") as idx:
             kernel(k, _at(k, a, idx), _at(k, b, idx), _at(k, y_full, idx))
         epilogue = node_epilogue(node)
-        bias_val, r_val = node.input(MATMUL_BIAS_SLOT), node.input(RESIDUAL_SLOT)
+        bias_val = node.input(MATMUL_BIAS_SLOT)
         if epilogue != PLAIN or bias_val is not None:
             apply_epilogue(k, y_full, epilogue, _residual(node, k, y_full),
                            k.view(bias_val) if bias_val is not None else None)
