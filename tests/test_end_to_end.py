@@ -208,3 +208,43 @@ def test_failed_build_names_the_problem_and_leaves_no_wheel(tmp_path: Path) -> N
     assert proc.returncode != 0
     assert "Unique" in proc.stderr + proc.stdout and "uniq" in proc.stderr + proc.stdout
     assert list(out.iterdir()) == []
+
+
+def test_built_package_writes_into_out_arrays(tmp_path: Path, held_out: dict[str, np.ndarray],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # the package's own runtime copy and stub: out= fills the caller's arrays and type-checks
+    import cuvil.build_backend as backend
+
+    project = copy_project(tmp_path / "digits")
+    monkeypatch.chdir(project)
+    wheel = project / "dist" / backend.build_wheel(str(project / "dist"))
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(site)
+    user = tmp_path / "user.py"
+    user.write_text(textwrap.dedent("""
+        import sys
+        import numpy as np
+        import digits
+        x = np.load(sys.argv[1])
+        buf = np.empty((len(x), 10), np.float32)
+        assert digits.classifier(x, out=buf) is buf
+        assert digits.classifier.run({"image": x}, out={"probabilities": buf})["probabilities"] is buf
+        try:
+            digits.classifier(x, out=buf[:1])
+        except ValueError as exc:
+            assert "'probabilities'" in str(exc) and "shape" in str(exc), exc
+        else:
+            raise AssertionError("a wrong-shaped out= was accepted")
+        assert digits.__file__.startswith(sys.argv[3]), digits.__file__
+        np.save(sys.argv[2], buf)
+    """))
+    np.save(tmp_path / "x.npy", held_out["x"][:40])
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    run([sys.executable, str(user), str(tmp_path / "x.npy"), str(tmp_path / "y.npy"), str(site)],
+        cwd=tmp_path, env=env)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), held_out["ort"][:40], rtol=1e-4,
+                               atol=1e-6)
+    typed = run([sys.executable, "-m", "mypy", "--no-incremental", "--strict", str(user)],
+                cwd=tmp_path, env={**env, "MYPYPATH": str(site)}, check=False)
+    assert typed.returncode == 0, typed.stdout

@@ -117,12 +117,17 @@ def render_stub(signatures: list[dict[str, Any]]) -> str:
         outs = [f"NDArray[np.{t['dtype'] if t['dtype'] != 'bool' else 'bool_'}]"
                 for t in sig["outputs"]]
         ret = outs[0] if len(outs) == 1 else f"tuple[{', '.join(outs)}]"
+        if all(t["name"] != "out" for t in sig["inputs"]):  # else `out=` names that input
+            out = (outs[0] if len(outs) == 1
+                   else f"tuple[{', '.join(o + ' | None' for o in outs)}]")
+            params = ", ".join(p for p in (params, f"*, out: {out} | None = None") if p)
         lines += [
             "",
             f"class {cls}(Model):",
             f'    """{_describe(sig)}"""',
             f"    def __call__(self, {params}) -> {ret}: ...",
-            "    def run(self, feeds: Mapping[str, ArrayLike]) -> dict[str, NDArray[Any]]: ...",
+            "    def run(self, feeds: Mapping[str, ArrayLike],",
+            "            out: Mapping[str, NDArray[Any]] | None = None) -> dict[str, NDArray[Any]]: ...",
             "",
             f"{sig['name']}: {cls}",
         ]

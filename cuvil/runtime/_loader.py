@@ -71,6 +71,60 @@ _STATUS_MESSAGES = {
 }
 
 
+#: input shapes whose checked dims, output shapes and workspace size a model remembers
+_PLAN_CACHE_SIZE = 64
+
+
+class _Plan:
+    """A model's call for one set of input shapes: symbolic dims, output shapes, workspace
+    bytes, and the dims as the library reads them."""
+
+    __slots__ = ("dim_values", "dims", "out_shapes", "workspace")
+
+    def __init__(self, dims: dict[str, int], out_shapes: tuple[tuple[int, ...], ...],
+                 workspace: int, dim_values: Any) -> None:
+        self.dims = dims
+        self.out_shapes = out_shapes
+        self.workspace = workspace
+        self.dim_values = dim_values
+
+
+class _Scratch:
+    """One thread's memory for calling one model: the workspace, grown to the largest call
+    so far and reused, and the arrays of input and output pointers."""
+
+    __slots__ = ("address", "buffer", "capacity", "inputs", "outputs")
+
+    def __init__(self, n_inputs: int, n_outputs: int) -> None:
+        self.buffer: np.ndarray | None = None
+        self.address = 0
+        self.capacity = 0
+        self.inputs = (ctypes.c_void_p * max(n_inputs, 1))()
+        self.outputs = (ctypes.c_void_p * max(n_outputs, 1))()
+
+    def grow(self, size: int) -> None:
+        self.buffer = None  # free the old buffer first: lower peak memory
+        self.buffer = np.empty(size + 64, dtype=np.uint8)
+        address = self.buffer.ctypes.data
+        self.address = address + (-address) % 64  # 64-byte aligned like the planner assumes
+        self.capacity = size
+
+
+def _address(a: np.ndarray) -> int:
+    """The address of an array's data; through the buffer protocol, several times faster than
+    `a.ctypes.data`, for writeable non-empty arrays."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # read-only or empty
+        return int(a.ctypes.data)
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return type(value).__name__
+
+
 class Model:
     """A compiled model: call it with arrays (positional or by input name) or use `.run`.
 
@@ -105,6 +159,9 @@ class Model:
         self._node_profile = [(p["name"], p["op"], p.get("shapes", ""), _compile_expr(p["flops"]))
                               for p in signature.get("node_profile", ())]
         self._lock = threading.Lock()
+        self._plans: dict[tuple[tuple[int, ...], ...], _Plan] = {}  # by the inputs' shapes
+        self._scratch = threading.local()  # .current: this thread's _Scratch
+        self._out_is_input = any(t.name == "out" for t in self.inputs)
         # CUVIL_PROFILE=1: every call is profiled and the sum printed when the process exits
         self._session: Profile | None = None
         if os.environ.get("CUVIL_PROFILE", "0") not in ("", "0"):
@@ -154,19 +211,45 @@ class Model:
 
     # -- calling ------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        feeds = self._bind(args, kwargs)
-        outs = self._execute(feeds)
+        """Outputs for the inputs (positional or by name): one array, or a tuple of them.
+
+        `out=` (keyword only) writes the outputs into caller arrays and returns them, like
+        numpy's ufuncs: one array for a one-output model, else a tuple or list with an array
+        or None (allocate that one) per output. A model with an input named `out` takes that
+        input by this keyword instead; use `run(feeds, out=...)` there.
+        """
+        out = None
+        if "out" in kwargs and not self._out_is_input:
+            out = self._out_list(kwargs.pop("out"))
+        feeds = args if not kwargs and len(args) == len(self.inputs) else self._bind(args, kwargs)
+        outs = self._execute(feeds, out=out)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Run with a dict of input name -> array; returns a dict of output name -> array."""
+    def run(self, feeds: Mapping[str, Any],
+            out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Run with a dict of input name -> array; returns a dict of output name -> array.
+
+        `out=`, a dict of output name -> array (any subset of the outputs), writes those
+        outputs into the given arrays; the returned dict holds the same arrays.
+        """
         if not isinstance(feeds, Mapping):
             raise TypeError(f"{self.name}.run expects a dict of input name -> array")
         unknown = set(feeds) - {t.name for t in self.inputs}
         if unknown:
             raise ValueError(f"{self.name}: unknown inputs {sorted(unknown)}; the inputs are "
                              f"{[t.name for t in self.inputs]}")
-        outs = self._execute([self._get(feeds, t.name) for t in self.inputs])
+        out_list = None
+        if out is not None:
+            if not isinstance(out, Mapping):
+                raise TypeError(f"{self.name}.run: out must be a dict of output name -> array, "
+                                f"got {type(out).__name__}")
+            names = [t.name for t in self.outputs]
+            unknown = set(out) - set(names)
+            if unknown:
+                raise ValueError(f"{self.name}: out names unknown outputs {sorted(unknown)}; the "
+                                 f"outputs are {names}")
+            out_list = [out.get(n) for n in names]
+        outs = self._execute([self._get(feeds, t.name) for t in self.inputs], out=out_list)
         return {t.name: a for t, a in zip(self.outputs, outs)}
 
     def _get(self, feeds: Mapping[str, Any], name: str) -> Any:
@@ -192,14 +275,39 @@ class Model:
             raise TypeError(f"{self.name}() is missing inputs {missing}")
         return bound
 
-    def _check(self, values: Sequence[Any]) -> tuple[list[np.ndarray], dict[str, int]]:
-        arrays: list[np.ndarray] = []
-        dims: dict[str, int] = {}
+    def _out_list(self, out: Any) -> list[Any] | None:
+        """`out=` of a call as one entry (array or None) per output."""
+        if out is None:
+            return None
+        if isinstance(out, np.ndarray) and len(self.outputs) == 1:
+            return [out]
+        if isinstance(out, (tuple, list)) and len(out) == len(self.outputs):
+            return list(out)
+        count = len(self.outputs)
+        want = ("an array or a tuple of one array" if count == 1
+                else f"a tuple or list of {count} arrays (None for any to allocate)")
+        raise TypeError(f"{self.name}(): out must be {want}, got {_kind(out)}")
+
+    def _arrays(self, values: Sequence[Any]) -> tuple[list[np.ndarray], tuple[Any, ...]]:
+        """The inputs as arrays of the right dtype, dense and aligned (copied if not), and
+        their shapes."""
+        arrays = []
+        shapes = []
         for info, value in zip(self.inputs, values):
-            a = np.asarray(value)
+            a = value if type(value) is np.ndarray else np.asarray(value)
             if a.dtype != info.dtype:
                 raise ValueError(f"{self.name}: input {info.name!r} must have dtype "
                                  f"{info.dtype.name}, got {a.dtype.name}")
+            flags = a.flags
+            # the library reads dense row-major data
+            arrays.append(a if flags.c_contiguous and flags.aligned else np.ascontiguousarray(a))
+            shapes.append(a.shape)
+        return arrays, tuple(shapes)
+
+    def _plan(self, arrays: Sequence[np.ndarray], shapes: tuple[Any, ...]) -> _Plan:
+        """What depends on the input shapes only, checked and worked out once per shape."""
+        dims: dict[str, int] = {}
+        for info, a in zip(self.inputs, arrays):
             if a.ndim != len(info.shape):
                 raise ValueError(f"{self.name}: input {info.name!r} must have shape "
                                  f"{_shape_text(info.shape)} (rank {len(info.shape)}), got "
@@ -218,16 +326,65 @@ class Model:
                         raise ValueError(f"{self.name}: input {info.name!r} dim {axis} ({want!r})"
                                          f" must be at least 1, got {got}")
                     dims[want] = got
-            # copy non-contiguous or misaligned arrays; the library reads dense row-major data
-            arrays.append(np.ascontiguousarray(a) if not a.flags.c_contiguous or not a.flags.aligned
-                          else a)
         env = {**_EVAL_GLOBALS, **dims}
         for code, message in self._constraints:
             if not eval(code, env):
                 raise ValueError(f"{self.name}: the input sizes break a constraint of the model: "
                                  f"{message} (with {self._dims_text(dims)}); feed inputs whose "
                                  "dims satisfy it")
-        return arrays, dims
+        out_shapes = tuple(tuple(d if isinstance(d, int) else int(eval(d, env)) for d in shape)
+                           for shape in self._out_shapes)
+        ws = self._workspace if isinstance(self._workspace, int) else eval(self._workspace, env)
+        dim_values = (ctypes.c_int64 * max(len(self._symbols), 1))(
+            *[dims[s] for s in self._symbols])
+        plan = _Plan(dims, out_shapes, max(int(ws), 1), dim_values)
+        if len(self._plans) >= _PLAN_CACHE_SIZE:
+            self._plans.clear()  # many distinct shapes: start over rather than grow unbounded
+        self._plans[shapes] = plan
+        return plan
+
+    def _outputs(self, plan: _Plan, arrays: Sequence[np.ndarray], in_addresses: Sequence[int],
+                 out: Sequence[Any] | None) -> tuple[list[np.ndarray], list[int]]:
+        """The output arrays and their addresses: the caller's (checked) where `out` gives
+        one, else new ones."""
+        outs: list[np.ndarray] = []
+        addresses: list[int] = []
+        for i, (info, shape) in enumerate(zip(self.outputs, plan.out_shapes)):
+            given = None if out is None else out[i]
+            if given is None:
+                outs.append(np.empty(shape, info.dtype))
+                addresses.append(_address(outs[-1]))
+                continue
+            what = f"{self.name}: out for output {info.name!r}"
+            if not isinstance(given, np.ndarray):
+                raise TypeError(f"{what} must be a numpy array, got {_kind(given)}")
+            if given.dtype != info.dtype:
+                raise ValueError(f"{what} must have dtype {info.dtype.name}, got "
+                                 f"{given.dtype.name}; allocate it with dtype=np.{info.dtype.name}")
+            if given.shape != shape:
+                raise ValueError(f"{what} must have shape {list(shape)} for these inputs, got "
+                                 f"{list(given.shape)}")
+            flags = given.flags
+            if not flags.carray:  # C-contiguous, aligned and writeable
+                if not flags.writeable:
+                    raise ValueError(f"{what} is read-only; pass a writeable array")
+                raise ValueError(f"{what} must be C-contiguous and aligned; pass a fresh "
+                                 f"np.empty({tuple(shape)}, np.{info.dtype.name}) or a "
+                                 "contiguous slice")
+            address, size = _address(given), given.nbytes
+            # every array here is dense, so overlapping byte ranges mean shared elements
+            for other, a, start in zip(self.inputs, arrays, in_addresses):
+                if start < address + size and address < start + a.nbytes:
+                    raise ValueError(f"{what} shares memory with input {other.name!r}; the model "
+                                     "reads its inputs while it writes outputs, so pass a "
+                                     "separate array")
+            for other, o, start in zip(self.outputs, outs, addresses):
+                if start < address + size and address < start + o.nbytes:
+                    raise ValueError(f"{what} shares memory with out for output "
+                                     f"{other.name!r}; pass a separate array for each output")
+            outs.append(given)
+            addresses.append(address)
+        return outs, addresses
 
     def _dims_text(self, dims: Mapping[str, int]) -> str:
         """Each symbolic dim's value and the first input dim it was read from."""
@@ -260,34 +417,37 @@ class Model:
         if self._session is not None and self._session.runs:
             sys.stderr.write(f"{self._session}\n")
 
-    def _execute(self, values: Sequence[Any], profile: Profile | None = None) -> list[np.ndarray]:
+    def _execute(self, values: Sequence[Any], profile: Profile | None = None,
+                 out: Sequence[Any] | None = None) -> list[np.ndarray]:
         profile = profile or self._session
         start = time.perf_counter_ns() if profile is not None else 0
-        arrays, dims = self._check(values)
-        env = {**_EVAL_GLOBALS, **dims}
-        outs = []
-        for info, shape in zip(self.outputs, self._out_shapes):
-            concrete = tuple(d if isinstance(d, int) else eval(d, env) for d in shape)
-            outs.append(np.empty(concrete, dtype=info.dtype))
-        ws = self._workspace if isinstance(self._workspace, int) else eval(self._workspace, env)
-        workspace = np.empty(max(int(ws), 1) + 64, dtype=np.uint8)
-        ws_ptr = workspace.ctypes.data
-        ws_ptr += (-ws_ptr) % 64  # 64-byte aligned like the planner assumes
-        in_ptrs = (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
-        out_ptrs = (ctypes.c_void_p * max(len(outs), 1))(*[o.ctypes.data for o in outs])
-        dim_values = (ctypes.c_int64 * max(len(self._symbols), 1))(
-            *[dims[s] for s in self._symbols])
+        arrays, shapes = self._arrays(values)
+        plan = self._plans.get(shapes) or self._plan(arrays, shapes)
+        in_addresses = [_address(a) for a in arrays]
+        outs, out_addresses = self._outputs(plan, arrays, in_addresses, out)
+        # this thread's scratch, taken out of the thread-local while in use so that a call
+        # re-entering on this thread (a signal handler) builds its own instead of sharing it
+        scratch = self._scratch.__dict__.pop("current", None) or _Scratch(len(arrays),
+                                                                           len(outs))
+        if plan.workspace > scratch.capacity:
+            scratch.grow(plan.workspace)
+        in_ptrs, out_ptrs = scratch.inputs, scratch.outputs
+        in_ptrs[:len(arrays)] = in_addresses
+        out_ptrs[:len(outs)] = out_addresses
         self._set_thread_limit(self._num_threads or 0)  # per calling thread, in the library
         if profile is None:
-            status = self._run(in_ptrs, out_ptrs, dim_values, ws_ptr)
+            status = self._run(in_ptrs, out_ptrs, plan.dim_values, scratch.address)
         else:
             stamps = (ctypes.c_uint64 * (len(self._node_profile) + 2))()
-            status = self._run_profiled(in_ptrs, out_ptrs, dim_values, ws_ptr, stamps)
+            status = self._run_profiled(in_ptrs, out_ptrs, plan.dim_values, scratch.address,
+                                        stamps)
             if status == 0:
+                env = {**_EVAL_GLOBALS, **plan.dims}
                 flops = [f if isinstance(f, int) else int(eval(f, env))
                          for *_, f in self._node_profile]
                 with self._lock:
                     profile.add(list(stamps), flops, time.perf_counter_ns() - start)
+        self._scratch.current = scratch
         if status != 0:
             raise self._status_error(status)
         return outs
