@@ -62,9 +62,10 @@ def mixed_chain(n: int, seed: int = 0) -> onnx.ModelProto:
 GRAPHS: dict[str, Callable[[int], onnx.ModelProto]] = {"relu": relu_chain, "mixed": mixed_chain}
 
 
-def timed(phases: dict[str, float], name: str, fn: Callable[[], Any]) -> Any:
+def timed(phases: dict[str, float], name: str, fn: Callable[..., Any], *args: Any,
+          **kwargs: Any) -> Any:
     start = time.perf_counter()
-    result = fn()
+    result = fn(*args, **kwargs)
     phases[name] = phases.get(name, 0.0) + time.perf_counter() - start
     return result
 
@@ -80,32 +81,26 @@ def phases_of(model: Any, name: str) -> dict[str, float]:
     from cuvil.toolchains import get_target, target_machine
 
     phases: dict[str, float] = {}
-    graph = timed(phases, "import", lambda: import_model(model, None, name))
-    graph = timed(phases, "passes", lambda: run_passes(graph))
-    plan = timed(phases, "plan_memory", lambda: plan_memory(graph))
-    sig = timed(phases, "signature", lambda: signature_of(graph, name, "lib"))
+    graph = timed(phases, "import", import_model, model, None, name)
+    graph = timed(phases, "passes", run_passes, graph)
+    plan = timed(phases, "plan_memory", plan_memory, graph)
+    sig = timed(phases, "signature", signature_of, graph, name, "lib")
     arch = get_target(None).arches[0]
     levels = [(arch.cpu, arch.features), *[(v.cpu, v.features) for v in arch.variants]]
-    build = getattr(codegen, "build_modules", None)
     texts: list[str] = []
-    if build is not None:  # one call for every variant (shares what the variants can share)
-        tms = [target_machine(arch, cpu=c, features=f) for c, f in levels]
-        texts = timed(phases, "build IR (python)", lambda: build(
-            graph, plan, name, sig["checksum"], arch.llvm_triple, str(tms[0].target_data),
-            [f for _, f in levels]))
     for index, (cpu, features) in enumerate(levels):
         tm = target_machine(arch, cpu=cpu, features=features)
-        if build is None:
-            texts.append(timed(phases, "build IR (python)", lambda: codegen.build_module(
-                graph, plan, name, sig["checksum"], arch.llvm_triple, str(tm.target_data),
-                features=features, variant=index)))
-        mod = timed(phases, "parse+verify", lambda: llvm.parse_assembly(texts[index]))
+        text = timed(phases, "build IR (python)", codegen.build_module, graph, plan, name,
+                     sig["checksum"], arch.llvm_triple, str(tm.target_data),
+                     features=features, variant=index)
+        texts.append(text)
+        mod = timed(phases, "parse+verify", llvm.parse_assembly, text)
         timed(phases, "parse+verify", mod.verify)
         pto = llvm.PipelineTuningOptions(speed_level=3)
         pto.loop_vectorization = pto.slp_vectorization = True
         pb = llvm.create_pass_builder(tm, pto)
-        timed(phases, "llvm optimise", lambda: pb.getModulePassManager().run(mod, pb))
-        timed(phases, "llvm codegen", lambda: tm.emit_object(mod))
+        timed(phases, "llvm optimise", pb.getModulePassManager().run, mod, pb)
+        timed(phases, "llvm codegen", tm.emit_object, mod)
     phases["ir functions"] = sum(t.count("\ndefine ") for t in texts) / len(texts)
     return phases
 
