@@ -12,7 +12,8 @@ Exported (default visibility), for a model named m:
 `_run_function`); `run` itself reads no clock, so profiling costs nothing when unused.
 
 `dims` holds the values of the symbolic input dims in the signature's order. Each node
-becomes an internal function returning a status; `run` calls them in order and stops at the
+becomes an internal function returning a status (nodes that would get the same code share
+one: see `_SharedFunctions`); `run` calls them in order and stops at the
 first non-zero status s, returning ``(node_index << 8) | s`` (see `emitter.STATUS_*`).
 Weights live in a separate object (`__cuvil_m_weights`, hidden) made by the toolchain from
 the raw blob, so big models never pass through LLVM IR text.
@@ -23,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import llvmlite.binding as llvm
+import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I8, I32, I64, PARALLEL_FOR, PTR, Emitter
@@ -91,7 +93,9 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
         k = Emitter(module, ws_fn, ws_fn.args[0], symbols, {})
         k.b.ret(k.dim(plan.workspace_size))
 
-    node_fns = [_node_function(module, graph, plan, i, symbols) for i in range(len(graph.nodes))]
+    shared = _SharedFunctions()
+    node_fns = [_node_function(module, graph, plan, i, symbols, shared)
+                for i in range(len(graph.nodes))]
 
     for entry in ENTRY_POINTS:
         fn_name = names[entry] if variant is None else variant_run_symbol(model, variant, entry)
@@ -190,32 +194,148 @@ def _buffers(node: Node) -> list[Value]:
 
 
 def _node_function(module: ir.Module, graph: Graph, plan: MemoryPlan, index: int,
-                   symbols: list[str]) -> ir.Function | None:
+                   symbols: list[str], shared: _SharedFunctions) -> ir.Function | None:
     node = graph.nodes[index]
     if node in plan.elided:
         return None
-    op = lookup(node.domain, node.op_type, node.opset)
-    assert op is not None
     bufs = _buffers(node)
     scratch = node in plan.scratch
+    noalias = _distinct(plan, bufs)
+    key = _structure_key(node, bufs, (scratch, noalias))
+    found = shared.find(key, node)
+    if found is not None:
+        return found
+    op = lookup(node.domain, node.op_type, node.opset)
+    assert op is not None
     fn = ir.Function(module, ir.FunctionType(I32, [PTR] * (1 + len(bufs) + scratch)),
                      f"node{index}_{node.op_type}")
     fn.linkage = "internal"
     # kept out of `run`: inlined, every node would land in one huge function whose
     # optimization time grows much faster than its size (a call per node costs nothing)
     fn.attributes.add("noinline")
-    if _distinct(plan, bufs):
+    if noalias:
         for arg in fn.args[1:]:
             arg.add_attribute("noalias")
     k = Emitter(module, fn, fn.args[0], symbols, dict(zip(bufs, fn.args[1:])))
     k.scratch = fn.args[-1] if scratch else None
+    watched = _watch_constants(node)
     try:
         op.lower(node, k)
     except Exception as exc:
         raise ModelError(f"{node.describe()}: code generation failed: "
                          f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        read_constants = _unwatch(watched)
     k.b.ret(ir.Constant(I32, 0))
+    shared.add(key, node, fn, read_constants)
     return fn
+
+
+class _Unshareable(Exception):
+    """An attribute the structure key cannot hold (a subgraph): the node gets its own code."""
+
+
+def _frozen(x: object) -> object:
+    """A hashable stand-in for an attribute value, equal only for equal values and types."""
+    if isinstance(x, np.ndarray):
+        return ("ndarray", x.dtype.str, x.shape, x.tobytes())
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, tuple(_frozen(v) for v in x))
+    if isinstance(x, dict):
+        return ("dict", tuple(sorted((str(k), _frozen(v)) for k, v in x.items())))
+    if isinstance(x, (float, np.generic)):  # by bits: -0.0 == 0.0, nan != nan
+        return (type(x).__name__, np.asarray(x).tobytes())
+    if isinstance(x, (int, str, bytes, type(None))):
+        return (type(x).__name__, x)
+    raise _Unshareable
+
+
+def _structure_key(node: Node, bufs: list[Value], extra: tuple[object, ...]) -> object | None:
+    """What a lowering can see of a node apart from its buffers' addresses (which are the
+    function's arguments) and its constants' elements (`_SharedFunctions` adds those when
+    the lowering reads them); None if the node must get its own function."""
+    try:
+        attrs = _frozen(node.attrs)
+    except _Unshareable:
+        return None
+
+    def value(v: Value | None) -> object:
+        if v is None:
+            return None
+        return (bufs.index(v), v.type, v.sym_value, v.const is not None)
+
+    return (node.domain, node.op_type, node.opset, attrs, extra,
+            tuple(value(v) for v in node.inputs), tuple(value(v) for v in node.outputs))
+
+
+class _SharedFunctions:
+    """Node functions by structure key, so that identical nodes are compiled once.
+
+    A key's first lowering tells whether it read constant elements; if it did, later nodes
+    with that key share its function only when their constants hold the same elements."""
+
+    def __init__(self) -> None:
+        self._functions: dict[object, ir.Function] = {}
+        self._reads_constants: set[object] = set()
+
+    @staticmethod
+    def _with_constants(key: object, node: Node) -> object:
+        return (key, tuple(None if v is None or v.const is None else _frozen(v.const)
+                           for v in node.inputs))
+
+    def find(self, key: object | None, node: Node) -> ir.Function | None:
+        if key is None:
+            return None
+        if key in self._reads_constants:
+            key = self._with_constants(key, node)
+        return self._functions.get(key)
+
+    def add(self, key: object | None, node: Node, fn: ir.Function, read_constants: bool) -> None:
+        if key is None:
+            return
+        if read_constants:
+            self._reads_constants.add(key)
+            key = self._with_constants(key, node)
+        self._functions[key] = fn
+
+
+class _WatchedValue(Value):
+    """A constant input while its node is lowered: reading `const` (the elements) is noted.
+    `is_const` and `is_known` are part of the structure key, so they are not reads."""
+
+    @property
+    def const(self) -> np.ndarray | None:
+        self.__dict__["_const_read"] = True
+        return self.__dict__["const"]
+
+    @const.setter
+    def const(self, value: np.ndarray | None) -> None:
+        self.__dict__["const"] = value
+
+    @property
+    def is_const(self) -> bool:
+        return self.__dict__["const"] is not None
+
+    @property
+    def is_known(self) -> bool:
+        return self.__dict__["const"] is not None or self.sym_value is not None
+
+
+def _watch_constants(node: Node) -> list[Value]:
+    watched = [v for v in node.inputs
+               if v is not None and type(v) is Value and v.__dict__.get("const") is not None]
+    for v in watched:
+        v.__class__ = _WatchedValue
+    return watched
+
+
+def _unwatch(watched: list[Value]) -> bool:
+    """Restore the values `_watch_constants` changed; True if the lowering read an element."""
+    read = False
+    for v in watched:
+        v.__class__ = Value
+        read = v.__dict__.pop("_const_read", False) or read
+    return read
 
 
 def _distinct(plan: MemoryPlan, bufs: list[Value]) -> bool:
