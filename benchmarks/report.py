@@ -68,10 +68,10 @@ def markdown(info: dict[str, Any], results: list[dict[str, Any]]) -> str:
     lines = ["# cuvil vs onnxruntime", "", header(info).replace("\n", "  \n"),
              f"load average at the end {', '.join(f'{x:.2f}' for x in info['load_average_end'])}"
              + ("; --quick run (short budgets)" if info["quick"] else ""), "",
-             "Latency: median (IQR) of interleaved calls in one process, same inputs. Ratio < 1: cuvil "
-             "is faster. GFLOP/s in brackets: share of the fp32 peak of that many cores (best ISA).", "",
-             "| model | threads | batch | GFLOP | cuvil ms | onnxruntime ms | ratio | cuvil GFLOP/s | "
-             "onnxruntime GFLOP/s | max rel diff |",
+             ("Latency: median (IQR) of interleaved calls in one process, same inputs. Ratio < 1: cuvil "
+             "is faster. GFLOP/s in brackets: share of the fp32 peak of that many cores (best ISA)."), "",
+             ("| model | threads | batch | GFLOP | cuvil ms | onnxruntime ms | ratio | cuvil GFLOP/s | "
+             "onnxruntime GFLOP/s | max rel diff |"),
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for result in results:
         for row in result["runs"]:
@@ -82,11 +82,11 @@ def markdown(info: dict[str, Any], results: list[dict[str, Any]]) -> str:
                 + (f"{c['median_ms']:.3f} ({c['iqr_ms']:.3f})" if c else "—")
                 + f" | {o['median_ms']:.3f} ({o['iqr_ms']:.3f}) | {_f(row.get('ratio'))} | {_gflops(c)} | "
                 f"{_gflops(o)} | {_f(row.get('max_rel_diff'), '.1e')} |")
-    lines += ["", "Per model: `cuvil build` wall time, wheel and library size, and fresh processes "
+    lines += ["", ("Per model: `cuvil build` wall time, wheel and library size, and fresh processes "
               "(launch -> import + load + first run at batch 1; peak RSS: VmHWM). "
-              "cuvil's process imports the unpacked wheel alone, without cuvil.", "",
-              "| model | source | build s | wheel KB | library KB | first result ms cuvil / ort | "
-              "peak RSS MB cuvil / ort | error |",
+              "cuvil's process imports the unpacked wheel alone, without cuvil."), "",
+              ("| model | source | build s | wheel KB | library KB | first result ms cuvil / ort | "
+              "peak RSS MB cuvil / ort | error |"),
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for result in results:
         fresh = result.get("fresh", {})

@@ -373,7 +373,7 @@ class MachOImage:
                 problems.append(f"the SuperBlob says {length} bytes, but LC_CODE_SIGNATURE holds {len(blob)}")
                 return result
             index = [_unpack(">II", blob, 12 + 8 * i, "SuperBlob index entry") for i in range(count)]
-            slots = {slot_type: offset for slot_type, offset in index}
+            slots = dict(index)
             for slot_type, offset in index:
                 if slot_type == CSSLOT_SIGNATURESLOT:
                     result.has_cms = _unpack(">I", blob, offset, "CMS blob")[0] == CSMAGIC_BLOBWRAPPER

@@ -543,10 +543,10 @@ class Profile:
         first, each with its total time, time per run, share of the total and GFLOP/s."""
         runs = max(self.runs, 1)
         rate = f", {self.flops / self.time_ns:.1f} GFLOP/s" if self.flops and self.time_ns else ""
-        lines = [f"cuvil profile of model {self.model}: {self.runs} runs, "
+        lines = [(f"cuvil profile of model {self.model}: {self.runs} runs, "
                  f"{self.time_ns / runs / 1e6:.3f} ms per run in compiled code "
                  f"({self.wall_ns / runs / 1e6:.3f} ms with the Python call), "
-                 f"{self.flops / runs / 1e9:.3f} GFLOP per run{rate}"]
+                 f"{self.flops / runs / 1e9:.3f} GFLOP per run{rate}")]
 
         def row(label: str, count: int, ns: int, gflops: float | None, shapes: str = "") -> str:
             share = 100 * ns / self.time_ns if self.time_ns else 0.0

@@ -160,7 +160,7 @@ def bn_case(dtype, shape, opset: int, seed: int, *, spatial: int | None = None, 
         outputs = ["y", "running_mean", "running_var"]
     feeds = {"x": (dtype, shape)}
     if runtime_params:
-        feeds.update({n: (pd, pshape) for n in params})
+        feeds.update(dict.fromkeys(params, (pd, pshape)))
         params = {}
     return Case("BatchNormalization", ["x", "scale", "B", "mean", "var"], attrs, feeds=feeds,
                 consts=params, outputs=outputs, oracle=oracle,

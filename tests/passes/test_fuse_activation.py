@@ -79,7 +79,7 @@ def test_the_fused_node_produces_the_relus_output() -> None:
     r = g.outputs[0]
     fuse_epilogue(g)
     g.verify()
-    assert structure(g) == [f"%0 = Gemm(x, const[11, 6]) {{'{ACTIVATION_PARAMS}': (), "
-                            f"'{FUSED_ACTIVATION}': 'Relu'}}",
+    assert structure(g) == [(f"%0 = Gemm(x, const[11, 6]) {{'{ACTIVATION_PARAMS}': (), "
+                            f"'{FUSED_ACTIVATION}': 'Relu'}}"),
                             "%1 = Neg(%0)", "return %0, %1"]
     assert r.producer is g.nodes[0] and g.nodes[0].outputs == [r]

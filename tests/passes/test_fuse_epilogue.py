@@ -51,7 +51,7 @@ def conv_model(tail: list, extra_inputs=None, inits=None, c: int = 8, opset: int
     """x -> Conv (3x3, pads 1, bias) -> c, then `tail` (nodes reading c, x, ...) -> y."""
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), *tail]
     return make_model(nodes, {"x": (F32, ["batch", c, 9, 7]), **(extra_inputs or {})},
-                      {o: F32 for o in outputs},
+                      dict.fromkeys(outputs, F32),
                       {"w": weights(8, c, 3, 3), "b": weights(8), **(inits or {})}, opset=opset)
 
 

@@ -210,7 +210,7 @@ class Emitter:
         """`view` read as if broadcast to `shape` (numpy rules): stride 0 on broadcast axes."""
         pad = len(shape) - view.rank
         zero = self.i64(0)
-        dims = list(self.dim(d) for d in shape)
+        dims = [self.dim(d) for d in shape]
         strides = [zero] * pad
         for axis in range(view.rank):
             src = view.shape[axis]

@@ -29,7 +29,7 @@ def fold_node(node: onnx.NodeProto, inputs: list[np.ndarray | None],
         return None
     from onnx.reference import ReferenceEvaluator
 
-    names = [n for n in node.input]
+    names = list(node.input)
     graph_inputs = []
     feeds = {}
     for name, arr in zip(names, inputs):

@@ -10,6 +10,7 @@ by the kernel while the tile is in registers.
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import PTR, Emitter, View
@@ -20,6 +21,7 @@ from cuvil.compiler.ops._window import Window, ceil_div, clamp
 from cuvil.compiler.ops.gemm import RESIDUAL_SLOT, node_epilogue
 
 F32 = ir.FloatType()
+F32_DTYPE = np.dtype(np.float32)
 
 #: output positions per chunk of X' (`_chunked`)
 CHUNK_COLUMNS = 128
@@ -130,8 +132,8 @@ def _im2col(k: Emitter, x: ir.Value, in_shape: tuple[Dim, ...], win: Window, col
     = (first, count), only output rows first..first+count-1 of the first output axis."""
     b = k.b
     r = len(win.kernel)
-    xv = k.contiguous(x, "float32", (channels, *in_shape))
-    cv = k.contiguous(cols, "float32", (channels, *win.kernel, *win.out))
+    xv = k.contiguous(x, F32_DTYPE, (channels, *in_shape))
+    cv = k.contiguous(cols, F32_DTYPE, (channels, *win.kernel, *win.out))
     first_row = k.i64(0)
     if rows is not None:
         first_row, count = rows

@@ -725,7 +725,7 @@ def _scan(k: Emitter, lay: _Layout, loop: _Iterations, length: Dim, states: list
             if side.axis != 0:
                 part = k.contiguous(slots[f"out{j}"], side.slice.dtype, side.slice.shape)
                 _copy_slice(k, whole(side, base), side.axis, position(i, side), part, gather=False)
-        return None
+        return
 
     count = loop.run(n_len, None, step)
     loop.finish(count, finals)

@@ -202,7 +202,7 @@ def _emit_contraction(k: Emitter, eq: Equation, labels: list[str], a: View, b: V
         k.memset(y.ptr, 0, k.dim(nbytes))
     loop_labels = outer + outer_sum
     with k.loops([a.dims[pos[lab]] for lab in loop_labels], name="l") as idx:
-        index = {lab: i for lab, i in zip(loop_labels, idx)}
+        index = dict(zip(loop_labels, idx))
 
         def at(v: View) -> View:
             off = k.offset(replace(v, strides=tuple(v.strides[pos[lab]] for lab in loop_labels)),

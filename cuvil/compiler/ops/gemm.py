@@ -212,7 +212,8 @@ class Gemm(Op):
                                epilogue=epilogue)
             return
         if compute_dtype(y.dtype) != y.dtype or prefers_dot(a, b):
-            c = k.broadcast_to(k.view(c_val), y_val.type.shape) if accumulate else None
+            c = (k.broadcast_to(k.view(c_val), y_val.type.shape)
+                 if accumulate and c_val is not None else None)
             emit_matmul_dot(k, a, b, y, alpha=alpha, c=c, beta=beta)
         else:
             if accumulate:

@@ -47,7 +47,7 @@ from cuvil.errors import ModelError, UnsupportedOpError
 #: the runtime's decision to split the rows over threads
 ROW_COST = 8
 #: ONNX TensorProto codes of stash_type
-_STASH = {1: np.dtype(np.float32), 11: np.dtype(np.float64)}
+_STASH: dict[int, np.dtype] = {1: np.dtype(np.float32), 11: np.dtype(np.float64)}
 
 
 # -- building blocks ------------------------------------------------------------------------
@@ -248,7 +248,7 @@ def _softmax(k: Emitter, L: _Lanes, size: ir.Value, comp: np.dtype, mode: str) -
 def _hardmax(k: Emitter, L: _Lanes, size: ir.Value, comp: np.dtype, mode: str) -> None:
     b = k.b
     best = L.state(comp, "best")
-    where = L.state(np.int64, "argmax")
+    where = L.state(np.dtype(np.int64), "argmax")
     L.fill(best, k.const(comp, float("-inf")))
     L.fill(where, k.i64(0))
     with k.loop(size, name="r0") as r, L.each() as j:

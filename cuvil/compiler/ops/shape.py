@@ -502,7 +502,7 @@ class Split(Op):
         x = required_input(node, 0)
         axis, split = self.sizes(node, ctx)
         shape = list(x.type.shape)
-        return [TensorType(x.type.dtype, tuple([*shape[:axis], s, *shape[axis + 1:]]))
+        return [TensorType(x.type.dtype, (*shape[:axis], s, *shape[axis + 1:]))
                 for s in split]
 
     def lower(self, node: Node, k: Emitter) -> None:

@@ -40,7 +40,7 @@ def _affine(bn: Node) -> tuple[np.ndarray, np.ndarray] | None:
     params = [_const_float(v) for v in bn.inputs[1:5]]
     if any(p is None or p.ndim != 1 for p in params):
         return None
-    scale, bias, mean, var = (np.asarray(p, dtype=np.float64) for p in params)  # type: ignore[arg-type]
+    scale, bias, mean, var = (np.asarray(p, dtype=np.float64) for p in params)
     eps = float(bn.attrs.get("epsilon", 1e-5))
     a = scale / np.sqrt(var + eps)
     return a, bias - mean * a

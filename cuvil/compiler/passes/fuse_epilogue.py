@@ -64,7 +64,7 @@ def _binary_operands(node: Node) -> list[tuple[Value, Value]]:
     """(x, other) for both orders of a commutative two-input node's operands."""
     if len(node.inputs) != 2 or any(v is None for v in node.inputs):
         return []
-    a, b = node.inputs  # type: ignore[misc]
+    a, b = node.inputs
     return [(a, b), (b, a)]  # type: ignore[list-item]
 
 
