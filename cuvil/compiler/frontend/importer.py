@@ -436,7 +436,9 @@ class _Importer:
             raise ModelError(f"{self.label}: {node.describe()}: the body has {len(names_in)} inputs "
                              f"and {len(names_out)} outputs for {n} loop-carried values")
         k = len(names_out) - 1 - n
-        carried: list[Value] = list(node.inputs[2:2 + n])  # type: ignore[misc]
+        carried: list[Value] = [v for v in node.inputs[2:2 + n] if v is not None]
+        if len(carried) != n:
+            raise ModelError(f"{self.label}: {node.describe()}: every loop-carried input must be given")
         parts: list[list[Value]] = [[] for _ in range(k)]
         outer_prefix = self.prefix
         for t in range(trip):
