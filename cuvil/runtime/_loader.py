@@ -568,6 +568,8 @@ class Profile:
 
     def __str__(self) -> str:
         return self.table()
+
+
 def _thread_pool_registry() -> Any:
     """The process's record of the shared thread pool. A module in sys.modules, because each
     generated package carries its own copy of this file and all of them must find one pool."""
