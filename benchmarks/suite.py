@@ -114,15 +114,13 @@ class BuildError(Exception):
     pass
 
 
-def cuvil_model(built: dict[str, Any], threads: int, work: Path) -> Any:
-    """The wheel's library loaded from a copy of its own: each copy has its own thread pool,
-    which reads CUVIL_NUM_THREADS when it starts (on the first call big enough to split)."""
+def cuvil_model(built: dict[str, Any]) -> Any:
+    """The wheel's library, loaded as the generated package loads it. Every cuvil library in
+    a process shares one thread pool (sized once, from CUVIL_NUM_THREADS or the CPUs), so the
+    thread count of a run is the model's per-call limit, `num_threads`."""
     from cuvil.runtime._loader import Model
 
-    copy = work / f"threads{threads}" / built["library"].name
-    copy.parent.mkdir(exist_ok=True)
-    shutil.copyfile(built["library"], copy)
-    return Model(copy, built["signature"])
+    return Model(built["library"], built["signature"])
 
 
 def ort_session(path: Path, threads: int) -> Any:
@@ -205,10 +203,11 @@ def bench_model(name: str, args: argparse.Namespace, peaks: dict[str, float]) ->
     except BuildError as exc:
         result["error"] = f"cuvil build failed: {exc}"
     best_peak = max(peaks.values(), default=0.0)
+    ours = cuvil_model(built) if built else None
     for threads in args.threads:
-        os.environ["CUVIL_NUM_THREADS"] = str(threads)
         session = ort_session(bench.path, threads)
-        ours = cuvil_model(built, threads, work) if built else None
+        if ours is not None:
+            ours.num_threads = threads
         for batch in batches:
             feeds = bench.feeds(model, batch)
             gflop, complete = flops.count_flops(model, feeds)
@@ -233,8 +232,8 @@ def bench_model(name: str, args: argparse.Namespace, peaks: dict[str, float]) ->
                 row["ratio"] = row["cuvil"]["median_ms"] / row["ort"]["median_ms"]
             result["runs"].append(row)
             print(report.run_line(bench.name, row), flush=True)
-        session = ours = None  # free both before the next thread count loads its own
-    os.environ.pop("CUVIL_NUM_THREADS", None)
+        session = None  # free it before the next thread count loads its own
+    ours = None
 
     feeds_file = work / "feeds.npz"
     feeds_file.parent.mkdir(parents=True, exist_ok=True)
