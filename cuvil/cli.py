@@ -540,14 +540,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from cuvil.compiler.driver import compile_in_process
 
-    if args.runs < 1 or args.batch < 1:
-        raise ConfigError("--runs and --batch must be at least 1")
+    if args.runs < 1 or args.batch < 1 or (args.threads is not None and args.threads < 1):
+        raise ConfigError("--runs, --batch and --threads must be at least 1")
     path = Path(args.model)
     log = _progress(args)
     if log:
         log(f"compiling {path} for this machine")
     start = time.perf_counter()
     model = compile_in_process(path)
+    model.num_threads = args.threads
     compile_time = time.perf_counter() - start
     dims: dict[str, int] = {}
     for info in model.inputs:
@@ -567,7 +568,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("  onnxruntime is not installed: no comparison (python -m pip install onnxruntime)")
         _print_profile(model, feeds, args.runs, args.profile)
         return 0
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = onnxruntime.SessionOptions()
+    if args.threads is not None:
+        options.intra_op_num_threads = args.threads
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     theirs = _time(lambda: session.run(None, feeds), args.runs, args.warmup)
     print(f"  onnxruntime  {theirs * 1e3:10.3f} ms per run")
     ours = model.run(feeds)
@@ -704,6 +708,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dim", action="append", default=[], metavar="NAME=N", help="value of one symbolic dim")
     p.add_argument("--runs", type=int, default=100, help="timed runs (default: 100)")
     p.add_argument("--warmup", type=int, default=5, help="untimed runs first (default: 5)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for both engines (default: cuvil's pool size and onnxruntime's default)")
     p.add_argument("--profile", action="store_true",
                    help="also time every node (--runs more runs) and print time per op type and node")
     p.set_defaults(func=cmd_bench)

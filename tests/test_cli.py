@@ -364,7 +364,13 @@ def test_build_check_inspect_and_publish_dry_run(
 
 @pytest.mark.slow
 def test_bench_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "bench", str(DIGITS_MODEL), "--batch", "2", "--runs", "3", "--warmup", "1")
+    code, out, err = run(capsys, "bench", str(DIGITS_MODEL), "--batch", "2", "--runs", "3", "--warmup", "1",
+                         "--threads", "1")
     assert code == 0, err
     assert "cuvil" in out and "onnxruntime" in out and "ratio" in out
     assert "image[2, 1, 8, 8]" in out
+
+
+def test_bench_refuses_zero_threads(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "bench", str(DIGITS_MODEL), "--threads", "0")
+    assert code == 2 and "--threads" in err
