@@ -101,7 +101,8 @@ class ModelConfig:
     source: Path = field(
         metadata=_option(
             "file",
-            "ONNX model file, relative to the project root and inside it (the sdist carries it).",
+            "ONNX model file, relative to the project root (not absolute) and inside it (the "
+            "sdist carries it).",
             "models/classifier.onnx",
         )
     )
@@ -109,7 +110,9 @@ class ModelConfig:
         metadata=_option(
             "inputs",
             "Pins or names input dims: input name -> list of dims, each an integer >= 1 or an "
-            'identifier string (a symbolic dim such as "batch").',
+            'identifier string (a symbolic dim such as "batch"). Dims the model leaves unknown '
+            '(no size, "?", -1, as exporters write them) are free, each its own; a declared 0 is '
+            "an empty dim unless pinned here.",
             {"image": ["batch", 1, 8, 8]},
             default={},
         )
@@ -534,6 +537,14 @@ def _convert(opt: Option, value: Any, src: _Source, ctx: _Context) -> Any:
 
 
 def _project_file(value: str, src: _Source, ctx: _Context) -> Path:
+    if Path(value).is_absolute():
+        # pyproject.toml travels in the sdist: an absolute path would point outside its copy
+        _fail(
+            src.where,
+            f"{_toml(value)} is an absolute path",
+            "Give the path relative to the project root (e.g. \"models/classifier.onnx\"), so "
+            "that a build from the sdist finds the file too.",
+        )
     path = (ctx.root / value).resolve()
     if ctx.root not in path.parents:
         _fail(

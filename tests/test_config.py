@@ -268,6 +268,11 @@ ERRORS = {
         MISSING_FILE,
         ["tool.cuvil.models.classifier.source: cannot read", "Fix the path"],
     ),
+    "absolute source": (
+        PROJECT + '[tool.cuvil.models.classifier]\nsource = "/srv/models/classifier.onnx"\n',
+        (),
+        ["tool.cuvil.models.classifier.source", "absolute path", "relative to the project root"],
+    ),
     "source outside the project": (
         PROJECT + '[tool.cuvil.models.classifier]\nsource = "../outside.onnx"\n',
         (),
@@ -365,3 +370,13 @@ def test_docs_are_current():
     render = runpy.run_path(str(REPO / "scripts" / "gen_config_docs.py"))["render"]
     current = (REPO / "docs" / "config.md").read_text(encoding="utf-8")
     assert current == render(), "docs/config.md is stale: run scripts/gen_config_docs.py"
+
+
+def test_absolute_source_inside_the_project_is_refused(tmp_path):
+    # it would be accepted here but point outside the sdist's copy of the project
+    root = make_project(tmp_path)
+    inside = (root / "models/classifier.onnx").resolve()
+    text = PROJECT + f'[tool.cuvil.models.classifier]\nsource = "{inside}"\n'
+    (root / "pyproject.toml").write_text(text, encoding="utf-8")
+    message = config_error(root)
+    assert "absolute path" in message and "relative to the project root" in message

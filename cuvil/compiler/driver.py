@@ -18,7 +18,7 @@ from typing import Any, Callable
 from cuvil.compiler.codegen.dispatch import render_dispatcher
 from cuvil.compiler.codegen.module import build_module, emit_object, symbol_names
 from cuvil.compiler.frontend import import_model
-from cuvil.compiler.ir import Graph, Node, Value, dim_str
+from cuvil.compiler.ir import MAX_TENSOR_BYTES, Graph, Node, Value, dim_str
 from cuvil.compiler.ops.flops import node_flops
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION, MATMUL_BIAS_SLOT, RESIDUAL_SLOT
 from cuvil.compiler.passes import run_passes
@@ -121,6 +121,10 @@ def compile_model(
     library_file = library_file or f"_{name}{tgt.library_suffix}"
     if "/" in library_file or "\\" in library_file:
         raise ConfigError(f"library file name {library_file!r} must be a bare file name")
+    if isinstance(plan.workspace_size, int) and plan.workspace_size > MAX_TENSOR_BYTES:
+        raise ModelError(f"model {name}: its intermediate tensors need {plan.workspace_size} bytes "
+                         f"at once, more than any address space holds ({MAX_TENSOR_BYTES}); "
+                         "fix the model's dims")
     sig = signature_of(graph, name, library_file)
     sig["workspace"] = to_python(plan.workspace_size)
     say(f"cuvil: {name}: {len(graph.nodes)} nodes, {len(plan.weights)} bytes of weights, "

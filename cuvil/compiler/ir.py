@@ -47,6 +47,11 @@ def dim_str(d: Dim) -> str | int:
     return d if isinstance(d, int) else str(d)
 
 
+#: no tensor or workspace may need more bytes than a 64-bit address space maps (47 bits on
+#: x86-64 and most AArch64 systems); it also keeps the int64 sizes of generated code exact
+MAX_TENSOR_BYTES = 1 << 47
+
+
 def numel(shape: Iterable[Dim]) -> Dim:
     n: Dim = 1
     for d in shape:

@@ -20,7 +20,16 @@ from cuvil.compiler.frontend.fold_constants import fold_node
 from cuvil.compiler.frontend.functions import expandable, function_body
 from cuvil.compiler.frontend.loader import check_and_upgrade, load_onnx
 from cuvil.compiler.frontend.shape_values import propagate
-from cuvil.compiler.ir import Dim, Graph, Node, TensorType, Value, subgraphs, symbol
+from cuvil.compiler.ir import (
+    MAX_TENSOR_BYTES,
+    Dim,
+    Graph,
+    Node,
+    TensorType,
+    Value,
+    subgraphs,
+    symbol,
+)
 from cuvil.compiler.ops import InferContext, attribute_value, lookup
 from cuvil.compiler.ops.control import SubgraphOp, known_flag
 from cuvil.errors import CuvilError, ModelError, UnsupportedOpError
@@ -38,18 +47,46 @@ def _identifier(name: str) -> str:
     return s
 
 
+def _is_unknown(d: onnx.TensorShapeProto.Dimension) -> bool:
+    """Exporters' ways of writing "any size": no value, an empty name, "?" (PaddlePaddle,
+    for several different dims), "-1", or a negative dim_value (PaddlePaddle). Each such dim
+    gets a symbol of its own. A dim_value of 0 stays an empty dim, as ONNX defines it (empty
+    axes lists are inputs of shape [0]); a config pin may still override it (`_input_type`)."""
+    if d.HasField("dim_value"):
+        return d.dim_value < 0
+    return d.dim_param.strip() in ("", "?", "-1")
+
+
+def element_dtype(elem_type: int, what: str) -> np.dtype:
+    """The numpy dtype of an ONNX element type; a ModelError naming `what` for types that have
+    none (UNDEFINED = 0, an unknown number)."""
+    name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() \
+        else None
+    if elem_type == onnx.TensorProto.UNDEFINED or name is None:
+        raise ModelError(f"{what} has element type {elem_type} ({name or 'not an ONNX type'}); "
+                         "the exporter left the type out: re-export the model, or set the type "
+                         "with onnx.helper.make_tensor_value_info")
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        raise ModelError(f"{what} has element type {name}, which has no numpy dtype; cuvil "
+                         "compiles numeric and bool tensors") from None
+
+
 def _input_type(vi: onnx.ValueInfoProto, pins: Sequence[int | str] | None, label: str) -> TensorType:
     tt = vi.type.tensor_type
     if not vi.type.HasField("tensor_type"):
         raise UnsupportedOpError(f"{label}: input {vi.name!r} is not a tensor; cuvil compiles "
                                  "tensor inputs only")
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+    dtype = element_dtype(tt.elem_type, f"{label}: input {vi.name!r}")
     dims: list[Dim] = []
     for i, d in enumerate(tt.shape.dim):
-        if d.HasField("dim_value"):
+        if _is_unknown(d):
+            dims.append(symbol(_identifier(f"{vi.name}_{i}")))
+        elif d.HasField("dim_value"):
             dims.append(int(d.dim_value))
         else:
-            dims.append(symbol(_identifier(d.dim_param or f"{vi.name}_{i}")))
+            dims.append(symbol(_identifier(d.dim_param)))
     if pins is not None:
         if tt.HasField("shape") and len(pins) != len(dims):
             raise ModelError(f"{label}: inputs.{vi.name} pins {len(pins)} dims but the model's "
@@ -58,11 +95,12 @@ def _input_type(vi: onnx.ValueInfoProto, pins: Sequence[int | str] | None, label
         for i, p in enumerate(pins):
             model_dim = dims[i] if i < len(dims) else None
             if isinstance(p, int):
-                if isinstance(model_dim, int) and model_dim != p:
+                # 0 is also how some exporters write "unknown": a pin says which it is
+                if isinstance(model_dim, int) and model_dim not in (p, 0):
                     raise ModelError(f"{label}: inputs.{vi.name} pins dim {i} to {p} but the model "
                                      f"fixes it to {model_dim}")
                 pinned.append(p)
-            elif isinstance(model_dim, int):
+            elif isinstance(model_dim, int) and model_dim != 0:
                 raise ModelError(f"{label}: inputs.{vi.name} names dim {i} {p!r} but the model "
                                  f"fixes it to {model_dim}; use {model_dim}")
             else:
@@ -118,11 +156,22 @@ def import_model(source: str | Path | onnx.ModelProto,
             "may avoid them."
         )
 
+    if not g.output:
+        raise ModelError(f"{label}: the graph declares no outputs, so it computes nothing; "
+                         "re-export the model with its outputs listed")
     for vi in g.output:
         if vi.name not in scope:
             raise ModelError(f"{label}: graph output {vi.name!r} is not produced by any node")
-        graph.outputs.append(scope[vi.name])
+        v = scope[vi.name]
+        declared = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+        if declared and element_dtype(declared, f"{label}: output {vi.name!r}") != v.type.dtype:
+            raise ModelError(
+                f"{label}: output {vi.name!r} is declared {onnx.TensorProto.DataType.Name(declared)} "
+                f"but the graph computes {v.type.dtype} there (onnxruntime refuses such a model "
+                "too); fix the declaration or re-export the model")
+        graph.outputs.append(v)
     _check_symbols_known(graph, label)
+    _check_sizes(graph, label)
     return graph
 
 
@@ -581,3 +630,19 @@ def _check_symbols_known(graph: Graph, label: str) -> None:
                 if extra:
                     raise ModelError(f"{label}: output {v.name!r} has dims {sorted(extra)} that do "
                                      "not follow from the input dims")
+
+
+def _check_sizes(graph: Graph, label: str) -> None:
+    """Refuse tensors whose static size no machine could hold (dims like 2**63 - 1)."""
+    values = [*graph.inputs, *(v for node in graph.nodes for v in node.outputs)]
+    for v in values:
+        size = v.type.dtype.itemsize
+        for d in v.type.shape:
+            if isinstance(d, int):
+                size *= d
+        if size > MAX_TENSOR_BYTES:
+            where = f"input {v.name!r}" if v.producer is None else \
+                f"{v.name!r}, output of {v.producer.describe()}"
+            raise ModelError(f"{label}: {where} has shape {list(v.type.shape)}: {size} bytes, more "
+                             f"than any address space holds ({MAX_TENSOR_BYTES} bytes); fix the "
+                             "model's dims")

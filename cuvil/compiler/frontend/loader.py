@@ -160,6 +160,13 @@ def check_and_upgrade(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
     except Exception as exc:
         raise ModelError(f"{label}: the ONNX checker rejects the model: {exc}") from None
     opset = default_opset(model)
+    newest = onnx.defs.onnx_opset_version()
+    if opset > newest:
+        raise ModelError(
+            f"{label}: the model imports opset {opset} of the default domain, newer than any "
+            f"this onnx {onnx.__version__} defines (up to {newest}); re-export it with an opset "
+            f"<= {newest}, or upgrade onnx"
+        )
     if opset < MIN_OPSET:
         model = _per_channel_prelu_slopes(model)
         try:
