@@ -269,7 +269,11 @@ def test_config_settings_and_progress(
 ) -> None:
     wheel = build(tmp_path / "dist", {"target": "aarch64-linux"})
     assert project.settings == [{"target": "aarch64-linux"}]
-    assert project.calls == [project.root / "build" / "cuvil" / "aarch64-linux"]
+    # compiled in a private folder, kept afterwards as the target's folder
+    (workdir,) = project.calls
+    assert workdir.parent == project.root / "build" / "cuvil"
+    assert workdir.name.startswith("aarch64-linux.building-")
+    assert (project.root / "build" / "cuvil" / "aarch64-linux").is_dir() and not workdir.exists()
     err = capsys.readouterr().err
     assert "cuvil: compiling model classifier for aarch64-linux" in err
     assert "cuvil: generated the package" in err

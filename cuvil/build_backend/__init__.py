@@ -16,6 +16,7 @@ import functools
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
@@ -154,9 +155,32 @@ def _compile(project: ProjectConfig, metadata: CoreMetadata, target: Target) -> 
     names = ", ".join(model.name for model in project.models)
     plural = "s" if len(project.models) != 1 else ""
     _log(f"compiling model{plural} {names} for {target.name}")
-    workdir = project.settings.build_dir / target.name
-    workdir.mkdir(parents=True, exist_ok=True)
-    return _build_package_files(project, workdir, _log)
+    # each build compiles in a folder of its own: two builds of one project at once (say,
+    # with different settings) must not read each other's half-written objects
+    build_dir = project.settings.build_dir
+    build_dir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix=f"{target.name}.building-", dir=build_dir))
+    try:
+        files = _build_package_files(project, workdir, _log)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    _keep_as_latest(workdir, build_dir / target.name)
+    return files
+
+
+def _keep_as_latest(workdir: Path, latest: Path) -> None:
+    """Leave the intermediate files of the last finished build at `latest` for inspection;
+    a build that finishes while another swaps its own in just drops its files."""
+    retired = Path(tempfile.mkdtemp(prefix=f"{latest.name}.old-", dir=latest.parent))
+    try:
+        if latest.exists():
+            os.replace(latest, retired / latest.name)
+        os.replace(workdir, latest)
+    except OSError:
+        shutil.rmtree(workdir, ignore_errors=True)
+    finally:
+        shutil.rmtree(retired, ignore_errors=True)
 
 
 @_report_errors
@@ -211,12 +235,10 @@ def _replace_tree(tree: Path, files: Mapping[str, bytes]) -> None:
             f"{tree} exists but was not written by cuvil; remove it, or choose another build "
             "folder (the build_dir setting)"
         )
-    staging = tree.with_name(tree.name + ".new")
-    retired = tree.with_name(tree.name + ".old")
-    for leftover in (staging, retired):
-        if leftover.exists():
-            shutil.rmtree(leftover)
-    staging.mkdir(parents=True)
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    # private names: a concurrent refresh of the same tree must not write into this one's
+    staging = Path(tempfile.mkdtemp(prefix=tree.name + ".new-", dir=tree.parent))
+    retired = Path(tempfile.mkdtemp(prefix=tree.name + ".old-", dir=tree.parent)) / tree.name
     (staging / _EDITABLE_MARKER).write_text(
         "cuvil editable install tree; rebuilt by pip install -e\n"
     )
@@ -226,10 +248,16 @@ def _replace_tree(tree: Path, files: Mapping[str, bytes]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         os.chmod(path, _reproducible.mode_for_name(name))
-    if tree.exists():
-        os.replace(tree, retired)
-    os.replace(staging, tree)
-    shutil.rmtree(retired, ignore_errors=True)
+    try:
+        if tree.exists():
+            os.replace(tree, retired)
+        os.replace(staging, tree)
+    except OSError:
+        if not tree.exists():  # else a concurrent refresh put its complete tree in place
+            raise
+    finally:
+        shutil.rmtree(retired.parent, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 @_report_errors
