@@ -1,7 +1,9 @@
 """Convolution and transposed convolution over any number of spatial dims, with padding
 (explicit or auto_pad), strides, dilations and groups.
 
-float32 convolutions run as matrix products on the shared GEMM kernel (`_conv_gemm`).
+float32 convolutions run as matrix products on the shared GEMM kernel: 3x3 ones with unit
+strides and enough channels as Winograd convolutions (`_conv_winograd`, which says which),
+all others through im2col (`_conv_gemm`).
 float64 accumulates each kernel tap into the output in place, one row at a time:
 the innermost spatial loop has a computed valid range, so it has no branch and vectorizes.
 float16 is computed per output element in a float32 register (accumulating in float16
@@ -36,6 +38,12 @@ from cuvil.compiler.ops import (
     required_input,
 )
 from cuvil.compiler.ops._conv_gemm import im2col_bytes, lower_conv_gemm
+from cuvil.compiler.ops._conv_winograd import (
+    WINOGRAD_TILE,
+    conv_weight_shape,
+    lower_conv_winograd,
+)
+from cuvil.compiler.ops._conv_winograd import scratch_bytes as winograd_bytes
 from cuvil.compiler.ops._window import (
     Window,
     auto_pad_of,
@@ -51,7 +59,7 @@ from cuvil.errors import ModelError, UnsupportedOpError
 
 def _kernel(node: Node, w: Value) -> tuple[int, ...]:
     """The kernel's spatial shape: from the weight, checked against kernel_shape if given."""
-    shape = tuple(w.type.shape[2:])
+    shape = tuple(conv_weight_shape(node, w)[2:])
     if not all(isinstance(d, int) for d in shape):
         raise ModelError(f"{node.describe()}: the weight shape must be static, got {w.type}")
     if "kernel_shape" in node.attrs and tuple(node.attrs["kernel_shape"]) != shape:
@@ -65,7 +73,7 @@ def _kernel(node: Node, w: Value) -> tuple[int, ...]:
 def _check_operands(node: Node, op: Op) -> tuple[Value, Value, int]:
     op.check_dtypes(node)
     x, w = required_input(node, 0), required_input(node, 1)
-    if x.type.rank < 3 or w.type.rank != x.type.rank:
+    if x.type.rank < 3 or len(conv_weight_shape(node, w)) != x.type.rank:
         raise ModelError(
             f"{node.describe()}: input {x.type} and weight {w.type} must both be "
             "N x C x spatial... of the same rank"
@@ -99,10 +107,11 @@ class Conv(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         x, w, group = _check_operands(node, self)
-        c_in, m = x.type.shape[1], int(w.type.shape[0])
+        m, cw = (int(d) for d in conv_weight_shape(node, w)[:2])
+        c_in = x.type.shape[1]
         if m % group:
             raise ModelError(f"{node.describe()}: {m} output channels do not split into {group} groups")
-        ctx.dims_equal(node, c_in, w.type.shape[1] * group, "input channels vs weight channels x group")
+        ctx.dims_equal(node, c_in, cw * group, "input channels vs weight channels x group")
         _check_bias(node, m)
         win = conv_window(node, ctx)
         y = TensorType(x.type.dtype, (x.type.shape[0], m, *win.out))
@@ -112,11 +121,17 @@ class Conv(Op):
     def scratch_bytes(self, node: Node) -> Dim:
         if node.outputs[0].type.dtype.name != "float32":
             return 0
-        return im2col_bytes(node, conv_window(node, UNCHECKED))
+        win = conv_window(node, UNCHECKED)
+        if WINOGRAD_TILE in node.attrs:
+            return winograd_bytes(node, win)
+        return im2col_bytes(node, win)
 
     def lower(self, node: Node, k: Emitter) -> None:
         x_val, w_val, b_val = required_input(node, 0), required_input(node, 1), node.input(2)
         win = conv_window(node, UNCHECKED)
+        if WINOGRAD_TILE in node.attrs:  # chosen by ops/_conv_winograd.winograd_tile
+            lower_conv_winograd(node, k, win)
+            return
         x, w, y = k.view(x_val), k.view(w_val), k.view(node.outputs[0])
         bias = k.view(b_val) if b_val is not None else None
         group = int(attr(node, "group"))

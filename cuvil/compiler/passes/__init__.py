@@ -16,10 +16,12 @@ from cuvil.compiler.passes.fold_batchnorm import fold_batchnorm
 from cuvil.compiler.passes.fuse_epilogue import fuse_epilogue
 from cuvil.compiler.passes.pack_gemm_weights import pack_gemm_weights
 from cuvil.compiler.passes.rewrite_bodies import rewrite_bodies
+from cuvil.compiler.passes.winograd_weights import winograd_weights
 
 #: the pipeline, in order (constant folding runs inside the frontend, which needs constants
 #: to type shape inputs)
-PIPELINE = (eliminate_dead_code, fold_batchnorm, pack_gemm_weights, fuse_epilogue)
+PIPELINE = (eliminate_dead_code, fold_batchnorm, pack_gemm_weights, fuse_epilogue,
+            winograd_weights)
 
 #: passes of the pipeline that If/Loop/Scan bodies skip, and why; every other pass runs on
 #: each body too (`SUBGRAPH_PIPELINE`)

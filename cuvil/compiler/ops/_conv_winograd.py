@@ -1,0 +1,414 @@
+"""float32 3x3 convolutions (stride 1, dilation 1, one group, 2-D) by Winograd's minimal
+filtering F(m x m, 3 x 3): each m x m tile of the output comes from an alpha x alpha tile of
+the input (alpha = m + 2) with alpha^2 multiplies per (output, input) channel pair instead of
+9 m^2 (4x fewer for m = 4).
+
+    Y_tile = A^T [ sum_c U[., o, c] * V[., c, tile] ] A,   U = G g G^T,   V = B^T d B
+
+The weights' transform U runs once, at compile time (`winograd_weights` pass, which stores U
+as [alpha^2, M, C]: one GEMM operand per point). At run time the image is cut into blocks of
+tile rows, spread over the threads; each block, in its own part of the scratch memory:
+
+1. transforms its input tiles into V[alpha^2, C, tiles] (B^T d B as a column pass over rows
+   staged with their zero padding, then a row pass on whole vectors of tiles),
+2. multiplies, per point, U[p] [M, C] @ V[p] [C, tiles] on the shared GEMM kernel,
+3. transforms the products back (A^T m A) and writes Y with the node's epilogue (bias,
+   residual, activation) applied on the way.
+
+The transform matrices come from the Toom-Cook construction at the points `POINTS` (the
+usual 0, +-1, +-2, ... of Lavin & Gray), solved for B^T so that the identity holds exactly.
+Rounding grows with m (the points' powers grow): F(4x4) keeps cuvil within the conformance
+tolerances on ResNet/VGG; `winograd_tile` is where that choice and the one of which convs pay
+is made.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from llvmlite import ir
+
+from cuvil.compiler.codegen.activation import apply_activation
+from cuvil.compiler.codegen.emitter import I1, I32, PTR, Emitter
+from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_gemm, isa_of
+from cuvil.compiler.ir import Dim, Node, Value
+from cuvil.compiler.ops import UNCHECKED
+from cuvil.compiler.ops._window import Window, window
+from cuvil.compiler.ops.gemm import RESIDUAL_SLOT, node_epilogue
+
+F32 = ir.FloatType()
+
+#: attribute the `winograd_weights` pass sets on a Conv whose weight it replaced by U: m
+WINOGRAD_TILE = "cuvil.winograd_tile"
+#: output tile edge used (see the module docstring on accuracy)
+TILE = 4
+#: interpolation points of F(m x m, 3 x 3) (alpha - 1 of them; the last point is infinity)
+POINTS = {2: (0, 1, -1), 4: (0, 1, -1, 2, -2), 6: (0, 1, -1, 2, -2, 0.5, -0.5)}
+#: below these the transforms cost more than the multiplies they save (measured on
+#: ResNet-50's layers, benchmarks/conv_layers.py)
+MIN_CHANNELS = 16
+MIN_TILES = 16
+#: bytes of V and of the products per block: larger blocks give the GEMMs more columns
+#: (measured best from 2 MB on; about a server core's L2)
+BLOCK_BYTES = 2 << 20
+#: lanes a transform handles at once is the target's vector width; buffers are padded for
+#: the widest (AVX-512)
+MAX_LANES = 16
+
+
+@functools.cache
+def transforms(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(A^T [m, alpha], G [alpha, 3], B^T [alpha, alpha]) of F(m, 3) in float64."""
+    pts = POINTS[m]
+    alpha = m + 2
+    at = np.zeros((m, alpha))
+    g = np.zeros((alpha, 3))
+    for j, p in enumerate(pts):
+        at[:, j] = [p ** i for i in range(m)]
+        g[j] = [p ** k / np.prod([p - q for q in pts if q != p]) for k in range(3)]
+    at[m - 1, alpha - 1] = g[alpha - 1, 2] = 1.0
+    # B^T solves sum_j A^T[i, j] G[j, k] B^T[j, l] = [l == i + k] for every i, k, l
+    eqs, rhs = [], []
+    for i in range(m):
+        for k in range(3):
+            for col in range(alpha):
+                eq = np.zeros((alpha, alpha))
+                eq[:, col] = at[i] * g[:, k]
+                eqs.append(eq.ravel())
+                rhs.append(float(col == i + k))
+    bt, *_ = np.linalg.lstsq(np.array(eqs), np.array(rhs), rcond=None)
+    # the exact solution has short binary fractions: drop lstsq's rounding noise
+    return at, g, np.round(bt.reshape(alpha, alpha), 9)
+
+
+def transform_weights(w: np.ndarray, m: int) -> np.ndarray:
+    """U[alpha^2, M, C] = (G w[o, c] G^T) for every channel pair, flattened point-major."""
+    _, g, _ = transforms(m)
+    u = np.einsum("ak,mckl,bl->abmc", g, w.astype(np.float64), g)
+    return np.ascontiguousarray(u.reshape(-1, *w.shape[:2]).astype(np.float32))
+
+
+def conv_weight_shape(node: Node, w: Value) -> tuple[Dim, ...]:
+    """The [M, C, kh, kw] shape of the node's weight, also once the pass stored U instead."""
+    if WINOGRAD_TILE in node.attrs:
+        _, m, c = w.type.shape
+        return (m, c, 3, 3)
+    return tuple(w.type.shape)
+
+
+def winograd_tile(node: Node) -> int | None:
+    """The tile edge m when this Conv runs as Winograd F(m x m, 3 x 3), else None (im2col).
+
+    It must be 2-D float32 with a constant 3x3 weight, unit strides and dilations, one group,
+    a static image (the batch may be symbolic) and enough channels and tiles to pay back the
+    transforms."""
+    x, w = node.input(0), node.input(1)
+    if (node.op_type != "Conv" or node.domain or x is None or w is None or w.const is None
+            or WINOGRAD_TILE in node.attrs or x.type.dtype.name != "float32"
+            or x.type.rank != 4 or tuple(w.type.shape[2:]) != (3, 3)
+            or int(node.attrs.get("group", 1)) != 1
+            or not all(isinstance(d, int) for d in x.type.shape[1:])):
+        return None
+    win = window(node, UNCHECKED, x.type.shape[2:], (3, 3))
+    if win.strides != (1, 1) or win.dilations != (1, 1) \
+            or not all(isinstance(d, int) for d in (*win.out, *win.pads_begin)):
+        return None
+    m_out, c_in = w.type.shape[:2]
+    tiles = _ceil(int(win.out[0]), TILE) * _ceil(int(win.out[1]), TILE)
+    if min(m_out, c_in) < MIN_CHANNELS or tiles < MIN_TILES:
+        return None
+    return TILE
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _Plan:
+    """The static geometry of one node's Winograd convolution."""
+
+    def __init__(self, node: Node, win: Window) -> None:
+        x = node.inputs[0]
+        w = node.inputs[1]
+        assert x is not None and w is not None
+        self.m = m = int(node.attrs[WINOGRAD_TILE])
+        self.alpha = alpha = m + 2
+        self.points = alpha * alpha
+        self.c, self.h, self.w = (int(d) for d in x.type.shape[1:])
+        self.out_c = int(w.type.shape[1])
+        self.oh, self.ow = (int(d) for d in win.out)
+        self.pad_top, self.pad_left = (int(d) for d in win.pads_begin)
+        self.tiles_h, self.tiles_w = _ceil(self.oh, m), _ceil(self.ow, m)
+        # a staged row: the image row at pad_left, zeros around, long enough for whole vectors
+        self.row = _ceil(self.tiles_w, MAX_LANES) * MAX_LANES * m + alpha - m
+        per_tile = self.points * (self.c + self.out_c) * 4
+        rows = _ceil(max(1, BLOCK_BYTES // per_tile), self.tiles_w)
+        self.block_rows = min(self.tiles_h, rows)
+        self.blocks = _ceil(self.tiles_h, self.block_rows)
+        tiles = self.block_rows * self.tiles_w
+        # tile columns of V and of the products: vector reads past the last tile stay inside
+        self.ld = _ceil(tiles + MAX_LANES, 16) * 16
+        self.v_floats = self.points * self.c * self.ld
+        self.prod_floats = self.points * self.out_c * self.ld
+        self.stage_floats = 2 * alpha * self.row  # the staged rows, then their column pass
+        self.block_floats = _ceil(self.v_floats + self.prod_floats + self.stage_floats, 16) * 16
+
+    @property
+    def scratch_bytes(self) -> int:
+        return self.blocks * self.block_floats * 4
+
+
+def scratch_bytes(node: Node, win: Window) -> Dim:
+    return _Plan(node, win).scratch_bytes
+
+
+def lower_conv_winograd(node: Node, k: Emitter, win: Window) -> None:
+    x_val, u_val, b_val = node.inputs[0], node.inputs[1], node.input(2)
+    assert x_val is not None and u_val is not None and k.scratch is not None
+    plan = _Plan(node, win)
+    r_val = node.input(RESIDUAL_SLOT)
+    epilogue = node_epilogue(node)
+    b = k.b
+    null = ir.Constant(PTR, None)
+    x_ptr, y_ptr = k.buffers[x_val], k.buffers[node.outputs[0]]
+    with k.loop(k.dim(x_val.type.shape[0]), name="n") as n:
+        x_n = b.gep(x_ptr, [b.mul(n, k.i64(plan.c * plan.h * plan.w))], source_etype=F32)
+        y_off = b.mul(n, k.i64(plan.out_c * plan.oh * plan.ow))
+        y_n = b.gep(y_ptr, [y_off], source_etype=F32)
+        r_n = b.gep(k.buffers[r_val], [y_off], source_etype=F32) if r_val is not None else null
+        bias = k.buffers[b_val] if b_val is not None else null
+        carry = [x_n, y_n, r_n, bias, k.buffers[u_val], k.scratch]
+        cost = plan.block_rows * plan.tiles_w * plan.points * plan.c * plan.out_c
+        with k.parallel_loop(plan.blocks, cost=cost, name="wblock", carry=carry) as t:
+            x_c, y_c, r_c, bias_c, u_c, scratch = k.carried
+            bb = k.b
+            base = bb.gep(scratch, [bb.mul(t, k.i64(plan.block_floats))], source_etype=F32)
+            v = base
+            prod = bb.gep(base, [k.i64(plan.v_floats)], source_etype=F32)
+            stage = bb.gep(base, [k.i64(plan.v_floats + plan.prod_floats)], source_etype=F32)
+            first = bb.mul(t, k.i64(plan.block_rows))
+            rows = k.minimum("int64", bb.sub(k.i64(plan.tiles_h), first), k.i64(plan.block_rows))
+            tiles = bb.mul(rows, k.i64(plan.tiles_w))
+            _input_transform(k, plan, x_c, v, stage, first, rows)
+            with k.loop(plan.points, name="pt") as p:
+                emit_gemm(k, k.i64(plan.out_c), tiles, k.i64(plan.c),
+                          bb.gep(u_c, [bb.mul(p, k.i64(plan.out_c * plan.c))], source_etype=F32),
+                          k.i64(plan.c),
+                          bb.gep(v, [bb.mul(p, k.i64(plan.c * plan.ld))], source_etype=F32),
+                          k.i64(plan.ld),
+                          bb.gep(prod, [bb.mul(p, k.i64(plan.out_c * plan.ld))], source_etype=F32),
+                          k.i64(plan.ld))
+            _output_transform(k, plan, prod, y_c, bias_c if b_val is not None else None,
+                              r_c if r_val is not None else None, epilogue, first, rows)
+
+
+# -- the transforms --------------------------------------------------------------------------
+
+
+def _combine(b: ir.IRBuilder, coefs: np.ndarray, xs: list[ir.Value]) -> ir.Value:
+    """sum_i coefs[i] * xs[i] with the constant coefficients folded in (zeros skipped, ones
+    added); at least one coefficient is non-zero."""
+    acc: ir.Value | None = None
+    for c, x in zip(coefs, xs):
+        c = float(c)
+        if c == 0.0:
+            continue
+        if abs(c) == 1.0:
+            term, negative = x, c < 0
+        else:
+            term, negative = b.fmul(x, _splat_const(x.type, abs(c))), c < 0
+            term.flags.append("contract")
+        if acc is None:
+            acc = b.fsub(_splat_const(x.type, 0.0), term) if negative else term
+        else:
+            acc = b.fsub(acc, term) if negative else b.fadd(acc, term)
+            acc.flags.append("contract")
+    assert acc is not None
+    return acc
+
+
+def _splat_const(ty: ir.Type, value: float) -> ir.Constant:
+    if isinstance(ty, ir.VectorType):
+        return ir.Constant(ty, [ir.Constant(ty.element, value)] * ty.count)
+    return ir.Constant(ty, value)
+
+
+def _lanes(k: Emitter) -> int:
+    return min(isa_of(k.module).vector, MAX_LANES)
+
+
+def _groups(plan: _Plan, lanes: int) -> tuple[int, int]:
+    """(vector groups of tiles along a tile row, tiles in the last one)."""
+    groups = _ceil(plan.tiles_w, lanes)
+    return groups, plan.tiles_w - (groups - 1) * lanes
+
+
+def _input_transform(k: Emitter, plan: _Plan, x: ir.Value, v: ir.Value, stage: ir.Value,
+                     first: ir.Value, rows: ir.Value) -> None:
+    """V[p = (xi, nu), c, tile] = (B^T d B)[xi, nu] for the block's tiles: per channel and tile
+    row, the alpha input rows are staged with their padding, transformed down the columns
+    (tmp = B^T rows, vectorized along the row), then across (tmp B, on vectors of tiles)."""
+    b = k.b
+    _, _, bt = transforms(plan.m)
+    alpha, m, row = plan.alpha, plan.m, plan.row
+    tmp = b.gep(stage, [k.i64(alpha * row)], source_etype=F32)
+    lanes = _lanes(k)
+    groups, tail = _groups(plan, lanes)
+    with k.loop(plan.c, name="c") as c, k.loop(rows, name="ti") as i:
+        top = b.sub(b.mul(b.add(first, i), k.i64(m)), k.i64(plan.pad_top))
+        for r in range(alpha):
+            dst = b.gep(stage, [k.i64(r * row)], source_etype=F32)
+            y = b.add(top, k.i64(r))
+            inside = b.and_(b.icmp_signed(">=", y, k.i64(0)), b.icmp_signed("<", y, k.i64(plan.h)))
+            k.memset(dst, 0, k.i64(row * 4))
+            with k.if_then(inside):
+                src = b.gep(x, [b.add(b.mul(c, k.i64(plan.h * plan.w)), b.mul(y, k.i64(plan.w)))],
+                            source_etype=F32)
+                k.memcpy(b.gep(dst, [k.i64(plan.pad_left)], source_etype=F32), src,
+                         k.i64(plan.w * 4))
+        with k.loop(row, name="col") as col:
+            d = [b.load(b.gep(stage, [b.add(col, k.i64(r * row))], source_etype=F32), typ=F32)
+                 for r in range(alpha)]
+            for xi in range(alpha):
+                b.store(_combine(b, bt[xi], d), b.gep(tmp, [b.add(col, k.i64(xi * row))],
+                                                      source_etype=F32))
+        tile0 = b.mul(i, k.i64(plan.tiles_w))
+        c_off = b.mul(c, k.i64(plan.ld))
+
+        def group(g: ir.Value, mask: ir.Value | None) -> None:
+            # lane l of d[s] is tmp[xi, (g*lanes + l)*m + s]: one wide load, then shuffles
+            span = lanes * m + alpha - m
+            for xi in range(alpha):
+                src = b.gep(tmp, [b.add(k.i64(xi * row), b.mul(g, k.i64(lanes * m)))],
+                            source_etype=F32)
+                wide = b.load(src, typ=ir.VectorType(F32, span), align=4)
+                d = [b.shuffle_vector(wide, ir.Constant(wide.type, ir.Undefined),
+                                      _indices([lane * m + s for lane in range(lanes)]))
+                     for s in range(alpha)]
+                for nu in range(alpha):
+                    off = b.add(b.add(k.i64((xi * alpha + nu) * plan.c * plan.ld), c_off),
+                                b.add(tile0, b.mul(g, k.i64(lanes))))
+                    _store(k, _combine(b, bt[nu], d), b.gep(v, [off], source_etype=F32), mask)
+
+        with k.loop(groups - 1, name="tg") as g:
+            group(g, None)
+        group(k.i64(groups - 1), _mask(lanes, tail))
+
+
+def _output_transform(k: Emitter, plan: _Plan, prod: ir.Value, y: ir.Value,
+                      bias: ir.Value | None, residual: ir.Value | None, epilogue: Epilogue,
+                      first: ir.Value, rows: ir.Value) -> None:
+    """Y[o, tile] = act(A^T m A + bias + residual) for the block's tiles, on vectors of tiles
+    along a tile row; the m output rows of a vector of tiles are interleaved in registers and
+    stored as whole rows (the last columns and rows of the image masked or skipped)."""
+    b = k.b
+    at, _, _ = transforms(plan.m)
+    alpha, m = plan.alpha, plan.m
+    lanes = _lanes(k)
+    groups, _ = _groups(plan, lanes)
+    width = lanes * m
+    wide_t = ir.VectorType(F32, width)
+    plane = plan.oh * plan.ow
+    with k.loop(plan.out_c, name="o") as o, k.loop(rows, name="to") as i:
+        gi = b.add(first, i)
+        tile0 = b.mul(i, k.i64(plan.tiles_w))
+        shift = None
+        if bias is not None:
+            bv = b.load(b.gep(bias, [o], source_etype=F32), typ=F32)
+            shift = _splat(b, bv, width)
+
+        def group(g: ir.Value, mask: ir.Value | None) -> None:
+            t = b.add(tile0, b.mul(g, k.i64(lanes)))
+            half = []  # half[xi][s] = sum_nu prod[(xi, nu)] A[nu, s]
+            for xi in range(alpha):
+                vals = []
+                for nu in range(alpha):
+                    off = b.add(k.i64((xi * alpha + nu) * plan.out_c * plan.ld),
+                                b.add(b.mul(o, k.i64(plan.ld)), t))
+                    vals.append(b.load(b.gep(prod, [off], source_etype=F32),
+                                       typ=ir.VectorType(F32, lanes), align=4))
+                half.append([_combine(b, at[s], vals) for s in range(m)])
+            for r in range(m):
+                out = [_combine(b, at[r], [half[xi][s] for xi in range(alpha)]) for s in range(m)]
+                # row r of the lanes' tiles, in image order: lane l's m values side by side
+                line = _interleave(b, out)
+                oy = b.add(b.mul(gi, k.i64(m)), k.i64(r))
+                with k.if_then(b.icmp_signed("<", oy, k.i64(plan.oh))):
+                    off = b.add(b.add(b.mul(o, k.i64(plane)), b.mul(oy, k.i64(plan.ow))),
+                                b.mul(g, k.i64(width)))
+                    if shift is not None:
+                        line = b.fadd(line, shift)
+                    if residual is not None:
+                        line = b.fadd(line, _load(k, wide_t, b.gep(residual, [off],
+                                                                  source_etype=F32), mask))
+                    if epilogue.activation is not None:
+                        line = apply_activation(b, epilogue.activation, epilogue.params, line)
+                    _store(k, line, b.gep(y, [off], source_etype=F32), mask)
+
+        with k.loop(groups - 1, name="og") as g:
+            group(g, None)
+        group(k.i64(groups - 1), _mask(width, plan.ow - (groups - 1) * width))
+
+
+# -- vector helpers ---------------------------------------------------------------------------
+
+
+def _indices(values: list[int]) -> ir.Constant:
+    return ir.Constant(ir.VectorType(I32, len(values)), values)
+
+
+def _interleave(b: ir.IRBuilder, vs: list[ir.Value]) -> ir.Value:
+    """[vs[0][0], vs[1][0], ..., vs[0][1], vs[1][1], ...]: lane l of each vector in turn."""
+    lanes = vs[0].type.count
+    parts = list(vs)
+    while len(parts) > 1:  # concatenate pairwise (an odd one out gets undef lanes)
+        if len(parts) % 2:
+            parts.append(ir.Constant(parts[-1].type, ir.Undefined))
+        size = parts[0].type.count
+        parts = [b.shuffle_vector(parts[j], parts[j + 1], _indices(list(range(2 * size))))
+                 for j in range(0, len(parts), 2)]
+    # vs[s] lane l now sits at s * lanes + l (vs padded to a power of two)
+    whole = parts[0]
+    order = [s * lanes + lane for lane in range(lanes) for s in range(len(vs))]
+    return b.shuffle_vector(whole, ir.Constant(whole.type, ir.Undefined), _indices(order))
+
+
+def _splat(b: ir.IRBuilder, x: ir.Value, width: int) -> ir.Value:
+    vt = ir.VectorType(x.type, width)
+    one = b.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(I32, 0))
+    return b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), _indices([0] * width))
+
+
+def _mask(width: int, valid: int) -> ir.Value | None:
+    """A constant mask of the first `valid` lanes (None when all are)."""
+    if valid >= width:
+        return None
+    return ir.Constant(ir.VectorType(I1, width), [1] * valid + [0] * (width - valid))
+
+
+def _masked(k: Emitter, op: str, vt: ir.VectorType) -> ir.Function:
+    name = f"llvm.masked.{op}.v{vt.count}f32.p0"
+    try:
+        return k.module.get_global(name)
+    except KeyError:
+        pass
+    mask = ir.VectorType(I1, vt.count)
+    if op == "load":
+        fnty = ir.FunctionType(vt, [PTR, I32, mask, vt])
+    else:
+        fnty = ir.FunctionType(ir.VoidType(), [vt, PTR, I32, mask])
+    return ir.Function(k.module, fnty, name)
+
+
+def _store(k: Emitter, x: ir.Value, p: ir.Value, mask: ir.Value | None) -> None:
+    if mask is None:
+        k.b.store(x, p, align=4)
+    else:
+        k.b.call(_masked(k, "store", x.type), [x, p, ir.Constant(I32, 4), mask])
+
+
+def _load(k: Emitter, vt: ir.VectorType, p: ir.Value, mask: ir.Value | None) -> ir.Value:
+    if mask is None:
+        return k.b.load(p, typ=vt, align=4)
+    return k.b.call(_masked(k, "load", vt), [p, ir.Constant(I32, 4), mask, ir.Constant(vt, None)])
