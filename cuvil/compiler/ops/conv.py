@@ -42,6 +42,8 @@ from cuvil.compiler.ops._conv_winograd import (
     WINOGRAD_TILE,
     conv_weight_shape,
     lower_conv_winograd,
+    transform_weights,
+    winograd_tile,
 )
 from cuvil.compiler.ops._conv_winograd import scratch_bytes as winograd_bytes
 from cuvil.compiler.ops._window import (
@@ -532,3 +534,7 @@ class Col2Im(Op):
                     v = k.convert(k.load(x, [n, c, *tap, *pos]), x.dtype, ct)
                     b.store(k.add(ct, b.load(acc), v), acc)
             k.store(y, [n, c, *o], k.convert(b.load(acc), ct, y.dtype))
+
+
+#: what passes/winograd_weights.py reads: the choice of tile and the weight transform
+__all__ = ["WINOGRAD_TILE", "transform_weights", "winograd_tile"]

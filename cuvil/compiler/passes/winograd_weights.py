@@ -10,7 +10,7 @@ weights (batch-norm folding).
 from __future__ import annotations
 
 from cuvil.compiler.ir import Graph
-from cuvil.compiler.ops._conv_winograd import WINOGRAD_TILE, transform_weights, winograd_tile
+from cuvil.compiler.ops.conv import WINOGRAD_TILE, transform_weights, winograd_tile
 
 
 def winograd_weights(graph: Graph) -> Graph:
