@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -170,7 +171,8 @@ class Model:
         self._set_thread_limit = getattr(self._lib, f"cuvil_{self.name}_set_thread_limit")
         self._set_thread_limit.argtypes = [ctypes.c_int32]
         self._set_thread_limit.restype = None
-        _share_thread_pool(self._lib, self.name)
+        if not _share_thread_pool(self._lib, self.name):
+            _unload_when_dropped(self, self._lib)
         self.num_threads = num_threads
 
     @property
@@ -580,8 +582,9 @@ def _thread_pool_registry() -> Any:
     return sys.modules.setdefault("_cuvil_thread_pool", fresh)
 
 
-def _share_thread_pool(lib: ctypes.CDLL, name: str) -> None:
-    """Make the library run its parallel loops on the process's pool: the first library's."""
+def _share_thread_pool(lib: ctypes.CDLL, name: str) -> bool:
+    """Make the library run its parallel loops on the process's pool: the first library's.
+    True when this library is that first one (it then stays loaded: others use its pool)."""
     registry = _thread_pool_registry()
     with registry.lock:
         if registry.pool is None:
@@ -589,11 +592,27 @@ def _share_thread_pool(lib: ctypes.CDLL, name: str) -> None:
             get_pool.restype = ctypes.c_void_p
             get_pool.argtypes = []
             registry.pool, registry.owner = get_pool(), lib
-            return
+            return True
         use_pool = getattr(lib, f"cuvil_{name}_use_thread_pool")
         use_pool.restype = ctypes.c_int32
         use_pool.argtypes = [ctypes.c_void_p]
         use_pool(registry.pool)  # -1: a pool of another version; the library keeps its own
+        return False
+
+
+def _unload_when_dropped(model: Model, lib: ctypes.CDLL) -> None:
+    """Unload the library once the model is garbage. ctypes never unloads one, so each
+    `cuvil.compile` or reload would keep its code and weights mapped until the process exits.
+    Only the model holds the library's functions, and no call can run once it is gone; its
+    worker threads, if it started any, are joined by the library's own destructor. Not at
+    exit: the OS unmaps everything then, while other threads may still be running."""
+    try:
+        import _ctypes
+    except ImportError:
+        return
+    close = getattr(_ctypes, "dlclose", None) or getattr(_ctypes, "FreeLibrary", None)
+    if close is not None:
+        weakref.finalize(model, close, lib._handle).atexit = False
 
 
 def _shape_text(shape: Sequence[int | str]) -> str:
