@@ -223,8 +223,9 @@ def _softmax_rows(k: Emitter, x_val: Value, y_val: Value, rows: Dim, size: Dim) 
     with k.parallel_loop(rows, cost=ROW_COST * size, name="row") as r:
         n = k.dim(size)
         start = k.b.mul(r, n)
-        x = k.b.gep(k.buffers[x_val], [start], source_etype=llvm_type(np.float32), inbounds=True)
-        y = k.b.gep(k.buffers[y_val], [start], source_etype=llvm_type(np.float32), inbounds=True)
+        f32 = llvm_type("float32")
+        x = k.b.gep(k.buffers[x_val], [start], source_etype=f32, inbounds=True)
+        y = k.b.gep(k.buffers[y_val], [start], source_etype=f32, inbounds=True)
         emit_softmax_row(k, x, y, n)
 
 
