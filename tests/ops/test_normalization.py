@@ -106,6 +106,61 @@ def test_softmax_is_stable_for_large_inputs():
     check_cases(cases, sizes=SIZES, opset=13, rtol=1e-4, atol=1e-5)
 
 
+def test_softmax_over_contiguous_rows():
+    """float32 Softmax over the innermost axis (attention's scores) runs on the vector row
+    kernel: row lengths below, at and past the vector width with a scalar tail, symbolic rows
+    and row lengths, the flattened pre-13 form, and rows whose entries lie far below their
+    max (exp flushed to 0), hold -inf or a NaN (the row becomes NaN, as in onnxruntime)."""
+    def spread(rng, dtype, shape):
+        x = rng.standard_normal(shape) * 40
+        flat = x.reshape(-1, shape[-1])
+        flat[0, 0] = -np.inf
+        flat[-1, -1] = 200.0  # the rest of that row underflows: e^(x - 200) ~ 0
+        if flat.shape[0] > 2:
+            flat[1, flat.shape[1] // 2] = np.nan
+        return x.astype(dtype)
+
+    def attention(rng, dtype, shape):  # scores of a 12-head layer, mask-like large negatives
+        x = rng.standard_normal(shape) * 3
+        x[..., -2:] = -1e4
+        return x.astype(dtype)
+
+    cases = [Case("Softmax", ["x"], {"axis": -1}, feeds={"x": (np.float32, ["n", 3, "m"])},
+                  label="rows of m"),
+             Case("Softmax", ["x"], {"axis": 2}, feeds={"x": (np.float32, [2, "n", "m"])},
+                  data=spread, label="spread rows"),
+             Case("Softmax", ["x"], {"axis": -1}, feeds={"x": (np.float32, ["n", 12, 37, 37])},
+                  data=attention, label="attention scores")]
+    sizes = ({"n": 1, "m": 1}, {"n": 3, "m": 15}, {"n": 2, "m": 16}, {"n": 4, "m": 17},
+             {"n": 2, "m": 128}, {"n": 1, "m": 300})
+    check_cases(cases, sizes=sizes, opset=13, rtol=1e-5, atol=1e-7)
+    # before opset 13 the input is flattened to 2-D at axis: the rows are [axis:] (contiguous)
+    flat = [Case("Softmax", ["x"], {"axis": 1}, feeds={"x": (np.float32, ["n", 3, "m"])},
+                 data=spread, label="flattened")]
+    check_cases(flat, sizes=sizes, opset=11, rtol=1e-5, atol=1e-7)
+
+
+def test_softmax_rows_exp_is_accurate_over_its_range():
+    """The row kernel's exp(x - max) against float64 numpy over a dense sweep of x - max in
+    [-110, 0]: within a few ulp where the result is normal, below 2^-126 (flushed) past it."""
+    x = np.linspace(-110.0, 0.0, 200_003).astype(np.float32)
+    # rows of 16 x (whole vectors) and a 0 (the scalar tail): softmax = [e^x]*16 + [1], / sum
+    rows = np.concatenate([np.repeat(x[:, None], 16, axis=1), np.zeros((x.size, 1), np.float32)],
+                          axis=1)
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 17])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 17])]),
+        opset_imports=[helper.make_opsetid("", 13)])
+    got = cuvil.compile(model).run({"x": rows})["y"]
+    e = np.exp(x.astype(np.float64))
+    want = np.concatenate([np.repeat((e / (1 + 16 * e))[:, None], 16, axis=1),
+                           (1 / (1 + 16 * e))[:, None]], axis=1)
+    normal = want[:, 0] >= 2.0 ** -126
+    np.testing.assert_allclose(got[normal], want[normal], rtol=5e-7, atol=0)
+    assert (got[~normal, :16] < 2.0 ** -126).all() and (got[~normal, 16] == 1).all()
+
+
 def test_hardmax_picks_the_first_of_equal_maxima():
     def ties(rng, dtype, shape):
         return rng.integers(0, 3, size=shape).astype(dtype)

@@ -308,7 +308,8 @@ def test_recurrent_kernel_panels(const: bool) -> None:
     """Hidden sizes around the packed panels of the per-step kernel (64 columns: whole panels,
     a partial last panel, gates called one by one when hidden is not a multiple of 64), at
     batches hitting its 4-, 2- and 1-row tiles; both directions, sequence_lens, both GRU
-    reset modes. With run-time weights, the same nodes on the unpacked fallback."""
+    reset modes; on one thread and with a single direction's panels split over two. With
+    run-time weights, the same nodes on the unpacked fallback."""
     rng = np.random.default_rng(4)
     shapes = [("LSTM", 64, 30, {"direction": "bidirectional"}),
               ("LSTM", 70, 12, {"direction": "reverse"}),
@@ -323,8 +324,11 @@ def test_recurrent_kernel_panels(const: bool) -> None:
     failures = []
     for seq, batch in [(7, 1), (5, 7), (3, 10)]:
         feeds = make_feeds(rng, cases, seq, batch)
-        failures += compare(cases, compiled.run(feeds), run_ort(oracle, feeds), 1e-4, 1e-5,
-                            f"seq={seq} batch={batch}")
+        want = run_ort(oracle, feeds)
+        for threads in (1, 2):
+            compiled.num_threads = threads
+            failures += compare(cases, compiled.run(feeds), want, 1e-4, 1e-5,
+                                f"seq={seq} batch={batch} threads={threads}")
     assert not failures, f"{len(failures)} mismatches:\n" + "\n".join(failures)
 
 

@@ -14,7 +14,9 @@ Manual for the Elementary Functions", 1980):
   reduced argument r = x - n*ln2 computed with ln2 split in a short high part (exact
   products) and a low part (Cody-Waite), e^r = 1 + r + r^2 P(r) on |r| <= ln2/2, and the
   scaling by 2^n done as two multiplications by 2^(n/2) so that results that overflow or
-  are subnormal come out correctly rounded from one final multiplication.
+  are subnormal come out correctly rounded from one final multiplication. `exp_nonpositive`
+  (softmax's exp(x - max)) skips the upper clamp and scales by 2^n at once, flushing
+  results below the normal range to 0.
 * log: x = m * 2^e with m in [sqrt(1/2), sqrt(2)) taken from the bits (subnormals first
   scaled by 2^23 / 2^52); with f = m - 1, log(1+f) = f - f^2/2 + f^3 P(f) (float) or
   2s + s^3 R(s^2), s = f/(2+f) (double: the atanh series); then + e*ln2 in two parts.
@@ -51,6 +53,7 @@ __all__ = [
     "derive_coefficients",
     "erf",
     "exp",
+    "exp_nonpositive",
     "expm1",
     "log",
     "log1p",
@@ -99,15 +102,16 @@ class _Format:
     exp_lo: float  # exp(x) for x below this is 0 (after rounding); clamp point
     exp_hi: float  # exp(x) for x above this is inf; clamp point
     min_normal: float
+    min_exp: float  # ln(min_normal) rounded up: exp(x) is normal from here on
     ln2_hi: float  # ln2 with enough trailing zeros that n*ln2_hi is exact
     ln2_lo: float
     sqrt_half_bits: int  # bit pattern of sqrt(1/2)
 
 
-_F32 = _Format(ir.FloatType(), ir.IntType(32), 23, 127, -104.0, 89.0, 2.0 ** -126,
+_F32 = _Format(ir.FloatType(), ir.IntType(32), 23, 127, -104.0, 89.0, 2.0 ** -126, -87.33654,
                0.693359375, -2.12194440e-4, 0x3F3504F3)
 _F64 = _Format(ir.DoubleType(), ir.IntType(64), 52, 1023, -746.0, 710.0, 2.0 ** -1022,
-               0.6931471803691238, 1.9082149292705877e-10, 0x3FE6A09E667F3BCD)
+               -708.3964, 0.6931471803691238, 1.9082149292705877e-10, 0x3FE6A09E667F3BCD)
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -221,6 +225,19 @@ def exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     # 2^n in two factors: n reaches -150 (subnormal results) and +128 (overflow to inf)
     n1 = b.ashr(n, m.ci(1))
     return b.fmul(b.fmul(y, m.pow2(n1)), m.pow2(b.sub(n, n1)))
+
+
+def exp_nonpositive(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """exp(x) for x <= 0 (softmax's x - max), cheaper than `exp`: no upper clamp and 2^n in
+    one factor, results below the normal range flushed to 0. NaN stays NaN; x > 0 is not
+    supported (wrong past ~88)."""
+    m = _M(b, x)
+    f = m.f
+    # below ln(min_normal) exp(x) is subnormal: 0 instead (|error| < min_normal)
+    tiny = m.lt(x, m.c(f.min_exp))
+    n, r = _exp_reduce(m, b.select(tiny, m.c(0.0), x))
+    y = b.fmul(b.fadd(_expm1_poly(m, r), m.c(1.0)), m.pow2(n))
+    return b.select(tiny, m.c(0.0), y)
 
 
 def expm1(b: ir.IRBuilder, x: ir.Value) -> ir.Value:

@@ -31,6 +31,7 @@ from cuvil.compiler.ops import (
     register,
     required_input,
 )
+from cuvil.compiler.ops._softmax_kernel import emit_softmax_row
 from cuvil.compiler.ops.reduce import (
     binary_intrinsic,
     entry_alloca,
@@ -207,9 +208,25 @@ class SoftmaxBase(_Float):
     def lower(self, node: Node, k: Emitter) -> None:
         x_val = required_input(node, 0)
         comp = compute_dtype(x_val.type.dtype)
+        dims3 = self.geometry(node)
+        if self.mode == "softmax" and x_val.type.dtype == np.float32 and dims3[2] == 1:
+            _softmax_rows(k, x_val, node.outputs[0], dims3[0], dims3[1])
+            return
         emit = {"softmax": _softmax, "logsoftmax": _softmax, "hardmax": _hardmax}[self.mode]
-        emit_axis_kernel(k, x_val, node.outputs[0], self.geometry(node),
+        emit_axis_kernel(k, x_val, node.outputs[0], dims3,
                          lambda lanes, size: emit(k, lanes, size, comp, self.mode))
+
+
+def _softmax_rows(k: Emitter, x_val: Value, y_val: Value, rows: Dim, size: Dim) -> None:
+    """float32 softmax over contiguous rows (the innermost axis, as attention's): one row at a
+    time on the vector kernel, the rows spread over the threads."""
+    with k.parallel_loop(rows, cost=ROW_COST * size, name="row") as r:
+        n = k.dim(size)
+        start = k.b.mul(r, n)
+        f32 = llvm_type("float32")
+        x = k.b.gep(k.buffers[x_val], [start], source_etype=f32, inbounds=True)
+        y = k.b.gep(k.buffers[y_val], [start], source_etype=f32, inbounds=True)
+        emit_softmax_row(k, x, y, n)
 
 
 def _softmax(k: Emitter, L: _Lanes, size: ir.Value, comp: np.dtype, mode: str) -> None:

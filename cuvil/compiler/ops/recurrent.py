@@ -7,7 +7,8 @@ direction and step, the recurrent product ``gates[batch, :] = h @ R^T`` for all 
 and the gate math of each row, which updates its states in place. Batch rows are
 independent, which is what makes per-row sequence lengths simple: a row whose sequence has
 ended keeps its state (so Y_h/Y_c hold its last valid step) and writes zeros into Y, as
-onnxruntime does. The two directions of a bidirectional layer run on two threads.
+onnxruntime does. The two directions of a bidirectional layer run on two threads; a single
+direction splits each step's product over the threads by column panels instead.
 
 Constant float32 W and R are packed at compile time: W transposed (the GEMM kernel reads B
 in rows), R^T in the column panels of the per-step kernel (`_recurrent_kernel`), which keeps
@@ -546,21 +547,28 @@ class _Lowering:
             # one call when the gates' panels follow each other in the columns of `gates`
             calls = [(first, count)] if h % PANEL == 0 else \
                 [(q * h, h) for q in range(first // h, (first + count) // h)]
-            # whole row tiles of the GEMM kernel (one call per panel) for many rows, the few
-            # rows left on the small-M kernel
+            # the panels (PANEL columns each) are independent: spread over the threads (inline
+            # when the pool is busy, as for the two directions of a bidirectional layer).
+            # Per panel, whole row tiles of the GEMM kernel for many rows, the few rows left
+            # on the small-M kernel.
             mr = isa_of(k.module).mr
-            full = self.mul(k.floordiv(self.batch, k.i64(mr)), mr)
             for col, n in calls:
-                panels = self.gate_panels(d, col // h)
-                with k.if_then(k.b.icmp_signed(">", full, k.i64(0))), \
-                        k.loop(-(-n // PANEL), name="panel") as p:
+                cost = simplify_dim(geo.batch * h * PANEL)
+                with k.parallel_loop(-(-n // PANEL), cost=cost, name="panel",
+                                     carry=[vec, self.gate_panels(d, col // h),
+                                            self._ptr(self.gates, col)]) as p:
+                    vec_p, panels, out = k.carried
+                    batch = k.dim(geo.batch)
+                    full = self.mul(k.floordiv(batch, k.i64(mr)), mr)
                     j0 = self.mul(p, PANEL)
-                    emit_gemm(k, full, k.minimum("int64", k.i64(PANEL), k.b.sub(k.i64(n), j0)),
-                              k.i64(h), vec, k.i64(h), self._ptr(panels, self.mul(j0, h)),
-                              k.i64(PANEL), self._ptr(self.gates, self.add(j0, col)), k.i64(g))
-                emit_small_gemm(k, k.b.sub(self.batch, full), k.i64(n), k.i64(h),
-                                self._ptr(vec, self.mul(full, h)), k.i64(h), panels,
-                                self._ptr(self.gates, self.add(self.mul(full, g), col)), k.i64(g))
+                    cols = k.minimum("int64", k.i64(PANEL), k.b.sub(k.i64(n), j0))
+                    panel = self._ptr(panels, self.mul(j0, h))
+                    with k.if_then(k.b.icmp_signed(">", full, k.i64(0))):
+                        emit_gemm(k, full, cols, k.i64(h), vec_p, k.i64(h), panel, k.i64(PANEL),
+                                  self._ptr(out, j0), k.i64(g))
+                    emit_small_gemm(k, k.b.sub(batch, full), cols, k.i64(h),
+                                    self._ptr(vec_p, self.mul(full, h)), k.i64(h), panel,
+                                    self._ptr(out, self.add(self.mul(full, g), j0)), k.i64(g))
             return
         with k.loop(self.batch, name="prod_b") as b:
             vrow = self.row_of(vec, b, h)
