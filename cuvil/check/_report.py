@@ -79,9 +79,17 @@ class CheckReport:
     def format(self) -> str:
         lines = [f"{self.path.name}:"]
         lines += [f"  {r}" for r in self.results]
-        failed = len(self.failures)
-        if failed:
-            lines.append(f"  FAILED: {failed} of {len(self.results)} checks failed")
-        else:
-            lines.append(f"  OK: all {len(self.results)} checks passed")
+        lines.append(f"  {self.summary()}")
         return "\n".join(lines)
+
+    def summary(self) -> str:
+        """"OK: all 15 checks passed", "OK: 14 passed, 1 skipped" or "FAILED: 2 of 15 checks failed"."""
+        failed = len(self.failures)
+        skipped = sum(r.skipped for r in self.results)
+        passed = len(self.results) - failed - skipped
+        if failed:
+            also = f" ({passed} passed, {skipped} skipped)" if skipped else ""
+            return f"FAILED: {failed} of {len(self.results)} checks failed{also}"
+        if skipped:
+            return f"OK: {passed} passed, {skipped} skipped"
+        return f"OK: all {passed} checks passed"
