@@ -219,7 +219,8 @@ def test_universal2_wheel_has_both_slices_and_a_valid_arm64_signature(digits: Si
 
 def test_the_report_unpacks_as_name_ok_message(digits: SimpleNamespace) -> None:
     report = check_wheel(digits.wheels["x86_64-linux"], auditwheel=False)
-    name, ok, message = report.results[0]
+    assert report.results[0].name == "archive" and report.results[0].ok  # read safely first
+    name, ok, message = report.results[1]
     assert (name, ok) == ("wheel file name", True) and "digits-cuvil 1.0.0" in message
     assert "OK: all" in report.format()
 

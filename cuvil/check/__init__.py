@@ -23,14 +23,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cuvil.check._archive import ArchiveLimits, WheelArchive, read_wheel
-from cuvil.check._report import CheckReport, CheckResult
+from cuvil.check._report import CHECK_KINDS, CheckReport, CheckResult
 from cuvil.errors import CheckError
 
 if TYPE_CHECKING:
     from cuvil.check._elf import ElfLibrary
     from cuvil.check._macho import MachOImage
 
-__all__ = ["ArchiveLimits", "CheckReport", "CheckResult", "check_wheel", "read_wheel"]
+__all__ = ["CHECK_KINDS", "ArchiveLimits", "CheckReport", "CheckResult", "check_wheel", "read_wheel"]
 
 
 def check_wheel(
