@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from cuvil import cli
-from cuvil.check import ArchiveLimits, CheckReport, check_wheel, read_wheel
+from cuvil.check import CHECK_KINDS, ArchiveLimits, CheckReport, check_wheel, read_wheel
 from cuvil.errors import CheckError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -298,3 +298,8 @@ def test_a_wheel_without_libraries_is_not_said_to_hold_some(tmp_path: Path) -> N
     write_zip(wheel, list(files.items()))
     message = check_wheel(wheel, auditwheel=False)["wheel file name"].message
     assert "holds none" in message and "holds native libraries" not in message
+
+
+def test_every_check_name_is_documented() -> None:
+    text = (ROOT / "docs" / "check.md").read_text(encoding="utf-8")
+    assert not [kind for kind in CHECK_KINDS if f"`{kind}`" not in text]
