@@ -302,7 +302,7 @@ def _inspect_wheel(path: Path) -> int:
     )
     for sig in m["models"]:
         library = f"{wheel.package}/{sig.get('library')}"
-        size = len(wheel.files[library]) if library in wheel.files else None
+        size = wheel.members[library].size if library in wheel.members else None
         print(
             f"model {sig.get('name')}: {library}" + (f" ({size} bytes)" if size is not None else " (missing)")
         )

@@ -209,6 +209,16 @@ class ProjectConfig:
             default=[],
         )
     )
+    check_warnings: tuple[str, ...] = field(
+        metadata=_option(
+            "array of strings",
+            "Checks of `cuvil check` that only warn, instead of failing the build, when the build "
+            "backend runs them on each wheel it writes: names such as \"auditwheel\" or \"glibc "
+            "versions\" (every name is in docs/check.md; \"archive\" cannot be one).",
+            ["auditwheel"],
+            default=[],
+        )
+    )
     models: tuple[ModelConfig, ...] = field(
         metadata=_option(
             "models", "One [tool.cuvil.models.<name>] table per model; at least one.", None

@@ -114,6 +114,9 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> types.SimpleName
         ),
     )
     monkeypatch.setattr(backend, "_build_package_files", build_package_files)
+    # the fake package is no valid cuvil wheel: the checks run on real builds in test_backend_checks.py
+    state.checked = []
+    monkeypatch.setattr(backend, "_wheel_check", lambda project: state.checked.append)
     return state
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import textwrap
@@ -49,11 +50,20 @@ def copy_project(dest: Path) -> Path:
 
 
 def make_venv(path: Path, system_site_packages: bool = False) -> str:
+    """A fresh venv; with `system_site_packages` it sees the packages of the environment the
+    tests run in, even when that is itself a venv (which --system-site-packages alone skips:
+    it reaches the base interpreter's packages only)."""
     args = [sys.executable, "-m", "venv", str(path)]
     if system_site_packages:
         args.insert(3, "--system-site-packages")
     run(args)
-    return str(path / "bin" / "python")
+    python = str(path / "bin" / "python")
+    if system_site_packages and sys.prefix != sys.base_prefix:
+        purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"])
+        # addsitedir, unlike a plain path line, also runs the outer .pth files (editable installs)
+        lines = [f"import site; site.addsitedir({d!r})\n" for d in site.getsitepackages()]
+        Path(purelib.stdout.strip(), "_outer_environment.pth").write_text("".join(lines))
+    return python
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +187,10 @@ def test_sdist_rebuilds_into_a_wheel(tmp_path: Path, held_out: dict[str, np.ndar
 def test_editable_install_imports_and_runs(tmp_path: Path, held_out: dict[str, np.ndarray]) -> None:
     project = copy_project(tmp_path / "digits")
     venv = make_venv(tmp_path / "venv", system_site_packages=True)  # sees this cuvil
+    import cuvil
+
+    where = run([venv, "-c", "import cuvil; print(cuvil.__file__)"]).stdout.strip()
+    assert where == cuvil.__file__, "the venv would build with another cuvil than the one under test"
     pip("install", "--no-deps", "--no-build-isolation", "-e", str(project), python=venv)
     code = ("import sys, numpy as np, digits; x = np.load(sys.argv[1]); "
             "np.save(sys.argv[2], digits.classifier(x)); print(digits.__file__)")

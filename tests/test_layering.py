@@ -35,8 +35,8 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("codegen", ("cuvil/compiler/codegen/",)),
     ("driver", ("cuvil/compiler/driver.py",)),
     ("api", ("cuvil/__init__.py", "cuvil/onnx_backend.py")),
-    ("backend", ("cuvil/build_backend/",)),
     ("check", ("cuvil/check/",)),
+    ("backend", ("cuvil/build_backend/",)),
     ("cli", ("cuvil/cli.py", "cuvil/__main__.py")),
 ]
 RANK = {name: i for i, (name, _) in enumerate(PARTS)}

@@ -218,3 +218,27 @@ time.sleep(0.5)
 print("exiting")
 """)
     assert out == ["exiting"]
+
+
+def test_a_big_endian_input_is_converted_not_misread(model: Model, oracle) -> None:
+    # onnxruntime reads a big-endian array's bytes as if they were native; cuvil converts it
+    # (the same values, losslessly) and must give what onnxruntime gives on the native copy
+    x = images(4, seed=3)
+    swapped = x.astype(">f4")
+    assert swapped.dtype != np.float32 and swapped.dtype.name == "float32"
+    np.testing.assert_allclose(model(swapped), oracle(swapped.astype("<f4")), rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(model(swapped), model(x))
+
+
+@pytest.mark.parametrize(("bad", "words"), [
+    (np.zeros((2, 1, 8, 8), ">f8"), ["float64 (big-endian)", ".astype(np.float32)"]),
+    (np.zeros((2, 1, 8, 8), np.float64), ["got float64;", ".astype(np.float32)"]),
+    (np.zeros((2, 1, 8, 8), np.float64).tolist(), ["got a list of 2, which np.asarray makes float64",
+                                                   "np.asarray(value, dtype=np.float32)"]),
+])
+def test_a_wrong_dtype_error_says_how_to_convert(model: Model, bad, words) -> None:
+    with pytest.raises(ValueError, match="input 'image' must have dtype float32") as info:
+        model(bad)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+    assert "got float32" not in str(info.value)

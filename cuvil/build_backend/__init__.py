@@ -5,6 +5,9 @@ i.e. `-C key=value`, are passed on unchanged), converts `[project]` to core meta
 writes the archive. Heavy modules (the compiler, onnx, llvmlite) are imported inside the
 hooks that need them, so that importing the backend stays fast.
 
+Every wheel is checked as `cuvil check` checks it before it is moved into the output folder;
+a failed check fails the build, unless `tool.cuvil.check-warnings` turns it into a warning.
+
 Progress goes to stderr as lines starting with "cuvil: " (`pip wheel -v` shows them). A
 `CuvilError` is printed as "cuvil: error: ..." before it propagates, and no partial archive is
 ever left in the output folder.
@@ -98,6 +101,13 @@ def _build_package_files(
     from cuvil.build_backend._package import build_package_files
 
     return build_package_files(project, workdir, log)
+
+
+def _wheel_check(project: ProjectConfig) -> Callable[[Path], None]:
+    """The checks of `cuvil check`, run on each wheel before it is moved into place."""
+    from cuvil.build_backend._verify import wheel_verifier
+
+    return wheel_verifier(project.check_warnings, project.pyproject, _log)
 
 
 # Requirements: cuvil's own dependencies are all a build needs.
@@ -195,9 +205,10 @@ def build_wheel(
 
     project, metadata = _read(config_settings)
     target = _get_target(project.settings.target)
+    verify = _wheel_check(project)
     files = _compile(project, metadata, target)
     _log(f"writing wheel {wheel_name(metadata, target.platform_tag)}")
-    return write_wheel(Path(wheel_directory), metadata, files, target.platform_tag)
+    return write_wheel(Path(wheel_directory), metadata, files, target.platform_tag, verify=verify)
 
 
 @_report_errors
@@ -209,13 +220,19 @@ def build_editable(
     """Compile into `<build_dir>/editable/` and write a wheel whose .pth file points there.
 
     Running it again (or `pip install -e .` again) recompiles and swaps the folder's content,
-    so the installed package picks up model and config changes.
+    so the installed package picks up model and config changes. The package is checked as
+    `build_wheel` checks its wheel before anything is written there.
     """
+    import tempfile
+
     from cuvil.build_backend._wheel import wheel_name, write_wheel
 
     project, metadata = _read(config_settings)
     target = _get_target(project.settings.target)
+    verify = _wheel_check(project)
     files = _compile(project, metadata, target)
+    with tempfile.TemporaryDirectory() as scratch:  # the package is checked as the wheel it would be
+        write_wheel(Path(scratch), metadata, files, target.platform_tag, verify=verify)
     tree = project.settings.build_dir / "editable"
     _log(f"writing the editable package into {tree}")
     _replace_tree(tree, files)

@@ -7,10 +7,11 @@ import csv
 import hashlib
 import io
 import os
+import shutil
 import tempfile
 import zipfile
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from cuvil.build_backend import _reproducible
@@ -67,8 +68,11 @@ def write_wheel(
     files: Mapping[str, bytes],
     platform_tag: str,
     epoch: int | None = None,
+    verify: Callable[[Path], None] | None = None,
 ) -> str:
     """Write the wheel of `files` (archive path -> bytes) into `directory`; return its file name.
+
+    `verify` sees the finished wheel before it is moved into place and may refuse it by raising.
 
     Entries are sorted with the .dist-info last and RECORD at the very end; every entry gets
     the same timestamp and a normalized mode, so equal inputs give byte-identical wheels.
@@ -82,7 +86,7 @@ def write_wheel(
     entries = sorted(files.items()) + sorted(dist_info.items())
 
     filename = wheel_name(metadata, platform_tag)
-    with atomic_output(directory / filename) as stream, zipfile.ZipFile(stream, "w") as archive:
+    with atomic_output(directory / filename, verify) as stream, zipfile.ZipFile(stream, "w") as archive:
         record = io.StringIO()
         writer = csv.writer(record, lineterminator="\n")
         for name, data in entries:
@@ -98,21 +102,23 @@ def write_wheel(
 
 
 @contextmanager
-def atomic_output(path: Path) -> Iterator[io.BufferedWriter]:
-    """A binary stream that becomes `path` only when the block succeeds; no partial file is left."""
+def atomic_output(path: Path, verify: Callable[[Path], None] | None = None) -> Iterator[io.BufferedWriter]:
+    """A binary stream that becomes `path` only when the block succeeds; no partial file is left.
+
+    The file is written under its final name into a private folder next to `path`, where
+    `verify` (if given) sees it complete; it is moved into place only if `verify` returns.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part"))
+    temporary = staging / path.name
     try:
-        with os.fdopen(handle, "wb") as stream:
+        with open(temporary, "xb") as stream:
             yield stream
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # mkstemp creates 0o600; give the usual file mode
+        if verify is not None:
+            verify(temporary)
         os.replace(temporary, path)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _digest(data: bytes) -> str:

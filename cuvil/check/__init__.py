@@ -2,6 +2,9 @@
 
 Each module checks one concern and adds named results to the report:
 
+- `_archive` ("archive"): the zip is safe to unpack: regular files only, relative paths, no
+  setuid bits, no member twice, and sizes, counts and compression ratios within
+  `ArchiveLimits`; it is read in bounded memory, so a zip bomb fails this check only;
 - `tags`: the file name is `<dist>-<version>-py3-none-<platform>.whl`, and the platform is the
   one of the target recorded in `_models.json`;
 - `record`: layout (only the package and the .dist-info), WHEEL, METADATA, RECORD hashes;
@@ -19,34 +22,38 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cuvil.check._archive import WheelArchive, read_wheel
-from cuvil.check._report import CheckReport, CheckResult
+from cuvil.check._archive import ArchiveLimits, WheelArchive, read_wheel
+from cuvil.check._report import CHECK_KINDS, CheckReport, CheckResult
 from cuvil.errors import CheckError
 
 if TYPE_CHECKING:
     from cuvil.check._elf import ElfLibrary
     from cuvil.check._macho import MachOImage
 
-__all__ = ["CheckReport", "CheckResult", "check_wheel", "read_wheel"]
+__all__ = ["CHECK_KINDS", "ArchiveLimits", "CheckReport", "CheckResult", "check_wheel", "read_wheel"]
 
 
-def check_wheel(path: str | Path, *, auditwheel: bool = True) -> CheckReport:
+def check_wheel(
+    path: str | Path, *, auditwheel: bool = True, limits: ArchiveLimits | None = None
+) -> CheckReport:
     """Run every check on the wheel at `path`.
 
-    A file that is not a zip archive gives a report with one failed check. `auditwheel=False`
-    leaves out the (slower, subprocess) auditwheel check.
+    A file that is not a zip archive, or not a safe one within `limits` (see `ArchiveLimits`),
+    gives a report with one failed check, "archive". `auditwheel=False` leaves out the (slower,
+    subprocess) auditwheel check.
     """
-    from cuvil.check import abi, elf, macho, manifest, record, tags
+    from cuvil.check import manifest, record, tags
     from cuvil.check.auditwheel import check_auditwheel
-    from cuvil.check.manifest import native_kind
 
     path = Path(path)
     report = CheckReport(path)
     try:
-        wheel = read_wheel(path)
+        wheel = read_wheel(path, limits)
     except CheckError as exc:
         report.failed("archive", str(exc))
         return report
+    total = sum(m.size for m in wheel.members.values())
+    report.passed("archive", f"{len(wheel.members)} regular files, {total} bytes, within the archive limits")
     tags.check_filename(wheel, report)
     record.check_layout(wheel, report)
     record.check_wheel_file(wheel, report)
@@ -54,6 +61,19 @@ def check_wheel(path: str | Path, *, auditwheel: bool = True) -> CheckReport:
     record.check_record(wheel, report)
     manifest.check_manifest(wheel, report)
     tags.check_platform(wheel, report)
+    try:
+        _check_libraries(wheel, report)
+    except CheckError as exc:  # a library could not be read again
+        report.failed("archive", str(exc))
+    if auditwheel:
+        check_auditwheel(wheel, report)
+    return report
+
+
+def _check_libraries(wheel: WheelArchive, report: CheckReport) -> None:
+    from cuvil.check import abi, elf, macho
+    from cuvil.check.manifest import native_kind
+
     for library in wheel.libraries():
         images: list[tuple[str, ElfLibrary | MachOImage]]
         kind = native_kind(library.data[:8])
@@ -67,9 +87,6 @@ def check_wheel(path: str | Path, *, auditwheel: bool = True) -> CheckReport:
             continue
         if images:
             abi.check_abi_checksums(library, images, report)
-    if auditwheel:
-        check_auditwheel(wheel, report)
-    return report
 
 
 _FORMATS = {"linux": "elf", "macos": "macho"}

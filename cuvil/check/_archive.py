@@ -1,25 +1,81 @@
-"""Reading a wheel once for every check: its name, entries and the cuvil manifest."""
+"""Reading a wheel safely, once for every check: its name, members and the cuvil manifest.
+
+A wheel comes from anywhere, so nothing in it is trusted: member names, types and modes are
+checked before anything is decompressed, every member is streamed with its bytes counted
+against `ArchiveLimits` (the sizes in the zip headers are only compared with the count), and
+only what the checks read whole is kept in memory: the .dist-info files and the manifest
+(up to `max_text_size`), and one native library at a time (`WheelArchive.libraries`).
+"""
 
 from __future__ import annotations
 
+import base64
+import csv
+import hashlib
+import io
 import json
+import re
+import stat
+import struct
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from cuvil.errors import CheckError
 
-__all__ = ["CHECKSUM_SIZE", "EXPORTED_PARTS", "MANIFEST", "Library", "WheelArchive", "read_wheel"]
+__all__ = [
+    "CHECKSUM_SIZE",
+    "EXPORTED_PARTS",
+    "MANIFEST",
+    "ArchiveLimits",
+    "Library",
+    "Member",
+    "WheelArchive",
+    "read_wheel",
+]
 
 MANIFEST = "_models.json"
 # every model's library exports cuvil_<model>_<part> for these parts (see cuvil/compiler/codegen/header.py)
 EXPORTED_PARTS = ("abi_checksum", "workspace_size", "run", "run_profiled", "thread_pool",
                   "use_thread_pool", "set_thread_limit")
 CHECKSUM_SIZE = 65  # 64 hex digits and a NUL
+
+_MiB = 1 << 20
+_CHUNK = _MiB
+_HEAD = 8  # bytes kept of every member: enough for the ELF and Mach-O magic numbers
+_DRIVE = re.compile(r"^[A-Za-z]:")
+_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate"}
+_WEAK_HASHES = {"md5", "sha1"}
+
+
+@dataclass(frozen=True)
+class ArchiveLimits:
+    """What a wheel may hold. The defaults leave room for model wheels with a few hundred MB of
+    weights (one library of up to 1 GiB, 2 GiB in all) and refuse zip bombs early: a member
+    that inflates to more than `max_ratio` times its compressed size once past `ratio_floor`
+    bytes (weights and machine code compress 1-4 times; a bomb of zeros about 1000 times)."""
+
+    max_members: int = 10_000
+    max_member_size: int = 1 << 30
+    max_total_size: int = 2 << 30
+    max_ratio: int = 100
+    ratio_floor: int = _MiB
+    max_text_size: int = 16 * _MiB  # .dist-info files and the manifest, which are read whole
+
+
+@dataclass(frozen=True)
+class Member:
+    """A regular file of the wheel, as streamed: its size and digests counted from its bytes."""
+
+    name: str
+    size: int
+    digests: dict[str, str]  # hashlib algorithm -> urlsafe base64 without padding (as RECORD has it)
+    head: bytes  # the first bytes, for telling native libraries apart
 
 
 @dataclass(frozen=True)
@@ -46,8 +102,9 @@ class Library:
 @dataclass
 class WheelArchive:
     path: Path
-    files: dict[str, bytes]  # archive path -> bytes, directories left out
-    duplicates: list[str] = field(default_factory=list)
+    members: dict[str, Member]  # archive path -> member, directories left out
+    texts: dict[str, bytes] = field(default_factory=dict)  # .dist-info files and manifest candidates
+    limits: ArchiveLimits = field(default_factory=ArchiveLimits)
     name: str | None = None  # normalized distribution name from the file name
     version: str | None = None
     tags: frozenset[Tag] = frozenset()
@@ -65,46 +122,80 @@ class WheelArchive:
         return self.manifest_path.split("/", 1)[0] if self.manifest_path else None
 
     def dist_info_dirs(self) -> list[str]:
-        return sorted({p.split("/", 1)[0] for p in self.files if p.split("/", 1)[0].endswith(".dist-info")})
+        return sorted({p.split("/", 1)[0] for p in self.members if p.split("/", 1)[0].endswith(".dist-info")})
 
-    def libraries(self) -> list[Library]:
-        """The libraries the manifest names, in manifest order (each once), that are in the wheel."""
+    def native_members(self) -> list[str]:
+        """Members that are ELF or Mach-O files, by their magic number."""
+        from cuvil.check.manifest import native_kind
+
+        return sorted(p for p, m in self.members.items() if native_kind(m.head) is not None)
+
+    def libraries(self) -> Iterator[Library]:
+        """The libraries the manifest names, in manifest order (each once), that are in the wheel.
+
+        Each is read when the iteration reaches it, so one at a time is in memory; CheckError
+        if the file changed since `read_wheel` streamed it.
+        """
         if not self.manifest or not self.package:
-            return []
+            return
         by_file: dict[str, list[dict[str, Any]]] = {}
         for model in self.manifest.get("models", []):
             if isinstance(model, dict) and isinstance(model.get("library"), str):
                 by_file.setdefault(model["library"], []).append(model)
-        out = []
         for file_name, models in by_file.items():
             path = f"{self.package}/{file_name}"
-            if path in self.files:
-                out.append(Library(path, self.files[path], tuple(models)))
-        return out
+            if path in self.members:
+                yield Library(path, self._read_again(path), tuple(models))
+
+    def _read_again(self, name: str) -> bytes:
+        with _open(self.path) as archive:
+            info = archive.getinfo(name)
+            out = io.BytesIO()
+            _stream(self.path, archive, info, self.limits, self.limits.max_member_size, [out.write])
+        data = out.getvalue()
+        if _digest("sha256", data) != self.members[name].digests["sha256"]:
+            raise CheckError(f"{self.path}: member {name!r} changed while the wheel was being checked")
+        return data
 
 
-def read_wheel(path: str | Path) -> WheelArchive:
-    """Read the wheel at `path`; CheckError if it is not a zip archive at all."""
+def read_wheel(path: str | Path, limits: ArchiveLimits | None = None) -> WheelArchive:
+    """Read the wheel at `path` in bounded memory; CheckError if it is no zip archive, or one
+    that breaks a rule of `_safety_problem` or exceeds `limits`."""
     path = Path(path)
-    try:
-        archive = zipfile.ZipFile(path)
-    except FileNotFoundError:
-        raise CheckError(f"{path}: no such file") from None
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise CheckError(f"{path}: not a wheel (cannot read it as a zip archive: {exc})") from None
-    files: dict[str, bytes] = {}
-    duplicates = []
-    with archive:
+    limits = limits or ArchiveLimits()
+    with _open(path, limits) as archive:
+        infos = [i for i in archive.infolist() if not i.is_dir()]
         for info in archive.infolist():
-            if info.is_dir():
-                continue
-            if info.filename in files:
-                duplicates.append(info.filename)
-            try:
-                files[info.filename] = archive.read(info)
-            except (zipfile.BadZipFile, OSError, ValueError) as exc:
-                raise CheckError(f"{path}: entry {info.filename!r} cannot be read: {exc}") from None
-    wheel = WheelArchive(path=path, files=files, duplicates=duplicates)
+            problem = _safety_problem(info, limits)
+            if problem:
+                raise CheckError(f"{path}: member {info.filename!r} {problem}")
+        seen: set[str] = set()
+        for info in archive.infolist():
+            if info.filename in seen:
+                raise CheckError(
+                    f"{path}: member {info.filename!r} is stored twice; installers would keep one "
+                    "of the two unpredictably"
+                )
+            seen.add(info.filename)
+        declared = sum(i.file_size for i in infos)
+        if declared > limits.max_total_size:
+            raise CheckError(
+                f"{path}: its members claim {_size(declared)} in all, more than the limit of "
+                f"{_size(limits.max_total_size)}"
+            )
+        texts = {i.filename: _read_text(path, archive, i, limits) for i in infos if _is_text(i.filename)}
+        algorithms = {"sha256"} | _record_algorithms(texts)
+        members, total = {}, 0
+        for info in infos:
+            member = _hash_member(path, archive, info, limits, algorithms)
+            members[info.filename] = member
+            total += member.size
+            if total > limits.max_total_size:
+                raise CheckError(
+                    f"{path}: its members hold more than the limit of {_size(limits.max_total_size)} "
+                    f"in all (reached at {info.filename!r})"
+                )
+    wheel = WheelArchive(path=path, members=members, texts=texts, limits=limits)
     try:
         name, version, _build, tags = parse_wheel_filename(path.name)
         wheel.name, wheel.version, wheel.tags = str(name), str(version), frozenset(tags)
@@ -114,10 +205,179 @@ def read_wheel(path: str | Path) -> WheelArchive:
     return wheel
 
 
+def _open(path: Path, limits: ArchiveLimits | None = None) -> zipfile.ZipFile:
+    try:
+        if limits is not None:
+            with open(path, "rb") as f:
+                count = _declared_member_count(f)
+            if count is not None and count > limits.max_members:
+                raise CheckError(
+                    f"{path}: the archive says it holds {count} members, more than the limit of "
+                    f"{limits.max_members}"
+                )
+        return zipfile.ZipFile(path)
+    except FileNotFoundError:
+        raise CheckError(f"{path}: no such file") from None
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise CheckError(f"{path}: not a wheel (cannot read it as a zip archive: {exc})") from None
+
+
+def _declared_member_count(f: IO[bytes]) -> int | None:
+    """The member count the end of the central directory gives, before zipfile builds one object
+    per member; None if there is no such record (zipfile then says why)."""
+    size = f.seek(0, io.SEEK_END)
+    tail_size = min(size, 22 + 0xFFFF)  # the record and the longest comment
+    f.seek(size - tail_size)
+    tail = f.read(tail_size)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or at + 22 > len(tail):
+        return None
+    (count,) = struct.unpack("<H", tail[at + 10 : at + 12])
+    if count != 0xFFFF or at < 20 or tail[at - 20 : at - 16] != b"PK\x06\x07":
+        return int(count)
+    (zip64_end,) = struct.unpack("<Q", tail[at - 12 : at - 4])  # the zip64 record's offset
+    if zip64_end + 56 > size:
+        return None
+    f.seek(zip64_end)
+    record = f.read(56)
+    if record[:4] != b"PK\x06\x06":
+        return None
+    return int(struct.unpack("<Q", record[32:40])[0])
+
+
+def _safety_problem(info: zipfile.ZipInfo, limits: ArchiveLimits) -> str | None:
+    """What makes the member unsafe to install or to read, as the end of a sentence; or None."""
+    name = info.filename
+    parts = name.rstrip("/").split("/") if info.is_dir() else name.split("/")
+    if name.startswith("/") or _DRIVE.match(name):
+        return "has an absolute path; wheel paths are relative to the install folder"
+    if "\\" in name:
+        return "has a backslash in its path; wheel paths separate folders with / only"
+    if ".." in parts:
+        return "has '..' in its path, which would escape the install folder"
+    if any(part in ("", ".") for part in parts) or "\0" in name:
+        return "has an empty, '.' or NUL part in its path"
+    mode = info.external_attr >> 16
+    kind = stat.S_IFMT(mode)
+    if stat.S_ISLNK(mode):
+        return "is a symbolic link; wheels hold regular files only"
+    if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
+        return f"is a special file (mode {mode:o}: device, FIFO or socket); wheels hold regular files only"
+    if mode & (stat.S_ISUID | stat.S_ISGID):
+        return f"has the setuid or setgid bit set (mode {mode & 0o7777:o}); no wheel file needs it"
+    if info.flag_bits & 0x1:
+        return "is encrypted"
+    if info.compress_type not in _METHODS:
+        return f"uses compression method {info.compress_type}; wheels use deflate or stored"
+    if info.file_size > limits.max_member_size:
+        return (
+            f"claims {_size(info.file_size)}, more than the per-member limit of "
+            f"{_size(limits.max_member_size)}"
+        )
+    return None
+
+
+def _is_text(name: str) -> bool:
+    """Files the checks read whole: the .dist-info's (WHEEL, METADATA, RECORD...) and the manifest."""
+    top, _, rest = name.partition("/")
+    return (top.endswith(".dist-info") and "/" not in rest) or rest == MANIFEST
+
+
+def _read_text(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo, limits: ArchiveLimits) -> bytes:
+    out = io.BytesIO()
+    _stream(path, archive, info, limits, limits.max_text_size, [out.write])
+    return out.getvalue()
+
+
+def _record_algorithms(texts: dict[str, bytes]) -> set[str]:
+    """The hash algorithms RECORD files use, of those hashlib has and RECORD may use."""
+    found = set()
+    for name, data in texts.items():
+        if name.endswith(".dist-info/RECORD"):
+            try:
+                rows = csv.reader(io.StringIO(data.decode("utf-8")))
+                found |= {row[1].partition("=")[0] for row in rows if len(row) == 3}
+            except (UnicodeDecodeError, csv.Error):
+                pass  # the RECORD check says so
+    return {
+        a for a in found
+        if a in hashlib.algorithms_guaranteed and a not in _WEAK_HASHES and not a.startswith("shake_")
+    }
+
+
+def _hash_member(
+    path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo, limits: ArchiveLimits, algorithms: set[str]
+) -> Member:
+    hashes = {a: hashlib.new(a) for a in sorted(algorithms)}
+    head = bytearray()
+
+    def keep_head(chunk: bytes) -> None:
+        if len(head) < _HEAD:
+            head.extend(chunk[: _HEAD - len(head)])
+
+    sinks = [h.update for h in hashes.values()] + [keep_head]
+    size = _stream(path, archive, info, limits, limits.max_member_size, sinks)
+    digests = {a: _b64(h.digest()) for a, h in hashes.items()}
+    return Member(info.filename, size, digests, bytes(head))
+
+
+def _stream(
+    path: Path,
+    archive: zipfile.ZipFile,
+    info: zipfile.ZipInfo,
+    limits: ArchiveLimits,
+    max_size: int,
+    sinks: list[Any],
+) -> int:
+    """Decompress the member chunk by chunk into `sinks`, counting its bytes against the limits;
+    return its size, which must equal the header's."""
+    where = f"{path}: member {info.filename!r}"
+    # the compressed size bounds the ratio; it is a header field too, so at most the file's size
+    compressed = max(1, min(info.compress_size, path.stat().st_size))
+    count = 0
+    try:
+        with archive.open(info) as stream:
+            while chunk := stream.read(_CHUNK):
+                count += len(chunk)
+                if count > max_size:
+                    raise CheckError(f"{where} holds more than the limit of {_size(max_size)}")
+                if count > limits.ratio_floor and count > limits.max_ratio * compressed:
+                    raise CheckError(
+                        f"{where} inflates to more than {limits.max_ratio} times its compressed size "
+                        f"({_size(count)} from {_size(compressed)} so far): refused as a likely zip bomb"
+                    )
+                for sink in sinks:
+                    sink(chunk)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
+        raise CheckError(f"{where} cannot be read: {exc}") from None
+    if count != info.file_size:
+        raise CheckError(
+            f"{where}: its zip header says {info.file_size} bytes, but it holds {count}; "
+            "the archive was tampered with or damaged"
+        )
+    return count
+
+
+def _digest(algorithm: str, data: bytes) -> str:
+    return _b64(hashlib.new(algorithm, data).digest())
+
+
+def _b64(digest: bytes) -> str:
+    """A digest as RECORD writes it: urlsafe base64 without padding."""
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", _MiB), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
 def _read_manifest(wheel: WheelArchive) -> None:
     candidates = sorted(
         p
-        for p in wheel.files
+        for p in wheel.members
         if p.count("/") == 1 and p.endswith("/" + MANIFEST) and not p.split("/")[0].endswith(".dist-info")
     )
     if not candidates:
@@ -131,7 +391,7 @@ def _read_manifest(wheel: WheelArchive) -> None:
         return
     wheel.manifest_path = candidates[0]
     try:
-        manifest = json.loads(wheel.files[candidates[0]].decode("utf-8"))
+        manifest = json.loads(wheel.texts[candidates[0]].decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         wheel.manifest_error = f"{candidates[0]} is not valid JSON: {exc}"
         return

@@ -6,7 +6,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CheckReport", "CheckResult"]
+__all__ = ["CHECK_KINDS", "CheckReport", "CheckResult"]
+
+# What each check is called, without the library it ran on ("digits/_x.so: SONAME" is a
+# "SONAME" check): the names `check-warnings` in [tool.cuvil] accepts.
+CHECK_KINDS = (
+    "archive", "wheel file name", "layout", "WHEEL", "METADATA", "RECORD", "manifest", "platform tag",
+    "format", "ELF header", "exported symbols", "SONAME", "RPATH/RUNPATH", "DT_NEEDED", "glibc versions",
+    "Mach-O slices", "install name", "dependencies", "macOS version", "code signature", "ABI checksum",
+    "auditwheel",
+)
 
 
 @dataclass(frozen=True)
@@ -23,6 +32,12 @@ class CheckResult:
 
     def __iter__(self) -> Iterator[object]:
         return iter((self.name, self.ok, self.message))
+
+    @property
+    def kind(self) -> str:
+        """The name without the library it ran on (and the model, for ABI checksums)."""
+        kind = self.name.rpartition(": ")[2]
+        return "ABI checksum" if kind.startswith("ABI checksum of ") else kind
 
     @property
     def status(self) -> str:
@@ -79,9 +94,17 @@ class CheckReport:
     def format(self) -> str:
         lines = [f"{self.path.name}:"]
         lines += [f"  {r}" for r in self.results]
-        failed = len(self.failures)
-        if failed:
-            lines.append(f"  FAILED: {failed} of {len(self.results)} checks failed")
-        else:
-            lines.append(f"  OK: all {len(self.results)} checks passed")
+        lines.append(f"  {self.summary()}")
         return "\n".join(lines)
+
+    def summary(self) -> str:
+        """"OK: all 15 checks passed", "OK: 14 passed, 1 skipped" or "FAILED: 2 of 15 checks failed"."""
+        failed = len(self.failures)
+        skipped = sum(r.skipped for r in self.results)
+        passed = len(self.results) - failed - skipped
+        if failed:
+            also = f" ({passed} passed, {skipped} skipped)" if skipped else ""
+            return f"FAILED: {failed} of {len(self.results)} checks failed{also}"
+        if skipped:
+            return f"OK: {passed} passed, {skipped} skipped"
+        return f"OK: all {passed} checks passed"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,12 +18,24 @@ __all__ = ["auditwheel_command", "check_auditwheel"]
 _TIMEOUT = 300
 
 
+# What a Python program started from PATH must not inherit from this one: an isolated build
+# (pip, build) points PYTHONPATH at its own site setup, which hides auditwheel's environment.
+_OUR_PYTHON_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONSAFEPATH")
+
+
 def auditwheel_command() -> list[str] | None:
     """How to run auditwheel: from this Python's environment, else from PATH; None if absent."""
     if importlib.util.find_spec("auditwheel") is not None:
         return [sys.executable, "-m", "auditwheel"]
     found = shutil.which("auditwheel")
     return [found] if found else None
+
+
+def _environment(command: list[str]) -> dict[str, str] | None:
+    """None (ours) for auditwheel in this Python; without our Python variables for one on PATH."""
+    if command[0] == sys.executable:
+        return None
+    return {k: v for k, v in os.environ.items() if k not in _OUR_PYTHON_VARIABLES}
 
 
 def check_auditwheel(wheel: WheelArchive, report: CheckReport) -> None:
@@ -39,7 +52,10 @@ def check_auditwheel(wheel: WheelArchive, report: CheckReport) -> None:
         return
     argv = [*command, "show", "--json", str(wheel.path)]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=_TIMEOUT, errors="replace")
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, errors="replace", timeout=_TIMEOUT,
+            env=_environment(command),
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         report.failed(name, f"could not run {' '.join(argv)}: {exc}")
         return

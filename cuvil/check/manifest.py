@@ -37,7 +37,7 @@ def _model_problems(model: Any, index: int, package: str, wheel: WheelArchive) -
         problems.append(f"models[{index}].name {name!r} is not a C identifier")
     if not isinstance(library, str) or "/" in library or library in ("", ".", ".."):
         problems.append(f"model {name!r}: library {library!r} is not a file name")
-    elif f"{package}/{library}" not in wheel.files:
+    elif f"{package}/{library}" not in wheel.members:
         problems.append(f"model {name!r}: its library {package}/{library} is not in the wheel")
     try:
         expected = abi_checksum(model)
@@ -82,9 +82,7 @@ def check_manifest(wheel: WheelArchive, report: CheckReport) -> None:
         for m in models
         if isinstance(m, dict) and isinstance(m.get("library"), str)
     }
-    stray = sorted(
-        p for p, data in wheel.files.items() if p not in named and native_kind(data[:8]) is not None
-    )
+    stray = [p for p in wheel.native_members() if p not in named]
     if stray:
         problems.append(f"native files that no model names: {', '.join(stray)}")
     if problems:

@@ -29,7 +29,15 @@ def check_filename(wheel: WheelArchive, report: CheckReport) -> None:
         return
     generic = [p for p in wheel.platforms if p == "any"]
     if generic:
-        report.failed(name, "platform tag 'any' claims a pure-Python wheel, but it holds native libraries")
+        native = wheel.native_members()
+        held = (
+            f"but it holds native libraries ({', '.join(native)})"
+            if native
+            else "but a cuvil wheel holds its models' native libraries, and this one holds none"
+        )
+        report.failed(
+            name, f"platform tag 'any' claims a pure-Python wheel, {held}; rebuild it with `cuvil build`"
+        )
         return
     report.passed(name, f"{wheel.name} {wheel.version}, tags {', '.join(sorted(map(str, wheel.tags)))}")
 

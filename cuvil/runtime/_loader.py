@@ -298,13 +298,29 @@ class Model:
         for info, value in zip(self.inputs, values):
             a = value if type(value) is np.ndarray else np.asarray(value)
             if a.dtype != info.dtype:
-                raise ValueError(f"{self.name}: input {info.name!r} must have dtype "
-                                 f"{info.dtype.name}, got {a.dtype.name}")
+                a = self._in_native_order(info, value, a)
             flags = a.flags
             # the library reads dense row-major data
             arrays.append(a if flags.c_contiguous and flags.aligned else np.ascontiguousarray(a))
             shapes.append(a.shape)
         return arrays, tuple(shapes)
+
+    def _in_native_order(self, info: TensorInfo, value: Any, a: np.ndarray) -> np.ndarray:
+        """`a` converted to this machine's byte order if only that differs from the input's
+        dtype (the same values, so no loss; onnxruntime would misread the bytes instead);
+        otherwise a ValueError that says how to convert."""
+        if a.dtype.newbyteorder("=") == info.dtype:
+            return a.astype(info.dtype)
+        got = a.dtype.name
+        if not a.dtype.isnative:
+            got += f" ({'big' if a.dtype.byteorder == '>' else 'little'}-endian)"
+        if isinstance(value, np.ndarray):
+            fix = f"convert it with .astype(np.{info.dtype.name})"
+        else:  # a list, a scalar...: np.asarray picked the dtype
+            got = f"{_kind(value)}, which np.asarray makes {got}"
+            fix = f"pass np.asarray(value, dtype=np.{info.dtype.name})"
+        raise ValueError(f"{self.name}: input {info.name!r} must have dtype {info.dtype.name}, "
+                         f"got {got}; {fix}")
 
     def _plan(self, arrays: Sequence[np.ndarray], shapes: tuple[Any, ...]) -> _Plan:
         """What depends on the input shapes only, checked and worked out once per shape."""
