@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.emitter import I1, I32, I64, PTR, Emitter
+from cuvil.compiler.codegen.emitter import I1, I32, PTR, Emitter
 from cuvil.compiler.codegen.gemm_kernel import isa_of
 from cuvil.compiler.ir import Dim, Node, numel
 from cuvil.compiler.ops import required_input
@@ -38,6 +38,10 @@ F32 = ir.FloatType()
 MAX_MULTIPLIER = 4
 #: kernel taps unrolled into one chunk's code (7 x 7 is 49); larger kernels go through im2col
 MAX_TAPS = 64
+#: independent sums per chunk (taps go round-robin)
+ACCUMULATORS = 4
+#: output rows computed together, sharing the loads of the input rows they both read
+ROW_BLOCK = 2
 
 
 def uses_direct_depthwise(node: Node) -> bool:
@@ -118,23 +122,47 @@ def lower_conv_depthwise(node: Node, k: Emitter, win: Window) -> None:
         else:
             init = ir.Constant(writer.vt, None)
         if rows is None:  # a 1-D convolution: one row
-            writer.row([x], weights, init, y, res)
-        else:
-            assert zero_row is not None
-            height = k.dim(rows.size)
-            row_len = k.dim(cols.size)
-            with k.loop(k.dim(rows.out), name="oh") as oh:
-                ptrs = []
+            writer.rows(_Block([x], {0: [(0, 0)]}, [(y, res)]), weights, init)
+            return
+        assert zero_row is not None
+        out_rows = k.dim(rows.out)
+
+        def block(oh: ir.Value, count: int) -> None:
+            """Output rows oh..oh+count-1: each input row they read is loaded once per tap."""
+            offsets: dict[int, list[tuple[int, int]]] = {}
+            for q in range(count):
                 for kh in range(rows.kernel):
-                    ih = b.add(b.mul(oh, k.i64(rows.stride)),
-                               b.sub(k.i64(kh * rows.dilation), k.dim(rows.pad)))
-                    inside = b.and_(b.icmp_signed(">=", ih, k.i64(0)),
-                                    b.icmp_signed("<", ih, height))
-                    ptrs.append(b.select(inside, b.gep(x, [b.mul(ih, row_len)], source_etype=F32),
-                                         zero_row))
-                y_row = b.mul(oh, k.dim(cols.out))
-                writer.row(ptrs, weights, init, b.gep(y, [y_row], source_etype=F32),
-                           b.gep(res, [y_row], source_etype=F32) if res is not None else None)
+                    offsets.setdefault(q * rows.stride + kh * rows.dilation, []).append((q, kh))
+            inputs = []
+            for off in offsets:
+                ih = b.add(b.mul(oh, k.i64(rows.stride)), b.sub(k.i64(off), k.dim(rows.pad)))
+                inside = b.and_(b.icmp_signed(">=", ih, k.i64(0)),
+                                b.icmp_signed("<", ih, k.dim(rows.size)))
+                row_ptr = b.gep(x, [b.mul(ih, k.dim(cols.size))], source_etype=F32)
+                inputs.append(b.select(inside, row_ptr, zero_row))
+            outs = []
+            for q in range(count):
+                y_row = b.mul(b.add(oh, k.i64(q)), k.dim(cols.out))
+                outs.append((b.gep(y, [y_row], source_etype=F32),
+                             b.gep(res, [y_row], source_etype=F32) if res is not None else None))
+            writer.rows(_Block(inputs, dict(enumerate(offsets.values())), outs), weights, init)
+
+        pairs = b.mul(k.floordiv(out_rows, k.i64(ROW_BLOCK)), k.i64(ROW_BLOCK))
+        with k.loop(pairs, step=ROW_BLOCK, name="oh") as oh:
+            block(oh, ROW_BLOCK)
+        with k.loop(out_rows, start=pairs, name="ohl") as oh:
+            block(oh, 1)
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Output rows computed together: `inputs` are the input rows they read (a row of zeros
+    where it is padding); uses[i] lists the (output row, kernel row) pairs reading inputs[i];
+    outs[q] is output row q's (output, residual) row pointers."""
+
+    inputs: list[ir.Value]
+    uses: dict[int, list[tuple[int, int]]]
+    outs: list[tuple[ir.Value, ir.Value | None]]
 
 
 class _Writer:
@@ -154,10 +182,9 @@ class _Writer:
     def splat(self, x: ir.Value) -> ir.Value:
         return _splat(self.k.b, x, self.width)
 
-    def row(self, ptrs: list[ir.Value], weights: list[ir.Value], init: ir.Value,
-            y: ir.Value, res: ir.Value | None) -> None:
-        """y[o] = epilogue(init + sum over taps of w * x[row kh][o*s + kw*d - pad]) for the row;
-        ptrs[kh] is kernel row kh's input row (a row of zeros where it is padding)."""
+    def rows(self, blk: _Block, weights: list[ir.Value], init: ir.Value) -> None:
+        """y[q][o] = epilogue(init + sum over taps (kh, kw) of w * x[kh][o*s + kw*d - pad]) for
+        the block's output rows q."""
         k, c, v = self.k, self.cols, self.width
         b = k.b
         out, size, pad = k.dim(c.out), k.dim(c.size), k.dim(c.pad)
@@ -171,55 +198,81 @@ class _Writer:
         interior = k.maximum("int64", k.floordiv(b.sub(k.minimum("int64", last, out), head_end),
                                                  k.i64(v)), k.i64(0))
         tail = b.add(head_end, b.mul(interior, k.i64(v)))
-        with k.loop(head_stop, step=v, name="head") as o:
-            self.chunk(ptrs, weights, init, y, res, o, masked=True)
+        # the first head chunk and the first tail chunk start at the same place on every row:
+        # their lane masks are computed once, out of the row loop (more masked chunks only
+        # with a padding or a row end wider than a vector)
+        with k.if_then(b.icmp_signed(">", head_stop, k.i64(0))):
+            self.chunk(blk, weights, init, k.i64(0), masked=True)
+        with k.loop(head_stop, start=k.i64(v), step=v, name="head") as o:
+            self.chunk(blk, weights, init, o, masked=True)
         with k.loop(interior, name="body") as j:
-            self.chunk(ptrs, weights, init, y, res, b.add(head_end, b.mul(j, k.i64(v))),
+            self.chunk(blk, weights, init, b.add(head_end, b.mul(j, k.i64(v))),
                        masked=False)
-        with k.loop(out, start=tail, step=v, name="tail") as o:
-            self.chunk(ptrs, weights, init, y, res, o, masked=True)
+        with k.if_then(b.icmp_signed("<", tail, out)):
+            self.chunk(blk, weights, init, tail, masked=True)
+        with k.loop(out, start=b.add(tail, k.i64(v)), step=v, name="tail") as o:
+            self.chunk(blk, weights, init, o, masked=True)
 
-    def chunk(self, ptrs: list[ir.Value], weights: list[ir.Value], init: ir.Value, y: ir.Value,
-              res: ir.Value | None, o: ir.Value, masked: bool) -> None:
-        """Outputs o..o+width-1 of the row; `masked`: lanes past the row's end are not stored
-        and taps outside the input row read zeros."""
+    def chunk(self, blk: _Block, weights: list[ir.Value], init: ir.Value, o: ir.Value,
+              masked: bool) -> None:
+        """Outputs o..o+width-1 of the block's rows; `masked`: lanes past the row's end are not
+        stored and taps outside the input row read zeros."""
         k, c = self.k, self.cols
         b = k.b
         start = b.sub(b.mul(o, k.i64(c.stride)), k.dim(c.pad))  # input index of tap 0, lane 0
         wide = self.wide.count
-        lanes = ir.Constant(ir.VectorType(I64, wide), list(range(wide)))
-        positions = b.add(_splat(b, start, wide), lanes) if masked else None
-        size = _splat(b, k.dim(c.size), wide) if masked else None
-        acc = init
-        for kh, row in enumerate(ptrs):
+        masks: list[ir.Value] = []
+        if masked:
+            # lane j of tap kw reads input start + kw*d + j: inside the row when that is in
+            # [0, size), one unsigned compare (i32 lanes: row widths fit)
+            i32s = ir.VectorType(I32, wide)
+            lanes = b.add(_splat(b, b.trunc(start, I32), wide),
+                          ir.Constant(i32s, list(range(wide))))
+            size = _splat(b, b.trunc(k.dim(c.size), I32), wide)
+            masks = [b.icmp_unsigned("<", b.add(lanes, ir.Constant(i32s, [kw * c.dilation] * wide)),
+                                     size) for kw in range(c.kernel)]
+        # a few independent sums per output row: one chain of fused multiply-adds would wait
+        # on each one's latency
+        chains = max(1, min(ACCUMULATORS // len(blk.outs), len(weights)))
+        zero = ir.Constant(self.vt, None)
+        accs = [[init] + [zero] * (chains - 1) for _ in blk.outs]
+        used = [0] * len(blk.outs)
+        for i, row in enumerate(blk.inputs):
             for kw in range(c.kernel):
-                off = b.add(start, k.i64(kw * c.dilation))
-                p = b.gep(row, [off], source_etype=F32)
-                if positions is None:
-                    xs = b.load(p, typ=self.wide, align=4)
-                else:
-                    at = b.add(positions, _splat(b, k.i64(kw * c.dilation), wide))
-                    inside = b.and_(b.icmp_signed(">=", at, ir.Constant(at.type, [0] * wide)),
-                                    b.icmp_signed("<", at, size))
+                p = b.gep(row, [b.add(start, k.i64(kw * c.dilation))], source_etype=F32)
+                if masked:
                     xs = b.call(_masked(k.module, "load", self.wide),
-                                [p, ir.Constant(I32, 4), inside, ir.Constant(self.wide, None)])
+                                [p, ir.Constant(I32, 4), masks[kw], ir.Constant(self.wide, None)])
+                else:
+                    xs = b.load(p, typ=self.wide, align=4)
                 if c.stride > 1:
                     xs = b.shuffle_vector(xs, ir.Constant(self.wide, ir.Undefined), ir.Constant(
-                        ir.VectorType(I32, self.width), [i * c.stride for i in range(self.width)]))
-                acc = b.call(_fmuladd(k.module, self.vt), [weights[kh * c.kernel + kw], xs, acc])
+                        ir.VectorType(I32, self.width), [j * c.stride for j in range(self.width)]))
+                for q, kh in blk.uses[i]:
+                    a = used[q] % chains
+                    used[q] += 1
+                    accs[q][a] = b.call(_fmuladd(k.module, self.vt),
+                                        [weights[kh * c.kernel + kw], xs, accs[q][a]])
         store_mask = None
         if masked:
-            left = _splat(b, b.sub(k.dim(c.out), o), self.width)
+            left = _splat(b, b.trunc(b.sub(k.dim(c.out), o), I32), self.width)
             store_mask = b.icmp_signed("<", ir.Constant(left.type, list(range(self.width))), left)
-        y_p = b.gep(y, [o], source_etype=F32)
-        if res is not None:
-            acc = b.fadd(acc, self._load(b.gep(res, [o], source_etype=F32), store_mask))
-        if self.activation is not None:
-            acc = apply_activation(b, self.activation, self.params, acc)
-        if store_mask is None:
-            b.store(acc, y_p, align=4)
-        else:
-            b.call(_masked(k.module, "store", self.vt), [acc, y_p, ir.Constant(I32, 4), store_mask])
+        for q, (y, res) in enumerate(blk.outs):
+            sums = accs[q]
+            while len(sums) > 1:
+                sums = [b.fadd(sums[j], sums[j + 1]) if j + 1 < len(sums) else sums[j]
+                        for j in range(0, len(sums), 2)]
+            acc = sums[0]
+            y_p = b.gep(y, [o], source_etype=F32)
+            if res is not None:
+                acc = b.fadd(acc, self._load(b.gep(res, [o], source_etype=F32), store_mask))
+            if self.activation is not None:
+                acc = apply_activation(b, self.activation, self.params, acc)
+            if store_mask is None:
+                b.store(acc, y_p, align=4)
+            else:
+                b.call(_masked(k.module, "store", self.vt),
+                       [acc, y_p, ir.Constant(I32, 4), store_mask])
 
     def _load(self, p: ir.Value, mask: ir.Value | None) -> ir.Value:
         b = self.k.b
