@@ -139,13 +139,15 @@ def test_strided_fused_hardswish_without_bias():
 
 
 def test_other_convolutions_keep_the_gemm_path():
-    """Groups of several input channels, large multipliers, 3-D and float64 are not depthwise
-    for this kernel."""
+    """Groups of several input channels, large multipliers, 3-D, more than 64 taps and strides
+    along the row above 4 are not depthwise for this kernel."""
     cases = [
         Case("Conv", ["x", "w"], {"group": 2}, feeds={"x": ("float32", [1, 4, 6, 6])},
              consts={"w": RNG.standard_normal((2, 2, 3, 3)).astype(np.float32)}),
         depthwise_case(2, [6, 6], [3, 3], multiplier=8),
         depthwise_case(2, [4, 4, 4], [3, 3, 3]),
+        depthwise_case(2, [9, 9], [9, 9], pads=[1, 1, 1, 1]),
+        depthwise_case(2, [9, 31], [3, 3], strides=[1, 5]),
     ]
     check_cases(cases)
     direct, gemm = kernels_of(_batched(cases))
