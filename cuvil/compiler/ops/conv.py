@@ -3,7 +3,9 @@
 
 float32 convolutions run as matrix products on the shared GEMM kernel: 3x3 ones with unit
 strides and enough channels as Winograd convolutions (`_conv_winograd`, which says which),
-all others through im2col (`_conv_gemm`).
+the others through im2col (`_conv_gemm`); depthwise ones (one input channel per group,
+`uses_direct_depthwise`), which would be products of one or two rows, run on their own kernel
+(`_conv_depthwise`).
 float64 accumulates each kernel tap into the output in place, one row at a time:
 the innermost spatial loop has a computed valid range, so it has no branch and vectorizes.
 float16 is computed per output element in a float32 register (accumulating in float16
@@ -36,6 +38,11 @@ from cuvil.compiler.ops import (
     const_or_symbolic_input,
     register,
     required_input,
+)
+from cuvil.compiler.ops._conv_depthwise import (
+    depthwise_scratch_bytes,
+    lower_conv_depthwise,
+    uses_direct_depthwise,
 )
 from cuvil.compiler.ops._conv_gemm import im2col_bytes, lower_conv_gemm
 from cuvil.compiler.ops._conv_winograd import (
@@ -126,6 +133,8 @@ class Conv(Op):
         win = conv_window(node, UNCHECKED)
         if WINOGRAD_TILE in node.attrs:
             return winograd_bytes(node, win)
+        if uses_direct_depthwise(node):
+            return depthwise_scratch_bytes(node)
         return im2col_bytes(node, win)
 
     def lower(self, node: Node, k: Emitter) -> None:
@@ -139,6 +148,9 @@ class Conv(Op):
         group = int(attr(node, "group"))
         m, cg = int(w_val.type.shape[0]), int(w_val.type.shape[1])
         mg = m // group
+        if uses_direct_depthwise(node):
+            lower_conv_depthwise(node, k, win)
+            return
         if y.dtype.name == "float32":
             lower_conv_gemm(node, k, win)
             return
