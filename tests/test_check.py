@@ -33,7 +33,8 @@ from cuvil.toolchains import get_target, zig
 
 DIGITS = Path(__file__).resolve().parents[1] / "examples" / "digits"
 TARGETS = ("x86_64-linux", "aarch64-linux", "universal2-macos")
-EXPORTS = {"cuvil_classifier_abi_checksum", "cuvil_classifier_cpu_check", "cuvil_classifier_run", "cuvil_classifier_run_profiled",
+EXPORTS = {"cuvil_classifier_abi_checksum", "cuvil_classifier_cpu_check",
+           "cuvil_classifier_run", "cuvil_classifier_run_profiled",
            "cuvil_classifier_workspace_size", "cuvil_classifier_thread_pool",
            "cuvil_classifier_use_thread_pool", "cuvil_classifier_set_thread_limit"}
 

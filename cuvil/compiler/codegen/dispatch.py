@@ -104,15 +104,15 @@ def _check_function(model: str, flags: Sequence[str], level: str) -> list[str]:
     """`cpu_check(missing, size)`: writes the names of the missing `flags`, space-separated and
     NUL-terminated, into missing[0 .. size) and returns `level`, which must be -1 when any is
     missing. Hand-written copying: no libc call runs before the check."""
-    lines = [f'__attribute__((visibility("default"))) int32_t cuvil_{model}_cpu_check('
-             "char *missing, int64_t size) {",
+    signature = f"int32_t cuvil_{model}_cpu_check(char *missing, int64_t size)"
+    lines = [f'__attribute__((visibility("default"))) {signature} {{',
              "    int64_t n = 0;",
              *(["    const char *name;"] if flags else []),
              "    if (!missing || size <= 0) return " + level + ";"]
     for flag in flags:
         lines += [f"    if (!{cpu_test(flag)})",
-                  f'        for (name = n ? " {flag}" : "{flag}"; *name && n < size - 1; name++)'
-                  " missing[n++] = *name;"]
+                  f'        for (name = n ? " {flag}" : "{flag}"; *name && n < size - 1; name++)',
+                  "            missing[n++] = *name;"]
     lines += ["    missing[n] = 0;", f"    return {level};", "}"]
     return lines
 
