@@ -20,13 +20,14 @@ DOCS = ROOT / "docs" / "targets.md"
 
 #: how CI runs each target's libraries (tests/test_harness.py; macOS: tests/test_check.py)
 VERIFIED = {
-    "x86_64-linux": "C harness and Python import on the host and under qemu-x86_64: Conroe and "
-                    "Penryn refused with the missing flags, Nehalem (baseline copy), Haswell and "
+    "x86_64-linux": "C harness and Python import on the host and under qemu-x86_64: Opteron G1, "
+                    "Conroe and Penryn refused with the missing flags, Nehalem (baseline copy), "
+                    "Haswell and "
                     "Skylake-Server (v3 copy; qemu emulates no AVX-512), the host (v4 copy when "
                     "it has AVX-512)",
     "aarch64-linux": "C harness under qemu-aarch64: cortex-a53, cortex-a72, max",
 }
-MACHO = "structure and code signatures checked (`cuvil check`); not run"
+MACHO = "structure and code signatures checked (`cuvil check`); C harness compiled, not run"
 
 
 def _min_os(zig_target: str) -> str:
