@@ -102,7 +102,8 @@ def _signature_lines(sig: Mapping[str, Any], indent: str = "  ") -> list[str]:
     if "workspace" in sig:
         lines.append(f"{indent}workspace: {sig['workspace']} bytes")
     name = sig["name"]
-    lines.append(f"{indent}C ABI: cuvil_{name}_run, cuvil_{name}_workspace_size, cuvil_{name}_abi_checksum")
+    lines.append(f"{indent}C ABI: cuvil_{name}_cpu_check, cuvil_{name}_run, cuvil_{name}_workspace_size, "
+                 f"cuvil_{name}_abi_checksum")
     lines.append(f"{indent}ABI checksum: {sig.get('checksum')}")
     return lines
 
@@ -401,6 +402,10 @@ def cmd_targets(args: argparse.Namespace) -> int:
             line += "  (host)"
         if args.verbose:
             line += f"\n    {t.description}  [{t.source}]"
+            for a in t.arches:  # the CPU requirement: docs/targets.md
+                faster = ", ".join(v.cpu for v in a.variants)
+                line += (f"\n    {a.name}: cpu {a.cpu}"
+                         + (f", faster copies for {faster}" if faster else ""))
         print(line)
     return 0
 

@@ -150,7 +150,9 @@ class BuildSettings:
         metadata=_option(
             "string",
             'CPU to tune for and take features from; "native" (this machine\'s CPU) only when '
-            "target is unset.",
+            "target is unset. A named cpu gives one copy of the code (no run-time dispatch), "
+            "and the package refuses at import a CPU without its features; x86-64 runs on "
+            "every x86-64 CPU (docs/targets.md).",
             "native",
             default=None,
             default_doc="the target's baseline",

@@ -33,7 +33,8 @@ from cuvil.toolchains import get_target, zig
 
 DIGITS = Path(__file__).resolve().parents[1] / "examples" / "digits"
 TARGETS = ("x86_64-linux", "aarch64-linux", "universal2-macos")
-EXPORTS = {"cuvil_classifier_abi_checksum", "cuvil_classifier_run", "cuvil_classifier_run_profiled",
+EXPORTS = {"cuvil_classifier_abi_checksum", "cuvil_classifier_cpu_check",
+           "cuvil_classifier_run", "cuvil_classifier_run_profiled",
            "cuvil_classifier_workspace_size", "cuvil_classifier_thread_pool",
            "cuvil_classifier_use_thread_pool", "cuvil_classifier_set_thread_limit"}
 
@@ -435,6 +436,7 @@ EXPORT int32_t cuvil_tiny_run_profiled(const void *const *in, void *const *out, 
 EXPORT void *cuvil_tiny_thread_pool(void) { return 0; }
 EXPORT int32_t cuvil_tiny_use_thread_pool(void *pool) { return -1; }
 EXPORT void cuvil_tiny_set_thread_limit(int32_t n) {}
+EXPORT int32_t cuvil_tiny_cpu_check(char *missing, int64_t size) { return 0; }
 %s
 """
 TINY_SIG: dict[str, Any] = {
@@ -449,7 +451,7 @@ TINY_SIG: dict[str, Any] = {
 TINY_SIG["checksum"] = abi_checksum(TINY_SIG)
 TINY_EXPORTS = {"cuvil_tiny_abi_checksum", "cuvil_tiny_workspace_size", "cuvil_tiny_run",
                 "cuvil_tiny_run_profiled", "cuvil_tiny_thread_pool", "cuvil_tiny_use_thread_pool",
-                "cuvil_tiny_set_thread_limit"}
+                "cuvil_tiny_set_thread_limit", "cuvil_tiny_cpu_check"}
 MACOS_TARGETS = ("arm64-macos", "x86_64-macos", "universal2-macos")
 
 

@@ -19,7 +19,11 @@ pytestmark = pytest.mark.skipif(
     reason="compares with /proc/cpuinfo of an x86-64 Linux host")
 
 #: /proc/cpuinfo spells some flags differently
-CPUINFO_NAMES = {"sse4.2": "sse4_2", "bmi": "bmi1", "lzcnt": "abm"}
+CPUINFO_NAMES = {"sse3": "pni", "sse4.1": "sse4_1", "sse4.2": "sse4_2", "sahf": "lahf_lm",
+                 "bmi": "bmi1", "lzcnt": "abm", "avx512vbmi2": "avx512_vbmi2",
+                 "avx512vnni": "avx512_vnni", "avx512bitalg": "avx512_bitalg",
+                 "avx512vpopcntdq": "avx512_vpopcntdq", "avx512fp16": "avx512_fp16",
+                 "avxvnni": "avx_vnni", "avx512bf16": "avx512_bf16"}
 
 
 def _cpuinfo_flags() -> set[str]:
@@ -85,3 +89,26 @@ def test_x86_levels_nest_and_end_with_avx512(toolchain):
     assert all(f"+{flag}" in v4.features.split(",") for flag in levels[-1])
     # ZMM registers count only when the OS saves opmask, ZMM0-15 high and ZMM16-31 (XCR0 5-7)
     assert all(X86_CPU_FLAGS[flag][4] & 0xE0 == 0xE0 for flag in AVX512)
+
+
+def test_cpu_check_names_what_the_baseline_needs_and_this_cpu_lacks(tmp_path):
+    # a baseline needing every flag the dispatcher knows: the check names exactly those
+    # /proc/cpuinfo lacks, in the table's order, and run() refuses iff any is missing
+    names = list(X86_CPU_FLAGS)
+    stubs = "".join(
+        f"int32_t {variant_run_symbol('m', 0, entry)}(const void *const *a, void *const *b, "
+        f"const int64_t *c, void *d{', uint64_t *t' if entry == 'run_profiled' else ''}) "
+        "{ return 7; }\n" for entry in ("run", "run_profiled"))
+    lib = _build(tmp_path, render_dispatcher("m", [names]) + stubs)
+    kernel = _cpuinfo_flags()
+    lacks = [n for n in names if CPUINFO_NAMES.get(n, n) not in kernel]
+    missing = ctypes.create_string_buffer(512)
+    level = lib.cuvil_m_cpu_check(missing, ctypes.c_int64(len(missing)))
+    assert missing.value.decode().split() == lacks
+    assert level == (-1 if lacks else 0)
+    assert lib.cuvil_m_run(None, None, None, None) == (-1 if lacks else 7)
+    assert lib.cuvil_m_cpu_check(None, ctypes.c_int64(0)) == level  # no buffer: the level only
+    if lacks:  # a short buffer holds a NUL-terminated prefix
+        short = ctypes.create_string_buffer(4)
+        lib.cuvil_m_cpu_check(short, ctypes.c_int64(4))
+        assert short.value.decode() == " ".join(lacks)[:3]

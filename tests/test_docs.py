@@ -21,3 +21,9 @@ def test_ops_table_lists_every_operator_of_the_first_slice() -> None:
                "Flatten", "Reshape", "Transpose", "Concat", "Clip", "Identity", "Constant",
                "Dropout"):
         assert f"| {op} |" in text, op
+
+
+def test_targets_table_is_current() -> None:
+    render = runpy.run_path(str(REPO / "scripts" / "gen_targets_docs.py"))["render"]
+    current = (REPO / "docs" / "targets.md").read_text(encoding="utf-8")
+    assert current == render(), "docs/targets.md is stale: run python scripts/gen_targets_docs.py"

@@ -41,8 +41,8 @@ __all__ = [
 
 MANIFEST = "_models.json"
 # every model's library exports cuvil_<model>_<part> for these parts (see cuvil/compiler/codegen/header.py)
-EXPORTED_PARTS = ("abi_checksum", "workspace_size", "run", "run_profiled", "thread_pool",
-                  "use_thread_pool", "set_thread_limit")
+EXPORTED_PARTS = ("abi_checksum", "cpu_check", "workspace_size", "run", "run_profiled",
+                  "thread_pool", "use_thread_pool", "set_thread_limit")
 CHECKSUM_SIZE = 65  # 64 hex digits and a NUL
 
 _MiB = 1 << 20

@@ -11,11 +11,11 @@ import re
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from cuvil.compiler.codegen.dispatch import render_dispatcher
+from cuvil.compiler.codegen.dispatch import render_cpu_check, render_dispatcher
 from cuvil.compiler.codegen.module import build_module, emit_object, symbol_names
 from cuvil.compiler.frontend import import_model
 from cuvil.compiler.ir import MAX_TENSOR_BYTES, Graph, Node, Value, dim_str
@@ -152,35 +152,38 @@ def compile_model(
 
 def _compile_arch(graph: Graph, plan: Any, sig: dict[str, Any], arch: Any, workdir: Path, *,
                   cpu: str | None, opt_level: int, log: Log | None) -> list[Path]:
-    """Object files of the model's code for one arch: one module for a named cpu, else the
-    baseline plus each CPU variant of the toolchain file and a dispatcher choosing at run time."""
+    """Object files of the model's code for one arch: one copy for a named cpu, else the
+    baseline plus each CPU variant of the toolchain file; and the CPU check, with (on x86)
+    a dispatcher that runs the best copy the CPU supports, compiled for the plain arch."""
     from cuvil.toolchains import host_cpu, target_machine, zig
 
     say = log or (lambda _msg: None)
     name = sig["name"]
-    if cpu is not None or not arch.variants:
-        features = host_cpu()[1] if cpu == "native" else arch.features
-        tm = target_machine(arch, cpu=cpu, opt_level=opt_level)
-        say(f"cuvil: {name}: generating code for {arch.llvm_triple} (cpu {cpu or arch.cpu})")
-        obj = workdir / f"{name}.{arch.name}.o"
-        obj.write_bytes(emit_object(build_module(graph, plan, name, sig["checksum"],
-                                                 arch.llvm_triple, str(tm.target_data),
-                                                 features=features), tm, opt_level))
-        return [obj]
-    levels = [(arch.cpu, arch.features, ()),
-              *[(v.cpu, v.features, v.requires) for v in arch.variants]]
+    base_features = host_cpu()[1] if cpu == "native" else arch.features
+    levels = [(cpu or arch.cpu, base_features, zig.cpu_flags(replace(arch, cpu=cpu or arch.cpu))),
+              *([] if cpu is not None else [(v.cpu, v.features, v.requires) for v in arch.variants])]
+    # what the loader's and the header's CPU messages name, per slice of a universal2 library
+    sig.setdefault("cpu", {})[arch.name] = {"baseline": cpu or arch.cpu,
+                                            "requires": list(levels[0][2])}
+    dispatched = arch.is_x86  # other arches: one copy, for a baseline all their CPUs have
     objects = []
     for index, (level_cpu, features, _) in enumerate(levels):
-        tm = target_machine(arch, cpu=level_cpu, features=features, opt_level=opt_level)
+        # the baseline takes the toolchain's features (or the host's, for "native")
+        tm = target_machine(arch, cpu=level_cpu, features=features if index else None,
+                            opt_level=opt_level)
         say(f"cuvil: {name}: generating code for {arch.llvm_triple} (cpu {level_cpu})")
         obj = workdir / f"{name}.{arch.name}.{index}.o"
         obj.write_bytes(emit_object(build_module(graph, plan, name, sig["checksum"],
                                                  arch.llvm_triple, str(tm.target_data),
-                                                 features=features, variant=index), tm, opt_level))
+                                                 features=features,
+                                                 variant=index if dispatched else None),
+                                    tm, opt_level))
         objects.append(obj)
-    source = workdir / f"{name}.dispatch.c"
-    source.write_text(render_dispatcher(name, [requires for _, _, requires in levels]))
-    objects.append(zig.compile_c(source, workdir / f"{name}.{arch.name}.dispatch.o", arch, log=log))
+    source = workdir / f"{name}.cpu_check.c"
+    source.write_text(render_dispatcher(name, [requires for _, _, requires in levels])
+                      if dispatched else render_cpu_check(name))
+    objects.append(zig.compile_c(source, workdir / f"{name}.{arch.name}.cpu_check.o",
+                                 arch.plain, log=log))
     return objects
 
 

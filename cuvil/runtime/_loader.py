@@ -11,6 +11,7 @@ import ctypes
 import hashlib
 import json
 import os
+import platform
 import sys
 import threading
 import time
@@ -22,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-ABI_VERSION = 2  # 2: run_profiled and the thread-pool exports (thread_pool, use_thread_pool,
-#    set_thread_limit)
+ABI_VERSION = 3  # 2: run_profiled and the thread-pool exports (thread_pool, use_thread_pool,
+#    set_thread_limit); 3: cpu_check, and run's STATUS_CPU_UNSUPPORTED
 
 __all__ = ["ABI_VERSION", "Model", "NodeTime", "OpTime", "Profile", "TensorInfo", "abi_checksum",
            "load_models"]
@@ -70,6 +71,9 @@ _STATUS_MESSAGES = {
     1: "index out of range (an index input holds a value outside the dim it indexes; check "
        "the values fed to the model)",
 }
+#: `run`'s status, running nothing, on a CPU below the library's baseline (emitter's
+#: STATUS_CPU_UNSUPPORTED); the loader's CPU check refuses such a library before any call
+_STATUS_CPU_UNSUPPORTED = -1
 
 
 #: input shapes whose checked dims, output shapes and workspace size a model remembers
@@ -209,7 +213,28 @@ class Model:
                 + ", ".join(f"{t.name}: {t.dtype.name}{list(t.shape)}" for t in self.inputs)
                 + "). Reinstall the package so its files come from one build."
             )
+        self._check_cpu(lib, signature)
         return lib
+
+    def _check_cpu(self, lib: ctypes.CDLL, signature: Mapping[str, Any]) -> None:
+        """Refuse, before any of the library's code for its baseline runs, a CPU without the
+        flags it needs: the library's check is compiled for the plain architecture."""
+        check = getattr(lib, f"cuvil_{self.name}_cpu_check")
+        check.restype = ctypes.c_int32
+        check.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+        missing = ctypes.create_string_buffer(1024)
+        if check(missing, len(missing)) >= 0:
+            return
+        names = missing.value.decode("ascii", "replace").split()
+        machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(),
+                                                              platform.machine().lower())
+        cpu = signature.get("cpu", {}).get(machine, {}).get("baseline", "?")
+        raise ImportError(
+            f"model {self.name!r} ({self._path}) needs CPU features this machine lacks: "
+            f"{', '.join(names)}. The library was built for CPU baseline {cpu!r}. Rebuild the "
+            "package for a lower CPU (e.g. `pip wheel . -C cpu=x86-64`, or tool.cuvil.cpu in "
+            "pyproject.toml), or use a machine with these features."
+        )
 
     # -- calling ------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -471,6 +496,9 @@ class Model:
         return outs
 
     def _status_error(self, status: int) -> Exception:
+        if status == _STATUS_CPU_UNSUPPORTED:
+            return RuntimeError(f"{self.name}: the compiled model cannot run on this CPU (it "
+                                "lacks features of the library's baseline)")
         code, index = status & 0xFF, status >> 8
         message = _STATUS_MESSAGES.get(code)
         if message is None or index < 0:

@@ -9,7 +9,7 @@ import re
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,12 @@ class Variant:
 #: the flag's registers (AVX: XMM+YMM = 0x6; AVX-512 also opmask and ZMM = 0xE6). Facts from
 #: Intel's SDM vol. 2A (CPUID) and AMD's CPUID specification.
 X86_CPU_FLAGS: dict[str, tuple[int, int, int, int, int]] = {
+    # x86-64-v2 (with sse4.2 and popcnt below); SSE and SSE2 are part of every x86-64 CPU
+    "sse3": (1, 0, 2, 0, 0),
+    "ssse3": (1, 0, 2, 9, 0),
+    "cx16": (1, 0, 2, 13, 0),  # CMPXCHG16B
+    "sse4.1": (1, 0, 2, 19, 0),
+    "sahf": (0x80000001, 0, 2, 0, 0),  # LAHF/SAHF in 64-bit mode
     "sse4.2": (1, 0, 2, 20, 0),
     "popcnt": (1, 0, 2, 23, 0),
     "movbe": (1, 0, 2, 22, 0),
@@ -97,6 +103,17 @@ X86_CPU_FLAGS: dict[str, tuple[int, int, int, int, int]] = {
     "avx512bw": (7, 0, 1, 30, 0xE6),
     "avx512vl": (7, 0, 1, 31, 0xE6),
     "lzcnt": (0x80000001, 0, 2, 5, 0),
+    # newer AVX-512 and VNNI extensions, so that a library pinned to a recent cpu (-C cpu=...)
+    # names what it needs
+    "avx512ifma": (7, 0, 1, 21, 0xE6),
+    "avx512vbmi": (7, 0, 2, 1, 0xE6),
+    "avx512vbmi2": (7, 0, 2, 6, 0xE6),
+    "avx512vnni": (7, 0, 2, 11, 0xE6),
+    "avx512bitalg": (7, 0, 2, 12, 0xE6),
+    "avx512vpopcntdq": (7, 0, 2, 14, 0xE6),
+    "avx512fp16": (7, 0, 3, 23, 0xE6),
+    "avxvnni": (7, 1, 0, 4, 0x6),
+    "avx512bf16": (7, 1, 0, 5, 0xE6),
 }
 
 
@@ -116,6 +133,18 @@ class Arch:
     def os(self) -> str:
         """ "linux" or "macos", read from the LLVM triple."""
         return _triple_os(self.llvm_triple)
+
+    @property
+    def is_x86(self) -> bool:
+        """Whether its CPU flags are read with CPUID (X86_CPU_FLAGS)."""
+        return self.llvm_triple.startswith(("x86_64", "i686", "i386"))
+
+    @property
+    def plain(self) -> Arch:
+        """This arch with the architecture's first cpu (x86-64 v1, Armv8.0-A): code compiled
+        for it runs on every CPU of the architecture, so it can check the CPU first."""
+        return replace(self, cpu="x86-64" if self.is_x86 else "generic", features="",
+                       variants=())
 
 
 @dataclass(frozen=True)
@@ -403,7 +432,7 @@ def _parse_arch(raw: dict[str, Any], path: Path, fmt: str, where: str) -> Arch:
     variants = raw.get("variant", [])
     if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
         raise _fail(path, f"{where}variant", "must be an array of tables ([[arch.variant]])")
-    if variants and not triple.startswith(("x86_64", "i686", "i386")):
+    if variants and not triple.startswith(("x86_64", "i686", "i386")):  # Arch.is_x86
         raise _fail(path, f"{where}variant", "CPU variants are chosen with x86 CPUID; this arch "
                     f"({triple}) cannot have any: remove its [[arch.variant]] tables")
     return Arch(name=name, llvm_triple=triple, zig_target=zig_target, cpu=cpu, features=features,

@@ -31,6 +31,22 @@ def _thread_lines(name: str) -> list[str]:
     ]
 
 
+def _cpu_lines(name: str, cpus: Mapping[str, Any]) -> list[str]:
+    needs = [f" *   {arch}: cpu {c['baseline']}, needing "
+             f"{', '.join(c['requires']) or 'nothing beyond the architecture'}"
+             for arch, c in cpus.items()]
+    return [
+        "/* CPU. The library's lowest copy of the model code is built for",
+        *needs,
+        " * Call cpu_check() first (it runs on any CPU of the architecture): it returns the copy",
+        " * run() uses (0: the baseline, 1...: the toolchain's faster variants), or -1 when the",
+        " * CPU lacks a needed flag, and writes the missing flags' names, space-separated and",
+        " * NUL-terminated, into missing[0 .. size) (\"\" when none; missing may be NULL). */",
+        f"#define CUVIL_{name.upper()}_CPU_UNSUPPORTED (-1)",
+        f"int32_t cuvil_{name}_cpu_check(char *missing, int64_t size);",
+    ]
+
+
 def render_header(signature: Mapping[str, Any], library_file: str) -> str:
     name = signature["name"]
     guard = f"CUVIL_{name.upper()}_H"
@@ -80,10 +96,13 @@ def render_header(signature: Mapping[str, Any], library_file: str) -> str:
         "/* hex sha256 of the model's signature, NUL-terminated; compare with the macro above */",
         f"extern const char cuvil_{name}_abi_checksum[65];",
         "",
+        *_cpu_lines(name, signature.get("cpu", {})),
+        "",
         "/* bytes of scratch memory one call needs, for the given symbolic dims */",
         f"int64_t cuvil_{name}_workspace_size(const int64_t *dims);",
         "",
-        "/* run the model; returns 0 on success */",
+        f"/* run the model; returns 0 on success, CUVIL_{name.upper()}_CPU_UNSUPPORTED (running",
+        " * nothing) on a CPU that lacks what cpu_check() names, else (node index << 8) | code */",
         f"int32_t cuvil_{name}_run(const void *const *inputs, void *const *outputs,",
         f"{' ' * (len(name) + 20)}const int64_t *dims, void *workspace);",
         "",

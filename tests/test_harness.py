@@ -1,0 +1,237 @@
+"""Run what we build: a C program (tests/harness/run_model.c), compiled by zig for the target,
+loads the library of a built wheel through the public C ABI of its header, checks the CPU,
+runs the model and prints the outputs, which must match onnxruntime's on the host.
+
+x86_64-linux runs on the host and under qemu-user CPU models spanning the baseline and each
+variant: Conroe (Core 2, below x86-64-v2) must get a clean refusal naming the missing flags,
+never SIGILL; Nehalem runs the baseline copy, Haswell the AVX2 copy, the host (if it has
+AVX-512; qemu 7.2 emulates none) the AVX-512 copy. aarch64-linux runs under qemu-aarch64 on
+cortex-a53, cortex-a72 and max. The Python loader is checked the same way: on a CPU below a
+library's baseline, importing the package raises ImportError naming what is missing.
+
+Needs Debian's qemu-user-static and libc6-arm64-cross (CI installs them: .ci/run); skips
+with the reason otherwise."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from oracle import run_ort
+
+from cuvil.toolchains import Arch, get_target, list_targets, zig
+
+pytestmark = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"),
+    reason="cross-runs from an x86-64 Linux host (as CI is)")
+
+HARNESS = Path(__file__).parent / "harness" / "run_model.c"
+AARCH64_SYSROOT = Path("/usr/aarch64-linux-gnu")
+#: x86-64-v2's flags that a Core 2 (Conroe) lacks: SSE4.1, SSE4.2, POPCNT (Intel SDM). qemu's
+#: Conroe model also leaves out CMPXCHG16B, which real ones have: "Conroe,+cx16" is the real one
+CONROE_LACKS = {"sse4.1", "sse4.2", "popcnt"}
+QEMU_CONROE_LACKS = CONROE_LACKS | {"cx16"}
+#: what x86-64-v2 adds to x86-64 (the psABI's levels)
+X86_V2 = ("sse3", "ssse3", "cx16", "sse4.1", "sahf", "sse4.2", "popcnt")
+AVX512 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed (Debian: apt-get install qemu-user-static)")
+    return path
+
+
+def _tiny_model() -> onnx.ModelProto:
+    """Conv + Relu + Gemm: vector code in every copy, one output of 2 x 10 floats."""
+    rng = np.random.default_rng(7)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+               for name, shape in [("w", (16, 8, 3, 3)), ("b", (16,)), ("g", (1024, 10))]]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Flatten", ["r"], ["f"]),
+             helper.make_node("Gemm", ["f", "g"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 10])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+class Built:
+    """A wheel built for one target, unpacked, with the harness compiled for it."""
+
+    def __init__(self, root: Path, target: str, cpu: str | None = None) -> None:
+        import cuvil.build_backend as backend
+
+        project = root / "project"
+        (project / "models").mkdir(parents=True)
+        onnx.save(_tiny_model(), project / "models" / "net.onnx")
+        (project / "pyproject.toml").write_text(textwrap.dedent("""
+            [project]
+            name = "tiny-cuvil"
+            version = "1.0.0"
+
+            [tool.cuvil]
+            package = "tiny"
+
+            [tool.cuvil.models.net]
+            source = "models/net.onnx"
+            """))
+        settings = {"target": target, **({"cpu": cpu} if cpu else {})}
+        cwd = os.getcwd()
+        os.chdir(project)
+        try:
+            self.wheel = root / backend.build_wheel(str(root), settings)
+        finally:
+            os.chdir(cwd)
+        self.site = root / "site"
+        with zipfile.ZipFile(self.wheel) as zf:
+            zf.extractall(self.site)
+        self.library = next((self.site / "tiny").glob("_net.*"))
+        self.harness = compile_harness(get_target(target).arches[0], self.site / "tiny",
+                                       root / "run_model")
+
+
+def compile_harness(arch: Arch, include: Path, output: Path) -> Path:
+    """The harness for `arch`, for model "net" whose header lies in `include`, compiled for
+    the plain architecture (it must run on CPUs below the library's baseline)."""
+    plain = arch.plain
+    mcpu = zig.zig_mcpu(plain)
+    proc = subprocess.run([*zig.zig_command(), "cc", "-target", plain.zig_target,
+                           *([f"-mcpu={mcpu}"] if mcpu else []), "-O2", "-std=c99", "-Wall",
+                           "-Werror", "-DCUVIL_MODEL=net", "-DCUVIL_MODEL_UPPER=NET",
+                           '-DCUVIL_HEADER="net.h"', f"-I{include}", str(HARNESS), "-o",
+                           str(output), *(["-ldl"] if plain.os == "linux" else [])],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, f"compiling the harness for {plain.zig_target}: {proc.stderr}"
+    return output
+
+
+@pytest.fixture(scope="module")
+def feeds(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
+    """The input file the harness reads, and onnxruntime's output for it."""
+    x = np.random.default_rng(3).standard_normal((2, 8, 8, 8)).astype(np.float32)
+    (want,) = run_ort(_tiny_model(), {"x": x})
+    path = tmp_path_factory.mktemp("feeds") / "inputs.bin"
+    data = x.tobytes()
+    path.write_bytes(struct.pack("<Q", len(data)) + data + b"\0" * (-len(data) % 8))
+    return path, want
+
+
+@pytest.fixture(scope="module")
+def x86(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    return Built(tmp_path_factory.mktemp("x86_64"), "x86_64-linux")
+
+
+@pytest.fixture(scope="module")
+def arm(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    return Built(tmp_path_factory.mktemp("aarch64"), "aarch64-linux")
+
+
+def _run(built: Built, feeds: tuple[Path, np.ndarray], *emulator: str) -> subprocess.CompletedProcess[str]:
+    path, want = feeds
+    return subprocess.run([*emulator, str(built.harness), str(built.library), str(path),
+                           str(want.size)], capture_output=True, text=True, timeout=120)
+
+
+def _outputs(proc: subprocess.CompletedProcess[str], want: np.ndarray) -> int:
+    """The copy run() used; asserts the run succeeded and its output matches onnxruntime's."""
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr}"
+    lines = proc.stdout.split("\n")
+    assert lines[0].startswith("cpu_check: copy "), proc.stdout[:200]
+    assert lines[1] == "output 0"
+    got = np.array([float(v) for v in lines[2:2 + want.size]], np.float32).reshape(want.shape)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    return int(lines[0].rsplit(" ", 1)[1])
+
+
+def _host_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@pytest.mark.parametrize("target", [t.name for t in list_targets()])
+def test_harness_compiles_for_every_target(x86: Built, tmp_path: Path, target: str) -> None:
+    # macOS ones are not run here, but the same C builds for them
+    for arch in get_target(target).arches:
+        assert compile_harness(arch, x86.site / "tiny", tmp_path / f"run_{arch.name}").stat().st_size
+
+
+def test_x86_64_on_the_host(x86: Built, feeds: tuple[Path, np.ndarray]) -> None:
+    copy = _outputs(_run(x86, feeds), feeds[1])
+    flags = _host_flags()
+    assert copy == (2 if flags >= AVX512 else 1 if "avx2" in flags else 0)
+
+
+@pytest.mark.parametrize(("model", "copy"), [("Nehalem", 0), ("Haswell", 1),
+                                             # qemu 7.2 emulates no AVX-512: the AVX2 copy
+                                             ("Skylake-Server", 1)])
+def test_x86_64_under_qemu_runs_each_copy(x86: Built, feeds: tuple[Path, np.ndarray],
+                                          model: str, copy: int) -> None:
+    qemu = _tool("qemu-x86_64-static")
+    assert _outputs(_run(x86, feeds, qemu, "-cpu", model), feeds[1]) == copy
+
+
+@pytest.mark.parametrize(("model", "lacks"), [
+    # the first x86-64 CPUs (AMD K8 rev. C/D): none of v2's extensions, so the check and all
+    # that runs before it use plain x86-64 code only (qemu's model adds SSE3, "pni": removed)
+    ("Opteron_G1,-pni", set(X86_V2)),
+    ("Conroe", QEMU_CONROE_LACKS),
+                                              ("Conroe,+cx16", CONROE_LACKS),
+                                              ("Penryn", CONROE_LACKS - {"sse4.1"})])
+def test_x86_64_below_the_baseline_is_refused_cleanly(x86: Built, feeds: tuple[Path, np.ndarray],
+                                                      model: str, lacks: set[str]) -> None:
+    proc = _run(x86, feeds, _tool("qemu-x86_64-static"), "-cpu", model)
+    # 3: cpu_check named the flags and run() returned CPU_UNSUPPORTED; a SIGILL would be -4
+    assert proc.returncode == 3, f"exit {proc.returncode}: {proc.stderr}"
+    missing = proc.stderr.split("lacks ", 1)[1].split(";", 1)[0].split()
+    assert set(missing) == lacks
+    assert "run() returned -1" in proc.stderr and proc.stdout == ""
+
+
+def test_core2_build_runs_on_a_core2(tmp_path: Path, feeds: tuple[Path, np.ndarray]) -> None:
+    # the macOS x86-64 baseline (core2) on the oldest x86-64 Mac CPU: runs, never SIGILL
+    qemu = _tool("qemu-x86_64-static")
+    built = Built(tmp_path, "x86_64-linux", cpu="core2")
+    assert _outputs(_run(built, feeds, qemu, "-cpu", "Conroe,+cx16"), feeds[1]) == 0
+
+
+@pytest.mark.parametrize("model", ["cortex-a53", "cortex-a72", "max"])
+def test_aarch64_under_qemu(arm: Built, feeds: tuple[Path, np.ndarray], model: str) -> None:
+    qemu = _tool("qemu-aarch64-static")
+    if not (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").is_file():
+        pytest.skip("no aarch64 glibc (Debian: apt-get install libc6-arm64-cross)")
+    proc = _run(arm, feeds, qemu, "-L", str(AARCH64_SYSROOT), "-cpu", model)
+    assert _outputs(proc, feeds[1]) == 0
+
+
+def test_python_import_below_the_baseline_raises_import_error(tmp_path: Path) -> None:
+    # Python and numpy 2.4 need x86-64-v2 themselves, so the CPU below the library's
+    # baseline is a v2 one (Nehalem) and the library is pinned to x86-64-v3
+    qemu = _tool("qemu-x86_64-static")
+    built = Built(tmp_path, "x86_64-linux", cpu="x86-64-v3")
+    script = "import tiny\nprint('imported')\n"
+    proc = subprocess.run([qemu, "-cpu", "Nehalem", sys.executable, "-c", script],
+                          env={**os.environ, "PYTHONPATH": str(built.site)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.startswith("ImportError: model 'net'"), error
+    for flag in ("avx", "avx2", "fma", "bmi2", "movbe"):
+        assert f" {flag}," in error or f" {flag}." in error, (flag, error)
+    assert "'x86-64-v3'" in error and "-C cpu=x86-64" in error
+    assert "imported" not in proc.stdout
