@@ -246,6 +246,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from cuvil.check.doctor import diagnose
+
+    results = [diagnose(target) for target in args.targets]
+    print("\n\n".join(r.text() for r in results))
+    return 0 if all(r.ok for r in results) else 1
+
+
 # ----------------------------------------------------------------------------- publish
 
 
@@ -681,6 +689,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("wheels", nargs="+", metavar="WHEEL")
     p.add_argument("--no-auditwheel", action="store_true", help="skip the auditwheel policy check")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("doctor", parents=[common],
+                       help="say whether this machine can run a wheel or installed package, and if not why")
+    p.add_argument("targets", nargs="+", metavar="WHEEL_OR_PACKAGE",
+                   help="a .whl file, a generated package's folder, or an installed package's name")
+    p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("publish", parents=[common], help="check wheels, then upload them with twine")
     p.add_argument("wheels", nargs="+", metavar="WHEEL")

@@ -197,7 +197,8 @@ class Model:
         try:
             lib = ctypes.CDLL(self._path, mode=mode)
         except OSError as exc:
-            raise ImportError(f"cannot load model library {self._path}: {exc}") from None
+            raise ImportError(f"cannot load model library {self._path}: {exc}"
+                              f"{_why_not_loadable(self._path, str(exc))}") from None
         symbol = f"cuvil_{self.name}_abi_checksum"
         try:
             found = (ctypes.c_char * 64).in_dll(lib, symbol).value.decode("ascii", "replace")
@@ -624,6 +625,43 @@ def _thread_pool_registry() -> Any:
     # loaded as long as others use its pool
     fresh.__dict__.update(lock=threading.Lock(), pool=None, owner=None)
     return sys.modules.setdefault("_cuvil_thread_pool", fresh)
+
+
+#: ELF e_machine and Mach-O cputype values of the architectures cuvil builds for
+_ELF_MACHINES = {62: "x86_64", 183: "aarch64", 3: "x86", 40: "arm"}
+_MACHO_CPUS = {0x01000007: "x86_64", 0x0100000C: "aarch64"}
+
+
+def _why_not_loadable(path: str, error: str) -> str:
+    """A sentence on why the dynamic loader refused the library, and what to do ("" when it
+    is not one of the known causes). `cuvil doctor` says more."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return "; the file is missing: reinstall the package"
+    host = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(),
+                                                      platform.machine().lower())
+    built = None
+    if head[:4] == b"\x7fELF" and len(head) >= 20:
+        built = _ELF_MACHINES.get(int.from_bytes(head[18:20], "little" if head[5] == 1 else "big"))
+        if sys.platform == "darwin":
+            return "; it is a Linux library: install the macOS wheel of the package"
+    elif head[:4] in (b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe"):
+        if head[:4] == b"\xcf\xfa\xed\xfe":
+            built = _MACHO_CPUS.get(int.from_bytes(head[4:8], "little"))
+        if sys.platform != "darwin":
+            return "; it is a macOS library: install the wheel built for this system"
+    elif head[:2] == b"MZ" and sys.platform != "win32":
+        return "; it is a Windows library: install the wheel built for this system"
+    if built is not None and built != host:
+        return (f"; it is built for {built} and this machine is {host}: install the wheel built "
+                "for this machine (pip picks it by its tag)")
+    if "GLIBC_" in error:
+        return "; this system's glibc is older than the one the wheel was built for"
+    if len(head) < 64:
+        return "; the file is truncated: reinstall the package"
+    return "; run `cuvil doctor` on the package for a diagnosis"
 
 
 def _share_thread_pool(lib: ctypes.CDLL, name: str) -> bool:
