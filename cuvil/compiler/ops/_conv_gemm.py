@@ -93,7 +93,7 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
                              (x_slice, w_g, y_g, bias_g, r_g, k.scratch), rows_per_chunk, chunks,
                              inner, p, epilogue)
                 with whole:
-                    _im2col(k, x_slice, in_shape, win, k.scratch, cg)
+                    _parallel_im2col(k, win, in_shape, cg, taps, x_slice, k.scratch, in_plane, p)
                     emit_parallel_gemm(k, k.i64(mg), p, k.i64(kk), w_g, k.i64(kk), k.scratch, p,
                                        y_g, p, bias=bias_g, residual=r_g, epilogue=epilogue)
 
@@ -124,6 +124,20 @@ def _chunked(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, mg: in
                   bb.gep(y_c, [col0], source_etype=F32), p_c,
                   bias=bias_c if bias is not None else None, epilogue=epilogue,
                   residual=bb.gep(res_c, [col0], source_etype=F32) if residual is not None else None)
+
+
+def _parallel_im2col(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, taps: int,
+                     x: ir.Value, cols: ir.Value, in_plane: ir.Value, p: ir.Value) -> None:
+    """X' whole, its input channels spread over the threads (the product after it is split
+    too: unfolded on one thread, X' would leave the other threads idle meanwhile)."""
+    b = k.b
+    with k.parallel_loop(cg, cost=b.mul(p, k.i64(taps)), name="unfold",
+                         carry=[x, cols, in_plane, p]) as c:
+        x_c, cols_c, plane_c, p_c = k.carried
+        bb = k.b
+        x_one = bb.gep(x_c, [bb.mul(c, plane_c)], source_etype=F32)
+        cols_one = bb.gep(cols_c, [bb.mul(c, bb.mul(p_c, k.i64(taps)))], source_etype=F32)
+        _im2col(k, x_one, in_shape, win, cols_one, 1)
 
 
 def _im2col(k: Emitter, x: ir.Value, in_shape: tuple[Dim, ...], win: Window, cols: ir.Value,
