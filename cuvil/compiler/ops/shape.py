@@ -409,7 +409,8 @@ def _copy_rows(k: Emitter, dst: ir.Value, dst_row: Dim, dst_col: Dim, src: ir.Va
     b = k.b
     size = k.dim(nbytes)
     pieces = b.add(k.floordiv(b.sub(size, k.i64(1)), k.i64(COPY_PIECE)), k.i64(1))
-    cost = b.add(k.floordiv(k.minimum("int64", size, k.i64(COPY_PIECE)), k.i64(8)), k.i64(1))
+    # a byte copied costs about half a multiply-add (the pool's unit of work)
+    cost = b.add(k.floordiv(k.minimum("int64", size, k.i64(COPY_PIECE)), k.i64(2)), k.i64(1))
     with k.parallel_loop(b.mul(k.dim(outer), pieces), cost=cost, name="piece",
                          carry=[pieces, src, dst]) as i:
         pieces_, src_, dst_ = k.carried
