@@ -5,9 +5,10 @@ to split them (its threshold is about 32K multiply-adds) and that do not split e
 Conv whose output is too small to unfold by chunks (its X' is unfolded over the channels, its
 product split by rows), a 3x3 Conv unfolded by chunks of rows, pointwise Convs split by
 columns and by rows, MaxPool and AveragePool (over image x channel planes), the global pools,
-Concat and Split (copies cut into pieces, rows not a whole number of pieces), and MatMuls
-split by rows and by columns. Splitting never changes what one output element sums, so the
-1- and 2-thread results must be identical; both must match onnxruntime.
+Concat and Split (copies cut into pieces, rows not a whole number of pieces), MatMuls
+split by rows and by columns, and grouped Convs (one loop over group x chunk tasks).
+Splitting never changes what one output element sums, so the 1- and 2-thread results must be
+identical; both must match onnxruntime.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def parallel_model() -> onnx.ModelProto:
         # pointwise: M=24 < N=195 (columns), M=203 >= N=195 (rows)
         helper.make_node("Conv", ["c_small", "w_pw_cols"], ["pw_cols"]),
         helper.make_node("Conv", ["c_small", "w_pw_rows", "b_pw_rows"], ["pw_rows"]),
+        # grouped: depthwise on a small map (one task per channel), 3 groups of 3x3 unfolded
+        # by chunks of rows, 3 pointwise groups (Relu and the bias fused)
+        helper.make_node("Conv", ["c_small", "w_dw", "b_dw"], ["dw"], group=61,
+                         pads=[1, 1, 1, 1], strides=[2, 1]),
+        helper.make_node("Conv", ["c_rows", "w_g3"], ["g3"], group=3, pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["c_rows", "w_g3pw", "b_g3pw"], ["g3pw_pre"], group=3),
+        helper.make_node("Relu", ["g3pw_pre"], ["g3pw"]),
         helper.make_node("MaxPool", ["c_rows"], ["maxpool"], kernel_shape=[3, 3], strides=[2, 2]),
         helper.make_node("AveragePool", ["c_rows"], ["avgpool"], kernel_shape=[3, 2],
                          strides=[2, 1], pads=[1, 0, 1, 1], count_include_pad=1),
@@ -50,13 +58,16 @@ def parallel_model() -> onnx.ModelProto:
               "m_tall": (np.float32, ["batch", 301, 67]),
               "m_wide": (np.float32, ["batch", 21, 91])}
     outputs = dict.fromkeys(("c_small", "pw_cols", "pw_rows", "maxpool", "avgpool", "gap", "gmp",
-                             "concat", "split_a", "split_b", "mm_rows", "mm_cols"), np.float32)
+                             "concat", "split_a", "split_b", "mm_rows", "mm_cols", "dw", "g3",
+                             "g3pw"), np.float32)
     inits = {
         "w_small": weights(61, 37, 3, 3), "w_rows": weights(45, 19, 3, 3),
         "b_rows": weights(45), "w_pw_cols": weights(24, 61, 1, 1),
         "w_pw_rows": weights(203, 61, 1, 1), "b_pw_rows": weights(203),
         "m_b": weights(67, 53), "m_c": weights(91, 517),
         "split_sizes": np.array([50, 59], np.int64),
+        "w_dw": weights(61, 1, 3, 3), "b_dw": weights(61), "w_g3": weights(30, 15, 3, 3),
+        "w_g3pw": weights(21, 15, 1, 1), "b_g3pw": weights(21),
     }
     return make_model(nodes, inputs, outputs, inits)
 
