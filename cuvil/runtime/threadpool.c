@@ -220,6 +220,7 @@ static void reset_after_fork(void) {
     pool.done = fresh_cond;
     pool.sleepers = 0;
     pool.submitter_asleep = 0;
+    pool.running = 0; /* a job of another thread was cut short by the fork */
     for (int i = 0; i < MAX_THREADS - 1; i++) pool.slot[i].state = SLOT_EMPTY;
 }
 
