@@ -43,9 +43,10 @@
 /* below this much work (iterations x per-iteration cost, about one multiply-add each) a
    job runs inline: waking a sleeping thread costs some microseconds */
 #define MIN_PARALLEL_COST 32768
-/* spin this long for the next job before sleeping: longer than the serial stretches between
-   a model's parallel loops (waking a sleeping worker costs tens of microseconds) */
-#define SPIN_NS 300000LL
+/* spin this long for the next job before sleeping: the serial stretches between a model's
+   parallel loops are short now that pools and copies are parallel too; a longer spin took
+   a core from other processes on a shared host for no measurable gain */
+#define SPIN_NS 50000LL
 #define IDLE_NS 1000000000LL     /* an idle worker exits after sleeping this long */
 #define POOL_VERSION 2u
 #define CACHE_LINE 64
