@@ -3,7 +3,8 @@
  *
  * Generated code calls cuvil_parallel_for(fn, ctx, n, cost) for a loop of n independent
  * iterations; fn(ctx, begin, end) runs a contiguous range of them. The loop is cut into a few
- * chunks per thread, which the caller's thread and the workers claim one at a time. Jobs too
+ * chunks per thread, as even as whole iterations allow (sizes differ by at most one), which
+ * the caller's thread and the workers claim one at a time. Jobs too
  * small to amortise waking threads (n * cost below a threshold) run inline, and so does a job
  * submitted while the pool is busy (another thread calling a model, or a nested loop): the
  * pool serves one parallel loop at a time and never blocks one caller on another.
@@ -12,6 +13,10 @@
  * first library it loads to the others (cuvil_<model>_use_thread_pool), so models loaded
  * side by side never start more threads than there are CPUs. The shared part is the versioned
  * `struct cuvil_pool` below; each library keeps only its own per-thread call limit.
+ *
+ * cuvil_parallel_threads() tells generated code how many threads a loop started now would
+ * get (1 inside another loop's body or while the pool is busy), so that it can cut work into
+ * as many even blocks (a matrix product repacks its operand per block: no more than needed).
  *
  * Waiting: a worker spins for SPIN_NS on the job word (the next loop of a model usually comes
  * within microseconds), then sleeps on a condition variable, and exits after IDLE_NS asleep;
@@ -38,9 +43,13 @@
 /* below this much work (iterations x per-iteration cost, about one multiply-add each) a
    job runs inline: waking a sleeping thread costs some microseconds */
 #define MIN_PARALLEL_COST 32768
-#define SPIN_NS 50000LL          /* spin this long for the next job before sleeping */
+/* spin this long for the next job before sleeping: the serial stretches between a model's
+   parallel loops are short now that pools and copies are parallel too; a longer spin took
+   a core from other processes on a shared host for no measurable gain */
+#define SPIN_NS 50000LL
 #define IDLE_NS 1000000000LL     /* an idle worker exits after sleeping this long */
-#define POOL_VERSION 1u
+#define POOL_VERSION 2u
+#define CACHE_LINE 64
 
 typedef void (*cuvil_task_fn)(void *ctx, int64_t begin, int64_t end);
 
@@ -50,6 +59,8 @@ struct cuvil_pool {
     uint32_t struct_size;
     /* `limit`: at most this many threads take part, the caller included (0: no limit) */
     void (*parallel_for)(cuvil_task_fn fn, void *ctx, int64_t n, int64_t cost, int32_t limit);
+    /* version 2: threads a loop started now would use under `limit` (1: it would run inline) */
+    int32_t (*threads)(int32_t limit);
 };
 
 enum { SLOT_EMPTY, SLOT_RUNNING, SLOT_EXITED };
@@ -69,16 +80,19 @@ static struct {
     pthread_cond_t done;   /* a sleeping submitter waits here for the last chunk */
     int threads;           /* threads a job may use (workers + caller); 0 before first use */
     int stopping;          /* set when the library is unloaded */
+    int running;           /* a job is in flight (a hint for cuvil_parallel_threads) */
     /* the job: written by the submitter before it publishes `word`, stable until the job
-       ends; read with relaxed atomics because late workers may read while it is rewritten */
-    cuvil_task_fn fn;
+       ends; read with relaxed atomics because late workers may read while it is rewritten.
+       A cache line of its own: every claim writes `word` and every finished chunk `pending`,
+       and neither should evict what the other threads only read. */
+    _Alignas(CACHE_LINE) cuvil_task_fn fn;
     void *ctx;
-    int64_t n, chunk;
+    int64_t n;
     int32_t workers;       /* workers 0 .. workers-1 take part */
-    uint64_t word;
-    int64_t pending;       /* chunks not finished yet */
     int sleepers;          /* workers waiting on `wake` */
     int submitter_asleep;
+    _Alignas(CACHE_LINE) uint64_t word;
+    _Alignas(CACHE_LINE) int64_t pending; /* chunks not finished yet */
     struct {
         pthread_t thread;
         int state;
@@ -114,9 +128,8 @@ static void run_chunks(uint32_t gen) {
                                          __ATOMIC_ACQUIRE))
             continue; /* w now holds the current word */
         /* the job cannot end before this chunk is done: its fields are stable */
-        int64_t n = LOAD_RELAXED(pool.n), chunk = LOAD_RELAXED(pool.chunk);
-        int64_t begin = (int64_t)JOB_NEXT(w) * chunk;
-        int64_t end = begin + chunk < n ? begin + chunk : n;
+        int64_t n = LOAD_RELAXED(pool.n), chunks = JOB_CHUNKS(w), i = JOB_NEXT(w);
+        int64_t begin = i * n / chunks, end = (i + 1) * n / chunks; /* even: sizes differ by 1 */
         LOAD_RELAXED(pool.fn)(LOAD_RELAXED(pool.ctx), begin, end);
         if (__atomic_sub_fetch(&pool.pending, 1, __ATOMIC_SEQ_CST) == 0 &&
             __atomic_load_n(&pool.submitter_asleep, __ATOMIC_SEQ_CST)) {
@@ -208,6 +221,7 @@ static void reset_after_fork(void) {
     pool.done = fresh_cond;
     pool.sleepers = 0;
     pool.submitter_asleep = 0;
+    pool.running = 0; /* a job of another thread was cut short by the fork */
     for (int i = 0; i < MAX_THREADS - 1; i++) pool.slot[i].state = SLOT_EMPTY;
 }
 
@@ -230,6 +244,26 @@ static int start_workers(int count, uint32_t gen) {
     return i;
 }
 
+/* The pool's size, read from the environment on first use. */
+static int pool_size(void) {
+    int threads = __atomic_load_n(&pool.threads, __ATOMIC_ACQUIRE);
+    if (threads != 0) return threads;
+    pthread_mutex_lock(&pool.lock);
+    if (pool.threads == 0) {
+        pthread_atfork(NULL, NULL, reset_after_fork);
+        __atomic_store_n(&pool.threads, configured_threads(), __ATOMIC_RELEASE);
+    }
+    threads = pool.threads;
+    pthread_mutex_unlock(&pool.lock);
+    return threads;
+}
+
+static int32_t pool_threads(int32_t limit) {
+    if (limit == 1 || __atomic_load_n(&pool.running, __ATOMIC_RELAXED)) return 1;
+    int threads = pool_size();
+    return limit > 0 && limit < threads ? limit : threads;
+}
+
 static void pool_parallel_for(cuvil_task_fn fn, void *ctx, int64_t n, int64_t cost,
                               int32_t limit) {
     if (n <= 0) return;
@@ -238,16 +272,10 @@ static void pool_parallel_for(cuvil_task_fn fn, void *ctx, int64_t n, int64_t co
         fn(ctx, 0, n);
         return;
     }
-    if (pool.threads == 0) {
-        static int atfork_registered;
-        if (!atfork_registered) pthread_atfork(NULL, NULL, reset_after_fork);
-        atfork_registered = 1;
-        pool.threads = configured_threads();
-    }
-    int threads = limit > 0 && limit < pool.threads ? limit : pool.threads;
-    int64_t parts = (int64_t)threads * CHUNKS_PER_THREAD;
-    int64_t chunk = (n + parts - 1) / parts;
-    int64_t chunks = (n + chunk - 1) / chunk;
+    int threads = pool_size();
+    if (limit > 0 && limit < threads) threads = limit;
+    int64_t chunks = (int64_t)threads * CHUNKS_PER_THREAD;
+    if (chunks > n) chunks = n;
     int workers = (int)(chunks < threads ? chunks : threads) - 1;
     uint32_t gen = JOB_GEN(pool.word);
     workers = start_workers(workers, gen);
@@ -256,10 +284,10 @@ static void pool_parallel_for(cuvil_task_fn fn, void *ctx, int64_t n, int64_t co
         fn(ctx, 0, n);
         return;
     }
+    __atomic_store_n(&pool.running, 1, __ATOMIC_RELAXED);
     STORE_RELAXED(pool.fn, fn);
     STORE_RELAXED(pool.ctx, ctx);
     STORE_RELAXED(pool.n, n);
-    STORE_RELAXED(pool.chunk, chunk);
     STORE_RELAXED(pool.workers, workers);
     __atomic_store_n(&pool.pending, chunks, __ATOMIC_RELAXED);
     if (++gen == 0) gen = 1; /* 0 means "exit" to workers */
@@ -283,6 +311,7 @@ static void pool_parallel_for(cuvil_task_fn fn, void *ctx, int64_t n, int64_t co
             pthread_mutex_unlock(&pool.lock);
         }
     }
+    __atomic_store_n(&pool.running, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&pool.busy);
 }
 
@@ -320,7 +349,7 @@ __attribute__((destructor)) static void stop_workers(void) {
 }
 
 static const struct cuvil_pool own_pool = {POOL_VERSION, sizeof(struct cuvil_pool),
-                                           pool_parallel_for};
+                                           pool_parallel_for, pool_threads};
 static const struct cuvil_pool *active_pool = &own_pool;
 
 HIDDEN void cuvil_parallel_for(cuvil_task_fn fn, void *ctx, int64_t n, int64_t cost) {
@@ -331,6 +360,12 @@ HIDDEN void cuvil_parallel_for(cuvil_task_fn fn, void *ctx, int64_t n, int64_t c
         return;
     }
     __atomic_load_n(&active_pool, __ATOMIC_ACQUIRE)->parallel_for(fn, ctx, n, cost, limit);
+}
+
+HIDDEN int32_t cuvil_parallel_threads(void) {
+    int32_t limit = call_limit();
+    if (limit == 1) return 1;
+    return __atomic_load_n(&active_pool, __ATOMIC_ACQUIRE)->threads(limit);
 }
 
 #ifdef CUVIL_MODEL
@@ -345,7 +380,8 @@ const struct cuvil_pool *EXPORT(_thread_pool)(void) {
 
 int32_t EXPORT(_use_thread_pool)(const struct cuvil_pool *other) {
     if (other == NULL) other = &own_pool;
-    if (other->version != POOL_VERSION || other->struct_size < sizeof(struct cuvil_pool)) return -1;
+    /* a later version only adds fields at the end */
+    if (other->version < POOL_VERSION || other->struct_size < sizeof(struct cuvil_pool)) return -1;
     __atomic_store_n(&active_pool, other, __ATOMIC_RELEASE);
     return 0;
 }

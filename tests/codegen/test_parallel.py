@@ -4,6 +4,7 @@ A tiny hand-built module doubles a vector inside a parallel loop; numpy is the o
 called from several Python threads at once (the pool must let concurrent callers through),
 with the pool disabled, in a forked child (whose pool threads do not survive fork), and
 unloaded while its workers wait for work (they must be gone before the code is unmapped).
+`parallel_threads` must give the pool's size outside loops and 1 inside a loop's body.
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
         with k.loop(3) as j:
             v = k.load(xv, [i, j])
             k.store(yv, [i, j], k.b.fadd(v, v))
+    k.b.ret(ir.Constant(I32, 0))
+    # threads[0]: what a loop started outside any loop would get; threads[1 + i]: inside one
+    fn = ir.Function(module, ir.FunctionType(I32, [PTR, PTR, PTR]), "cuvil_par_threads")
+    t = Value("t", TensorType(np.int64, (n + 1,)))
+    k = Emitter(module, fn, fn.args[2], ["n"], {t: fn.args[0]})
+    k.store(k.view(t), [k.i64(0)], k.parallel_threads())
+    with k.parallel_loop(n, cost=1 << 20) as i:
+        k.store(k.view(t), [k.b.add(i, k.i64(1))], k.parallel_threads())
     k.b.ret(ir.Constant(I32, 0))
     out = tmp_path_factory.mktemp("par")
     obj = out / "par.o"
@@ -136,3 +145,49 @@ print(started, left)
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["2", "0"]
+
+
+def loop_threads(lib: ctypes.CDLL, n: int) -> list[int]:
+    out = np.zeros(n + 1, np.int64)
+    dims = (ctypes.c_int64 * 1)(n)
+    fn = lib.cuvil_par_threads
+    fn.argtypes = [ctypes.c_void_p] * 3
+    assert fn(out.ctypes.data, None, dims) == 0
+    return out.tolist()
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_parallel_threads_is_the_pool_size_outside_loops_and_one_inside(library: Path,
+                                                                        threads: str) -> None:
+    script = f"""
+import ctypes, sys, threading
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_parallel import call, loop_threads
+import numpy as np
+lib = ctypes.CDLL({str(library)!r})
+seen = loop_threads(lib, 50)
+assert seen == [{threads}] + [1] * 50, seen
+# from several threads at once: a caller that meets the pool busy is told 1, never more
+# than the pool has, and the loops still compute right
+outside, errors = set(), []
+def work():
+    try:
+        for _ in range(50):
+            got = loop_threads(lib, 20)
+            outside.add(got[0])
+            assert got[1:] == [1] * 20, got
+            x = np.arange(30_000, dtype=np.float32).reshape(-1, 3)
+            assert (call(lib, x) == 2 * x).all()
+    except BaseException as exc:
+        errors.append(exc)
+workers = [threading.Thread(target=work) for _ in range(4)]
+for w in workers: w.start()
+for w in workers: w.join()
+assert not errors, errors[0]
+assert outside <= {{1, {threads}}}, outside
+print("ok")
+"""
+    env = {**os.environ, "CUVIL_NUM_THREADS": threads}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr

@@ -336,6 +336,12 @@ class Emitter:
             self.b.store(p, self.b.gep(frame, [self.i64(i)], inbounds=True, source_etype=PTR))
         self.b.call(_parallel_for(self.module), [body, frame, n, cost_v])
 
+    def parallel_threads(self) -> ir.Value:
+        """The threads (i64) a `parallel_loop` started here would run on now: 1 inside another
+        loop's body, while another call holds the pool, or under `num_threads = 1`. Code that
+        cuts work into blocks cuts as many as the threads can share evenly."""
+        return self.b.sext(self.b.call(_parallel_threads(self.module), []), I64)
+
     @contextmanager
     def if_then(self, cond: ir.Value) -> Iterator[None]:
         with self.b.if_then(cond):
@@ -457,6 +463,8 @@ def _kind(dtype: np.dtype | str) -> str:
 
 #: the runtime's parallel-for (cuvil/runtime/threadpool.c), linked into every library
 PARALLEL_FOR = "cuvil_parallel_for"
+#: and how many threads a parallel loop started now would get (1: it would run inline)
+PARALLEL_THREADS = "cuvil_parallel_threads"
 
 
 def _parallel_for(module: ir.Module) -> ir.Function:
@@ -465,3 +473,10 @@ def _parallel_for(module: ir.Module) -> ir.Function:
     except KeyError:
         return ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64]),
                            PARALLEL_FOR)
+
+
+def _parallel_threads(module: ir.Module) -> ir.Function:
+    try:
+        return module.get_global(PARALLEL_THREADS)
+    except KeyError:
+        return ir.Function(module, ir.FunctionType(I32, []), PARALLEL_THREADS)

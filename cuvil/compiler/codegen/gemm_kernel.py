@@ -108,8 +108,13 @@ def gemm_function(module: ir.Module, epilogue: Epilogue = PLAIN) -> ir.Function:
 KC = 256
 #: with fewer rows than this, a packed panel would be read too few times to repay the copy
 PACK_MIN_ROWS = 12
-#: blocks a parallel product is split into (the pool hands a few to each thread)
-BLOCKS = 16
+#: blocks per thread a parallel product is split into: a few, so that a thread slowed down
+#: (by another process on its core) hands its share to the others
+BLOCKS_PER_THREAD = 4
+#: the fewest tiles in a block of rows (each repacks B: fewer, larger blocks share more) and
+#: in a block of columns (each rereads A, which is cheaper)
+MIN_ROW_TILES = 4
+MIN_COLUMN_TILES = 2
 #: panels packed together: the copy reads PANELS x NR consecutive floats of each row of B
 #: (256 bytes with AVX2), which the hardware prefetcher follows, instead of one cache line
 PANELS = 4
@@ -357,14 +362,20 @@ def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir
     """The same product split over threads into blocks of rows (or of columns when M is small)."""
     isa = isa_of(k.module)
     b = k.b
-    # split the larger dimension into blocks of whole tiles
+    # split the larger dimension into blocks of whole tiles, as many as the threads that
+    # will run them share evenly (one block, the whole product, when the loop runs inline)
     by_rows = b.icmp_signed(">=", m, n)
     extent = b.select(by_rows, m, n)
-    # about BLOCKS blocks, each at least 4 tiles: every block repacks its B (row blocks) or
-    # rereads A (column blocks), so fewer, larger blocks share more
     tile = b.select(by_rows, k.i64(isa.mr), k.i64(isa.nr))
-    want = b.mul(k.floordiv(b.add(k.floordiv(extent, k.i64(BLOCKS)), b.sub(tile, k.i64(1))), tile), tile)
-    block = k.maximum("int64", want, b.mul(tile, k.i64(4)))
+    tiles = k.floordiv(b.add(extent, b.sub(tile, k.i64(1))), tile)
+    threads = k.parallel_threads()
+    least = b.select(by_rows, k.i64(MIN_ROW_TILES), k.i64(MIN_COLUMN_TILES))
+    per_thread = k.floordiv(tiles, b.mul(threads, least))
+    per_thread = k.minimum("int64", k.maximum("int64", per_thread, k.i64(1)),
+                           k.i64(BLOCKS_PER_THREAD))
+    blocks = k.minimum("int64", b.mul(threads, per_thread), k.maximum("int64", tiles, k.i64(1)))
+    block_tiles = k.floordiv(b.add(tiles, b.sub(blocks, k.i64(1))), blocks)
+    block = b.mul(k.maximum("int64", block_tiles, k.i64(1)), tile)
     count = k.floordiv(b.add(extent, b.sub(block, k.i64(1))), block)
     other = b.select(by_rows, n, m)
     bias_v = bias if bias is not None else ir.Constant(PTR, None)

@@ -27,7 +27,15 @@ import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I8, I32, I64, PARALLEL_FOR, PTR, Emitter
+from cuvil.compiler.codegen.emitter import (
+    I8,
+    I32,
+    I64,
+    PARALLEL_FOR,
+    PARALLEL_THREADS,
+    PTR,
+    Emitter,
+)
 from cuvil.compiler.ir import Graph, Node, Value
 from cuvil.compiler.memory import MemoryPlan
 from cuvil.compiler.ops import lookup
@@ -179,6 +187,8 @@ def hide_declarations(ir_text: str, weights_symbol: str, functions: Sequence[str
                         f'@"{weights_symbol}" = external hidden constant')
                .replace(f'declare void @"{PARALLEL_FOR}"',
                         f'declare hidden void @"{PARALLEL_FOR}"')
+               .replace(f'declare i32 @"{PARALLEL_THREADS}"()',
+                        f'declare hidden i32 @"{PARALLEL_THREADS}"()')
                .replace(f'declare i64 @"{CLOCK_NS}"()', f'declare hidden i64 @"{CLOCK_NS}"()'))
     for name in functions:
         ir_text = ir_text.replace(f'define i32 @"{name}"', f'define hidden i32 @"{name}"')

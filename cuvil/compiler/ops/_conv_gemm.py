@@ -35,7 +35,8 @@ def is_pointwise(win: Window) -> bool:
 
 
 def im2col_bytes(node: Node, win: Window) -> Dim:
-    """Scratch for one (image, group) slice of X'; none for pointwise convolutions."""
+    """Scratch for X' of one image: one group's slice, or every group's (their tasks run side
+    by side, `_grouped`); none for pointwise convolutions."""
     if is_pointwise(win):
         return 0
     w = required_input(node, 1)
@@ -43,7 +44,7 @@ def im2col_bytes(node: Node, win: Window) -> Dim:
     taps = 1
     for k in win.kernel:
         taps *= k
-    return numel([cg * taps, *win.out, 4])
+    return numel([int(node.attrs.get("group", 1)), cg * taps, *win.out, 4])
 
 
 def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
@@ -72,6 +73,11 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
     rows_per_chunk = b.add(k.floordiv(k.i64(CHUNK_COLUMNS - 1), inner), k.i64(1))
     out0 = k.dim(win.out[0])
     chunks = k.floordiv(b.add(out0, b.sub(rows_per_chunk, k.i64(1))), rows_per_chunk)
+    if group > 1:
+        _grouped(k, win, in_shape, (group, cg, mg, kk), (x_ptr, w_ptr, y_ptr, bias, residual),
+                 (rows_per_chunk, chunks, inner, p, in_plane), pointwise, epilogue,
+                 (k.dim(x_val.type.shape[0]), k.dim(c_in), m))
+        return
     with k.loop(k.dim(x_val.type.shape[0]), name="n") as n, k.loop(group, name="g") as g:
         first_channel = b.add(b.mul(n, k.dim(c_in)), b.mul(g, k.i64(cg)))
         x_slice = b.gep(x_ptr, [b.mul(first_channel, in_plane)], source_etype=F32)
@@ -93,9 +99,59 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
                              (x_slice, w_g, y_g, bias_g, r_g, k.scratch), rows_per_chunk, chunks,
                              inner, p, epilogue)
                 with whole:
-                    _im2col(k, x_slice, in_shape, win, k.scratch, cg)
+                    _parallel_im2col(k, win, in_shape, cg, taps, x_slice, k.scratch, in_plane, p)
                     emit_parallel_gemm(k, k.i64(mg), p, k.i64(kk), w_g, k.i64(kk), k.scratch, p,
                                        y_g, p, bias=bias_g, residual=r_g, epilogue=epilogue)
+
+
+def _grouped(k: Emitter, win: Window, in_shape: tuple[Dim, ...], sizes: tuple[int, int, int, int],
+             ptrs: tuple[ir.Value, ir.Value, ir.Value, ir.Value | None, ir.Value | None],
+             split: tuple[ir.Value, ir.Value, ir.Value, ir.Value, ir.Value], pointwise: bool,
+             epilogue: Epilogue, image: tuple[ir.Value, ir.Value, int]) -> None:
+    """A grouped convolution, image by image: one parallel loop over (group, chunk of output
+    rows) tasks, each unfolding its rows of its group's X' (into that group's slice of the
+    scratch) and multiplying them. Groups are small products: one loop over all of them keeps
+    the threads busy where a loop per group would be too small to share."""
+    b = k.b
+    group, cg, mg, kk = sizes
+    x, w, y, bias, residual = ptrs
+    rows_per_chunk, chunks, inner, p, in_plane = split
+    images, c_in, m = image
+    null = ir.Constant(PTR, None)
+    cols = k.scratch if k.scratch is not None else null
+    cost = b.mul(b.mul(rows_per_chunk, inner), k.i64(mg * kk))
+    with k.loop(images, name="n") as n:
+        x_img = b.gep(x, [b.mul(b.mul(n, c_in), in_plane)], source_etype=F32)
+        y_off = b.mul(b.mul(n, k.i64(m)), p)
+        carry = [x_img, w, b.gep(y, [y_off], source_etype=F32),
+                 bias if bias is not None else null,
+                 b.gep(residual, [y_off], source_etype=F32) if residual is not None else null,
+                 cols, rows_per_chunk, chunks, inner, p, in_plane]
+        with k.parallel_loop(b.mul(chunks, k.i64(group)), cost=cost, name="task",
+                             carry=carry) as t:
+            x_c, w_c, y_c, bias_c, res_c, cols_c, rpc, chunks_c, inner_c, p_c, plane_c = k.carried
+            bb = k.b
+            g = bb.sdiv(t, chunks_c)
+            first = bb.mul(bb.srem(t, chunks_c), rpc)
+            count = k.minimum("int64", bb.sub(k.dim(win.out[0]), first), rpc)
+            width = bb.mul(count, inner_c)
+            col0 = bb.mul(first, inner_c)
+            x_g = bb.gep(x_c, [bb.mul(bb.mul(g, k.i64(cg)), plane_c)], source_etype=F32)
+            if pointwise:
+                b_ptr, ldb = bb.gep(x_g, [col0], source_etype=F32), p_c
+            else:
+                slice_ = bb.mul(bb.add(bb.mul(g, p_c), col0), k.i64(kk))
+                b_ptr, ldb = bb.gep(cols_c, [slice_], source_etype=F32), width
+                _im2col(k, x_g, in_shape, win, b_ptr, cg, (first, count))
+            y_g = bb.add(bb.mul(bb.mul(g, k.i64(mg)), p_c), col0)
+            emit_gemm(k, k.i64(mg), width, k.i64(kk),
+                      bb.gep(w_c, [bb.mul(g, k.i64(mg * kk))], source_etype=F32), k.i64(kk),
+                      b_ptr, ldb, bb.gep(y_c, [y_g], source_etype=F32), p_c,
+                      bias=(bb.gep(bias_c, [bb.mul(g, k.i64(mg))], source_etype=F32)
+                            if bias is not None else None),
+                      epilogue=epilogue,
+                      residual=(bb.gep(res_c, [y_g], source_etype=F32)
+                                if residual is not None else None))
 
 
 def _chunked(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, mg: int, kk: int,
@@ -124,6 +180,20 @@ def _chunked(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, mg: in
                   bb.gep(y_c, [col0], source_etype=F32), p_c,
                   bias=bias_c if bias is not None else None, epilogue=epilogue,
                   residual=bb.gep(res_c, [col0], source_etype=F32) if residual is not None else None)
+
+
+def _parallel_im2col(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, taps: int,
+                     x: ir.Value, cols: ir.Value, in_plane: ir.Value, p: ir.Value) -> None:
+    """X' whole, its input channels spread over the threads (the product after it is split
+    too: unfolded on one thread, X' would leave the other threads idle meanwhile)."""
+    b = k.b
+    with k.parallel_loop(cg, cost=b.mul(p, k.i64(taps)), name="unfold",
+                         carry=[x, cols, in_plane, p]) as c:
+        x_c, cols_c, plane_c, p_c = k.carried
+        bb = k.b
+        x_one = bb.gep(x_c, [bb.mul(c, plane_c)], source_etype=F32)
+        cols_one = bb.gep(cols_c, [bb.mul(c, bb.mul(p_c, k.i64(taps)))], source_etype=F32)
+        _im2col(k, x_one, in_shape, win, cols_one, 1)
 
 
 def _im2col(k: Emitter, x: ir.Value, in_shape: tuple[Dim, ...], win: Window, cols: ir.Value,

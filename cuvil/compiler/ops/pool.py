@@ -124,8 +124,19 @@ class Pool(Op):
         return [TensorType(xt.dtype, (*xt.shape[:2], *win.out))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        x_val = required_input(node, 0)
+        y_val = node.outputs[0]
         win = _pool_window(node, UNCHECKED)
+        planes = simplify_dim(y_val.type.shape[0] * y_val.type.shape[1])
+        window_size = 1
+        for w in win.kernel:
+            window_size *= w
+        # the (image, channel) planes spread over the threads
+        with k.parallel_loop(planes, cost=simplify_dim(numel(win.out) * window_size),
+                             name="nc") as plane:
+            self._lower_plane(node, k, win, plane)
+
+    def _lower_plane(self, node: Node, k: Emitter, win: Window, plane: ir.Value) -> None:
+        x_val = required_input(node, 0)
         x, y = k.view(x_val), k.view(node.outputs[0])
         dtype = x_val.type.dtype
         ct = compute_dtype(dtype)
@@ -137,7 +148,9 @@ class Pool(Op):
         r = len(win.kernel)
         acc = entry_alloca(k, red.ty, "acc")
         best = entry_alloca(k, I64, "best") if indices is not None else None
-        with k.loops(y.dims[:2], name="nc") as nc, k.loops(y.dims[2:], name="o") as o:
+        channels = y.dims[1]
+        nc = [k.b.sdiv(plane, channels), k.b.srem(plane, channels)]
+        with k.loops(y.dims[2:], name="o") as o:
             start = [b.sub(b.mul(o[a], k.i64(win.strides[a])), k.dim(win.pads_begin[a]))
                      for a in range(r)]
             ranges = [kernel_range(k, start[a], x.dims[2 + a], win.dilations[a], win.kernel[a])
@@ -246,13 +259,15 @@ class GlobalPool(Op):
         x_val = required_input(node, 0)
         dtype = x_val.type.dtype
         ct = compute_dtype(dtype)
-        red = _Reduction(k, self.kind, ct, _lp_order(node) if self.kind == "lp" else 2.0)
         shape = x_val.type.shape
-        x = k.contiguous(k.buffers[x_val], dtype, (shape[0] * shape[1], _product(shape[2:])))
-        y = k.contiguous(k.buffers[node.outputs[0]], dtype, (shape[0] * shape[1],))
-        b = k.b
-        acc = entry_alloca(k, red.ty, "acc")
-        with k.loop(x.dims[0], name="nc") as i:
+        planes, size = simplify_dim(shape[0] * shape[1]), _product(shape[2:])
+        # the (image, channel) planes spread over the threads
+        with k.parallel_loop(planes, cost=size, name="nc") as i:
+            red = _Reduction(k, self.kind, ct, _lp_order(node) if self.kind == "lp" else 2.0)
+            x = k.contiguous(k.buffers[x_val], dtype, (planes, size))
+            y = k.contiguous(k.buffers[node.outputs[0]], dtype, (planes,))
+            b = k.b
+            acc = entry_alloca(k, red.ty, "acc")
             b.store(red.initial(), acc)
             with k.loop(x.dims[1], name="s") as s:
                 v = k.convert(k.load(x, [i, s]), dtype, ct)

@@ -393,18 +393,36 @@ class SpaceToDepth(_BlockRearrange):
 # -- joins and cuts -------------------------------------------------------------------------
 
 
+#: bytes per task of a parallel copy: large enough to amortise claiming it, small enough
+#: that a megabyte splits into many
+COPY_PIECE = 32768
+
+
 def _copy_rows(k: Emitter, dst: ir.Value, dst_row: Dim, dst_col: Dim, src: ir.Value,
                src_row: Dim, src_col: Dim, outer: Dim, nbytes: Dim) -> None:
     """For o in range(outer): copy `nbytes` from src[o*src_row + src_col] to dst[o*dst_row +
     dst_col] (all in bytes)."""
     if isinstance(nbytes, int) and nbytes == 0:
         return
-    s_view = k.contiguous(src, np.dtype(np.uint8), (outer, src_row))
-    d_view = k.contiguous(dst, np.dtype(np.uint8), (outer, dst_row))
-    with k.loop(outer, name="row") as o:
-        s = k.element_ptr(s_view, k.b.add(k.offset(s_view, [o, k.i64(0)]), k.dim(src_col)))
-        d = k.element_ptr(d_view, k.b.add(k.offset(d_view, [o, k.i64(0)]), k.dim(dst_col)))
-        k.memcpy(d, s, k.dim(nbytes))
+    # the rows cut into pieces of at most COPY_PIECE bytes, spread over the threads (a
+    # Concat of two feature maps at batch 1 is one row of a megabyte)
+    b = k.b
+    size = k.dim(nbytes)
+    pieces = b.add(k.floordiv(b.sub(size, k.i64(1)), k.i64(COPY_PIECE)), k.i64(1))
+    # a byte copied costs about half a multiply-add (the pool's unit of work)
+    cost = b.add(k.floordiv(k.minimum("int64", size, k.i64(COPY_PIECE)), k.i64(2)), k.i64(1))
+    with k.parallel_loop(b.mul(k.dim(outer), pieces), cost=cost, name="piece",
+                         carry=[pieces, src, dst]) as i:
+        pieces_, src_, dst_ = k.carried
+        bb = k.b
+        o = bb.sdiv(i, pieces_)
+        start = bb.mul(bb.srem(i, pieces_), k.i64(COPY_PIECE))
+        length = k.minimum("int64", bb.sub(k.dim(nbytes), start), k.i64(COPY_PIECE))
+        s_view = k.contiguous(src_, np.dtype(np.uint8), (outer, src_row))
+        d_view = k.contiguous(dst_, np.dtype(np.uint8), (outer, dst_row))
+        s = k.element_ptr(s_view, bb.add(k.offset(s_view, [o, start]), k.dim(src_col)))
+        d = k.element_ptr(d_view, bb.add(k.offset(d_view, [o, start]), k.dim(dst_col)))
+        k.memcpy(d, s, length)
 
 
 @register

@@ -1,0 +1,95 @@
+"""Ops whose loops run on the thread pool, at num_threads 1 and 2, against onnxruntime.
+
+One model with a symbolic batch holds every parallel path, at sizes large enough for the pool
+to split them (its threshold is about 32K multiply-adds) and that do not split evenly: a 3x3
+Conv whose output is too small to unfold by chunks (its X' is unfolded over the channels, its
+product split by rows), a 3x3 Conv unfolded by chunks of rows, pointwise Convs split by
+columns and by rows, MaxPool and AveragePool (over image x channel planes), the global pools,
+Concat and Split (copies cut into pieces, rows not a whole number of pieces), MatMuls
+split by rows and by columns, and grouped Convs (one loop over group x chunk tasks).
+Splitting never changes what one output element sums, so the 1- and 2-thread results must be
+identical; both must match onnxruntime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+from oracle import make_model, run_ort
+
+import cuvil
+
+RNG = np.random.default_rng(8)
+
+
+def weights(*shape: int) -> np.ndarray:
+    return (RNG.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+
+def parallel_model() -> onnx.ModelProto:
+    nodes = [
+        # 37 channels of 15x13: chunks of X' too few, the whole X' unfolded in parallel
+        helper.make_node("Conv", ["x", "w_small"], ["c_small"], pads=[1, 1, 1, 1]),
+        # 3x3 on 29x31: unfolded by chunks of output rows
+        helper.make_node("Conv", ["x2", "w_rows", "b_rows"], ["c_rows"], pads=[1, 0, 1, 2]),
+        # pointwise: M=24 < N=195 (columns), M=203 >= N=195 (rows)
+        helper.make_node("Conv", ["c_small", "w_pw_cols"], ["pw_cols"]),
+        helper.make_node("Conv", ["c_small", "w_pw_rows", "b_pw_rows"], ["pw_rows"]),
+        # grouped: depthwise on a small map (one task per channel), 3 groups of 3x3 unfolded
+        # by chunks of rows, 3 pointwise groups (Relu and the bias fused)
+        helper.make_node("Conv", ["c_small", "w_dw", "b_dw"], ["dw"], group=61,
+                         pads=[1, 1, 1, 1], strides=[2, 1]),
+        helper.make_node("Conv", ["c_rows", "w_g3"], ["g3"], group=3, pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["c_rows", "w_g3pw", "b_g3pw"], ["g3pw_pre"], group=3),
+        helper.make_node("Relu", ["g3pw_pre"], ["g3pw"]),
+        helper.make_node("MaxPool", ["c_rows"], ["maxpool"], kernel_shape=[3, 3], strides=[2, 2]),
+        helper.make_node("AveragePool", ["c_rows"], ["avgpool"], kernel_shape=[3, 2],
+                         strides=[2, 1], pads=[1, 0, 1, 1], count_include_pad=1),
+        helper.make_node("GlobalAveragePool", ["c_rows"], ["gap"]),
+        helper.make_node("GlobalMaxPool", ["c_rows"], ["gmp"]),
+        helper.make_node("Concat", ["c_rows", "x2", "c_rows"], ["concat"], axis=1),
+        helper.make_node("Split", ["concat", "split_sizes"], ["split_a", "split_b"], axis=1),
+        helper.make_node("MatMul", ["m_tall", "m_b"], ["mm_rows"]),
+        helper.make_node("MatMul", ["m_wide", "m_c"], ["mm_cols"]),
+    ]
+    inputs = {"x": (np.float32, ["batch", 37, 15, 13]), "x2": (np.float32, ["batch", 19, 29, 31]),
+              "m_tall": (np.float32, ["batch", 301, 67]),
+              "m_wide": (np.float32, ["batch", 21, 91])}
+    outputs = dict.fromkeys(("c_small", "pw_cols", "pw_rows", "maxpool", "avgpool", "gap", "gmp",
+                             "concat", "split_a", "split_b", "mm_rows", "mm_cols", "dw", "g3",
+                             "g3pw"), np.float32)
+    inits = {
+        "w_small": weights(61, 37, 3, 3), "w_rows": weights(45, 19, 3, 3),
+        "b_rows": weights(45), "w_pw_cols": weights(24, 61, 1, 1),
+        "w_pw_rows": weights(203, 61, 1, 1), "b_pw_rows": weights(203),
+        "m_b": weights(67, 53), "m_c": weights(91, 517),
+        "split_sizes": np.array([50, 59], np.int64),
+        "w_dw": weights(61, 1, 3, 3), "b_dw": weights(61), "w_g3": weights(30, 15, 3, 3),
+        "w_g3pw": weights(21, 15, 1, 1), "b_g3pw": weights(21),
+    }
+    return make_model(nodes, inputs, outputs, inits)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    model = parallel_model()
+    return model, cuvil.compile(model)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_outputs_equal_on_one_and_two_threads_and_match_onnxruntime(compiled, batch) -> None:
+    model, m = compiled
+    rng = np.random.default_rng(batch)
+    feeds = {i.name: rng.standard_normal(
+        [batch if d.dim_param else d.dim_value for d in i.type.tensor_type.shape.dim]
+    ).astype(np.float32) for i in model.graph.input}
+    expected = dict(zip([o.name for o in model.graph.output], run_ort(model, feeds)))
+    results = {}
+    for threads in (1, 2):
+        m.num_threads = threads
+        results[threads] = m.run(feeds)
+    for name, want in expected.items():
+        np.testing.assert_allclose(results[1][name], want, rtol=1e-4, atol=1e-5, err_msg=name)
+        np.testing.assert_array_equal(results[2][name], results[1][name], err_msg=name)
