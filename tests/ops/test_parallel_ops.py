@@ -30,10 +30,11 @@ def weights(*shape: int) -> np.ndarray:
 
 def parallel_model() -> onnx.ModelProto:
     nodes = [
-        # 37 channels of 15x13: chunks of X' too few, the whole X' unfolded in parallel
-        helper.make_node("Conv", ["x", "w_small"], ["c_small"], pads=[1, 1, 1, 1]),
-        # 3x3 on 29x31: unfolded by chunks of output rows
-        helper.make_node("Conv", ["x2", "w_rows", "b_rows"], ["c_rows"], pads=[1, 0, 1, 2]),
+        # 37 channels of 15x13: chunks of X' too few, the whole X' unfolded in parallel (5x5:
+        # a 3x3 with unit strides would run as a Winograd convolution)
+        helper.make_node("Conv", ["x", "w_small"], ["c_small"], pads=[2, 2, 2, 2]),
+        # 5x5 on 29x31: unfolded by chunks of output rows
+        helper.make_node("Conv", ["x2", "w_rows", "b_rows"], ["c_rows"], pads=[2, 1, 2, 3]),
         # pointwise: M=24 < N=195 (columns), M=203 >= N=195 (rows)
         helper.make_node("Conv", ["c_small", "w_pw_cols"], ["pw_cols"]),
         helper.make_node("Conv", ["c_small", "w_pw_rows", "b_pw_rows"], ["pw_rows"]),
@@ -61,7 +62,7 @@ def parallel_model() -> onnx.ModelProto:
                              "concat", "split_a", "split_b", "mm_rows", "mm_cols", "dw", "g3",
                              "g3pw"), np.float32)
     inits = {
-        "w_small": weights(61, 37, 3, 3), "w_rows": weights(45, 19, 3, 3),
+        "w_small": weights(61, 37, 5, 5), "w_rows": weights(45, 19, 5, 5),
         "b_rows": weights(45), "w_pw_cols": weights(24, 61, 1, 1),
         "w_pw_rows": weights(203, 61, 1, 1), "b_pw_rows": weights(203),
         "m_b": weights(67, 53), "m_c": weights(91, 517),
