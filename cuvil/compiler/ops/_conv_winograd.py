@@ -5,9 +5,13 @@ the input (alpha = m + 2) with alpha^2 multiplies per (output, input) channel pa
 
     Y_tile = A^T [ sum_c U[., o, c] * V[., c, tile] ] A,   U = G g G^T,   V = B^T d B
 
-The weights' transform U runs once, at compile time (`winograd_weights` pass, which stores U
-as [alpha^2, M, C]: one GEMM operand per point). At run time the image is cut into blocks of
-tile rows, spread over the threads; each block, in its own part of the scratch memory:
+The weights' transform U runs once per process, at the library's first run
+(`lower_weight_transform`, a derived weight: see codegen/derived.py), into U[alpha^2, M, C]
+(one GEMM operand per point): the library keeps the 3x3 kernels, a quarter of U's size for
+F(4x4). Transforming per call instead would cost as much as the multiplies in the 14x14
+layers (36 M C stores against 2 * 36 M C * 16 tiles multiply-adds).
+At run time the image is cut into blocks of tile rows, spread over the threads; each block,
+in its own part of the scratch memory:
 
 1. transforms its input tiles into V[alpha^2, C, tiles] (B^T d B as a column pass over rows
    staged with their zero padding, then a row pass on whole vectors of tiles),
@@ -32,14 +36,14 @@ from llvmlite import ir
 from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.emitter import I1, I32, PTR, Emitter
 from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_gemm, isa_of
-from cuvil.compiler.ir import Dim, Node, Value
+from cuvil.compiler.ir import Dim, Node
 from cuvil.compiler.ops import UNCHECKED
 from cuvil.compiler.ops._window import Window, window
 from cuvil.compiler.ops.gemm import RESIDUAL_SLOT, node_epilogue
 
 F32 = ir.FloatType()
 
-#: attribute the `winograd_weights` pass sets on a Conv whose weight it replaced by U: m
+#: attribute the `winograd_weights` pass sets on a Conv that runs as Winograd F(m x m, 3 x 3): m
 WINOGRAD_TILE = "cuvil.winograd_tile"
 #: output tile edge used (see the module docstring on accuracy)
 TILE = 4
@@ -82,21 +86,6 @@ def transforms(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return at, g, np.round(bt.reshape(alpha, alpha), 9)
 
 
-def transform_weights(w: np.ndarray, m: int) -> np.ndarray:
-    """U[alpha^2, M, C] = (G w[o, c] G^T) for every channel pair, flattened point-major."""
-    _, g, _ = transforms(m)
-    u = np.einsum("ak,mckl,bl->abmc", g, w.astype(np.float64), g)
-    return np.ascontiguousarray(u.reshape(-1, *w.shape[:2]).astype(np.float32))
-
-
-def conv_weight_shape(node: Node, w: Value) -> tuple[Dim, ...]:
-    """The [M, C, kh, kw] shape of the node's weight, also once the pass stored U instead."""
-    if WINOGRAD_TILE in node.attrs:
-        _, m, c = w.type.shape
-        return (m, c, 3, 3)
-    return tuple(w.type.shape)
-
-
 def winograd_tile(node: Node) -> int | None:
     """The tile edge m when this Conv runs as Winograd F(m x m, 3 x 3), else None (im2col).
 
@@ -136,7 +125,7 @@ class _Plan:
         self.alpha = alpha = m + 2
         self.points = alpha * alpha
         self.c, self.h, self.w = (int(d) for d in x.type.shape[1:])
-        self.out_c = int(w.type.shape[1])
+        self.out_c = int(w.type.shape[0])
         self.oh, self.ow = (int(d) for d in win.out)
         self.pad_top, self.pad_left = (int(d) for d in win.pads_begin)
         self.tiles_h, self.tiles_w = _ceil(self.oh, m), _ceil(self.ow, m)
@@ -163,9 +152,45 @@ def scratch_bytes(node: Node, win: Window) -> Dim:
     return _Plan(node, win).scratch_bytes
 
 
+def weight_bytes(node: Node) -> int:
+    """Bytes of U[alpha^2, M, C] (float32) for a node `winograd_tile` chose."""
+    w = node.inputs[1]
+    assert w is not None
+    alpha = int(node.attrs[WINOGRAD_TILE]) + 2
+    return alpha * alpha * int(w.type.shape[0]) * int(w.type.shape[1]) * 4
+
+
+def lower_weight_transform(node: Node, k: Emitter) -> None:
+    """U[(a, b), o, c] = (G w[o, c] G^T)[a, b] into `k.derived`, in float64 like the
+    transforms' coefficients (1/6, 1/24... are not float32 numbers), parallel over o."""
+    w_val = node.inputs[1]
+    assert w_val is not None and k.derived is not None
+    m_out, c_in = int(w_val.type.shape[0]), int(w_val.type.shape[1])
+    alpha = int(node.attrs[WINOGRAD_TILE]) + 2
+    _, g, _ = transforms(alpha - 2)
+    f64 = ir.DoubleType()
+    with k.parallel_loop(m_out, cost=c_in * 4 * alpha * alpha, name="wt",
+                         carry=[k.derived]) as o:
+        (u,) = k.carried
+        w = k.buffers[w_val]
+        b = k.b
+        with k.loop(c_in, name="c") as c:
+            pair = b.add(b.mul(o, k.i64(c_in)), c)
+            taps = [b.fpext(b.load(b.gep(w, [b.add(b.mul(pair, k.i64(9)), k.i64(i))],
+                                         source_etype=F32), typ=F32), f64) for i in range(9)]
+            # t = G w: t[a][l] = sum_j G[a, j] w[j, l]; then U[a][b] = sum_l t[a][l] G[b, l]
+            t = [[_combine(b, g[a], [taps[3 * j + col] for j in range(3)]) for col in range(3)]
+                 for a in range(alpha)]
+            for a in range(alpha):
+                for bb in range(alpha):
+                    off = b.add(k.i64((a * alpha + bb) * m_out * c_in), pair)
+                    b.store(b.fptrunc(_combine(b, g[bb], t[a]), F32),
+                            b.gep(u, [off], source_etype=F32))
+
+
 def lower_conv_winograd(node: Node, k: Emitter, win: Window) -> None:
-    x_val, u_val, b_val = node.inputs[0], node.inputs[1], node.input(2)
-    assert x_val is not None and u_val is not None and k.scratch is not None
+    x_val, b_val = node.inputs[0], node.input(2)
+    assert x_val is not None and k.scratch is not None and k.derived is not None
     plan = _Plan(node, win)
     r_val = node.input(RESIDUAL_SLOT)
     epilogue = node_epilogue(node)
@@ -178,7 +203,7 @@ def lower_conv_winograd(node: Node, k: Emitter, win: Window) -> None:
         y_n = b.gep(y_ptr, [y_off], source_etype=F32)
         r_n = b.gep(k.buffers[r_val], [y_off], source_etype=F32) if r_val is not None else null
         bias = k.buffers[b_val] if b_val is not None else null
-        carry = [x_n, y_n, r_n, bias, k.buffers[u_val], k.scratch]
+        carry = [x_n, y_n, r_n, bias, k.derived, k.scratch]
         cost = plan.block_rows * plan.tiles_w * plan.points * plan.c * plan.out_c
         with k.parallel_loop(plan.blocks, cost=cost, name="wblock", carry=carry) as t:
             x_c, y_c, r_c, bias_c, u_c, scratch = k.carried
