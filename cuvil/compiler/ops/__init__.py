@@ -115,6 +115,11 @@ class Op:
         """Workspace bytes the lowering needs while it runs (`k.scratch` points there)."""
         return 0
 
+    def path(self, node: Node) -> str:
+        """Which of the op's implementations the node runs, when it has several ("winograd"):
+        the profiler labels the node "Conv(winograd)"; "" for the only or usual one."""
+        return ""
+
     def derived_bytes(self, node: Node) -> int:
         """Bytes of weights the node computes from its constants once, at the library's first
         run (codegen/derived.py), instead of storing them in the library; `k.derived` points

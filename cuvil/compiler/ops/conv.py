@@ -128,6 +128,9 @@ class Conv(Op):
             return winograd_bytes(node, win)
         return im2col_bytes(node, win)
 
+    def path(self, node: Node) -> str:
+        return "winograd" if WINOGRAD_TILE in node.attrs else ""
+
     def derived_bytes(self, node: Node) -> int:
         return weight_bytes(node) if WINOGRAD_TILE in node.attrs else 0
 
