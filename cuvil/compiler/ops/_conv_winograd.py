@@ -8,8 +8,10 @@ the input (alpha = m + 2) with alpha^2 multiplies per (output, input) channel pa
 The weights' transform U runs once per process, at the library's first run
 (`lower_weight_transform`, a derived weight: see codegen/derived.py), into U[alpha^2, M, C]
 (one GEMM operand per point): the library keeps the 3x3 kernels, a quarter of U's size for
-F(4x4). Transforming per call instead would cost as much as the multiplies in the 14x14
-layers (36 M C stores against 2 * 36 M C * 16 tiles multiply-adds).
+F(4x4). Transforming per call instead costs too much: the first call takes (1 thread, CPU
+time) some 30 ms more than later ones on ResNet-50 (~85 ms a call), 400 ms on VGG-19
+(~380 ms); the page faults of U's fresh memory are part of it, but a per-call transform would
+still compute and write 4x the weights' bytes every call.
 At run time the image is cut into blocks of tile rows, spread over the threads; each block,
 in its own part of the scratch memory:
 
