@@ -19,6 +19,7 @@ from cuvil.compiler.codegen.dispatch import render_cpu_check, render_dispatcher
 from cuvil.compiler.codegen.module import build_module, emit_object, symbol_names
 from cuvil.compiler.frontend import import_model
 from cuvil.compiler.ir import MAX_TENSOR_BYTES, Graph, Node, Value, dim_str
+from cuvil.compiler.ops import lookup
 from cuvil.compiler.ops.flops import node_flops
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION, MATMUL_BIAS_SLOT, RESIDUAL_SLOT
 from cuvil.compiler.passes import run_passes
@@ -65,8 +66,8 @@ def signature_of(graph: Graph, name: str, library_file: str) -> dict[str, Any]:
 
 
 def _node_profile(node: Node) -> dict[str, Any]:
-    """The node's name, what it runs (fused steps included: "Conv+Add+Relu"), the shapes that tell
-    nodes of one type apart and its FLOPs per call."""
+    """The node's name, what it runs (its path and fused steps: "Conv(winograd)+Add+Relu"), the
+    shapes that tell nodes of one type apart and its FLOPs per call."""
     product = node.op_type in ("Conv", "Gemm", "MatMul")
     steps = [("Bias", product and node.op_type == "MatMul" and node.input(MATMUL_BIAS_SLOT) is not None),
              ("Add", product and node.input(RESIDUAL_SLOT) is not None),
@@ -80,8 +81,11 @@ def _node_profile(node: Node) -> dict[str, Any]:
     # the data input and the weights (constants of rank 2 or more: a conv's kernel size)
     ins = [v for v in node.inputs if v is not None and (v is first or (v.is_const and v.type.rank > 1))]
     outs = ", ".join(shape(v) for v in node.outputs)
+    op = lookup(node.domain, node.op_type, node.opset)
+    path = op.path(node) if op is not None else ""
+    label = f"{node.op_type}({path})" if path else node.op_type
     return {"name": node.name or (node.outputs[0].name if node.outputs else "?"),
-            "op": f"{node.op_type}+{fused}" if fused else node.op_type,
+            "op": f"{label}+{fused}" if fused else label,
             "shapes": f"{', '.join(shape(v) for v in ins)} -> {outs}" if ins else outs,
             "flops": to_python(node_flops(node))}
 

@@ -26,3 +26,7 @@ class MemoryPlan:
     elided: set[Node] = field(default_factory=set)
     #: workspace offset of the scratch memory a node asked for (`Op.scratch_bytes`)
     scratch: dict[Node, Dim] = field(default_factory=dict)
+    #: byte offset of the weights a node derives from its constants at run time
+    #: (`Op.derived_bytes`), in the library's one buffer of them (codegen/derived.py)
+    derived: dict[Node, int] = field(default_factory=dict)
+    derived_size: int = 0

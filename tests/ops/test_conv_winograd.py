@@ -1,20 +1,29 @@
 """Winograd convolutions (ops/_conv_winograd.py) against onnxruntime: odd image sizes (partial
 tiles), pads 0 / 1 / asymmetric / auto_pad, bias or none, batch 2 and a symbolic batch,
-images split into several blocks and tile rows wider than a vector, a fused residual and
-Relu; and that these convolutions do take the Winograd path (the compiled graph says so).
+images of one block, of a few (each step split over the threads) and of many (the blocks
+spread over the threads), tile rows wider than a vector, a fused residual and Relu, 1 and 2
+threads; the weights derived at the first run (first calls from several threads at once, in
+the library with CPU variants too); that the library keeps the 3x3 weights, not U; and that
+these convolutions do take the Winograd path (the compiled graph and the profile say so).
 """
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from onnx import helper
-from oracle import assert_matches_ort, make_model
+from oracle import assert_matches_ort, make_model, run_ort
 
 import cuvil
+from cuvil.compiler.driver import compile_in_process, compile_model
 from cuvil.compiler.frontend import import_model
-from cuvil.compiler.ops._conv_winograd import WINOGRAD_TILE
+from cuvil.compiler.ops import UNCHECKED
+from cuvil.compiler.ops._conv_winograd import WINOGRAD_TILE, _Plan
+from cuvil.compiler.ops.conv import conv_window
 from cuvil.compiler.passes import run_passes
+from cuvil.compiler.passes.plan_memory import plan_memory
 
 #: F(4x4, 3x3) rounds more than a direct sum (about 1e-5 of the output's range here)
 TOL = {"rtol": 1e-4, "atol": 2e-4}
@@ -27,7 +36,8 @@ LAYERS = [
     (16, 16, 18, 15, {"auto_pad": "SAME_UPPER"}, False),
     (20, 16, 16, 17, {"auto_pad": "SAME_LOWER", "kernel_shape": [3, 3]}, True),
     (16, 16, 14, 70, {"pads": [1, 1, 1, 1]}, True),  # 18 tiles a row: more than one vector
-    (64, 32, 61, 58, {"pads": [1, 1, 1, 1]}, True),  # several blocks, the last one short
+    (64, 32, 61, 58, {"pads": [1, 1, 1, 1]}, True),  # 2 blocks, the last one short: split
+    (64, 64, 120, 60, {"pads": [1, 1, 1, 1]}, True),  # 4 blocks over the threads, one short
 ]
 
 
@@ -64,6 +74,16 @@ def _winograd_convs(model) -> list[bool]:
     return [WINOGRAD_TILE in n.attrs for n in graph.nodes if n.op_type == "Conv"]
 
 
+def _plans(model) -> list[_Plan]:
+    graph = run_passes(import_model(model, None, "m"))
+    return [_Plan(n, conv_window(n, UNCHECKED)) for n in graph.nodes if WINOGRAD_TILE in n.attrs]
+
+
+def test_layers_cover_both_ways_of_threading() -> None:
+    plans = _plans(_layers_model(1))
+    assert [(p.blocks, p.split) for p in plans[-3:]] == [(1, True), (2, True), (4, False)]
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 def test_layers_match_onnxruntime(batch: int) -> None:
     model = _layers_model(batch)
@@ -71,12 +91,67 @@ def test_layers_match_onnxruntime(batch: int) -> None:
     assert_matches_ort(model, _feeds(model, batch), **TOL)
 
 
-def test_symbolic_batch() -> None:
+def test_symbolic_batch_and_threads() -> None:
     model = _layers_model("n")
     assert _winograd_convs(model) == [True] * len(LAYERS)
     compiled = cuvil.compile(model)
-    for batch in (1, 3):
+    for threads, batch in ((2, 1), (1, 3), (2, 2)):
+        compiled.num_threads = threads
         assert_matches_ort(model, _feeds(model, batch, seed=batch), compiled=compiled, **TOL)
+
+
+def _big_model():
+    """Two Winograd layers of 256 channels at 14x14 (a ResNet stage's), Relu between: U takes
+    long enough to derive (some 20 ms) that calls started together find it being derived."""
+    rng = np.random.default_rng(4)
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w1"], ["y"], pads=[1, 1, 1, 1])]
+    consts = {"w0": _weights(rng, 256, 256), "b0": rng.standard_normal(256).astype(np.float32),
+              "w1": _weights(rng, 256, 256)}
+    return make_model(nodes, {"x": (np.float32, ["n", 256, 14, 14])}, {"y": np.float32}, consts)
+
+
+@pytest.mark.parametrize("cpu", ["native", None])  # None: the baseline and its CPU variants
+def test_first_calls_from_threads_at_once(cpu: str | None) -> None:
+    """U is derived by the first call; calls racing it must wait for it, not read zeros."""
+    model = _big_model()
+    compiled = compile_in_process(model, cpu=cpu)
+    feeds = [_feeds(model, batch, seed=seed) for seed, batch in enumerate((1, 2, 1, 3, 1, 1))]
+    start = threading.Barrier(len(feeds))
+    results: dict[int, np.ndarray] = {}
+
+    def call(i: int) -> None:
+        start.wait()
+        results[i] = compiled(**feeds[i])
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(feeds))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, f in enumerate(feeds):
+        np.testing.assert_allclose(results[i], run_ort(model, f)[0], **TOL)
+    for f in feeds[:2]:  # later calls
+        assert_matches_ort(model, f, compiled=compiled, **TOL)
+
+
+def test_library_keeps_the_3x3_weights(tmp_path) -> None:
+    """The weights blob holds the kernels as given; U (4x their size) is not in the file."""
+    model = _big_model()
+    plan = plan_memory(run_passes(import_model(model, None, "m")))
+    kernels = 2 * 256 * 256 * 9 * 4
+    assert kernels <= len(plan.weights) < kernels + 4096
+    assert plan.derived_size == 2 * 36 * 256 * 256 * 4
+    library = compile_model(model, "big", tmp_path).library
+    assert library.stat().st_size < plan.derived_size / 2
+
+
+def test_profile_names_the_path() -> None:
+    model = _big_model()
+    compiled = cuvil.compile(model)
+    profile = compiled.profile(_feeds(model, 1), runs=1)
+    assert [n.op for n in profile.nodes] == ["Conv(winograd)+Relu", "Conv(winograd)"]
 
 
 def test_fused_residual_and_relu() -> None:

@@ -132,6 +132,8 @@ class Emitter:
         self.carried: list[ir.Value] = []
         #: the node's scratch memory (`Op.scratch_bytes`), 64-byte aligned; None if it has none
         self.scratch: ir.Value | None = None
+        #: the node's weights derived at run time (`Op.derived_bytes`), 64-byte aligned
+        self.derived: ir.Value | None = None
 
     @property
     def symbols(self) -> list[str]:

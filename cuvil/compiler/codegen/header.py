@@ -73,7 +73,9 @@ def render_header(signature: Mapping[str, Any], library_file: str) -> str:
         " *",
         " * Call cuvil_" + name + "_workspace_size(dims) for the scratch buffer's size in bytes,",
         " * allocate it 64-byte aligned, then cuvil_" + name + "_run(). The function keeps no",
-        " * state between calls: threads may run it at once, each with its own workspace.",
+        " * state between calls (but weights it may derive from the model's on the first call,",
+        " * once per process, which makes that call slower): threads may run it at once, each",
+        " * with its own workspace.",
         f" * ABI checksum: {signature['checksum']}",
         " */",
     ]

@@ -16,7 +16,8 @@ becomes an internal function returning a status (nodes that would get the same c
 one: see `_SharedFunctions`); `run` calls them in order and stops at the
 first non-zero status s, returning ``(node_index << 8) | s`` (see `emitter.STATUS_*`).
 Weights live in a separate object (`__cuvil_m_weights`, hidden) made by the toolchain from
-the raw blob, so big models never pass through LLVM IR text.
+the raw blob, so big models never pass through LLVM IR text. Weights some nodes derive from
+them (Winograd convs) are computed at the first run into .bss (see `derived`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 
+from cuvil.compiler.codegen.derived import DerivedWeights, hide_derived
 from cuvil.compiler.codegen.emitter import (
     I8,
     I32,
@@ -49,6 +51,8 @@ def symbol_names(model: str) -> dict[str, str]:
         "run": f"cuvil_{model}_run",
         "run_profiled": f"cuvil_{model}_run_profiled",
         "weights": f"__cuvil_{model}_weights",
+        "derived": f"__cuvil_{model}_derived",
+        "derived_state": f"__cuvil_{model}_derived_state",
     }
 
 
@@ -101,6 +105,8 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
         k = Emitter(module, ws_fn, ws_fn.args[0], symbols, {})
         k.b.ret(k.dim(plan.workspace_size))
 
+    derived = (DerivedWeights(module, graph, plan, names, weights, symbols, primary=primary)
+               if plan.derived else None)
     shared = _SharedFunctions()
     node_fns = [_node_function(module, graph, plan, i, symbols, shared)
                 for i in range(len(graph.nodes))]
@@ -109,23 +115,26 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
         fn_name = names[entry] if variant is None else variant_run_symbol(model, variant, entry)
         if variant is not None:
             hidden.append(fn_name)
-        _run_function(module, fn_name, graph, plan, node_fns, weights, symbols,
+        _run_function(module, fn_name, graph, plan, node_fns, weights, derived, symbols,
                       profiled=entry == "run_profiled")
 
-    return hide_declarations(str(module), names["weights"], hidden)
+    return hide_derived(hide_declarations(str(module), names["weights"], hidden), names)
 
 
 def _run_function(module: ir.Module, name: str, graph: Graph, plan: MemoryPlan,
                   node_fns: list[ir.Function | None], weights: ir.GlobalVariable | None,
-                  symbols: list[str], *, profiled: bool) -> None:
-    """`run`: each node's function in order, then the copies into outputs. `profiled` adds a
-    fifth argument, timestamps_ns[len(nodes) + 2]: the clock before the first node, after
-    each node (a node without code repeats the previous value) and after the copies."""
+                  derived: DerivedWeights | None, symbols: list[str], *, profiled: bool) -> None:
+    """`run`: the derived weights made ready, each node's function in order, then the copies
+    into outputs. `profiled` adds a fifth argument, timestamps_ns[len(nodes) + 2]: the clock
+    before the first node, after each node (a node without code repeats the previous value)
+    and after the copies."""
     params = [PTR] * (5 if profiled else 4)
     run = ir.Function(module, ir.FunctionType(I32, params), name)
     inputs, outputs, dims, workspace = run.args[:4]
     k = Emitter(module, run, dims, symbols, {})
     stamp = _stamper(module, k, run.args[4]) if profiled else _no_stamp
+    if derived is not None:
+        k.b.call(derived.prepare, [dims])
 
     def pointer(v: Value) -> ir.Value:
         s = plan.storage[v]
@@ -145,6 +154,8 @@ def _run_function(module: ir.Module, name: str, graph: Graph, plan: MemoryPlan,
         if node in plan.scratch:
             args.append(k.b.gep(workspace, [k.dim(plan.scratch[node])], source_etype=I8,
                                 inbounds=True))
+        if derived is not None and node in plan.derived:
+            args.append(derived.pointer(k.b, node))
         status = k.b.call(fn, [dims, *args])
         with k.b.if_then(k.b.icmp_signed("!=", status, ir.Constant(I32, 0)), likely=False):
             k.b.ret(k.b.or_(status, ir.Constant(I32, index << 8)))
@@ -210,14 +221,15 @@ def _node_function(module: ir.Module, graph: Graph, plan: MemoryPlan, index: int
         return None
     bufs = _buffers(node)
     scratch = node in plan.scratch
+    derived = node in plan.derived
     noalias = _distinct(plan, bufs)
-    key = _structure_key(node, bufs, (scratch, noalias))
+    key = _structure_key(node, bufs, (scratch, derived, noalias))
     found = shared.find(key, node)
     if found is not None:
         return found
     op = lookup(node.domain, node.op_type, node.opset)
     assert op is not None
-    fn = ir.Function(module, ir.FunctionType(I32, [PTR] * (1 + len(bufs) + scratch)),
+    fn = ir.Function(module, ir.FunctionType(I32, [PTR] * (1 + len(bufs) + scratch + derived)),
                      f"node{index}_{node.op_type}")
     fn.linkage = "internal"
     # kept out of `run`: inlined, every node would land in one huge function whose
@@ -227,7 +239,8 @@ def _node_function(module: ir.Module, graph: Graph, plan: MemoryPlan, index: int
         for arg in fn.args[1:]:
             arg.add_attribute("noalias")
     k = Emitter(module, fn, fn.args[0], symbols, dict(zip(bufs, fn.args[1:])))
-    k.scratch = fn.args[-1] if scratch else None
+    k.scratch = fn.args[1 + len(bufs)] if scratch else None
+    k.derived = fn.args[-1] if derived else None
     watched = _watch_constants(node)
     try:
         op.lower(node, k)

@@ -115,6 +115,22 @@ class Op:
         """Workspace bytes the lowering needs while it runs (`k.scratch` points there)."""
         return 0
 
+    def path(self, node: Node) -> str:
+        """Which of the op's implementations the node runs, when it has several ("winograd"):
+        the profiler labels the node "Conv(winograd)"; "" for the only or usual one."""
+        return ""
+
+    def derived_bytes(self, node: Node) -> int:
+        """Bytes of weights the node computes from its constants once, at the library's first
+        run (codegen/derived.py), instead of storing them in the library; `k.derived` points
+        there in `lower` and `lower_derived`."""
+        return 0
+
+    def lower_derived(self, node: Node, k: Emitter) -> None:
+        """Fill `k.derived` (`derived_bytes` of them) from the node's constant inputs, whose
+        pointers are in `k.buffers`. Runs once per process, before the first node."""
+        raise NotImplementedError
+
     def check_dtypes(self, node: Node) -> None:
         for v in node.inputs[:1]:
             if v is not None and v.type.dtype.name not in self.dtypes:

@@ -5,15 +5,25 @@ the input (alpha = m + 2) with alpha^2 multiplies per (output, input) channel pa
 
     Y_tile = A^T [ sum_c U[., o, c] * V[., c, tile] ] A,   U = G g G^T,   V = B^T d B
 
-The weights' transform U runs once, at compile time (`winograd_weights` pass, which stores U
-as [alpha^2, M, C]: one GEMM operand per point). At run time the image is cut into blocks of
-tile rows, spread over the threads; each block, in its own part of the scratch memory:
+The weights' transform U runs once per process, at the library's first run
+(`lower_weight_transform`, a derived weight: see codegen/derived.py), into U[alpha^2, M, C]
+(one GEMM operand per point): the library keeps the 3x3 kernels, a quarter of U's size for
+F(4x4). Transforming per call instead costs too much: the first call takes (1 thread, CPU
+time) some 30 ms more than later ones on ResNet-50 (~85 ms a call), 400 ms on VGG-19
+(~380 ms); the page faults of U's fresh memory are part of it, but a per-call transform would
+still compute and write 4x the weights' bytes every call.
+At run time the image is cut into blocks of tile rows, spread over the threads; each block,
+in its own part of the scratch memory:
 
 1. transforms its input tiles into V[alpha^2, C, tiles] (B^T d B as a column pass over rows
    staged with their zero padding, then a row pass on whole vectors of tiles),
 2. multiplies, per point, U[p] [M, C] @ V[p] [C, tiles] on the shared GEMM kernel,
 3. transforms the products back (A^T m A) and writes Y with the node's epilogue (bias,
    residual, activation) applied on the way.
+
+An image of fewer blocks than `SPLIT_BELOW` (a 14x14 layer has one) would leave threads idle:
+there each step is spread over the threads on its own instead, by (block, input channel),
+(block, point) and (block, output channel).
 
 The transform matrices come from the Toom-Cook construction at the points `POINTS` (the
 usual 0, +-1, +-2, ... of Lavin & Gray), solved for B^T so that the identity holds exactly.
@@ -32,14 +42,14 @@ from llvmlite import ir
 from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.emitter import I1, I32, PTR, Emitter
 from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_gemm, isa_of
-from cuvil.compiler.ir import Dim, Node, Value
+from cuvil.compiler.ir import Dim, Node
 from cuvil.compiler.ops import UNCHECKED
 from cuvil.compiler.ops._window import Window, window
 from cuvil.compiler.ops.gemm import RESIDUAL_SLOT, node_epilogue
 
 F32 = ir.FloatType()
 
-#: attribute the `winograd_weights` pass sets on a Conv whose weight it replaced by U: m
+#: attribute the `winograd_weights` pass sets on a Conv that runs as Winograd F(m x m, 3 x 3): m
 WINOGRAD_TILE = "cuvil.winograd_tile"
 #: output tile edge used (see the module docstring on accuracy)
 TILE = 4
@@ -52,6 +62,11 @@ MIN_TILES = 16
 #: bytes of V and of the products per block: larger blocks give the GEMMs more columns
 #: (measured best from 2 MB on; about a server core's L2)
 BLOCK_BYTES = 2 << 20
+#: images of fewer blocks spread each step over the threads, not the blocks (2 threads and
+#: 2 or 3 blocks leave a thread idle part of the time)
+SPLIT_BELOW = 4
+#: bytes of staged rows a thread may keep on its stack
+MAX_STACK_STAGE = 32 << 10
 #: lanes a transform handles at once is the target's vector width; buffers are padded for
 #: the widest (AVX-512)
 MAX_LANES = 16
@@ -80,21 +95,6 @@ def transforms(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     bt, *_ = np.linalg.lstsq(np.array(eqs), np.array(rhs), rcond=None)
     # the exact solution has short binary fractions: drop lstsq's rounding noise
     return at, g, np.round(bt.reshape(alpha, alpha), 9)
-
-
-def transform_weights(w: np.ndarray, m: int) -> np.ndarray:
-    """U[alpha^2, M, C] = (G w[o, c] G^T) for every channel pair, flattened point-major."""
-    _, g, _ = transforms(m)
-    u = np.einsum("ak,mckl,bl->abmc", g, w.astype(np.float64), g)
-    return np.ascontiguousarray(u.reshape(-1, *w.shape[:2]).astype(np.float32))
-
-
-def conv_weight_shape(node: Node, w: Value) -> tuple[Dim, ...]:
-    """The [M, C, kh, kw] shape of the node's weight, also once the pass stored U instead."""
-    if WINOGRAD_TILE in node.attrs:
-        _, m, c = w.type.shape
-        return (m, c, 3, 3)
-    return tuple(w.type.shape)
 
 
 def winograd_tile(node: Node) -> int | None:
@@ -136,7 +136,7 @@ class _Plan:
         self.alpha = alpha = m + 2
         self.points = alpha * alpha
         self.c, self.h, self.w = (int(d) for d in x.type.shape[1:])
-        self.out_c = int(w.type.shape[1])
+        self.out_c = int(w.type.shape[0])
         self.oh, self.ow = (int(d) for d in win.out)
         self.pad_top, self.pad_left = (int(d) for d in win.pads_begin)
         self.tiles_h, self.tiles_w = _ceil(self.oh, m), _ceil(self.ow, m)
@@ -152,7 +152,11 @@ class _Plan:
         self.v_floats = self.points * self.c * self.ld
         self.prod_floats = self.points * self.out_c * self.ld
         self.stage_floats = 2 * alpha * self.row  # the staged rows, then their column pass
-        self.block_floats = _ceil(self.v_floats + self.prod_floats + self.stage_floats, 16) * 16
+        # few blocks would leave threads idle: split each step over the threads instead (its
+        # input transform stages rows on the stack: small images only)
+        self.split = self.blocks < SPLIT_BELOW and self.stage_floats * 4 <= MAX_STACK_STAGE
+        in_block = self.v_floats + self.prod_floats + (0 if self.split else self.stage_floats)
+        self.block_floats = _ceil(in_block, 16) * 16
 
     @property
     def scratch_bytes(self) -> int:
@@ -163,12 +167,47 @@ def scratch_bytes(node: Node, win: Window) -> Dim:
     return _Plan(node, win).scratch_bytes
 
 
+def weight_bytes(node: Node) -> int:
+    """Bytes of U[alpha^2, M, C] (float32) for a node `winograd_tile` chose."""
+    w = node.inputs[1]
+    assert w is not None
+    alpha = int(node.attrs[WINOGRAD_TILE]) + 2
+    return alpha * alpha * int(w.type.shape[0]) * int(w.type.shape[1]) * 4
+
+
+def lower_weight_transform(node: Node, k: Emitter) -> None:
+    """U[(a, b), o, c] = (G w[o, c] G^T)[a, b] into `k.derived`, in float64 like the
+    transforms' coefficients (1/6, 1/24... are not float32 numbers), parallel over o."""
+    w_val = node.inputs[1]
+    assert w_val is not None and k.derived is not None
+    m_out, c_in = int(w_val.type.shape[0]), int(w_val.type.shape[1])
+    alpha = int(node.attrs[WINOGRAD_TILE]) + 2
+    _, g, _ = transforms(alpha - 2)
+    f64 = ir.DoubleType()
+    with k.parallel_loop(m_out, cost=c_in * 4 * alpha * alpha, name="wt",
+                         carry=[k.derived]) as o:
+        (u,) = k.carried
+        w = k.buffers[w_val]
+        b = k.b
+        with k.loop(c_in, name="c") as c:
+            pair = b.add(b.mul(o, k.i64(c_in)), c)
+            taps = [b.fpext(b.load(b.gep(w, [b.add(b.mul(pair, k.i64(9)), k.i64(i))],
+                                         source_etype=F32), typ=F32), f64) for i in range(9)]
+            # t = G w: t[a][l] = sum_j G[a, j] w[j, l]; then U[a][b] = sum_l t[a][l] G[b, l]
+            t = [[_combine(b, g[a], [taps[3 * j + col] for j in range(3)]) for col in range(3)]
+                 for a in range(alpha)]
+            for a in range(alpha):
+                for bb in range(alpha):
+                    off = b.add(k.i64((a * alpha + bb) * m_out * c_in), pair)
+                    b.store(b.fptrunc(_combine(b, g[bb], t[a]), F32),
+                            b.gep(u, [off], source_etype=F32))
+
+
 def lower_conv_winograd(node: Node, k: Emitter, win: Window) -> None:
-    x_val, u_val, b_val = node.inputs[0], node.inputs[1], node.input(2)
-    assert x_val is not None and u_val is not None and k.scratch is not None
+    x_val, b_val = node.inputs[0], node.input(2)
+    assert x_val is not None and k.scratch is not None and k.derived is not None
     plan = _Plan(node, win)
     r_val = node.input(RESIDUAL_SLOT)
-    epilogue = node_epilogue(node)
     b = k.b
     null = ir.Constant(PTR, None)
     x_ptr, y_ptr = k.buffers[x_val], k.buffers[node.outputs[0]]
@@ -178,29 +217,82 @@ def lower_conv_winograd(node: Node, k: Emitter, win: Window) -> None:
         y_n = b.gep(y_ptr, [y_off], source_etype=F32)
         r_n = b.gep(k.buffers[r_val], [y_off], source_etype=F32) if r_val is not None else null
         bias = k.buffers[b_val] if b_val is not None else null
-        carry = [x_n, y_n, r_n, bias, k.buffers[u_val], k.scratch]
-        cost = plan.block_rows * plan.tiles_w * plan.points * plan.c * plan.out_c
-        with k.parallel_loop(plan.blocks, cost=cost, name="wblock", carry=carry) as t:
-            x_c, y_c, r_c, bias_c, u_c, scratch = k.carried
-            bb = k.b
-            base = bb.gep(scratch, [bb.mul(t, k.i64(plan.block_floats))], source_etype=F32)
-            v = base
-            prod = bb.gep(base, [k.i64(plan.v_floats)], source_etype=F32)
-            stage = bb.gep(base, [k.i64(plan.v_floats + plan.prod_floats)], source_etype=F32)
-            first = bb.mul(t, k.i64(plan.block_rows))
-            rows = k.minimum("int64", bb.sub(k.i64(plan.tiles_h), first), k.i64(plan.block_rows))
-            tiles = bb.mul(rows, k.i64(plan.tiles_w))
-            _input_transform(k, plan, x_c, v, stage, first, rows)
-            with k.loop(plan.points, name="pt") as p:
-                emit_gemm(k, k.i64(plan.out_c), tiles, k.i64(plan.c),
-                          bb.gep(u_c, [bb.mul(p, k.i64(plan.out_c * plan.c))], source_etype=F32),
-                          k.i64(plan.c),
-                          bb.gep(v, [bb.mul(p, k.i64(plan.c * plan.ld))], source_etype=F32),
-                          k.i64(plan.ld),
-                          bb.gep(prod, [bb.mul(p, k.i64(plan.out_c * plan.ld))], source_etype=F32),
-                          k.i64(plan.ld))
-            _output_transform(k, plan, prod, y_c, bias_c if b_val is not None else None,
-                              r_c if r_val is not None else None, epilogue, first, rows)
+        carry = [x_n, y_n, r_n, bias, k.derived, k.scratch]
+        if plan.split:
+            _split_image(node, k, plan, carry)
+        else:
+            _blocks_image(node, k, plan, carry)
+
+
+class _Block:
+    """Where block `t`'s V, products and staged rows are, and which tile rows it has."""
+
+    def __init__(self, k: Emitter, plan: _Plan, scratch: ir.Value, t: ir.Value) -> None:
+        b = k.b
+        self.v = b.gep(scratch, [b.mul(t, k.i64(plan.block_floats))], source_etype=F32)
+        self.prod = b.gep(self.v, [k.i64(plan.v_floats)], source_etype=F32)
+        self.stage = b.gep(self.v, [k.i64(plan.v_floats + plan.prod_floats)], source_etype=F32)
+        self.first = b.mul(t, k.i64(plan.block_rows))
+        self.rows = k.minimum("int64", b.sub(k.i64(plan.tiles_h), self.first),
+                              k.i64(plan.block_rows))
+        self.tiles = b.mul(self.rows, k.i64(plan.tiles_w))
+
+
+def _blocks_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value]) -> None:
+    """One image, its blocks spread over the threads: each block's V and products stay in
+    its thread's cache from one step to the next."""
+    has_bias, has_residual = node.input(2) is not None, node.input(RESIDUAL_SLOT) is not None
+    cost = plan.block_rows * plan.tiles_w * plan.points * plan.c * plan.out_c
+    with k.parallel_loop(plan.blocks, cost=cost, name="wblock", carry=carry) as t:
+        x_c, y_c, r_c, bias_c, u_c, scratch = k.carried
+        blk = _Block(k, plan, scratch, t)
+        _input_transform(k, plan, x_c, blk, blk.stage, (k.i64(0), k.i64(plan.c)))
+        with k.loop(plan.points, name="pt") as p:
+            _point_gemm(k, plan, u_c, blk, p)
+        _output_transform(k, plan, blk, y_c, bias_c if has_bias else None,
+                          r_c if has_residual else None, node_epilogue(node),
+                          (k.i64(0), k.i64(plan.out_c)))
+
+
+def _split_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value]) -> None:
+    """One image of few blocks, each step spread over the threads on its own: the input
+    transform by (block, channel), the products by (block, point), the output transform by
+    (block, output channel). Costs two more hand-overs between threads than `_blocks_image`,
+    and V and the products move between the threads' caches."""
+    has_bias, has_residual = node.input(2) is not None, node.input(RESIDUAL_SLOT) is not None
+    tiles = plan.block_rows * plan.tiles_w
+    c, out_c = plan.c, plan.out_c
+    with k.parallel_loop(plan.blocks * c, cost=tiles * plan.points * 4, name="win",
+                         carry=carry) as i:
+        x_c, _, _, _, _, scratch = k.carried
+        blk = _Block(k, plan, scratch, k.b.udiv(i, k.i64(c)))
+        with k.b.goto_block(k.function.entry_basic_block):
+            stage = k.b.alloca(F32, size=k.i64(plan.stage_floats), name="stage")
+        ch = k.b.urem(i, k.i64(c))
+        _input_transform(k, plan, x_c, blk, stage, (ch, k.b.add(ch, k.i64(1))))
+    with k.parallel_loop(plan.blocks * plan.points, cost=tiles * c * out_c, name="wgemm",
+                         carry=carry) as i:
+        _, _, _, _, u_c, scratch = k.carried
+        blk = _Block(k, plan, scratch, k.b.udiv(i, k.i64(plan.points)))
+        _point_gemm(k, plan, u_c, blk, k.b.urem(i, k.i64(plan.points)))
+    with k.parallel_loop(plan.blocks * out_c, cost=tiles * plan.points * 4, name="wout",
+                         carry=carry) as i:
+        _, y_c, r_c, bias_c, _, scratch = k.carried
+        blk = _Block(k, plan, scratch, k.b.udiv(i, k.i64(out_c)))
+        o = k.b.urem(i, k.i64(out_c))
+        _output_transform(k, plan, blk, y_c, bias_c if has_bias else None,
+                          r_c if has_residual else None, node_epilogue(node),
+                          (o, k.b.add(o, k.i64(1))))
+
+
+def _point_gemm(k: Emitter, plan: _Plan, u: ir.Value, blk: _Block, p: ir.Value) -> None:
+    """The block's products at point p: prod[p] [M, tiles] = U[p] [M, C] @ V[p] [C, tiles]."""
+    b = k.b
+    emit_gemm(k, k.i64(plan.out_c), blk.tiles, k.i64(plan.c),
+              b.gep(u, [b.mul(p, k.i64(plan.out_c * plan.c))], source_etype=F32), k.i64(plan.c),
+              b.gep(blk.v, [b.mul(p, k.i64(plan.c * plan.ld))], source_etype=F32), k.i64(plan.ld),
+              b.gep(blk.prod, [b.mul(p, k.i64(plan.out_c * plan.ld))], source_etype=F32),
+              k.i64(plan.ld))
 
 
 # -- the transforms --------------------------------------------------------------------------
@@ -244,8 +336,8 @@ def _groups(plan: _Plan, lanes: int) -> tuple[int, int]:
     return groups, plan.tiles_w - (groups - 1) * lanes
 
 
-def _input_transform(k: Emitter, plan: _Plan, x: ir.Value, v: ir.Value, stage: ir.Value,
-                     first: ir.Value, rows: ir.Value) -> None:
+def _input_transform(k: Emitter, plan: _Plan, x: ir.Value, blk: _Block, stage: ir.Value,
+                     channels: tuple[ir.Value, ir.Value]) -> None:
     """V[p = (xi, nu), c, tile] = (B^T d B)[xi, nu] for the block's tiles: per channel and tile
     row, the alpha input rows are staged with their padding, transformed down the columns
     (tmp = B^T rows, vectorized along the row), then across (tmp B, on vectors of tiles)."""
@@ -255,7 +347,9 @@ def _input_transform(k: Emitter, plan: _Plan, x: ir.Value, v: ir.Value, stage: i
     tmp = b.gep(stage, [k.i64(alpha * row)], source_etype=F32)
     lanes = _lanes(k)
     groups, tail = _groups(plan, lanes)
-    with k.loop(plan.c, name="c") as c, k.loop(rows, name="ti") as i:
+    v, first = blk.v, blk.first
+    with k.loop(channels[1], start=channels[0], name="c") as c, \
+            k.loop(blk.rows, name="ti") as i:
         top = b.sub(b.mul(b.add(first, i), k.i64(m)), k.i64(plan.pad_top))
         for r in range(alpha):
             dst = b.gep(stage, [k.i64(r * row)], source_etype=F32)
@@ -296,9 +390,9 @@ def _input_transform(k: Emitter, plan: _Plan, x: ir.Value, v: ir.Value, stage: i
         group(k.i64(groups - 1), _mask(lanes, tail))
 
 
-def _output_transform(k: Emitter, plan: _Plan, prod: ir.Value, y: ir.Value,
+def _output_transform(k: Emitter, plan: _Plan, blk: _Block, y: ir.Value,
                       bias: ir.Value | None, residual: ir.Value | None, epilogue: Epilogue,
-                      first: ir.Value, rows: ir.Value) -> None:
+                      channels: tuple[ir.Value, ir.Value]) -> None:
     """Y[o, tile] = act(A^T m A + bias + residual) for the block's tiles, on vectors of tiles
     along a tile row; the m output rows of a vector of tiles are interleaved in registers and
     stored as whole rows (the last columns and rows of the image masked or skipped)."""
@@ -310,7 +404,9 @@ def _output_transform(k: Emitter, plan: _Plan, prod: ir.Value, y: ir.Value,
     width = lanes * m
     wide_t = ir.VectorType(F32, width)
     plane = plan.oh * plan.ow
-    with k.loop(plan.out_c, name="o") as o, k.loop(rows, name="to") as i:
+    prod, first = blk.prod, blk.first
+    with k.loop(channels[1], start=channels[0], name="o") as o, \
+            k.loop(blk.rows, name="to") as i:
         gi = b.add(first, i)
         tile0 = b.mul(i, k.i64(plan.tiles_w))
         shift = None

@@ -47,9 +47,9 @@ from cuvil.compiler.ops._conv_depthwise import (
 from cuvil.compiler.ops._conv_gemm import im2col_bytes, lower_conv_gemm
 from cuvil.compiler.ops._conv_winograd import (
     WINOGRAD_TILE,
-    conv_weight_shape,
     lower_conv_winograd,
-    transform_weights,
+    lower_weight_transform,
+    weight_bytes,
     winograd_tile,
 )
 from cuvil.compiler.ops._conv_winograd import scratch_bytes as winograd_bytes
@@ -68,7 +68,7 @@ from cuvil.errors import ModelError, UnsupportedOpError
 
 def _kernel(node: Node, w: Value) -> tuple[int, ...]:
     """The kernel's spatial shape: from the weight, checked against kernel_shape if given."""
-    shape = tuple(conv_weight_shape(node, w)[2:])
+    shape = tuple(w.type.shape[2:])
     if not all(isinstance(d, int) for d in shape):
         raise ModelError(f"{node.describe()}: the weight shape must be static, got {w.type}")
     if "kernel_shape" in node.attrs and tuple(node.attrs["kernel_shape"]) != shape:
@@ -82,7 +82,7 @@ def _kernel(node: Node, w: Value) -> tuple[int, ...]:
 def _check_operands(node: Node, op: Op) -> tuple[Value, Value, int]:
     op.check_dtypes(node)
     x, w = required_input(node, 0), required_input(node, 1)
-    if x.type.rank < 3 or len(conv_weight_shape(node, w)) != x.type.rank:
+    if x.type.rank < 3 or w.type.rank != x.type.rank:
         raise ModelError(
             f"{node.describe()}: input {x.type} and weight {w.type} must both be "
             "N x C x spatial... of the same rank"
@@ -116,7 +116,7 @@ class Conv(Op):
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         x, w, group = _check_operands(node, self)
-        m, cw = (int(d) for d in conv_weight_shape(node, w)[:2])
+        m, cw = (int(d) for d in w.type.shape[:2])
         c_in = x.type.shape[1]
         if m % group:
             raise ModelError(f"{node.describe()}: {m} output channels do not split into {group} groups")
@@ -136,6 +136,15 @@ class Conv(Op):
         if uses_direct_depthwise(node):
             return depthwise_scratch_bytes(node)
         return im2col_bytes(node, win)
+
+    def path(self, node: Node) -> str:
+        return "winograd" if WINOGRAD_TILE in node.attrs else ""
+
+    def derived_bytes(self, node: Node) -> int:
+        return weight_bytes(node) if WINOGRAD_TILE in node.attrs else 0
+
+    def lower_derived(self, node: Node, k: Emitter) -> None:
+        lower_weight_transform(node, k)
 
     def lower(self, node: Node, k: Emitter) -> None:
         x_val, w_val, b_val = required_input(node, 0), required_input(node, 1), node.input(2)
@@ -548,5 +557,5 @@ class Col2Im(Op):
             k.store(y, [n, c, *o], k.convert(b.load(acc), ct, y.dtype))
 
 
-#: what passes/winograd_weights.py reads: the choice of tile and the weight transform
-__all__ = ["WINOGRAD_TILE", "transform_weights", "winograd_tile"]
+#: what passes/winograd_weights.py reads: the choice of tile
+__all__ = ["WINOGRAD_TILE", "winograd_tile"]

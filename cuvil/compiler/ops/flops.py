@@ -25,11 +25,8 @@ def _shape(node: Node, index: int) -> tuple[Dim, ...]:
 
 def _conv(node: Node) -> Dim:
     # each output element sums C/group x kernel products: numel(W) / M of them (counted as a
-    # direct convolution also when it runs as a Winograd one, whose input 1 holds U)
-    from cuvil.compiler.ops._conv_winograd import conv_weight_shape
-
-    assert node.inputs[1] is not None
-    w = conv_weight_shape(node, node.inputs[1])
+    # direct convolution also when it runs as a Winograd one)
+    w = _shape(node, 1)
     return numel(node.outputs[0].type.shape) * numel(w[1:])
 
 

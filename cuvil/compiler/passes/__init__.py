@@ -28,6 +28,7 @@ PIPELINE = (eliminate_dead_code, fold_batchnorm, pack_gemm_weights, fuse_epilogu
 TOP_LEVEL_ONLY = {
     fold_batchnorm: "it follows producers, which for a body may lie outside it",
     fuse_epilogue: "not yet tested on bodies (their Conv and Gemm lowerings run unfused)",
+    winograd_weights: "its convs' weights are derived by the model's run, which bodies lack",
 }
 SUBGRAPH_PIPELINE = tuple(p for p in PIPELINE if p not in TOP_LEVEL_ONLY)
 

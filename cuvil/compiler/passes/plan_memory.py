@@ -1,4 +1,5 @@
-"""Decide where every value lives: caller buffers, the weights blob, or the workspace.
+"""Decide where every value lives: caller buffers, the weights blob, or the workspace; and
+where the weights derived at run time go in their buffer (`Op.derived_bytes`).
 
 Intermediate values get offsets in one workspace whose size is an expression of the
 symbolic input dims. A block is reused by a later value once its last reader has run and
@@ -40,6 +41,13 @@ def plan_memory(graph: Graph) -> MemoryPlan:
         for v in node.inputs:
             if v is not None and v.is_const and v not in plan.storage:
                 _add_weight(plan, v)
+
+    for node in graph.nodes:
+        op = lookup(node.domain, node.op_type, node.opset)
+        derived = op.derived_bytes(node) if op is not None else 0
+        if derived:
+            plan.derived[node] = plan.derived_size
+            plan.derived_size += -(-derived // ALIGN) * ALIGN
 
     for i, v in enumerate(graph.outputs):
         if v in plan.storage or v.producer is None:

@@ -1,0 +1,122 @@
+"""Weights derived from the model's constants at run time (Winograd's transformed conv weights,
+4x the 3x3 kernels they come from): computed once per process, at the first run, so that a
+library carries only the constants.
+
+A library's derived weights live in one zero-initialised global (`derived` of
+`module.symbol_names`), which the linker puts in .bss: it takes no file space, and memory only
+as it is filled. The memory plan gives each node its offset there (`MemoryPlan.derived`).
+
+`run` first calls `prepare`, which reads a state word. The first caller to swap it from EMPTY
+to BUSY fills the buffer (each node's `Op.lower_derived`, parallel over the thread pool) and
+publishes READY; callers that find it BUSY yield their CPU until it is READY. Only atomics on a
+global: no TLS (reached through the dynamic loader in a dlopened library, see
+runtime/threadpool.c) and no pthread_once (whose initial value is not zero on every OS).
+
+x86_64 libraries carry several CPU variants of the model code: variant 0 defines the buffer
+and the state word, the others refer to them, so a library has one of each.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from cuvil.compiler.codegen.emitter import I8, I32, PTR, Emitter
+from cuvil.compiler.ir import Graph, Node
+from cuvil.compiler.memory import MemoryPlan
+from cuvil.compiler.ops import lookup
+
+#: values of the state word
+EMPTY, BUSY, READY = 0, 1, 2
+#: POSIX: give the CPU to the thread filling the buffer (Linux and macOS libcs have it)
+SCHED_YIELD = "sched_yield"
+
+
+class DerivedWeights:
+    """The derived-weights buffer of one module and its `prepare(dims)` function."""
+
+    def __init__(self, module: ir.Module, graph: Graph, plan: MemoryPlan, names: dict[str, str],
+                 weights: ir.GlobalVariable | None, symbols: list[str], *, primary: bool) -> None:
+        size = ir.ArrayType(I8, plan.derived_size)
+        self.buffer = ir.GlobalVariable(module, size, names["derived"])
+        self.state = ir.GlobalVariable(module, I32, names["derived_state"])
+        for var, init in ((self.buffer, ir.Constant(size, None)), (self.state, ir.Constant(I32, EMPTY))):
+            var.align = 64 if var is self.buffer else 4
+            if primary:
+                var.initializer = init
+            else:
+                var.linkage = "external"
+        fill = _fill_function(module, graph, plan, self.buffer, weights, symbols)
+        self.prepare = _prepare_function(module, self.state, fill)
+        self._offsets = plan.derived
+
+    def pointer(self, b: ir.IRBuilder, node: Node) -> ir.Value:
+        return b.gep(self.buffer, [ir.Constant(ir.IntType(64), self._offsets[node])],
+                     source_etype=I8, inbounds=True)
+
+
+def hide_derived(ir_text: str, names: dict[str, str]) -> str:
+    """The buffer and the state word are the library's own: hidden (see module.hide_declarations)."""
+    for sym in (names["derived"], names["derived_state"]):
+        ir_text = (ir_text.replace(f'@"{sym}" = global', f'@"{sym}" = hidden global')
+                   .replace(f'@"{sym}" = external global', f'@"{sym}" = external hidden global'))
+    return ir_text
+
+
+def _fill_function(module: ir.Module, graph: Graph, plan: MemoryPlan, buffer: ir.GlobalVariable,
+                   weights: ir.GlobalVariable | None, symbols: list[str]) -> ir.Function:
+    """fill(dims): every node's `lower_derived`, in graph order (each in a function of its own)."""
+    fill = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]),
+                       module.get_unique_name("derive_weights"))
+    fill.linkage = "internal"
+    fb = ir.IRBuilder(fill.append_basic_block("entry"))
+    for index, node in enumerate(graph.nodes):
+        if node not in plan.derived:
+            continue
+        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]),
+                         module.get_unique_name(f"derive{index}_{node.op_type}"))
+        fn.linkage = "internal"
+        fn.attributes.add("noinline")
+        k = Emitter(module, fn, fn.args[0], symbols, {})
+        for v in node.inputs:
+            s = plan.storage.get(v) if v is not None else None
+            if v is not None and s is not None and s.kind == "weights":
+                assert weights is not None
+                k.buffers[v] = k.b.gep(weights, [k.dim(s.offset)], source_etype=I8, inbounds=True)
+        k.derived = k.b.gep(buffer, [k.i64(plan.derived[node])], source_etype=I8, inbounds=True)
+        op = lookup(node.domain, node.op_type, node.opset)
+        assert op is not None
+        op.lower_derived(node, k)
+        k.b.ret_void()
+        fb.call(fn, [fill.args[0]])
+    fb.ret_void()
+    return fill
+
+
+def _prepare_function(module: ir.Module, state: ir.GlobalVariable, fill: ir.Function) -> ir.Function:
+    """prepare(dims): returns once the buffer is READY, filling it if this caller is the first."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]),
+                     module.get_unique_name("prepare_derived"))
+    fn.linkage = "internal"
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    i32 = lambda n: ir.Constant(I32, n)  # noqa: E731
+    done = fn.append_basic_block("done")
+    claim = fn.append_basic_block("claim")
+    wait = fn.append_basic_block("wait")
+    ready = b.load_atomic(state, "acquire", 4, typ=I32)
+    b.cbranch(b.icmp_unsigned("==", ready, i32(READY)), done, claim)
+    b.position_at_end(claim)
+    won = b.extract_value(b.cmpxchg(state, i32(EMPTY), i32(BUSY), "acq_rel", "acquire"), 1)
+    with b.if_then(won):
+        b.call(fill, [fn.args[0]])
+        b.store_atomic(i32(READY), state, "release", 4)
+        b.branch(done)
+    b.branch(wait)
+    b.position_at_end(wait)
+    yield_fn = module.globals.get(SCHED_YIELD) or ir.Function(module, ir.FunctionType(I32, []),
+                                                              SCHED_YIELD)
+    b.call(yield_fn, [])
+    ready = b.load_atomic(state, "acquire", 4, typ=I32)
+    b.cbranch(b.icmp_unsigned("==", ready, i32(READY)), done, wait)
+    b.position_at_end(done)
+    b.ret_void()
+    return fn
