@@ -78,7 +78,7 @@ ROW_MAJOR = Layout()
 def pack_a(a: np.ndarray) -> np.ndarray:
     """A[M, K] as panels of PACK_ROWS rows (the last one the rows left), each stored k-major:
     panel p holds A[p*R:(p+1)*R, k] for k = 0, 1, ... one after the other. Same size as A."""
-    m, kk = a.shape
+    m = a.shape[0]
     panels = [a[i:i + PACK_ROWS].T.ravel() for i in range(0, m, PACK_ROWS)]
     return np.concatenate(panels).astype(a.dtype).reshape(a.shape) if panels else a.copy()
 
@@ -86,7 +86,7 @@ def pack_a(a: np.ndarray) -> np.ndarray:
 def pack_b(b: np.ndarray) -> np.ndarray:
     """B[K, N] as panels of PACK_COLS columns (the last one the columns left), each stored
     k-major (row by row of the panel). Same size as B."""
-    kk, n = b.shape
+    n = b.shape[1]
     panels = [b[:, j:j + PACK_COLS].ravel() for j in range(0, n, PACK_COLS)]
     return np.concatenate(panels).astype(b.dtype).reshape(b.shape) if panels else b.copy()
 
@@ -398,7 +398,8 @@ class _GemmWriter:
 
 def _leftover_heights(mr: int) -> list[int]:
     """Tile heights for the fewer than MR rows left: halving, each used at most once."""
-    heights, h = [], 1
+    heights: list[int] = []
+    h = 1
     while h < mr:
         heights.insert(0, h)
         h *= 2

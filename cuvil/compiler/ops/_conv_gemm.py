@@ -14,7 +14,13 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import PTR, Emitter, View
-from cuvil.compiler.codegen.gemm_kernel import Epilogue, Layout, emit_gemm, emit_parallel_gemm
+from cuvil.compiler.codegen.gemm_kernel import (
+    Epilogue,
+    Layout,
+    emit_gemm,
+    emit_parallel_gemm,
+    isa_of,
+)
 from cuvil.compiler.ir import Dim, Node, numel
 from cuvil.compiler.ops import required_input
 from cuvil.compiler.ops._window import Window, ceil_div, clamp
@@ -171,13 +177,33 @@ def _im2col(k: Emitter, x: ir.Value, in_shape: tuple[Dim, ...], win: Window, col
             row = [c, *tap, *out_idx]
             with k.loop(lo, name="z0") as o:
                 k.store(cv, [*row, o], zero)
-            with k.loop(hi, start=lo, name="cp") as o:
-                i = b.add(b.mul(o, k.i64(s)), start)
-                k.store(cv, [*row, o], k.load(xv, [c, *in_idx, i]))
+            if s == 1:
+                _copy_run(k, k.element_ptr(cv, k.offset(cv, [*row, lo])),
+                          k.element_ptr(xv, k.offset(xv, [c, *in_idx, b.add(lo, start)])),
+                          b.sub(hi, lo))
+            else:
+                with k.loop(hi, start=lo, name="cp") as o:
+                    i = b.add(b.mul(o, k.i64(s)), start)
+                    k.store(cv, [*row, o], k.load(xv, [c, *in_idx, i]))
             with k.loop(out, start=hi, name="z1") as o:
                 k.store(cv, [*row, o], zero)
 
         nest(0, [], [])
+
+
+def _copy_run(k: Emitter, dst: ir.Value, src: ir.Value, count: ir.Value) -> None:
+    """dst[:count] = src[:count] (floats) in whole vectors, then one by one: LLVM leaves the
+    generic copy scalar, since it cannot tell the input from the unfolded columns apart."""
+    b = k.b
+    width = isa_of(k.module).vector
+    vt = ir.VectorType(F32, width)
+    whole = b.mul(b.udiv(count, k.i64(width)), k.i64(width))
+    with k.loop(whole, step=width, name="cpv") as o:
+        x = b.load(b.gep(src, [o], source_etype=F32), typ=vt, align=4)
+        b.store(x, b.gep(dst, [o], source_etype=F32), align=4)
+    with k.loop(count, start=whole, name="cps") as o:
+        b.store(b.load(b.gep(src, [o], source_etype=F32), typ=F32),
+                b.gep(dst, [o], source_etype=F32))
 
 
 def _fill_row(k: Emitter, view: View, prefix: list[ir.Value], axis: int, value: ir.Value) -> None:
