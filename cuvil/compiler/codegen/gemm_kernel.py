@@ -1,14 +1,24 @@
 """A register-blocked float32 matrix product, C (+)= A @ B, shared by every op that needs one.
 
-One internal function per module and epilogue, taking sizes and strides at run time: ops call
-it instead of generating their own loop nests, so a model with fifty convolutions compiles
-one kernel, not fifty. The kernel walks C in tiles of MR rows x NR columns; each tile keeps
-its MR x NR sums in vector registers for the whole K loop, loading one NR-wide row of B and
-MR scalars of A per step (broadcast, fused multiply-add). Rows left over at the edge get tiles
-of 4, 2 and 1 rows; the last columns, a vector panel whose lanes past N are masked off.
+One internal function per module, epilogue and operand layout, taking sizes and strides at
+run time: ops call it instead of generating their own loop nests, so a model with fifty
+convolutions compiles a few kernels, not fifty. The kernel walks C in tiles of MR rows x NR
+columns; each tile keeps its MR x NR sums in vector registers for the whole K loop, loading
+one NR-wide row of B and MR scalars of A per step (broadcast, fused multiply-add). Rows left
+over at the edge get tiles of halving heights (8, 4, 2, 1); the columns left over, one panel
+of as many vectors as they need, the lanes of its last vector past N masked off.
 
-Tile sizes follow the target's vector registers (`isa_of`): 16 registers of 8 floats (AVX2)
-hold a 6 x 16 tile; 16 of 4 floats (SSE) a 4 x 8 one; AArch64's 32 NEON registers an 8 x 8.
+Tile sizes follow the target's vector registers (`isa_of`): AVX-512's 32 registers of 16
+floats hold a 12 x 32 tile (24 accumulators, two rows of B, a broadcast); AVX2's 16 of 8
+floats a 6 x 16; SSE's 16 of 4 a 4 x 8; AArch64's 32 NEON registers a 12 x 8.
+
+Operands are row-major with a row stride, or packed at compile time (`Layout`, `pack_a`,
+`pack_b`: constant weights, see passes/pack_gemm_weights.py): A in panels of 12 rows stored
+k-major, so a tile's MR values at one k are consecutive floats (one pointer, constant
+offsets, broadcasts straight from memory), B in panels of 32 columns, so no call copies it.
+One panel layout serves every tile shape above (each MR divides 12, each NR 32): the CPU
+variants of an x86 library share one weights blob.
+
 The epilogue adds a bias per row (convolution channels) or per column (Gemm), then a
 residual (a tensor laid out like C, read with C's strides), then applies an activation
 (codegen/activation.py), while the tile is still in registers: fused nodes make one pass over
@@ -172,8 +182,8 @@ class _GemmWriter:
         self.mask: ir.Value | None = None
 
     def write(self) -> None:
-        """C in blocks of KC along K; within a block, column panels of NR, then one-vector
-        panels, then one masked vector panel for the last columns. Unless B is pre-packed, a
+        """C in blocks of KC along K; within a block, column panels of NR, then one panel of
+        the columns left (its last vector masked). Unless B is pre-packed, a
         full panel of B is first copied into a contiguous stack buffer when there are enough
         rows to reuse it: B's rows are ldb apart, so reading the panel in place touches a new
         cache line (often a new page) per step."""
@@ -187,8 +197,6 @@ class _GemmWriter:
             panel.type = PTR  # used as an untyped pointer, like every other buffer here
             pack = b.icmp_signed(">=", self.m, k.i64(PACK_MIN_ROWS))
         n_full = b.mul(b.udiv(self.n, k.i64(nr)), k.i64(nr))
-        n_vec = b.add(n_full, b.mul(b.udiv(b.sub(self.n, n_full), k.i64(isa.vector)),
-                                    k.i64(isa.vector)))
         with k.loop(self.kk, step=KC, name="k0") as k0:
             kc = k.minimum("int64", b.sub(self.kk, k0), k.i64(KC))
             # earlier blocks' sums are in C; the epilogue runs once, after the last block
@@ -211,19 +219,20 @@ class _GemmWriter:
                         src = b.select(pack, packed, b.gep(b_blk, [j], source_etype=F32))
                         ld = b.select(pack, k.i64(nr), self.ldb)
                         self.rows(src, ld, j, isa.nv)
-            with k.loop(n_vec, start=n_full, step=isa.vector, name="jv") as j:
-                src, ld = self.b_panel(j) if packed_b else (b.gep(b_blk, [j], source_etype=F32),
-                                                            self.ldb)
-                self.rows(src, ld, j, 1)
-            # the last few columns: one vector panel with its lanes past N masked off
-            rem = b.sub(self.n, n_vec)
-            with k.if_then(b.icmp_signed(">", rem, k.i64(0))):
-                lanes = ir.Constant(ir.VectorType(I64, isa.vector), list(range(isa.vector)))
-                self.mask = b.icmp_signed("<", lanes, _splat(b, rem, isa.vector))
-                src, ld = self.b_panel(n_vec) if packed_b else (
-                    b.gep(b_blk, [n_vec], source_etype=F32), self.ldb)
-                self.rows(src, ld, n_vec, 1)
-                self.mask = None
+            # the fewer than NR columns left: one panel of as many vectors as they need (up to
+            # NV), the last one's lanes past N masked off; one pass over A, not one per vector
+            rem = b.sub(self.n, n_full)
+            src, ld = self.b_panel(n_full) if packed_b else (
+                b.gep(b_blk, [n_full], source_etype=F32), self.ldb)
+            lanes = ir.Constant(ir.VectorType(I64, isa.vector), list(range(isa.vector)))
+            for nv in range(1, isa.nv + 1):
+                lo, hi = (nv - 1) * isa.vector, nv * isa.vector
+                fits = b.and_(b.icmp_signed(">", rem, k.i64(lo)), b.icmp_signed("<=", rem, k.i64(hi)))
+                with k.if_then(fits):
+                    self.mask = b.icmp_signed("<", lanes, _splat(b, b.sub(rem, k.i64(lo)),
+                                                                 isa.vector))
+                    self.rows(src, ld, n_full, nv)
+                    self.mask = None
         b.ret_void()
 
     def b_panel(self, j: ir.Value) -> tuple[ir.Value, ir.Value]:
@@ -305,7 +314,7 @@ class _GemmWriter:
         start = k.function.append_basic_block("kk.start")
         b.cbranch(self.load_c, load, start)
         b.position_at_end(load)
-        loaded = [self.vload(c_ptr(r, v)) for r in range(rows) for v in range(nv)]
+        loaded = [self.vload(c_ptr(r, v), v == nv - 1) for r in range(rows) for v in range(nv)]
         b.branch(start)
         b.position_at_end(start)
         init = []
@@ -332,8 +341,8 @@ class _GemmWriter:
             accs.append(phi)
         b.cbranch(b.icmp_signed("<", p, self.kc), body, done)
         b.position_at_end(body)
-        bvals = [self.vload(b.gep(b_cur, [k.i64(v * width)], source_etype=F32, inbounds=True))
-                 for v in range(nv)]
+        bvals = [self.vload(b.gep(b_cur, [k.i64(v * width)], source_etype=F32, inbounds=True),
+                            v == nv - 1) for v in range(nv)]
         fma = _fmuladd(k.module, vt)
         new = []
         for r in range(rows):
@@ -352,7 +361,7 @@ class _GemmWriter:
         if self.epilogue == PLAIN:
             for r in range(rows):
                 for v in range(nv):
-                    self.vstore(accs[r * nv + v], c_ptr(r, v))
+                    self.vstore(accs[r * nv + v], c_ptr(r, v), v == nv - 1)
             return
         # the epilogue only after the last block of K (earlier blocks store partial sums)
         with b.if_else(self.last) as (last, partial):
@@ -361,36 +370,38 @@ class _GemmWriter:
                     for v in range(nv):
                         res = c_ptr(r, v, self.residual) if self.epilogue.residual else None
                         out = self.finish(accs[r * nv + v], b.add(i0, k.i64(r)),
-                                          b.add(j0, k.i64(v * width)), res)
-                        self.vstore(out, c_ptr(r, v))
+                                          b.add(j0, k.i64(v * width)), res, v == nv - 1)
+                        self.vstore(out, c_ptr(r, v), v == nv - 1)
             with partial:
                 for r in range(rows):
                     for v in range(nv):
-                        self.vstore(accs[r * nv + v], c_ptr(r, v))
+                        self.vstore(accs[r * nv + v], c_ptr(r, v), v == nv - 1)
 
-    def vload(self, p: ir.Value) -> ir.Value:
+    def vload(self, p: ir.Value, last: bool) -> ir.Value:
+        """One vector at p; masked when it is the `last` of a tile whose panel has a mask."""
         b, vt = self.k.b, ir.VectorType(F32, self.isa.vector)
-        if self.mask is None:
+        if self.mask is None or not last:
             return b.load(p, typ=vt, align=4)
         return b.call(_masked(self.k.module, "load", vt), [p, _ALIGN, self.mask, ir.Constant(vt, None)])
 
-    def vstore(self, x: ir.Value, p: ir.Value) -> None:
+    def vstore(self, x: ir.Value, p: ir.Value, last: bool) -> None:
         b = self.k.b
-        if self.mask is None:
+        if self.mask is None or not last:
             b.store(x, p, align=4)
         else:
             b.call(_masked(self.k.module, "store", x.type), [x, p, _ALIGN, self.mask])
 
-    def finish(self, acc: ir.Value, row: ir.Value, col: ir.Value,
-               residual: ir.Value | None) -> ir.Value:
+    def finish(self, acc: ir.Value, row: ir.Value, col: ir.Value, residual: ir.Value | None,
+               last: bool) -> ir.Value:
         b, ep = self.k.b, self.epilogue
         if ep.bias == "row":
             bias = b.load(b.gep(self.bias, [row], source_etype=F32, inbounds=True), typ=F32)
             acc = b.fadd(acc, _splat(b, bias, self.isa.vector))
         elif ep.bias == "col":
-            acc = b.fadd(acc, self.vload(b.gep(self.bias, [col], source_etype=F32, inbounds=True)))
+            acc = b.fadd(acc, self.vload(b.gep(self.bias, [col], source_etype=F32, inbounds=True),
+                                         last))
         if residual is not None:
-            acc = b.fadd(acc, self.vload(residual))
+            acc = b.fadd(acc, self.vload(residual, last))
         if ep.activation is not None:
             acc = apply_activation(b, ep.activation, ep.params, acc)
         return acc
