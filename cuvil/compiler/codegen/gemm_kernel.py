@@ -28,6 +28,7 @@ memory instead of three.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -160,6 +161,9 @@ def gemm_function(module: ir.Module, epilogue: Epilogue = PLAIN,
 #: K is walked in blocks of KC: one packed panel of B (KC x NR floats, 16 KB with AVX2) then
 #: stays in L1 while every row tile of A runs over it
 KC = 256
+#: products at most this wide walk row tiles outside, column panels inside (`write`): the
+#: block of B (KC x N floats, 256 KB at most) stays in L2 while each tile of A is read once
+NARROW = 256
 #: with fewer rows than this, a packed panel would be read too few times to repay the copy
 PACK_MIN_ROWS = 12
 #: blocks a parallel product is split into (the pool hands a few to each thread)
@@ -182,11 +186,15 @@ class _GemmWriter:
         self.mask: ir.Value | None = None
 
     def write(self) -> None:
-        """C in blocks of KC along K; within a block, column panels of NR, then one panel of
-        the columns left (its last vector masked). Unless B is pre-packed, a
-        full panel of B is first copied into a contiguous stack buffer when there are enough
-        rows to reuse it: B's rows are ldb apart, so reading the panel in place touches a new
-        cache line (often a new page) per step."""
+        """C in blocks of KC along K. Within a block, when N is small (`NARROW`), row tiles
+        outside and column panels inside: a tile's rows of A, read from memory once, serve
+        every column from L1 while the block of B (KC x N) stays in L2 — weights of late
+        ResNet layers (N = 49 or 196 positions) are too big to be re-read per panel. For wider
+        products, column panels of NR outside (each packed once, then in L1), row tiles
+        inside. Either way the fewer than NR columns left make one panel, its last vector
+        masked. Unless B is pre-packed, a full panel of B is first copied into a contiguous
+        stack buffer when there are enough rows to reuse it: B's rows are ldb apart, so
+        reading the panel in place touches a new cache line (often a new page) per step."""
         k, isa = self.k, self.isa
         b = k.b
         nr = isa.nr
@@ -197,42 +205,39 @@ class _GemmWriter:
             panel.type = PTR  # used as an untyped pointer, like every other buffer here
             pack = b.icmp_signed(">=", self.m, k.i64(PACK_MIN_ROWS))
         n_full = b.mul(b.udiv(self.n, k.i64(nr)), k.i64(nr))
+        narrow = b.icmp_signed("<=", self.n, k.i64(NARROW))
+        if not packed_b:
+            narrow = b.and_(narrow, b.icmp_signed("<=", self.ldb, k.i64(NARROW)))
         with k.loop(self.kk, step=KC, name="k0") as k0:
             kc = k.minimum("int64", b.sub(self.kk, k0), k.i64(KC))
             # earlier blocks' sums are in C; the epilogue runs once, after the last block
             self.load_c = b.or_(self.acc, b.icmp_signed(">", k0, k.i64(0)))
             self.last = b.icmp_signed("==", b.add(k0, kc), self.kk)
             self.kc, self.k0 = kc, k0
-            b_blk = b.gep(self.bm, [b.mul(k0, self.ldb)], source_etype=F32)
-            if packed_b:
-                with k.loop(n_full, step=nr, name="j") as j:
-                    self.rows(*self.b_panel(j), j, isa.nv)
-            else:
-                with k.loop(n_full, step=nr * PANELS, name="jb") as jb:
-                    count = b.udiv(k.minimum("int64", b.sub(n_full, jb), k.i64(nr * PANELS)),
-                                   k.i64(nr))
-                    with k.if_then(pack):
-                        self.pack(b.gep(b_blk, [jb], source_etype=F32), panel, kc, count)
-                    with k.loop(count, name="q") as q:
-                        j = b.add(jb, b.mul(q, k.i64(nr)))
-                        packed = b.gep(panel, [b.mul(q, k.i64(KC * nr))], source_etype=F32)
-                        src = b.select(pack, packed, b.gep(b_blk, [j], source_etype=F32))
-                        ld = b.select(pack, k.i64(nr), self.ldb)
-                        self.rows(src, ld, j, isa.nv)
-            # the fewer than NR columns left: one panel of as many vectors as they need (up to
-            # NV), the last one's lanes past N masked off; one pass over A, not one per vector
-            rem = b.sub(self.n, n_full)
-            src, ld = self.b_panel(n_full) if packed_b else (
-                b.gep(b_blk, [n_full], source_etype=F32), self.ldb)
-            lanes = ir.Constant(ir.VectorType(I64, isa.vector), list(range(isa.vector)))
-            for nv in range(1, isa.nv + 1):
-                lo, hi = (nv - 1) * isa.vector, nv * isa.vector
-                fits = b.and_(b.icmp_signed(">", rem, k.i64(lo)), b.icmp_signed("<=", rem, k.i64(hi)))
-                with k.if_then(fits):
-                    self.mask = b.icmp_signed("<", lanes, _splat(b, b.sub(rem, k.i64(lo)),
-                                                                 isa.vector))
-                    self.rows(src, ld, n_full, nv)
-                    self.mask = None
+            self.b_blk = b.gep(self.bm, [b.mul(k0, self.ldb)], source_etype=F32)
+            with b.if_else(narrow) as (rows_first, panels_first):
+                with rows_first:
+                    self.row_tiles(lambda i, height: self.columns(n_full, i, height))
+                with panels_first:
+                    if packed_b:
+                        with k.loop(n_full, step=nr, name="j") as j:
+                            self.rows(*self.b_src(j), j, isa.nv)
+                    else:
+                        with k.loop(n_full, step=nr * PANELS, name="jb") as jb:
+                            count = b.udiv(k.minimum("int64", b.sub(n_full, jb),
+                                                     k.i64(nr * PANELS)), k.i64(nr))
+                            with k.if_then(pack):
+                                self.pack(b.gep(self.b_blk, [jb], source_etype=F32), panel, kc,
+                                          count)
+                            with k.loop(count, name="q") as q:
+                                j = b.add(jb, b.mul(q, k.i64(nr)))
+                                packed = b.gep(panel, [b.mul(q, k.i64(KC * nr))],
+                                               source_etype=F32)
+                                src = b.select(pack, packed,
+                                               b.gep(self.b_blk, [j], source_etype=F32))
+                                ld = b.select(pack, k.i64(nr), self.ldb)
+                                self.rows(src, ld, j, isa.nv)
+                    self.remainder(n_full, lambda src, ld, nv: self.rows(src, ld, n_full, nv))
         b.ret_void()
 
     def b_panel(self, j: ir.Value) -> tuple[ir.Value, ir.Value]:
@@ -244,6 +249,53 @@ class _GemmWriter:
         width = k.minimum("int64", b.sub(self.n, base), k.i64(PACK_COLS))
         off = b.add(b.add(b.mul(base, self.kk), b.mul(self.k0, width)), b.sub(j, base))
         return b.gep(self.bm, [off], source_etype=F32), width
+
+    def b_src(self, j: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """B's columns j.. in this K block, read in place, and their row stride."""
+        if self.layout.packed_b:
+            return self.b_panel(j)
+        return self.k.b.gep(self.b_blk, [j], source_etype=F32), self.ldb
+
+    def remainder(self, n_full: ir.Value,
+                  run: Callable[[ir.Value, ir.Value, int], None]) -> None:
+        """run(B's columns n_full.., their stride, nv) for the fewer than NR columns left: one
+        panel of as many vectors as they need, the last one's lanes past N masked off (one
+        pass over A, not one per vector)."""
+        k, isa = self.k, self.isa
+        b = k.b
+        rem = b.sub(self.n, n_full)
+        src, ld = self.b_src(n_full)
+        lanes = ir.Constant(ir.VectorType(I64, isa.vector), list(range(isa.vector)))
+        for nv in range(1, isa.nv + 1):
+            lo, hi = (nv - 1) * isa.vector, nv * isa.vector
+            with k.if_then(b.and_(b.icmp_signed(">", rem, k.i64(lo)),
+                                  b.icmp_signed("<=", rem, k.i64(hi)))):
+                self.mask = b.icmp_signed("<", lanes, _splat(b, b.sub(rem, k.i64(lo)), isa.vector))
+                run(src, ld, nv)
+                self.mask = None
+
+    def columns(self, n_full: ir.Value, i0: ir.Value, height: int) -> None:
+        """Every column panel of the row tile at i0 (B read in place)."""
+        k, isa = self.k, self.isa
+        with k.loop(n_full, step=isa.nr, name="jc") as j:
+            self.tile(*self.b_src(j), i0, j, height, isa.nv)
+        self.remainder(n_full, lambda src, ld, nv: self.tile(src, ld, i0, n_full, height, nv))
+
+    def row_tiles(self, body: Callable[[ir.Value, int], None]) -> None:
+        """body(i0, height) for every row tile: full MR-row tiles, then the fewer than MR rows
+        left in tiles of halving heights (one row at a time would load B once per two
+        multiply-adds)."""
+        k, mr = self.k, self.isa.mr
+        b = k.b
+        m_full = b.mul(b.udiv(self.m, k.i64(mr)), k.i64(mr))
+        with k.loop(m_full, step=mr, name="i") as i:
+            body(i, mr)
+        start = m_full
+        for height in _leftover_heights(mr):
+            fits = b.icmp_signed(">=", b.sub(self.m, start), k.i64(height))
+            with k.if_then(fits):
+                body(start, height)
+            start = b.add(start, b.select(fits, k.i64(height), k.i64(0)))
 
     def a_tile(self, i0: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value | int]:
         """(pointer to A[i0, k0], elements from one k to the next, elements from one row to
@@ -274,21 +326,8 @@ class _GemmWriter:
                 b.store(x, b.gep(out, [k.i64(v * isa.vector)], source_etype=F32), align=32)
 
     def rows(self, bsrc: ir.Value, ldb: ir.Value, j: ir.Value, nv: int) -> None:
-        """All rows of the column panel at j (B's panel at bsrc, rows ldb apart): full MR-row
-        tiles, then the leftover rows."""
-        k, mr = self.k, self.isa.mr
-        b = k.b
-        m_full = b.mul(b.udiv(self.m, k.i64(mr)), k.i64(mr))
-        with k.loop(m_full, step=mr, name="i") as i:
-            self.tile(bsrc, ldb, i, j, mr, nv)
-        # the fewer than MR rows left, in tiles of halving heights: one row at a time would
-        # load B once per two multiply-adds
-        start = m_full
-        for height in _leftover_heights(mr):
-            fits = b.icmp_signed(">=", b.sub(self.m, start), k.i64(height))
-            with k.if_then(fits):
-                self.tile(bsrc, ldb, start, j, height, nv)
-            start = b.add(start, b.select(fits, k.i64(height), k.i64(0)))
+        """All row tiles of the column panel at j (B's panel at bsrc, rows ldb apart)."""
+        self.row_tiles(lambda i, height: self.tile(bsrc, ldb, i, j, height, nv))
 
     def tile(self, bsrc: ir.Value, ldb: ir.Value, i0: ir.Value, j0: ir.Value, rows: int,
              nv: int) -> None:
