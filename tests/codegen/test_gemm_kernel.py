@@ -5,6 +5,7 @@ targets."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I32, I64, PTR, Emitter
-from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_parallel_gemm
+from cuvil.compiler.codegen.gemm_kernel import Epilogue, Layout, emit_parallel_gemm, pack_a, pack_b
 from cuvil.compiler.codegen.module import emit_object, hide_declarations
 from cuvil.compiler.driver import RUNTIME_SOURCE
 
@@ -20,6 +21,8 @@ EPILOGUES = [Epilogue(), Epilogue("row"), Epilogue("col", activation="Relu"),
              Epilogue("none", activation="Relu"), Epilogue("row", residual=True, activation="Relu"),
              Epilogue("col", residual=True, activation="Tanh"), Epilogue("none", residual=True)]
 ACTIVATIONS = {None: lambda y: y, "Relu": lambda y: np.maximum(y, 0), "Tanh": np.tanh}
+#: the operand layouts: row-major, A packed (conv weights), B packed (Linear weights), both
+LAYOUTS = [Layout(), Layout(packed_a=True), Layout(packed_b=True), Layout(True, True)]
 FEATURES = {"sse": "", "avx2": "+avx,+avx2,+fma",
             "avx512": "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl"}
 
@@ -30,8 +33,8 @@ def cpu_of(features: str) -> str:
 
 
 def build(tmp: Path, features: str) -> ctypes.CDLL:
-    """A library exporting gemm_<i>(dims[M,N,K,acc], A, B, C, bias, residual) for each
-    epilogue."""
+    """A library exporting gemm_<i>_<l>(dims[M,N,K,acc], A, B, C, bias, residual) for each
+    epilogue i and layout l."""
     from cuvil.toolchains import get_target, target_machine, zig
 
     target = get_target(None)
@@ -41,8 +44,8 @@ def build(tmp: Path, features: str) -> ctypes.CDLL:
     module.triple = arch.llvm_triple
     module.data_layout = str(tm.target_data)
     module.cuvil_features = features
-    for e, ep in enumerate(EPILOGUES):
-        fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 6), f"gemm_{e}")
+    for (e, ep), (li, layout) in itertools.product(enumerate(EPILOGUES), enumerate(LAYOUTS)):
+        fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 6), f"gemm_{e}_{li}")
         k = Emitter(module, fn, fn.args[0], [], {})
         dims = [k.b.load(k.b.gep(fn.args[0], [k.i64(i)], source_etype=I64), typ=I64)
                 for i in range(4)]
@@ -52,7 +55,7 @@ def build(tmp: Path, features: str) -> ctypes.CDLL:
             with k.if_then(k.b.icmp_signed("==", acc, k.i64(flag))):
                 emit_parallel_gemm(k, m, n, kk, a, kk, b, n, c, n, accumulate=bool(flag),
                                    bias=bias, residual=residual if ep.residual else None,
-                                   epilogue=ep)
+                                   epilogue=ep, layout=layout)
         k.b.ret(ir.Constant(I32, 0))
     obj = tmp / "g.o"
     obj.write_bytes(emit_object(hide_declarations(str(module), "-"), tm))
@@ -87,11 +90,17 @@ def reference(a, b, c0, bias, residual, ep: Epilogue, accumulate: bool) -> np.nd
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (6, 16, 5), (7, 17, 3), (5, 9, 33), (13, 70, 64),
                                    (200, 3, 50), (3, 300, 17), (64, 4099, 27), (130, 130, 130),
+                                   # partial panels of packed operands, parallel blocks
+                                   (25, 49, 576), (64, 196, 40), (100, 1000, 9), (1000, 50, 20),
                                    # K over several blocks of KC, with and without packed panels
                                    (20, 40, 600), (13, 33, 513), (5, 20, 300), (150, 40, 300)])
 @pytest.mark.parametrize("e", range(len(EPILOGUES)))
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_gemm_matches_numpy(lib: ctypes.CDLL, shape, e: int, accumulate: bool) -> None:
+@pytest.mark.parametrize("layout", range(len(LAYOUTS)))
+def test_gemm_matches_numpy(lib: ctypes.CDLL, shape, e: int, accumulate: bool,
+                            layout: int) -> None:
+    if layout and e not in (0, 4, 5):  # packed operands: a few epilogues suffice
+        pytest.skip("covered by the row-major layout")
     m, n, kk = shape
     rng = np.random.default_rng(m * 1000 + n + kk)
     a = rng.standard_normal((m, kk)).astype(np.float32)
@@ -101,9 +110,12 @@ def test_gemm_matches_numpy(lib: ctypes.CDLL, shape, e: int, accumulate: bool) -
     residual = rng.standard_normal((m, n)).astype(np.float32)
     want = reference(a, b, c, bias, residual, EPILOGUES[e], accumulate)
     dims = (ctypes.c_int64 * 4)(m, n, kk, int(accumulate))
-    fn = getattr(lib, f"gemm_{e}")
+    fn = getattr(lib, f"gemm_{e}_{layout}")
     fn.argtypes = [ctypes.c_void_p] * 6
-    fn(dims, a.ctypes.data, b.ctypes.data, c.ctypes.data, bias.ctypes.data, residual.ctypes.data)
+    a_in = pack_a(a) if LAYOUTS[layout].packed_a else a
+    b_in = pack_b(b) if LAYOUTS[layout].packed_b else b
+    fn(dims, a_in.ctypes.data, b_in.ctypes.data, c.ctypes.data, bias.ctypes.data,
+       residual.ctypes.data)
     np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4 * np.sqrt(kk))
 
 

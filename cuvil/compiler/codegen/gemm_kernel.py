@@ -1,14 +1,24 @@
 """A register-blocked float32 matrix product, C (+)= A @ B, shared by every op that needs one.
 
-One internal function per module and epilogue, taking sizes and strides at run time: ops call
-it instead of generating their own loop nests, so a model with fifty convolutions compiles
-one kernel, not fifty. The kernel walks C in tiles of MR rows x NR columns; each tile keeps
-its MR x NR sums in vector registers for the whole K loop, loading one NR-wide row of B and
-MR scalars of A per step (broadcast, fused multiply-add). Rows left over at the edge get tiles
-of 4, 2 and 1 rows; the last columns, a vector panel whose lanes past N are masked off.
+One internal function per module, epilogue and operand layout, taking sizes and strides at
+run time: ops call it instead of generating their own loop nests, so a model with fifty
+convolutions compiles a few kernels, not fifty. The kernel walks C in tiles of MR rows x NR
+columns; each tile keeps its MR x NR sums in vector registers for the whole K loop, loading
+one NR-wide row of B and MR scalars of A per step (broadcast, fused multiply-add). Rows left
+over at the edge get tiles of halving heights (8, 4, 2, 1); the columns left over, one panel
+of as many vectors as they need, the lanes of its last vector past N masked off.
 
-Tile sizes follow the target's vector registers (`isa_of`): 16 registers of 8 floats (AVX2)
-hold a 6 x 16 tile; 16 of 4 floats (SSE) a 4 x 8 one; AArch64's 32 NEON registers an 8 x 8.
+Tile sizes follow the target's vector registers (`isa_of`): AVX-512's 32 registers of 16
+floats hold a 12 x 32 tile (24 accumulators, two rows of B, a broadcast); AVX2's 16 of 8
+floats a 6 x 16; SSE's 16 of 4 a 4 x 8; AArch64's 32 NEON registers a 12 x 8.
+
+Operands are row-major with a row stride, or packed at compile time (`Layout`, `pack_a`,
+`pack_b`: constant weights, see passes/pack_gemm_weights.py): A in panels of 12 rows stored
+k-major, so a tile's MR values at one k are consecutive floats (one pointer, constant
+offsets, broadcasts straight from memory), B in panels of 32 columns, so no call copies it.
+One panel layout serves every tile shape above (each MR divides 12, each NR 32): the CPU
+variants of an x86 library share one weights blob.
+
 The epilogue adds a bias per row (convolution channels) or per column (Gemm), then a
 residual (a tensor laid out like C, read with C's strides), then applies an activation
 (codegen/activation.py), while the tile is still in registers: fused nodes make one pass over
@@ -18,8 +28,10 @@ memory instead of three.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
@@ -43,12 +55,51 @@ def isa_of(module: ir.Module) -> Isa:
     """Tile shape for the module's target, from the triple and the CPU features it was given."""
     features = getattr(module, "cuvil_features", "")
     if module.triple.startswith(("aarch64", "arm64")):
-        return Isa(vector=4, mr=8, nv=2)
+        return Isa(vector=4, mr=12, nv=2)
     if "+avx512f" in features:
-        return Isa(vector=16, mr=8, nv=2)
+        return Isa(vector=16, mr=12, nv=2)
     if "+avx2" in features or "+avx" in features:
         return Isa(vector=8, mr=6, nv=2)
     return Isa(vector=4, mr=4, nv=2)
+
+
+#: rows per panel of a pre-packed A (`pack_a`) and columns per panel of a pre-packed B
+#: (`pack_b`): one layout every x86 level (and AArch64) reads, since the weights blob is
+#: shared by a library's CPU variants. Every MR divides PACK_ROWS and every NR PACK_COLS.
+PACK_ROWS = 12
+PACK_COLS = 32
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the kernel reads A and B: row-major with a row stride (the default), or packed at
+    compile time (`pack_a`, `pack_b`), when the stride arguments are ignored."""
+
+    packed_a: bool = False
+    packed_b: bool = False
+
+    @property
+    def suffix(self) -> str:
+        return ("_pa" if self.packed_a else "") + ("_pb" if self.packed_b else "")
+
+
+ROW_MAJOR = Layout()
+
+
+def pack_a(a: np.ndarray) -> np.ndarray:
+    """A[M, K] as panels of PACK_ROWS rows (the last one the rows left), each stored k-major:
+    panel p holds A[p*R:(p+1)*R, k] for k = 0, 1, ... one after the other. Same size as A."""
+    m = a.shape[0]
+    panels = [a[i:i + PACK_ROWS].T.ravel() for i in range(0, m, PACK_ROWS)]
+    return np.concatenate(panels).astype(a.dtype).reshape(a.shape) if panels else a.copy()
+
+
+def pack_b(b: np.ndarray) -> np.ndarray:
+    """B[K, N] as panels of PACK_COLS columns (the last one the columns left), each stored
+    k-major (row by row of the panel). Same size as B."""
+    n = b.shape[1]
+    panels = [b[:, j:j + PACK_COLS].ravel() for j in range(0, n, PACK_COLS)]
+    return np.concatenate(panels).astype(b.dtype).reshape(b.shape) if panels else b.copy()
 
 
 @dataclass(frozen=True)
@@ -78,15 +129,17 @@ class Epilogue:
 PLAIN = Epilogue()
 
 
-def gemm_function(module: ir.Module, epilogue: Epilogue = PLAIN) -> ir.Function:
+def gemm_function(module: ir.Module, epilogue: Epilogue = PLAIN,
+                  layout: Layout = ROW_MAJOR) -> ir.Function:
     """`void gemm(M, N, K, A, lda, B, ldb, C, ldc, accumulate, bias, residual)` (all i64 but
     pointers and the flag).
 
     C[i, j] = act((accumulate ? C[i, j] : 0) + sum_k A[i, k] * B[k, j] (+ bias)
     (+ residual[i * ldc + j])). Strides are in elements; rows of B and C must be contiguous
-    (unit column stride).
+    (unit column stride). A packed A (`layout`) is `pack_a` of the [M, K] matrix (lda = K);
+    a packed B, `pack_b` of the [K, N] one (ldb is not read).
     """
-    name = f"cuvil.gemm.{epilogue.suffix}"
+    name = f"cuvil.gemm.{epilogue.suffix}{layout.suffix}"
     try:
         return module.get_global(name)
     except KeyError:
@@ -99,13 +152,18 @@ def gemm_function(module: ir.Module, epilogue: Epilogue = PLAIN) -> ir.Function:
     fn.attributes.add("noinline")
     for i in (3, 5, 7, 10, 11):
         fn.args[i].add_attribute("noalias")
-    _GemmWriter(module, fn, isa_of(module), epilogue).write()
+    isa = isa_of(module)
+    assert PACK_ROWS % isa.mr == 0 and PACK_COLS % isa.nr == 0, isa
+    _GemmWriter(module, fn, isa, epilogue, layout).write()
     return fn
 
 
 #: K is walked in blocks of KC: one packed panel of B (KC x NR floats, 16 KB with AVX2) then
 #: stays in L1 while every row tile of A runs over it
 KC = 256
+#: products at most this wide walk row tiles outside, column panels inside (`write`): the
+#: block of B (KC x N floats, 256 KB at most) stays in L2 while each tile of A is read once
+NARROW = 256
 #: with fewer rows than this, a packed panel would be read too few times to repay the copy
 PACK_MIN_ROWS = 12
 #: blocks per thread a parallel product is split into: a few, so that a thread slowed down
@@ -121,60 +179,142 @@ PANELS = 4
 
 
 class _GemmWriter:
-    def __init__(self, module: ir.Module, fn: ir.Function, isa: Isa, epilogue: Epilogue) -> None:
+    def __init__(self, module: ir.Module, fn: ir.Function, isa: Isa, epilogue: Epilogue,
+                 layout: Layout) -> None:
         self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {})
         self.isa = isa
         self.epilogue = epilogue
+        self.layout = layout
         (self.m, self.n, self.kk, self.a, self.lda, self.bm, self.ldb, self.c, self.ldc,
          self.acc, self.bias, self.residual) = fn.args
         #: lanes of the last, partial vector panel (None elsewhere)
         self.mask: ir.Value | None = None
 
     def write(self) -> None:
-        """C in blocks of KC along K; within a block, column panels of NR, then one-vector
-        panels, then one masked vector panel for the last columns. A full panel of B is first
-        copied into a contiguous stack buffer when there are enough rows to reuse it: B's rows
-        are ldb apart, so reading the panel in place touches a new cache line (often a new
-        page) per step."""
+        """C in blocks of KC along K. Within a block, when N is small (`NARROW`), row tiles
+        outside and column panels inside: a tile's rows of A, read from memory once, serve
+        every column from L1 while the block of B (KC x N) stays in L2 — weights of late
+        ResNet layers (N = 49 or 196 positions) are too big to be re-read per panel. For wider
+        products, column panels of NR outside (each packed once, then in L1), row tiles
+        inside. Either way the fewer than NR columns left make one panel, its last vector
+        masked. Unless B is pre-packed, a full panel of B is first copied into a contiguous
+        stack buffer when there are enough rows to reuse it: B's rows are ldb apart, so
+        reading the panel in place touches a new cache line (often a new page) per step."""
         k, isa = self.k, self.isa
         b = k.b
         nr = isa.nr
-        panel = b.alloca(ir.ArrayType(F32, KC * nr * PANELS), name="panels")
-        panel.align = 64
-        panel.type = PTR  # used as an untyped pointer, like every other buffer here
-        pack = b.icmp_signed(">=", self.m, k.i64(PACK_MIN_ROWS))
-        n_full = b.mul(k.floordiv(self.n, k.i64(nr)), k.i64(nr))
-        n_vec = b.add(n_full, b.mul(k.floordiv(b.sub(self.n, n_full), k.i64(isa.vector)),
-                                    k.i64(isa.vector)))
+        packed_b = self.layout.packed_b
+        if not packed_b:
+            panel = b.alloca(ir.ArrayType(F32, KC * nr * PANELS), name="panels")
+            panel.align = 64
+            panel.type = PTR  # used as an untyped pointer, like every other buffer here
+            pack = b.icmp_signed(">=", self.m, k.i64(PACK_MIN_ROWS))
+        n_full = b.mul(b.udiv(self.n, k.i64(nr)), k.i64(nr))
+        narrow = b.icmp_signed("<=", self.n, k.i64(NARROW))
+        if not packed_b:
+            narrow = b.and_(narrow, b.icmp_signed("<=", self.ldb, k.i64(NARROW)))
         with k.loop(self.kk, step=KC, name="k0") as k0:
             kc = k.minimum("int64", b.sub(self.kk, k0), k.i64(KC))
             # earlier blocks' sums are in C; the epilogue runs once, after the last block
             self.load_c = b.or_(self.acc, b.icmp_signed(">", k0, k.i64(0)))
             self.last = b.icmp_signed("==", b.add(k0, kc), self.kk)
-            self.kc = kc
-            a_blk = b.gep(self.a, [k0], source_etype=F32)
-            b_blk = b.gep(self.bm, [b.mul(k0, self.ldb)], source_etype=F32)
-            with k.loop(n_full, step=nr * PANELS, name="jb") as jb:
-                count = k.floordiv(k.minimum("int64", b.sub(n_full, jb), k.i64(nr * PANELS)),
-                                   k.i64(nr))
-                with k.if_then(pack):
-                    self.pack(b.gep(b_blk, [jb], source_etype=F32), panel, kc, count)
-                with k.loop(count, name="q") as q:
-                    j = b.add(jb, b.mul(q, k.i64(nr)))
-                    packed = b.gep(panel, [b.mul(q, k.i64(KC * nr))], source_etype=F32)
-                    src = b.select(pack, packed, b.gep(b_blk, [j], source_etype=F32))
-                    ld = b.select(pack, k.i64(nr), self.ldb)
-                    self.rows(a_blk, src, ld, j, isa.nv)
-            with k.loop(n_vec, start=n_full, step=isa.vector, name="jv") as j:
-                self.rows(a_blk, b.gep(b_blk, [j], source_etype=F32), self.ldb, j, 1)
-            # the last few columns: one vector panel with its lanes past N masked off
-            rem = b.sub(self.n, n_vec)
-            with k.if_then(b.icmp_signed(">", rem, k.i64(0))):
-                lanes = ir.Constant(ir.VectorType(I64, isa.vector), list(range(isa.vector)))
-                self.mask = b.icmp_signed("<", lanes, _splat(b, rem, isa.vector))
-                self.rows(a_blk, b.gep(b_blk, [n_vec], source_etype=F32), self.ldb, n_vec, 1)
-                self.mask = None
+            self.kc, self.k0 = kc, k0
+            self.b_blk = b.gep(self.bm, [b.mul(k0, self.ldb)], source_etype=F32)
+            with b.if_else(narrow) as (rows_first, panels_first):
+                with rows_first:
+                    self.row_tiles(lambda i, height: self.columns(n_full, i, height))
+                with panels_first:
+                    if packed_b:
+                        with k.loop(n_full, step=nr, name="j") as j:
+                            self.rows(*self.b_src(j), j, isa.nv)
+                    else:
+                        with k.loop(n_full, step=nr * PANELS, name="jb") as jb:
+                            count = b.udiv(k.minimum("int64", b.sub(n_full, jb),
+                                                     k.i64(nr * PANELS)), k.i64(nr))
+                            with k.if_then(pack):
+                                self.pack(b.gep(self.b_blk, [jb], source_etype=F32), panel, kc,
+                                          count)
+                            with k.loop(count, name="q") as q:
+                                j = b.add(jb, b.mul(q, k.i64(nr)))
+                                packed = b.gep(panel, [b.mul(q, k.i64(KC * nr))],
+                                               source_etype=F32)
+                                src = b.select(pack, packed,
+                                               b.gep(self.b_blk, [j], source_etype=F32))
+                                ld = b.select(pack, k.i64(nr), self.ldb)
+                                self.rows(src, ld, j, isa.nv)
+                    self.remainder(n_full, lambda src, ld, nv: self.rows(src, ld, n_full, nv))
         b.ret_void()
+
+    def b_panel(self, j: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """Where columns j.. of this K block start in a pre-packed B, and its row stride:
+        B is stored in panels of PACK_COLS columns (the last one narrower), each k-major."""
+        k = self.k
+        b = k.b
+        base = b.mul(b.udiv(j, k.i64(PACK_COLS)), k.i64(PACK_COLS))
+        width = k.minimum("int64", b.sub(self.n, base), k.i64(PACK_COLS))
+        off = b.add(b.add(b.mul(base, self.kk), b.mul(self.k0, width)), b.sub(j, base))
+        return b.gep(self.bm, [off], source_etype=F32), width
+
+    def b_src(self, j: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """B's columns j.. in this K block, read in place, and their row stride."""
+        if self.layout.packed_b:
+            return self.b_panel(j)
+        return self.k.b.gep(self.b_blk, [j], source_etype=F32), self.ldb
+
+    def remainder(self, n_full: ir.Value,
+                  run: Callable[[ir.Value, ir.Value, int], None]) -> None:
+        """run(B's columns n_full.., their stride, nv) for the fewer than NR columns left: one
+        panel of as many vectors as they need, the last one's lanes past N masked off (one
+        pass over A, not one per vector)."""
+        k, isa = self.k, self.isa
+        b = k.b
+        rem = b.sub(self.n, n_full)
+        src, ld = self.b_src(n_full)
+        lanes = ir.Constant(ir.VectorType(I64, isa.vector), list(range(isa.vector)))
+        for nv in range(1, isa.nv + 1):
+            lo, hi = (nv - 1) * isa.vector, nv * isa.vector
+            with k.if_then(b.and_(b.icmp_signed(">", rem, k.i64(lo)),
+                                  b.icmp_signed("<=", rem, k.i64(hi)))):
+                self.mask = b.icmp_signed("<", lanes, _splat(b, b.sub(rem, k.i64(lo)), isa.vector))
+                run(src, ld, nv)
+                self.mask = None
+
+    def columns(self, n_full: ir.Value, i0: ir.Value, height: int) -> None:
+        """Every column panel of the row tile at i0 (B read in place)."""
+        k, isa = self.k, self.isa
+        with k.loop(n_full, step=isa.nr, name="jc") as j:
+            self.tile(*self.b_src(j), i0, j, height, isa.nv)
+        self.remainder(n_full, lambda src, ld, nv: self.tile(src, ld, i0, n_full, height, nv))
+
+    def row_tiles(self, body: Callable[[ir.Value, int], None]) -> None:
+        """body(i0, height) for every row tile: full MR-row tiles, then the fewer than MR rows
+        left in tiles of halving heights (one row at a time would load B once per two
+        multiply-adds)."""
+        k, mr = self.k, self.isa.mr
+        b = k.b
+        m_full = b.mul(b.udiv(self.m, k.i64(mr)), k.i64(mr))
+        with k.loop(m_full, step=mr, name="i") as i:
+            body(i, mr)
+        start = m_full
+        for height in _leftover_heights(mr):
+            fits = b.icmp_signed(">=", b.sub(self.m, start), k.i64(height))
+            with k.if_then(fits):
+                body(start, height)
+            start = b.add(start, b.select(fits, k.i64(height), k.i64(0)))
+
+    def a_tile(self, i0: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value | int]:
+        """(pointer to A[i0, k0], elements from one k to the next, elements from one row to
+        the next) for the tile at row i0. Pre-packed A is stored in panels of PACK_ROWS rows
+        (the last one shorter), each k-major: a tile's rows are consecutive floats."""
+        k = self.k
+        b = k.b
+        if not self.layout.packed_a:
+            return b.gep(self.a, [b.add(b.mul(i0, self.lda), self.k0)], source_etype=F32), \
+                k.i64(1), self.lda
+        base = b.mul(b.udiv(i0, k.i64(PACK_ROWS)), k.i64(PACK_ROWS))
+        height = k.minimum("int64", b.sub(self.m, base), k.i64(PACK_ROWS))
+        off = b.add(b.add(b.mul(base, self.lda), b.mul(self.k0, height)), b.sub(i0, base))
+        return b.gep(self.a, [off], source_etype=F32), height, 1
 
     def pack(self, src: ir.Value, panels: ir.Value, kc: ir.Value, count: ir.Value) -> None:
         """panels[q, p, :] = src[p * ldb + q * NR : ... + NR] for p < kc and q < count (panel q
@@ -190,28 +330,13 @@ class _GemmWriter:
                 x = b.load(b.gep(row, [k.i64(v * isa.vector)], source_etype=F32), typ=vt, align=4)
                 b.store(x, b.gep(out, [k.i64(v * isa.vector)], source_etype=F32), align=32)
 
-    def rows(self, a: ir.Value, bsrc: ir.Value, ldb: ir.Value, j: ir.Value, nv: int) -> None:
-        """All rows of the column panel at j (B's panel at bsrc, rows ldb apart): full MR-row
-        tiles, then the leftover rows."""
-        k, mr = self.k, self.isa.mr
-        b = k.b
-        m_full = b.mul(k.floordiv(self.m, k.i64(mr)), k.i64(mr))
-        with k.loop(m_full, step=mr, name="i") as i:
-            self.tile(a, bsrc, ldb, i, j, mr, nv)
-        # the fewer than MR rows left, in tiles of 4, 2 and 1 rows: one row at a time would
-        # load B once per two multiply-adds
-        start = m_full
-        for height in (4, 2, 1):
-            if height >= mr:
-                continue
-            fits = b.icmp_signed(">=", b.sub(self.m, start), k.i64(height))
-            with k.if_then(fits):
-                self.tile(a, bsrc, ldb, start, j, height, nv)
-            start = b.add(start, b.select(fits, k.i64(height), k.i64(0)))
+    def rows(self, bsrc: ir.Value, ldb: ir.Value, j: ir.Value, nv: int) -> None:
+        """All row tiles of the column panel at j (B's panel at bsrc, rows ldb apart)."""
+        self.row_tiles(lambda i, height: self.tile(bsrc, ldb, i, j, height, nv))
 
-    def tile(self, a_ptr: ir.Value, bsrc: ir.Value, ldb: ir.Value, i0: ir.Value, j0: ir.Value,
-             rows: int, nv: int) -> None:
-        """C[i0:i0+rows, j0:j0+width] (+)= A[i0:i0+rows, :kc] @ B-panel, where width is nv
+    def tile(self, bsrc: ir.Value, ldb: ir.Value, i0: ir.Value, j0: ir.Value, rows: int,
+             nv: int) -> None:
+        """C[i0:i0+rows, j0:j0+width] (+)= A[i0:i0+rows, k0:k0+kc] @ B-panel, where width is nv
         vectors (the last lanes masked off when `self.mask` is set)."""
         k = self.k
         b = k.b
@@ -223,48 +348,64 @@ class _GemmWriter:
             off = b.add(b.mul(row, self.ldc), b.add(j0, k.i64(v * width)))
             return b.gep(base, [off], source_etype=F32, inbounds=True)
 
-        zero = ir.Constant(vt, None)
-        init = []
-        for r in range(rows):
-            for v in range(nv):
-                init.append(b.select(self.load_c, self.vload(c_ptr(r, v)), zero))
+        a_ptr, a_step, a_row = self.a_tile(i0)
+        a_rows = [k.i64(r * a_row) if isinstance(a_row, int) else b.mul(k.i64(r), a_row)
+                  for r in range(rows)]
+        # the tile's sums start from C (a later block of K, or accumulate) or from zero: one
+        # branch for the tile, not a select per vector
         pre = b.block
+        load = k.function.append_basic_block("c.load")
+        start = k.function.append_basic_block("kk.start")
+        b.cbranch(self.load_c, load, start)
+        b.position_at_end(load)
+        loaded = [self.vload(c_ptr(r, v), v == nv - 1) for r in range(rows) for v in range(nv)]
+        b.branch(start)
+        b.position_at_end(start)
+        init = []
+        for x in loaded:
+            phi = b.phi(vt)
+            phi.add_incoming(x, load)
+            phi.add_incoming(ir.Constant(vt, None), pre)
+            init.append(phi)
         head = k.function.append_basic_block("kk.head")
         body = k.function.append_basic_block("kk.body")
         done = k.function.append_basic_block("kk.done")
         b.branch(head)
         b.position_at_end(head)
         p = b.phi(I64, name="kk")
-        p.add_incoming(k.i64(0), pre)
+        p.add_incoming(k.i64(0), start)
+        a_cur = b.phi(PTR, name="a")
+        a_cur.add_incoming(a_ptr, start)
+        b_cur = b.phi(PTR, name="b")
+        b_cur.add_incoming(bsrc, start)
         accs = []
         for x in init:
             phi = b.phi(vt)
-            phi.add_incoming(x, pre)
+            phi.add_incoming(x, start)
             accs.append(phi)
         b.cbranch(b.icmp_signed("<", p, self.kc), body, done)
         b.position_at_end(body)
-        brow = b.mul(p, ldb)
-        bvals = [self.vload(b.gep(bsrc, [b.add(brow, k.i64(v * width))], source_etype=F32,
-                             inbounds=True)) for v in range(nv)]
+        bvals = [self.vload(b.gep(b_cur, [k.i64(v * width)], source_etype=F32, inbounds=True),
+                            v == nv - 1) for v in range(nv)]
         fma = _fmuladd(k.module, vt)
         new = []
         for r in range(rows):
-            a_off = b.add(b.mul(b.add(i0, k.i64(r)), self.lda), p)
-            a = b.load(b.gep(a_ptr, [a_off], source_etype=F32, inbounds=True), typ=F32)
+            a = b.load(b.gep(a_cur, [a_rows[r]], source_etype=F32, inbounds=True), typ=F32)
             splat = _splat(b, a, width)
             for v in range(nv):
                 new.append(b.call(fma, [splat, bvals[v], accs[r * nv + v]]))
-        nxt = b.add(p, k.i64(1))
         latch = b.block
+        p.add_incoming(b.add(p, k.i64(1)), latch)
+        a_cur.add_incoming(b.gep(a_cur, [a_step], source_etype=F32), latch)
+        b_cur.add_incoming(b.gep(b_cur, [ldb], source_etype=F32), latch)
         b.branch(head)
-        p.add_incoming(nxt, latch)
         for phi, x in zip(accs, new):
             phi.add_incoming(x, latch)
         b.position_at_end(done)
         if self.epilogue == PLAIN:
             for r in range(rows):
                 for v in range(nv):
-                    self.vstore(accs[r * nv + v], c_ptr(r, v))
+                    self.vstore(accs[r * nv + v], c_ptr(r, v), v == nv - 1)
             return
         # the epilogue only after the last block of K (earlier blocks store partial sums)
         with b.if_else(self.last) as (last, partial):
@@ -273,39 +414,51 @@ class _GemmWriter:
                     for v in range(nv):
                         res = c_ptr(r, v, self.residual) if self.epilogue.residual else None
                         out = self.finish(accs[r * nv + v], b.add(i0, k.i64(r)),
-                                          b.add(j0, k.i64(v * width)), res)
-                        self.vstore(out, c_ptr(r, v))
+                                          b.add(j0, k.i64(v * width)), res, v == nv - 1)
+                        self.vstore(out, c_ptr(r, v), v == nv - 1)
             with partial:
                 for r in range(rows):
                     for v in range(nv):
-                        self.vstore(accs[r * nv + v], c_ptr(r, v))
+                        self.vstore(accs[r * nv + v], c_ptr(r, v), v == nv - 1)
 
-    def vload(self, p: ir.Value) -> ir.Value:
+    def vload(self, p: ir.Value, last: bool) -> ir.Value:
+        """One vector at p; masked when it is the `last` of a tile whose panel has a mask."""
         b, vt = self.k.b, ir.VectorType(F32, self.isa.vector)
-        if self.mask is None:
+        if self.mask is None or not last:
             return b.load(p, typ=vt, align=4)
         return b.call(_masked(self.k.module, "load", vt), [p, _ALIGN, self.mask, ir.Constant(vt, None)])
 
-    def vstore(self, x: ir.Value, p: ir.Value) -> None:
+    def vstore(self, x: ir.Value, p: ir.Value, last: bool) -> None:
         b = self.k.b
-        if self.mask is None:
+        if self.mask is None or not last:
             b.store(x, p, align=4)
         else:
             b.call(_masked(self.k.module, "store", x.type), [x, p, _ALIGN, self.mask])
 
-    def finish(self, acc: ir.Value, row: ir.Value, col: ir.Value,
-               residual: ir.Value | None) -> ir.Value:
+    def finish(self, acc: ir.Value, row: ir.Value, col: ir.Value, residual: ir.Value | None,
+               last: bool) -> ir.Value:
         b, ep = self.k.b, self.epilogue
         if ep.bias == "row":
             bias = b.load(b.gep(self.bias, [row], source_etype=F32, inbounds=True), typ=F32)
             acc = b.fadd(acc, _splat(b, bias, self.isa.vector))
         elif ep.bias == "col":
-            acc = b.fadd(acc, self.vload(b.gep(self.bias, [col], source_etype=F32, inbounds=True)))
+            acc = b.fadd(acc, self.vload(b.gep(self.bias, [col], source_etype=F32, inbounds=True),
+                                         last))
         if residual is not None:
-            acc = b.fadd(acc, self.vload(residual))
+            acc = b.fadd(acc, self.vload(residual, last))
         if ep.activation is not None:
             acc = apply_activation(b, ep.activation, ep.params, acc)
         return acc
+
+
+def _leftover_heights(mr: int) -> list[int]:
+    """Tile heights for the fewer than MR rows left: halving, each used at most once."""
+    heights: list[int] = []
+    h = 1
+    while h < mr:
+        heights.insert(0, h)
+        h *= 2
+    return heights
 
 
 def _fmuladd(module: ir.Module, ty: ir.Type) -> ir.Function:
@@ -346,10 +499,12 @@ def _splat(b: ir.IRBuilder, x: ir.Value, width: int) -> ir.Value:
 def emit_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,
               b_ptr: ir.Value, ldb: ir.Value, c: ir.Value, ldc: ir.Value, *,
               accumulate: bool = False, bias: ir.Value | None = None,
-              residual: ir.Value | None = None, epilogue: Epilogue = PLAIN) -> None:
+              residual: ir.Value | None = None, epilogue: Epilogue = PLAIN,
+              layout: Layout = ROW_MAJOR) -> None:
     """Call the module's kernel from the current function (one thread). `residual` (when the
-    epilogue adds one) is laid out like C, with C's row stride."""
-    fn = gemm_function(k.module, epilogue)
+    epilogue adds one) is laid out like C, with C's row stride; `layout` says whether A or B
+    are pre-packed (`pack_a`, `pack_b`)."""
+    fn = gemm_function(k.module, epilogue, layout)
     null = ir.Constant(PTR, None)
     k.b.call(fn, [m, n, kk, a, lda, b_ptr, ldb, c, ldc, ir.Constant(I1, int(accumulate)),
                   bias if bias is not None else null, residual if residual is not None else null])
@@ -358,7 +513,8 @@ def emit_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, l
 def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,
                        lda: ir.Value, b_ptr: ir.Value, ldb: ir.Value, c: ir.Value, ldc: ir.Value,
                        *, accumulate: bool = False, bias: ir.Value | None = None,
-                       residual: ir.Value | None = None, epilogue: Epilogue = PLAIN) -> None:
+                       residual: ir.Value | None = None, epilogue: Epilogue = PLAIN,
+                       layout: Layout = ROW_MAJOR) -> None:
     """The same product split over threads into blocks of rows (or of columns when M is small)."""
     isa = isa_of(k.module)
     b = k.b
@@ -366,7 +522,9 @@ def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir
     # will run them share evenly (one block, the whole product, when the loop runs inline)
     by_rows = b.icmp_signed(">=", m, n)
     extent = b.select(by_rows, m, n)
-    tile = b.select(by_rows, k.i64(isa.mr), k.i64(isa.nr))
+    # (a block of a pre-packed operand starts on one of its panels)
+    tile = b.select(by_rows, k.i64(PACK_ROWS if layout.packed_a else isa.mr),
+                    k.i64(PACK_COLS if layout.packed_b else isa.nr))
     tiles = k.floordiv(b.add(extent, b.sub(tile, k.i64(1))), tile)
     threads = k.parallel_threads()
     least = b.select(by_rows, k.i64(MIN_ROW_TILES), k.i64(MIN_COLUMN_TILES))
@@ -392,9 +550,10 @@ def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir
         # rows block: A and C move down; columns block: B and C move right (and the bias
         # with them when it is per column)
         a_off = bb.select(rows, bb.mul(start, lda_), k.i64(0))
-        b_off = bb.select(rows, k.i64(0), start)
-        c_off = bb.select(rows, bb.mul(start, ldc_), start)
-        bias_off = bb.select(rows, start, k.i64(0)) if epilogue.bias == "row" else b_off
+        b_off = bb.select(rows, k.i64(0), bb.mul(start, kk_) if layout.packed_b else start)
+        col_off = bb.select(rows, k.i64(0), start)
+        c_off = bb.select(rows, bb.mul(start, ldc_), col_off)
+        bias_off = bb.select(rows, start, k.i64(0)) if epilogue.bias == "row" else col_off
         sub_bias = (bb.gep(bias_, [bias_off], source_etype=F32) if epilogue.bias != "none"
                     else bias_)
         emit_gemm(
@@ -403,4 +562,5 @@ def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir
             ldb_, bb.gep(c_, [c_off], source_etype=F32), ldc_, accumulate=accumulate,
             bias=sub_bias, epilogue=epilogue,
             residual=bb.gep(res_, [c_off], source_etype=F32) if epilogue.residual else None,
+            layout=layout,
         )

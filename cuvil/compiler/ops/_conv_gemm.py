@@ -14,11 +14,17 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import PTR, Emitter, View
-from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_gemm, emit_parallel_gemm
+from cuvil.compiler.codegen.gemm_kernel import (
+    Epilogue,
+    Layout,
+    emit_gemm,
+    emit_parallel_gemm,
+    isa_of,
+)
 from cuvil.compiler.ir import Dim, Node, numel
 from cuvil.compiler.ops import required_input
 from cuvil.compiler.ops._window import Window, ceil_div, clamp
-from cuvil.compiler.ops.gemm import RESIDUAL_SLOT, node_epilogue
+from cuvil.compiler.ops.gemm import RESIDUAL_SLOT, node_epilogue, weight_layout
 
 F32 = ir.FloatType()
 F32_DTYPE = np.dtype(np.float32)
@@ -66,6 +72,7 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
     r_val = node.input(RESIDUAL_SLOT)
     residual = k.buffers[r_val] if r_val is not None else None
     epilogue = node_epilogue(node, "row" if bias is not None else "none")
+    layout = weight_layout(node, "a")
     pointwise = is_pointwise(win)
     in_shape = x_val.type.shape[2:]
     # output rows per chunk of X': about CHUNK_COLUMNS positions
@@ -89,7 +96,7 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
         bias_g = b.gep(bias, [b.mul(g, k.i64(mg))], source_etype=F32) if bias is not None else None
         if pointwise:
             emit_parallel_gemm(k, k.i64(mg), p, k.i64(kk), w_g, k.i64(kk), x_slice, p, y_g, p,
-                               bias=bias_g, residual=r_g, epilogue=epilogue)
+                               bias=bias_g, residual=r_g, epilogue=epilogue, layout=layout)
         else:
             assert k.scratch is not None
             many = b.icmp_signed(">=", chunks, k.i64(MIN_CHUNKS))
@@ -97,11 +104,12 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
                 with by_chunks:
                     _chunked(k, win, in_shape, cg, mg, kk,
                              (x_slice, w_g, y_g, bias_g, r_g, k.scratch), rows_per_chunk, chunks,
-                             inner, p, epilogue)
+                             inner, p, epilogue, layout)
                 with whole:
                     _parallel_im2col(k, win, in_shape, cg, taps, x_slice, k.scratch, in_plane, p)
                     emit_parallel_gemm(k, k.i64(mg), p, k.i64(kk), w_g, k.i64(kk), k.scratch, p,
-                                       y_g, p, bias=bias_g, residual=r_g, epilogue=epilogue)
+                                       y_g, p, bias=bias_g, residual=r_g, epilogue=epilogue,
+                                       layout=layout)
 
 
 def _grouped(k: Emitter, win: Window, in_shape: tuple[Dim, ...], sizes: tuple[int, int, int, int],
@@ -157,7 +165,7 @@ def _grouped(k: Emitter, win: Window, in_shape: tuple[Dim, ...], sizes: tuple[in
 def _chunked(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, mg: int, kk: int,
              ptrs: tuple[ir.Value, ir.Value, ir.Value, ir.Value | None, ir.Value | None, ir.Value],
              rows_per_chunk: ir.Value, chunks: ir.Value, inner: ir.Value, p: ir.Value,
-             epilogue: Epilogue) -> None:
+             epilogue: Epilogue, layout: Layout) -> None:
     """Y = W @ X' by chunks of output rows spread over the threads: each unfolds its chunk of
     X' (K x ~CHUNK_COLUMNS floats, its own part of the scratch) and multiplies it while it is
     still in its cache. Unfolding X' whole would run on one thread before the product."""
@@ -179,7 +187,8 @@ def _chunked(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, mg: in
         emit_gemm(k, k.i64(mg), width, k.i64(kk), w_c, k.i64(kk), chunk, width,
                   bb.gep(y_c, [col0], source_etype=F32), p_c,
                   bias=bias_c if bias is not None else None, epilogue=epilogue,
-                  residual=bb.gep(res_c, [col0], source_etype=F32) if residual is not None else None)
+                  residual=bb.gep(res_c, [col0], source_etype=F32) if residual is not None else None,
+                  layout=layout)
 
 
 def _parallel_im2col(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, taps: int,
@@ -238,13 +247,33 @@ def _im2col(k: Emitter, x: ir.Value, in_shape: tuple[Dim, ...], win: Window, col
             row = [c, *tap, *out_idx]
             with k.loop(lo, name="z0") as o:
                 k.store(cv, [*row, o], zero)
-            with k.loop(hi, start=lo, name="cp") as o:
-                i = b.add(b.mul(o, k.i64(s)), start)
-                k.store(cv, [*row, o], k.load(xv, [c, *in_idx, i]))
+            if s == 1:
+                _copy_run(k, k.element_ptr(cv, k.offset(cv, [*row, lo])),
+                          k.element_ptr(xv, k.offset(xv, [c, *in_idx, b.add(lo, start)])),
+                          b.sub(hi, lo))
+            else:
+                with k.loop(hi, start=lo, name="cp") as o:
+                    i = b.add(b.mul(o, k.i64(s)), start)
+                    k.store(cv, [*row, o], k.load(xv, [c, *in_idx, i]))
             with k.loop(out, start=hi, name="z1") as o:
                 k.store(cv, [*row, o], zero)
 
         nest(0, [], [])
+
+
+def _copy_run(k: Emitter, dst: ir.Value, src: ir.Value, count: ir.Value) -> None:
+    """dst[:count] = src[:count] (floats) in whole vectors, then one by one: LLVM leaves the
+    generic copy scalar, since it cannot tell the input from the unfolded columns apart."""
+    b = k.b
+    width = isa_of(k.module).vector
+    vt = ir.VectorType(F32, width)
+    whole = b.mul(b.udiv(count, k.i64(width)), k.i64(width))
+    with k.loop(whole, step=width, name="cpv") as o:
+        x = b.load(b.gep(src, [o], source_etype=F32), typ=vt, align=4)
+        b.store(x, b.gep(dst, [o], source_etype=F32), align=4)
+    with k.loop(count, start=whole, name="cps") as o:
+        b.store(b.load(b.gep(src, [o], source_etype=F32), typ=F32),
+                b.gep(dst, [o], source_etype=F32))
 
 
 def _fill_row(k: Emitter, view: View, prefix: list[ir.Value], axis: int, value: ir.Value) -> None:

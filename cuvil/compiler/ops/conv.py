@@ -557,5 +557,6 @@ class Col2Im(Op):
             k.store(y, [n, c, *o], k.convert(b.load(acc), ct, y.dtype))
 
 
-#: what passes/winograd_weights.py reads: the choice of tile
-__all__ = ["WINOGRAD_TILE", "winograd_tile"]
+#: what passes read: the choice of Winograd tile (winograd_weights), and which convolutions
+#: read their weights in ONNX's layout (pack_gemm_weights)
+__all__ = ["WINOGRAD_TILE", "uses_direct_depthwise", "winograd_tile"]

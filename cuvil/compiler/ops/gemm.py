@@ -13,7 +13,14 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.emitter import Emitter, View
-from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue, emit_gemm, emit_parallel_gemm
+from cuvil.compiler.codegen.gemm_kernel import (
+    PLAIN,
+    ROW_MAJOR,
+    Epilogue,
+    Layout,
+    emit_gemm,
+    emit_parallel_gemm,
+)
 from cuvil.compiler.ir import Dim, Node, TensorType, Value
 from cuvil.compiler.ops import (
     FLOATS,
@@ -99,6 +106,16 @@ ACTIVATION_PARAMS = "cuvil.activation_params"
 RESIDUAL_SLOT = 3
 #: MatMul's input slot for a fused bias (one value per output column, added first)
 MATMUL_BIAS_SLOT = 2
+#: attribute passes/pack_gemm_weights.py sets when the constant weight (input 1) holds the
+#: kernel's packed layout: `pack_a` panels per group for Conv, `pack_b` for Gemm and MatMul
+PACKED_WEIGHTS = "cuvil.packed_weights"
+
+
+def weight_layout(node: Node, operand: str) -> Layout:
+    """The kernel layout of a product node whose weight is its `operand` ("a" or "b")."""
+    if not node.attrs.get(PACKED_WEIGHTS):
+        return ROW_MAJOR
+    return Layout(packed_a=operand == "a", packed_b=operand == "b")
 
 
 def node_epilogue(node: Node, bias: str = "none") -> Epilogue:
@@ -139,12 +156,12 @@ def uses_kernel(a: View, b: View, y: View) -> bool:
 
 def emit_kernel_matmul(k: Emitter, a: View, b: View, y: View, *, accumulate: bool = False,
                        bias: ir.Value | None = None, residual: ir.Value | None = None,
-                       epilogue: Epilogue = PLAIN) -> None:
+                       epilogue: Epilogue = PLAIN, layout: Layout = ROW_MAJOR) -> None:
     """y = a @ b (+ y) (+ bias) (+ residual, laid out like y) on the shared, threaded GEMM
     kernel (`uses_kernel` holds)."""
     emit_parallel_gemm(k, a.dims[0], b.dims[1], a.dims[1], a.ptr, a.strides[0], b.ptr,
                        b.strides[0], y.ptr, y.strides[0], accumulate=accumulate, bias=bias,
-                       residual=residual, epilogue=epilogue)
+                       residual=residual, epilogue=epilogue, layout=layout)
 
 
 def _check_same_dtype(node: Node) -> None:
@@ -198,18 +215,21 @@ class Gemm(Op):
         beta = float(attr(node, "beta"))
         accumulate = c_val is not None and beta != 0.0
         epilogue, r_val = node_epilogue(node), node.input(RESIDUAL_SLOT)
+        layout = weight_layout(node, "b")
+        assert layout == ROW_MAJOR or (alpha == 1.0 and uses_kernel(a, b, y)), \
+            "packed weights only for the kernel path (passes/pack_gemm_weights.py)"
         if alpha == 1.0 and uses_kernel(a, b, y):
             residual = k.buffers[r_val] if r_val is not None else None
             bias_kind = _bias_kind(c_val, y_val.type.shape) if accumulate and beta == 1.0 else None
             if bias_kind is not None:
                 assert c_val is not None
                 emit_kernel_matmul(k, a, b, y, bias=k.buffers[c_val], residual=residual,
-                                   epilogue=replace(epilogue, bias=bias_kind))
+                                   epilogue=replace(epilogue, bias=bias_kind), layout=layout)
                 return
             if accumulate:
                 _fill_scaled(k, c_val, y, y_val.type.shape, beta)
             emit_kernel_matmul(k, a, b, y, accumulate=accumulate, residual=residual,
-                               epilogue=epilogue)
+                               epilogue=epilogue, layout=layout)
             return
         if compute_dtype(y.dtype) != y.dtype or prefers_dot(a, b):
             c = (k.broadcast_to(k.view(c_val), y_val.type.shape)
@@ -345,7 +365,7 @@ def _lower_one_gemm(node: Node, k: Emitter) -> None:
     emit_parallel_gemm(k, k.dim(rows), k.dim(n), k.dim(kk), k.buffers[a_val], k.dim(kk),
                        k.buffers[b_val], k.dim(n), k.buffers[node.outputs[0]], k.dim(n),
                        bias=bias, residual=k.buffers[r_val] if r_val is not None else None,
-                       epilogue=epilogue)
+                       epilogue=epilogue, layout=weight_layout(node, "b"))
 
 
 def _lower_batched_kernel(node: Node, k: Emitter) -> None:
