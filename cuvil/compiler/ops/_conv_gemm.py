@@ -83,7 +83,7 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
     if group > 1:
         _grouped(k, win, in_shape, (group, cg, mg, kk), (x_ptr, w_ptr, y_ptr, bias, residual),
                  (rows_per_chunk, chunks, inner, p, in_plane), pointwise, epilogue,
-                 (k.dim(x_val.type.shape[0]), k.dim(c_in), m))
+                 (k.dim(x_val.type.shape[0]), k.dim(c_in), m), layout)
         return
     with k.loop(k.dim(x_val.type.shape[0]), name="n") as n, k.loop(group, name="g") as g:
         first_channel = b.add(b.mul(n, k.dim(c_in)), b.mul(g, k.i64(cg)))
@@ -115,7 +115,7 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
 def _grouped(k: Emitter, win: Window, in_shape: tuple[Dim, ...], sizes: tuple[int, int, int, int],
              ptrs: tuple[ir.Value, ir.Value, ir.Value, ir.Value | None, ir.Value | None],
              split: tuple[ir.Value, ir.Value, ir.Value, ir.Value, ir.Value], pointwise: bool,
-             epilogue: Epilogue, image: tuple[ir.Value, ir.Value, int]) -> None:
+             epilogue: Epilogue, image: tuple[ir.Value, ir.Value, int], layout: Layout) -> None:
     """A grouped convolution, image by image: one parallel loop over (group, chunk of output
     rows) tasks, each unfolding its rows of its group's X' (into that group's slice of the
     scratch) and multiplying them. Groups are small products: one loop over all of them keeps
@@ -157,7 +157,7 @@ def _grouped(k: Emitter, win: Window, in_shape: tuple[Dim, ...], sizes: tuple[in
                       b_ptr, ldb, bb.gep(y_c, [y_g], source_etype=F32), p_c,
                       bias=(bb.gep(bias_c, [bb.mul(g, k.i64(mg))], source_etype=F32)
                             if bias is not None else None),
-                      epilogue=epilogue,
+                      epilogue=epilogue, layout=layout,
                       residual=(bb.gep(res_c, [y_g], source_etype=F32)
                                 if residual is not None else None))
 
