@@ -16,11 +16,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
+
+if TYPE_CHECKING:  # onnx is imported by the model builders only: runs under valgrind load less
+    import onnx
 
 EXTRA = "bogus"
 CONTAINERS = ["array", "list", "scalar", "none"]
@@ -33,6 +34,9 @@ OUT_KINDS = ["alloc", "none", "wrong_shape", "wrong_dtype", "alias", "readonly",
 
 def _graph_model(nodes: Sequence[onnx.NodeProto], inputs: Sequence[onnx.ValueInfoProto],
                  outputs: Sequence[onnx.ValueInfoProto], inits: dict[str, np.ndarray]) -> onnx.ModelProto:
+    import onnx
+    from onnx import helper, numpy_helper
+
     graph = helper.make_graph(list(nodes), "call", list(inputs), list(outputs),
                               [numpy_helper.from_array(a, n) for n, a in inits.items()])
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -42,6 +46,8 @@ def _graph_model(nodes: Sequence[onnx.NodeProto], inputs: Sequence[onnx.ValueInf
 
 
 def static_model() -> onnx.ModelProto:
+    from onnx import TensorProto, helper
+
     vi = helper.make_tensor_value_info
     F = TensorProto.FLOAT
     return _graph_model(
@@ -54,6 +60,8 @@ def static_model() -> onnx.ModelProto:
 
 
 def symbolic_model() -> onnx.ModelProto:
+    from onnx import TensorProto, helper
+
     vi = helper.make_tensor_value_info
     F = TensorProto.FLOAT
     rng = np.random.default_rng(1)

@@ -63,8 +63,8 @@ class Worker:
     def _start(self) -> subprocess.Popen[bytes]:
         root = HERE.parent.parent
         env = {**os.environ, **(self.env or {})}
-        env["PYTHONPATH"] = os.pathsep.join([str(root), str(HERE), str(root / "tests"),
-                                             env.get("PYTHONPATH", "")])
+        paths = [str(root), str(HERE), str(root / "tests"), env.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         self.log.seek(0)
         self.log.truncate()
         return subprocess.Popen([*self.prefix, sys.executable, str(Path(__file__))],

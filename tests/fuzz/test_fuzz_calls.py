@@ -12,78 +12,32 @@ from typing import Any
 
 import pytest
 from conftest import budget
-from fuzz_calls import CONTAINERS, LAYOUTS, MODELS, OUT_KINDS, VALUES
+from fuzz_calls import MODELS
 from fuzz_check import check
+from fuzz_strategies import call_spec, valid_spec
 from hypothesis import given, settings
-from hypothesis import strategies as st
-
-#: each model's inputs: name -> (dtype, shape with "N" for the batch)
-SIGNATURES = {"static": {"pixels": ("float32", (2, 3, 4)), "scale": ("float32", (4,))},
-              "symbolic": {"features": ("float32", ("N", 3)), "counts": ("int64", ("N",))}}
-OUTPUTS = {"static": ["scaled", "total"], "symbolic": ["scores", "totals"]}
-DTYPES = ["float32", "float64", "float16", "int64", "int32", "uint8", "bool"]
-
-
-@st.composite
-def input_spec(draw: Any, dtype: str, shape: tuple[Any, ...], batch: int) -> Any:
-    """The right dtype, shape and container in any layout and with any values, or (one time
-    in three) one thing wrong: missing, another dtype, container, rank or size."""
-    wrong = draw(st.sampled_from(["nothing"] * 10 + ["missing", "dtype", "container", "bigger",
-                                                     "rank+1", "rank-1", "zero"]))
-    if wrong == "missing":
-        return "missing"
-    right = tuple(batch if d == "N" else d for d in shape)
-    if wrong == "bigger" and right:
-        right = (right[0] + 1, *right[1:])
-    elif wrong == "rank+1":
-        right = (1, *right)
-    elif wrong == "rank-1":
-        right = right[1:]
-    elif wrong == "zero" and right:
-        right = (0, *right[1:])
-    if wrong == "dtype":
-        dtype = draw(st.sampled_from(DTYPES))
-    container = draw(st.sampled_from(CONTAINERS[1:])) if wrong == "container" else "array"
-    return (container, dtype, right, draw(st.sampled_from(LAYOUTS)), draw(st.sampled_from(VALUES)))
-
-
-@st.composite
-def call_spec(draw: Any, key: str) -> dict[str, Any]:
-    batch = draw(st.sampled_from([1, 2, 5, 0] if key == "symbolic" else [2]))
-    outs = draw(st.none() | st.fixed_dictionaries(
-        {n: st.sampled_from(["alloc"] * 8 + OUT_KINDS) for n in OUTPUTS[key]}))
-    return {"form": draw(st.sampled_from(["positional", "keywords", "run"])),
-            "inputs": {n: draw(input_spec(t, s, batch)) for n, (t, s) in SIGNATURES[key].items()},
-            "extra": draw(st.integers(0, 14)) == 0, "out": outs,
-            "seed": draw(st.integers(0, 2**16))}
-
-
-def _valid(key: str, batch: int) -> dict[str, Any]:
-    return {"form": "run", "extra": False, "out": None, "seed": 0,
-            "inputs": {n: ("array", t, tuple(batch if d == "N" else d for d in s), "c", "normal")
-                       for n, (t, s) in SIGNATURES[key].items()}}
 
 
 @pytest.mark.parametrize("key", sorted(MODELS))
 def test_a_plain_call_matches_onnxruntime(worker, key: str) -> None:
-    assert check(worker, "call", key, _valid(key, 3))[0] == "match"
+    assert check(worker, "call", key, valid_spec(key, 3))[0] == "match"
 
 
 @pytest.mark.parametrize("key", sorted(MODELS))
 def test_a_call_with_a_wrong_dtype_is_refused(worker, key: str) -> None:
-    spec = _valid(key, 2)
+    spec = valid_spec(key, 2)
     name = next(iter(spec["inputs"]))
     spec["inputs"][name] = ("array", "float64", *spec["inputs"][name][2:])
     assert check(worker, "call", key, spec)[0] == "refused"
 
 
-@settings(max_examples=budget(200))
+@settings(max_examples=budget(300))
 @given(spec=call_spec("static"))
 def test_fuzzed_calls_to_a_static_model(worker, spec: dict[str, Any]) -> None:
     check(worker, "call", "static", spec)
 
 
-@settings(max_examples=budget(200))
+@settings(max_examples=budget(300))
 @given(spec=call_spec("symbolic"))
 def test_fuzzed_calls_to_a_symbolic_batch_model(worker, spec: dict[str, Any]) -> None:
     check(worker, "call", "symbolic", spec)
