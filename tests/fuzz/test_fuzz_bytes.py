@@ -14,7 +14,7 @@ SEED_BYTES = {name: mutated(name, []) for name in SEEDS}
 edit = st.tuples(st.sampled_from(BYTE_MUTATIONS), st.integers(0, 2**20), st.integers(0, 2**16 - 1))
 
 
-@settings(max_examples=budget(150))
+@settings(max_examples=budget(300))
 @given(seed=st.sampled_from(sorted(SEEDS)), edits=st.lists(edit, min_size=1, max_size=4))
 def test_mutated_files_compile_and_match_or_raise_cuvil_errors(worker, seed: str, edits: list) -> None:
     check(worker, "compile_and_compare", mutated_bytes(SEED_BYTES[seed], edits))

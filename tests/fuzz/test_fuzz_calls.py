@@ -31,13 +31,13 @@ def test_a_call_with_a_wrong_dtype_is_refused(worker, key: str) -> None:
     assert check(worker, "call", key, spec)[0] == "refused"
 
 
-@settings(max_examples=budget(300))
+@settings(max_examples=budget(500))
 @given(spec=call_spec("static"))
 def test_fuzzed_calls_to_a_static_model(worker, spec: dict[str, Any]) -> None:
     check(worker, "call", "static", spec)
 
 
-@settings(max_examples=budget(300))
+@settings(max_examples=budget(500))
 @given(spec=call_spec("symbolic"))
 def test_fuzzed_calls_to_a_symbolic_batch_model(worker, spec: dict[str, Any]) -> None:
     check(worker, "call", "symbolic", spec)

@@ -83,14 +83,14 @@ def test_a_plain_call_under_valgrind(memcheck: Worker, libraries, key: str) -> N
     assert _check(memcheck, libraries, key, valid_spec(key, 3)) == "ran"
 
 
-@settings(max_examples=budget(25))
+@settings(max_examples=budget(30))
 @given(spec=call_spec("static"))
 def test_fuzzed_calls_to_a_static_model_under_valgrind(memcheck: Worker, libraries,
                                                        spec: dict[str, Any]) -> None:
     _check(memcheck, libraries, "static", spec)
 
 
-@settings(max_examples=budget(25))
+@settings(max_examples=budget(30))
 @given(spec=call_spec("symbolic"))
 def test_fuzzed_calls_to_a_symbolic_model_under_valgrind(memcheck: Worker, libraries,
                                                          spec: dict[str, Any]) -> None:
