@@ -100,6 +100,20 @@ def test_truncated_model_file(tmp_path):
         assert "truncated" in msg or "checker" in msg
 
 
+@pytest.mark.parametrize("name", ["x", "batch"])  # an input's name, a dim's name
+def test_names_that_are_not_utf8_are_refused(tmp_path, name):
+    # found by tests/fuzz: protobuf returns such strings as bytes (a TypeError deep inside)
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": (np.float32, ["batch", 4])},
+                       {"y": np.float32})
+    data = model.SerializeToString()
+    field = bytes([len(name)]) + name.encode()
+    assert field in data
+    path = tmp_path / "bad_text.onnx"
+    path.write_bytes(data.replace(field, bytes([len(name)]) + b"\xff" * len(name)))
+    msg = _compile_error(path)
+    assert str(path) in msg and "not valid UTF-8" in msg and "re-export" in msg
+
+
 def test_non_onnx_files(tmp_path):
     for name, content in [("notes.onnx", b"hello, this is not a model\n"),
                           ("image.onnx", b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4),

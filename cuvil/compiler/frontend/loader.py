@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -28,6 +29,7 @@ def load_onnx(source: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, st
                 "ModelProto cannot locate; pass the path of the .onnx file instead (its external "
                 "data is read from the model's folder), or load it with onnx.load(path)"
             )
+        _check_text(source, label)
         return source, label
     path = Path(source)
     label = str(source)
@@ -56,8 +58,38 @@ def load_onnx(source: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, st
             f"{label}: not an ONNX model (no graph or IR version in it); the file may be "
             "truncated or not an .onnx file: re-export it"
         )
+    _check_text(model, label)
     _load_external_data(model, path, label)
     return model, label
+
+
+def _check_text(model: onnx.ModelProto, label: str) -> None:
+    """Refuse names that are not UTF-8: protobuf hands such a string field over as bytes,
+    which nothing downstream expects (and onnx's checker lets through)."""
+    where = _bytes_in_string_field(model, "model")
+    if where is not None:
+        raise ModelError(f"{label}: {where} is not valid UTF-8 text; the file is damaged or was "
+                         "written by a broken exporter: re-export it")
+
+
+def _bytes_in_string_field(message: Any, path: str) -> str | None:
+    """The path of the first string field holding bytes, in `message` and the messages in it."""
+    for field, value in message.ListFields():
+        is_message = field.type == field.TYPE_MESSAGE
+        if not is_message and field.type != field.TYPE_STRING:
+            continue  # tensors' numbers: not walked, could be millions
+        repeated = getattr(field, "is_repeated", None)
+        if repeated is None:  # protobuf before 5.28
+            repeated = field.label == field.LABEL_REPEATED
+        for index, item in enumerate(value if repeated else [value]):
+            if is_message:
+                at = f"{path}.{field.name}" + (f"[{index}]" if repeated else "")
+                found = _bytes_in_string_field(item, at)
+                if found is not None:
+                    return found
+            elif isinstance(item, bytes):
+                return f"{path}.{field.name} {item!r}"
+    return None
 
 
 def _format_of(path: Path) -> str | None:
