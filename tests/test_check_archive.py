@@ -24,6 +24,7 @@ import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cuvil import cli
@@ -309,3 +310,21 @@ def test_a_wheel_without_libraries_is_not_said_to_hold_some(tmp_path: Path) -> N
 def test_every_check_name_is_documented() -> None:
     text = (ROOT / "docs" / "check.md").read_text(encoding="utf-8")
     assert not [kind for kind in CHECK_KINDS if f"`{kind}`" not in text]
+
+
+def test_a_library_of_constant_weights_is_not_taken_for_a_bomb(tmp_path: Path) -> None:
+    # the libraries of the onnx package's light models (all weights one constant) compress
+    # about 100 times: a real build of light_resnet50 was refused at a limit of 100
+    rng = np.random.default_rng(0)
+    library = np.full((24 << 20) // 4, 0.01, np.float32)
+    library[:: 1024] = rng.standard_normal(library[:: 1024].size)  # some code and headers
+    data = library.tobytes()
+    compressed = len(zlib.compress(data, 9))
+    assert 100 < len(data) / compressed < 500
+    files = {**GOOD_FILES, "tiny/_tiny.so": data}
+    wheel = tmp_path / WHEEL_NAME
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, payload in files.items():
+            archive.writestr(name, payload)
+        archive.writestr(f"{DIST_INFO}/RECORD", record(files, "sha256"))
+    assert read_wheel(wheel).members["tiny/_tiny.so"].size == len(data)

@@ -58,12 +58,13 @@ class ArchiveLimits:
     """What a wheel may hold. The defaults leave room for model wheels with a few hundred MB of
     weights (one library of up to 1 GiB, 2 GiB in all) and refuse zip bombs early: a member
     that inflates to more than `max_ratio` times its compressed size once past `ratio_floor`
-    bytes (weights and machine code compress 1-4 times; a bomb of zeros about 1000 times)."""
+    bytes (trained weights and machine code compress 1-4 times, constant-filled ones ~100
+    times; a bomb of zeros about 1000 times)."""
 
     max_members: int = 10_000
     max_member_size: int = 1 << 30
     max_total_size: int = 2 << 30
-    max_ratio: int = 100
+    max_ratio: int = 500
     ratio_floor: int = _MiB
     max_text_size: int = 16 * _MiB  # .dist-info files and the manifest, which are read whole
 
