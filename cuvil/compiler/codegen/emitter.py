@@ -458,6 +458,40 @@ class Emitter:
         self.b.call(fn, [dst, ir.Constant(I8, byte), nbytes, ir.Constant(I1, 0)])
 
 
+def splat(b: ir.IRBuilder, x: ir.Value, width: int) -> ir.Value:
+    """A vector of `width` copies of the scalar `x`."""
+    vt = ir.VectorType(x.type, width)
+    one = b.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(I32, 0))
+    return b.shuffle_vector(one, ir.Constant(vt, ir.Undefined),
+                            ir.Constant(ir.VectorType(I32, width), [0] * width))
+
+
+def fmuladd_intrinsic(module: ir.Module, ty: ir.Type) -> ir.Function:
+    """llvm.fmuladd for float32 or a vector of them (llvmlite's declare_intrinsic cannot name
+    vector overloads)."""
+    name = f"llvm.fmuladd.v{ty.count}f32" if isinstance(ty, ir.VectorType) else "llvm.fmuladd.f32"
+    try:
+        return module.get_global(name)
+    except KeyError:
+        return ir.Function(module, ir.FunctionType(ty, [ty, ty, ty]), name)
+
+
+def masked_intrinsic(module: ir.Module, op: str, vt: ir.VectorType) -> ir.Function:
+    """llvm.masked.load (op "load") or llvm.masked.store for vectors of float32: lanes whose
+    mask bit is off are neither read nor written, so they may point outside the buffer."""
+    name = f"llvm.masked.{op}.v{vt.count}f32.p0"
+    try:
+        return module.get_global(name)
+    except KeyError:
+        pass
+    mask = ir.VectorType(I1, vt.count)
+    if op == "load":
+        fnty = ir.FunctionType(vt, [PTR, I32, mask, vt])
+    else:
+        fnty = ir.FunctionType(ir.VoidType(), [vt, PTR, I32, mask])
+    return ir.Function(module, fnty, name)
+
+
 def _kind(dtype: np.dtype | str) -> str:
     """numpy's kind letter: f(loat), i(nt), u(nsigned), b(ool)."""
     return np.dtype(dtype).kind

@@ -35,7 +35,15 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.emitter import I1, I64, PTR, Emitter
+from cuvil.compiler.codegen.emitter import (
+    I1,
+    I64,
+    PTR,
+    Emitter,
+    fmuladd_intrinsic,
+    masked_intrinsic,
+    splat,
+)
 
 F32 = ir.FloatType()
 
@@ -275,7 +283,7 @@ class _GemmWriter:
             lo, hi = (nv - 1) * isa.vector, nv * isa.vector
             with k.if_then(b.and_(b.icmp_signed(">", rem, k.i64(lo)),
                                   b.icmp_signed("<=", rem, k.i64(hi)))):
-                self.mask = b.icmp_signed("<", lanes, _splat(b, b.sub(rem, k.i64(lo)), isa.vector))
+                self.mask = b.icmp_signed("<", lanes, splat(b, b.sub(rem, k.i64(lo)), isa.vector))
                 run(src, ld, nv)
                 self.mask = None
 
@@ -387,13 +395,13 @@ class _GemmWriter:
         b.position_at_end(body)
         bvals = [self.vload(b.gep(b_cur, [k.i64(v * width)], source_etype=F32, inbounds=True),
                             v == nv - 1) for v in range(nv)]
-        fma = _fmuladd(k.module, vt)
+        fma = fmuladd_intrinsic(k.module, vt)
         new = []
         for r in range(rows):
             a = b.load(b.gep(a_cur, [a_rows[r]], source_etype=F32, inbounds=True), typ=F32)
-            splat = _splat(b, a, width)
+            a_lanes = splat(b, a, width)
             for v in range(nv):
-                new.append(b.call(fma, [splat, bvals[v], accs[r * nv + v]]))
+                new.append(b.call(fma, [a_lanes, bvals[v], accs[r * nv + v]]))
         latch = b.block
         p.add_incoming(b.add(p, k.i64(1)), latch)
         a_cur.add_incoming(b.gep(a_cur, [a_step], source_etype=F32), latch)
@@ -426,21 +434,22 @@ class _GemmWriter:
         b, vt = self.k.b, ir.VectorType(F32, self.isa.vector)
         if self.mask is None or not last:
             return b.load(p, typ=vt, align=4)
-        return b.call(_masked(self.k.module, "load", vt), [p, _ALIGN, self.mask, ir.Constant(vt, None)])
+        return b.call(masked_intrinsic(self.k.module, "load", vt),
+                      [p, _ALIGN, self.mask, ir.Constant(vt, None)])
 
     def vstore(self, x: ir.Value, p: ir.Value, last: bool) -> None:
         b = self.k.b
         if self.mask is None or not last:
             b.store(x, p, align=4)
         else:
-            b.call(_masked(self.k.module, "store", x.type), [x, p, _ALIGN, self.mask])
+            b.call(masked_intrinsic(self.k.module, "store", x.type), [x, p, _ALIGN, self.mask])
 
     def finish(self, acc: ir.Value, row: ir.Value, col: ir.Value, residual: ir.Value | None,
                last: bool) -> ir.Value:
         b, ep = self.k.b, self.epilogue
         if ep.bias == "row":
             bias = b.load(b.gep(self.bias, [row], source_etype=F32, inbounds=True), typ=F32)
-            acc = b.fadd(acc, _splat(b, bias, self.isa.vector))
+            acc = b.fadd(acc, splat(b, bias, self.isa.vector))
         elif ep.bias == "col":
             acc = b.fadd(acc, self.vload(b.gep(self.bias, [col], source_etype=F32, inbounds=True),
                                          last))
@@ -461,39 +470,10 @@ def _leftover_heights(mr: int) -> list[int]:
     return heights
 
 
-def _fmuladd(module: ir.Module, ty: ir.Type) -> ir.Function:
-    # llvmlite's declare_intrinsic does not name vector overloads; declare it by hand
-    name = f"llvm.fmuladd.v{ty.count}f32" if isinstance(ty, ir.VectorType) else "llvm.fmuladd.f32"
-    try:
-        return module.get_global(name)
-    except KeyError:
-        return ir.Function(module, ir.FunctionType(ty, [ty, ty, ty]), name)
-
 
 _ALIGN = ir.Constant(ir.IntType(32), 4)
 
 
-def _masked(module: ir.Module, op: str, vt: ir.VectorType) -> ir.Function:
-    """llvm.masked.load / llvm.masked.store for vectors of floats (lanes whose mask bit is
-    off are neither read nor written)."""
-    name = f"llvm.masked.{op}.v{vt.count}f32.p0"
-    try:
-        return module.get_global(name)
-    except KeyError:
-        pass
-    mask = ir.VectorType(I1, vt.count)
-    if op == "load":
-        fnty = ir.FunctionType(vt, [PTR, ir.IntType(32), mask, vt])
-    else:
-        fnty = ir.FunctionType(ir.VoidType(), [vt, PTR, ir.IntType(32), mask])
-    return ir.Function(module, fnty, name)
-
-
-def _splat(b: ir.IRBuilder, x: ir.Value, width: int) -> ir.Value:
-    vt = ir.VectorType(x.type, width)
-    v = b.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
-    return b.shuffle_vector(v, ir.Constant(vt, ir.Undefined),
-                            ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
 
 
 def emit_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,

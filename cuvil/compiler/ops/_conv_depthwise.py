@@ -26,7 +26,13 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.emitter import I1, I32, PTR, Emitter
+from cuvil.compiler.codegen.emitter import (
+    I32,
+    Emitter,
+    fmuladd_intrinsic,
+    masked_intrinsic,
+    splat,
+)
 from cuvil.compiler.codegen.gemm_kernel import isa_of
 from cuvil.compiler.ir import Dim, Node, numel
 from cuvil.compiler.ops import required_input
@@ -185,7 +191,7 @@ class _Writer:
         self.wide = ir.VectorType(F32, width * cols.stride)
 
     def splat(self, x: ir.Value) -> ir.Value:
-        return _splat(self.k.b, x, self.width)
+        return splat(self.k.b, x, self.width)
 
     def rows(self, blk: _Block, weights: list[ir.Value], init: ir.Value) -> None:
         """y[q][o] = epilogue(init + sum over taps (kh, kw) of w * x[kh][o*s + kw*d - pad]) for
@@ -231,9 +237,9 @@ class _Writer:
             # lane j of tap kw reads input start + kw*d + j: inside the row when that is in
             # [0, size), one unsigned compare (i32 lanes: row widths fit)
             i32s = ir.VectorType(I32, wide)
-            lanes = b.add(_splat(b, b.trunc(start, I32), wide),
+            lanes = b.add(splat(b, b.trunc(start, I32), wide),
                           ir.Constant(i32s, list(range(wide))))
-            size = _splat(b, b.trunc(k.dim(c.size), I32), wide)
+            size = splat(b, b.trunc(k.dim(c.size), I32), wide)
             masks = [b.icmp_unsigned("<", b.add(lanes, ir.Constant(i32s, [kw * c.dilation] * wide)),
                                      size) for kw in range(c.kernel)]
         # a few independent sums per output row: one chain of fused multiply-adds would wait
@@ -246,7 +252,7 @@ class _Writer:
             for kw in range(c.kernel):
                 p = b.gep(row, [b.add(start, k.i64(kw * c.dilation))], source_etype=F32)
                 if masked:
-                    xs = b.call(_masked(k.module, "load", self.wide),
+                    xs = b.call(masked_intrinsic(k.module, "load", self.wide),
                                 [p, ir.Constant(I32, 4), masks[kw], ir.Constant(self.wide, None)])
                 else:
                     xs = b.load(p, typ=self.wide, align=4)
@@ -256,11 +262,11 @@ class _Writer:
                 for q, kh in blk.uses[i]:
                     a = used[q] % chains
                     used[q] += 1
-                    accs[q][a] = b.call(_fmuladd(k.module, self.vt),
+                    accs[q][a] = b.call(fmuladd_intrinsic(k.module, self.vt),
                                         [weights[kh * c.kernel + kw], xs, accs[q][a]])
         store_mask = None
         if masked:
-            left = _splat(b, b.trunc(b.sub(k.dim(c.out), o), I32), self.width)
+            left = splat(b, b.trunc(b.sub(k.dim(c.out), o), I32), self.width)
             store_mask = b.icmp_signed("<", ir.Constant(left.type, list(range(self.width))), left)
         for q, (y, res) in enumerate(blk.outs):
             sums = accs[q]
@@ -276,44 +282,12 @@ class _Writer:
             if store_mask is None:
                 b.store(acc, y_p, align=4)
             else:
-                b.call(_masked(k.module, "store", self.vt),
+                b.call(masked_intrinsic(k.module, "store", self.vt),
                        [acc, y_p, ir.Constant(I32, 4), store_mask])
 
     def _load(self, p: ir.Value, mask: ir.Value | None) -> ir.Value:
         b = self.k.b
         if mask is None:
             return b.load(p, typ=self.vt, align=4)
-        return b.call(_masked(self.k.module, "load", self.vt),
+        return b.call(masked_intrinsic(self.k.module, "load", self.vt),
                       [p, ir.Constant(I32, 4), mask, ir.Constant(self.vt, None)])
-
-
-def _splat(b: ir.IRBuilder, x: ir.Value, width: int) -> ir.Value:
-    vt = ir.VectorType(x.type, width)
-    v = b.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(I32, 0))
-    return b.shuffle_vector(v, ir.Constant(vt, ir.Undefined),
-                            ir.Constant(ir.VectorType(I32, width), [0] * width))
-
-
-def _fmuladd(module: ir.Module, vt: ir.VectorType) -> ir.Function:
-    # llvmlite's declare_intrinsic cannot name vector overloads
-    name = f"llvm.fmuladd.v{vt.count}f32"
-    try:
-        return module.get_global(name)
-    except KeyError:
-        return ir.Function(module, ir.FunctionType(vt, [vt, vt, vt]), name)
-
-
-def _masked(module: ir.Module, op: str, vt: ir.VectorType) -> ir.Function:
-    """llvm.masked.load / store: lanes whose mask bit is off are neither read nor written (so
-    the pointer may point before the row, into the padding)."""
-    name = f"llvm.masked.{op}.v{vt.count}f32.p0"
-    try:
-        return module.get_global(name)
-    except KeyError:
-        pass
-    mask = ir.VectorType(I1, vt.count)
-    if op == "load":
-        fnty = ir.FunctionType(vt, [PTR, I32, mask, vt])
-    else:
-        fnty = ir.FunctionType(ir.VoidType(), [vt, PTR, I32, mask])
-    return ir.Function(module, fnty, name)

@@ -40,7 +40,7 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.emitter import I1, I32, PTR, Emitter
+from cuvil.compiler.codegen.emitter import I1, I32, PTR, Emitter, masked_intrinsic, splat
 from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_gemm, isa_of
 from cuvil.compiler.ir import Dim, Node
 from cuvil.compiler.ops import UNCHECKED
@@ -412,7 +412,7 @@ def _output_transform(k: Emitter, plan: _Plan, blk: _Block, y: ir.Value,
         shift = None
         if bias is not None:
             bv = b.load(b.gep(bias, [o], source_etype=F32), typ=F32)
-            shift = _splat(b, bv, width)
+            shift = splat(b, bv, width)
 
         def group(g: ir.Value, mask: ir.Value | None) -> None:
             t = b.add(tile0, b.mul(g, k.i64(lanes)))
@@ -470,11 +470,6 @@ def _interleave(b: ir.IRBuilder, vs: list[ir.Value]) -> ir.Value:
     return b.shuffle_vector(whole, ir.Constant(whole.type, ir.Undefined), _indices(order))
 
 
-def _splat(b: ir.IRBuilder, x: ir.Value, width: int) -> ir.Value:
-    vt = ir.VectorType(x.type, width)
-    one = b.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(I32, 0))
-    return b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), _indices([0] * width))
-
 
 def _mask(width: int, valid: int) -> ir.Value | None:
     """A constant mask of the first `valid` lanes (None when all are)."""
@@ -483,28 +478,16 @@ def _mask(width: int, valid: int) -> ir.Value | None:
     return ir.Constant(ir.VectorType(I1, width), [1] * valid + [0] * (width - valid))
 
 
-def _masked(k: Emitter, op: str, vt: ir.VectorType) -> ir.Function:
-    name = f"llvm.masked.{op}.v{vt.count}f32.p0"
-    try:
-        return k.module.get_global(name)
-    except KeyError:
-        pass
-    mask = ir.VectorType(I1, vt.count)
-    if op == "load":
-        fnty = ir.FunctionType(vt, [PTR, I32, mask, vt])
-    else:
-        fnty = ir.FunctionType(ir.VoidType(), [vt, PTR, I32, mask])
-    return ir.Function(k.module, fnty, name)
-
 
 def _store(k: Emitter, x: ir.Value, p: ir.Value, mask: ir.Value | None) -> None:
     if mask is None:
         k.b.store(x, p, align=4)
     else:
-        k.b.call(_masked(k, "store", x.type), [x, p, ir.Constant(I32, 4), mask])
+        k.b.call(masked_intrinsic(k.module, "store", x.type), [x, p, ir.Constant(I32, 4), mask])
 
 
 def _load(k: Emitter, vt: ir.VectorType, p: ir.Value, mask: ir.Value | None) -> ir.Value:
     if mask is None:
         return k.b.load(p, typ=vt, align=4)
-    return k.b.call(_masked(k, "load", vt), [p, ir.Constant(I32, 4), mask, ir.Constant(vt, None)])
+    return k.b.call(masked_intrinsic(k.module, "load", vt),
+                    [p, ir.Constant(I32, 4), mask, ir.Constant(vt, None)])

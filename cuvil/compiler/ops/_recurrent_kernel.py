@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I64, PTR, REDUCE_FLAGS, Emitter
+from cuvil.compiler.codegen.emitter import I64, PTR, REDUCE_FLAGS, Emitter, splat
 from cuvil.compiler.codegen.gemm_kernel import isa_of
 
 __all__ = ["PANEL", "emit_small_gemm", "pack_panels", "packed_rows"]
@@ -183,8 +183,4 @@ class _Writer:
         return [[b.load(slots[r * nv + v], typ=self.vt) for v in range(nv)] for r in range(rows)]
 
     def splat(self, x: ir.Value) -> ir.Value:
-        b = self.k.b
-        i32 = ir.IntType(32)
-        v = b.insert_element(ir.Constant(self.vt, ir.Undefined), x, ir.Constant(i32, 0))
-        return b.shuffle_vector(v, ir.Constant(self.vt, ir.Undefined),
-                                ir.Constant(ir.VectorType(i32, self.width), [0] * self.width))
+        return splat(self.k.b, x, self.width)

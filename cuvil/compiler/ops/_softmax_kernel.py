@@ -17,7 +17,7 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from cuvil.compiler.codegen import vecmath
-from cuvil.compiler.codegen.emitter import I64, PTR, REDUCE_FLAGS, Emitter
+from cuvil.compiler.codegen.emitter import I64, PTR, REDUCE_FLAGS, Emitter, splat
 from cuvil.compiler.codegen.gemm_kernel import isa_of
 
 __all__ = ["emit_softmax_row"]
@@ -49,10 +49,7 @@ class _Writer:
         self.vt = ir.VectorType(F32, self.width)
 
     def splat(self, v: ir.Value) -> ir.Value:
-        b = self.k.b
-        one = b.insert_element(ir.Constant(self.vt, ir.Undefined), v, ir.Constant(I32, 0))
-        return b.shuffle_vector(one, ir.Constant(self.vt, ir.Undefined),
-                                ir.Constant(ir.VectorType(I32, self.width), [0] * self.width))
+        return splat(self.k.b, v, self.width)
 
     def slot(self, ty: ir.Type, init: ir.Value) -> ir.Value:
         b = self.k.b
