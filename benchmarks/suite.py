@@ -45,29 +45,44 @@ LARGE_BATCH = 8
 # --- timing -----------------------------------------------------------------------------------
 
 
+def settle(limit_s: float = 0.5) -> None:
+    """Wait until this process's threads are idle: onnxruntime's workers spin for about 50 ms
+    after a run (measured here: a 100 ms sleep after a 2-thread run burns 50 ms of CPU), and
+    a spinning worker of one engine takes a core from the other's next calls."""
+    deadline = time.perf_counter() + limit_s
+    while time.perf_counter() < deadline:
+        cpu = time.process_time()
+        time.sleep(0.01)
+        if time.process_time() - cpu < 0.002:
+            return
+
+
 def interleaved(calls: dict[str, Callable[[], Any]], budget_s: float,
                 min_runs: int) -> dict[str, list[float]]:
     """Seconds per call of each callable, taken in alternating blocks until the budget is spent.
 
-    Blocks of about 50 ms (one call for slow models) alternate between the engines, so a
-    load spike from the machine's other users hits both; onnxruntime's worker threads spin
-    for a moment after a run, which blocks rather than single calls keep from landing on
-    cuvil's next call.
+    Blocks of about 100 ms (one call for slow models) alternate between the engines, so a
+    load spike from the machine's other users hits both; between blocks the process settles
+    until the last engine's worker threads stop spinning, so that they do not compete with
+    the next engine's calls.
     """
     block = {}
     for name, call in calls.items():  # warm-up: first touch of memory, thread pools start
         call()
         start = time.perf_counter()
         call()
-        block[name] = max(1, int(0.05 / max(time.perf_counter() - start, 1e-7)))
+        block[name] = max(1, int(0.1 / max(time.perf_counter() - start, 1e-7)))
     times: dict[str, list[float]] = {name: [] for name in calls}
-    deadline = time.perf_counter() + budget_s * len(calls)
-    while time.perf_counter() < deadline or min(len(t) for t in times.values()) < min_runs:
+    spent = 0.0
+    while spent < budget_s * len(calls) or min(len(t) for t in times.values()) < min_runs:
         for name, call in calls.items():
+            settle()
             for _ in range(block[name]):
                 start = time.perf_counter()
                 call()
-                times[name].append(time.perf_counter() - start)
+                took = time.perf_counter() - start
+                times[name].append(took)
+                spent += took
     return times
 
 
