@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import os
@@ -585,7 +586,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.threads is not None:
         options.intra_op_num_threads = args.threads
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    theirs = _time(lambda: session.run(None, feeds), args.runs, args.warmup)
+    theirs = _time(functools.partial(session.run, None, feeds), args.runs, args.warmup)
     print(f"  onnxruntime  {theirs * 1e3:10.3f} ms per run")
     ours = model.run(feeds)
     reference = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
