@@ -194,3 +194,16 @@ def test_no_variables_no_change(monkeypatch: pytest.MonkeyPatch) -> None:
     chosen = resolve_platform("aarch64-linux", get_target, {"PATH": "/bin", "ARCHFLAGS": " "})
     assert chosen.target == get_target("aarch64-linux")
     assert (chosen.platform_tag, chosen.notes) == ("manylinux_2_17_aarch64", ())
+
+
+def test_check_accepts_the_targets_kind_of_tag_at_its_version_or_newer() -> None:
+    from cuvil.check.tags import _same_platform_newer as accepted
+
+    assert accepted(["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64"],
+                    ["manylinux_2_17_x86_64"])
+    assert accepted(["macosx_12_0_arm64"], ["macosx_11_0_arm64"])
+    assert not accepted(["manylinux_2_12_x86_64"], ["manylinux_2_17_x86_64"])  # older than built for
+    assert not accepted(["macosx_10_9_x86_64"], ["macosx_10_13_x86_64"])
+    assert not accepted(["manylinux_2_28_aarch64"], ["manylinux_2_17_x86_64"])  # another arch
+    assert not accepted(["musllinux_1_2_x86_64"], ["manylinux_2_17_x86_64"])  # another libc
+    assert not accepted(["macosx_11_0_universal2"], ["macosx_11_0_arm64"])
