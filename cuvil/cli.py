@@ -452,6 +452,8 @@ def _input_pins(model: Any) -> list[str]:
 def cmd_init(args: argparse.Namespace) -> int:
     from cuvil.compiler.frontend.loader import load_onnx
     from cuvil.config import load_project, normalize_package_name
+    from cuvil.scaffold import WANTED_TARGETS, Project, render_files
+    from cuvil.toolchains import list_targets
 
     root = Path(args.directory).resolve()
     source = Path(args.model)
@@ -468,10 +470,10 @@ def cmd_init(args: argparse.Namespace) -> int:
         raise ConfigError(f"{exc} With cuvil init, pass --package NAME.") from None
 
     model_rel = f"models/{name}.onnx"
-    files = {
-        "pyproject.toml": _render_pyproject(project_name, package, name, model_rel, _input_pins(model)),
-        ".gitignore": "build/\ndist/\n",
-    }
+    known = {t.name for t in list_targets()}
+    targets = tuple(t for t in WANTED_TARGETS if t in known)
+    files = render_files(Project(project_name, package, name, model_rel, tuple(_input_pins(model)),
+                                 targets, args.ci))
     existing = [p for p in [*files, model_rel] if (root / p).exists()]
     if existing:
         raise ConfigError(
@@ -480,43 +482,14 @@ def cmd_init(args: argparse.Namespace) -> int:
     (root / "models").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, root / model_rel)
     for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text, encoding="utf-8")
     project = load_project(root)  # the scaffold must be a valid project
     print(f"created {project.pyproject} (project {project.name}, package {project.package}, model {name})")
     print(f"copied {source} to {root / model_rel}")
+    print(f"wrote {', '.join(sorted(f for f in files if f != 'pyproject.toml'))}")
     print(f"next: cuvil build {args.directory}   then: cuvil check {args.directory}/dist/*.whl")
     return 0
-
-
-def _render_pyproject(project: str, package: str, model: str, source: str, pins: list[str]) -> str:
-    from cuvil.toolchains import host_target_name
-
-    try:
-        host = host_target_name()
-    except CuvilError:
-        host = "x86_64-linux"
-    targets = sorted({host, "x86_64-linux", "aarch64-linux", "universal2-macos"})
-    lines = [
-        "[build-system]",
-        'requires = ["cuvil"]',
-        'build-backend = "cuvil.build_backend"',
-        "",
-        "[project]",
-        f"name = {_toml_string(project)}",
-        'version = "0.1.0"',
-        f"description = {_toml_string(f'The {model} model, compiled by cuvil')}",
-        'requires-python = ">=3.9"',
-        "",
-        "[tool.cuvil]",
-        f"package = {_toml_string(package)}",
-        f"targets = [{', '.join(_toml_string(t) for t in targets)}]   # built by `cuvil build --all-targets`",
-        "",
-        f"[tool.cuvil.models.{model}]",
-        f"source = {_toml_string(source)}",
-    ]
-    if pins:
-        lines.append(f"inputs = {{ {', '.join(pins)} }}   # ints pin dims, strings name symbolic ones")
-    return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------------------- bench
@@ -722,6 +695,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="model name (default: from the file name)")
     p.add_argument("--project-name", help="[project].name (default: FOLDER-cuvil)")
     p.add_argument("--package", help="import name (default: from the project name)")
+    p.add_argument("--ci", choices=("cuvil", "cibuildwheel"), default="cuvil",
+                   help="the wheels workflow: cross-build every target from one Linux job matrix "
+                        "(cuvil, the default) or build on each platform with cibuildwheel")
     p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("bench", parents=[common], help="time a model compiled by cuvil against onnxruntime")

@@ -139,10 +139,12 @@ class BuildSettings:
     target: str | None = field(
         metadata=_option(
             "string",
-            "Target to build for, e.g. aarch64-linux (see `cuvil targets`).",
+            "Target to build for, e.g. aarch64-linux (see `cuvil targets`). Unset, the build "
+            "follows cibuildwheel's platform variables (_PYTHON_HOST_PLATFORM, ARCHFLAGS, "
+            "AUDITWHEEL_PLAT, VSCMD_ARG_TGT_ARCH; docs/cibuildwheel.md), else the host.",
             "aarch64-linux",
             default=None,
-            default_doc="the host",
+            default_doc="the host, or the platform cibuildwheel names",
             settable=True,
         )
     )

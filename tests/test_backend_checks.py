@@ -23,6 +23,7 @@ from cuvil import cli
 from cuvil.build_backend._package import build_package_files
 from cuvil.check import check_wheel
 from cuvil.errors import BuildError, ConfigError
+from cuvil.toolchains import get_target
 
 DIGITS = Path(__file__).resolve().parents[1] / "examples" / "digits"
 LIBRARY = "digits/_classifier.so"
@@ -42,7 +43,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
                                     "build-dir": str(tmp_path_factory.mktemp("build"))})
     workdir = project.settings.build_dir / "x86_64-linux"
     workdir.mkdir(parents=True)
-    return build_package_files(project, workdir, lambda message: None)
+    return build_package_files(project, workdir, lambda message: None, get_target("x86_64-linux"))
 
 
 @pytest.fixture
@@ -66,7 +67,9 @@ def build(
             setting = f"check-warnings = {json.dumps(check_warnings)}\n"
             (root / "pyproject.toml").write_text(text.replace("[tool.cuvil]\n", "[tool.cuvil]\n" + setting))
 
-        def package_files(project: Any, workdir: Path, log: Callable[[str], None]) -> dict[str, bytes]:
+        def package_files(
+            project: Any, workdir: Path, log: Callable[[str], None], target: Any
+        ) -> dict[str, bytes]:
             calls.append(workdir)
             files = dict(compiled)
             if change is not None:

@@ -233,7 +233,7 @@ def test_rebuild_from_unpacked_sdist(
         ),
     )
     monkeypatch.setattr(
-        backend, "_build_package_files", lambda project, workdir, log: {"digits/__init__.py": b""}
+        backend, "_build_package_files", lambda project, workdir, log, target: {"digits/__init__.py": b""}
     )
     monkeypatch.setattr(backend, "_wheel_check", lambda project: lambda wheel: None)  # a fake package
     (tmp_path / "wheels").mkdir()

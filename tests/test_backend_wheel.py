@@ -96,7 +96,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> types.SimpleName
         )
 
     def build_package_files(
-        project: Any, workdir: Path, log: Callable[[str], None]
+        project: Any, workdir: Path, log: Callable[[str], None], target: Any
     ) -> dict[str, bytes]:
         assert workdir.is_dir()
         state.calls.append(workdir)

@@ -73,7 +73,7 @@ def test_a_build_never_sees_files_of_one_running_at_the_same_time(
     metadata = types.SimpleNamespace(name="digits-cuvil", version="1.0.0")
     seen = []
 
-    def fake_compile(proj: object, workdir: Path, log: object) -> dict[str, bytes]:
+    def fake_compile(proj: object, workdir: Path, log: object, target: object) -> dict[str, bytes]:
         name = f"opt{len(seen)}"
         seen.append(workdir)
         (workdir / "model.o").write_text(name)

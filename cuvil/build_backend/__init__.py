@@ -5,6 +5,10 @@ i.e. `-C key=value`, are passed on unchanged), converts `[project]` to core meta
 writes the archive. Heavy modules (the compiler, onnx, llvmlite) are imported inside the
 hooks that need them, so that importing the backend stays fast.
 
+Without a named target, the build follows the platform variables cibuildwheel sets
+(`_PYTHON_HOST_PLATFORM`, `ARCHFLAGS`, `AUDITWHEEL_PLAT`, ...); `MACOSX_DEPLOYMENT_TARGET` and
+`AUDITWHEEL_PLAT` set the tag (see `_platform_env`).
+
 Every wheel is checked as `cuvil check` checks it before it is moved into the output folder;
 a failed check fails the build, unless `tool.cuvil.check-warnings` turns it into a warning.
 
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 if TYPE_CHECKING:
     from cuvil.build_backend._metadata import CoreMetadata
+    from cuvil.build_backend._platform_env import BuildPlatform
     from cuvil.config import ProjectConfig
     from cuvil.toolchains import Target
 
@@ -95,12 +100,22 @@ def _get_target(name: str | None) -> Target:
     return get_target(name)
 
 
+def _platform(project: ProjectConfig) -> BuildPlatform:
+    """The target and wheel tag: the named target, else what the environment asks for."""
+    from cuvil.build_backend._platform_env import resolve_platform
+
+    chosen = resolve_platform(project.settings.target, _get_target, os.environ)
+    for note in chosen.notes:
+        _log(note)
+    return chosen
+
+
 def _build_package_files(
-    project: ProjectConfig, workdir: Path, log: Callable[[str], None]
+    project: ProjectConfig, workdir: Path, log: Callable[[str], None], target: Target
 ) -> dict[str, bytes]:
     from cuvil.build_backend._package import build_package_files
 
-    return build_package_files(project, workdir, log)
+    return build_package_files(project, workdir, log, target)
 
 
 def _wheel_check(project: ProjectConfig) -> Callable[[Path], None]:
@@ -139,8 +154,7 @@ def _prepare_metadata(metadata_directory: str, config_settings: ConfigSettings |
     from cuvil.build_backend._wheel import write_dist_info
 
     project, metadata = _read(config_settings)
-    target = _get_target(project.settings.target)
-    return write_dist_info(metadata, target.platform_tag, Path(metadata_directory))
+    return write_dist_info(metadata, _platform(project).platform_tag, Path(metadata_directory))
 
 
 @_report_errors
@@ -171,7 +185,7 @@ def _compile(project: ProjectConfig, metadata: CoreMetadata, target: Target) -> 
     build_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix=f"{target.name}.building-", dir=build_dir))
     try:
-        files = _build_package_files(project, workdir, _log)
+        files = _build_package_files(project, workdir, _log, target)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
@@ -204,11 +218,12 @@ def build_wheel(
     from cuvil.build_backend._wheel import wheel_name, write_wheel
 
     project, metadata = _read(config_settings)
-    target = _get_target(project.settings.target)
+    chosen = _platform(project)
+    target, tag = chosen.target, chosen.platform_tag
     verify = _wheel_check(project)
     files = _compile(project, metadata, target)
-    _log(f"writing wheel {wheel_name(metadata, target.platform_tag)}")
-    return write_wheel(Path(wheel_directory), metadata, files, target.platform_tag, verify=verify)
+    _log(f"writing wheel {wheel_name(metadata, tag)}")
+    return write_wheel(Path(wheel_directory), metadata, files, tag, verify=verify)
 
 
 @_report_errors
@@ -228,17 +243,18 @@ def build_editable(
     from cuvil.build_backend._wheel import wheel_name, write_wheel
 
     project, metadata = _read(config_settings)
-    target = _get_target(project.settings.target)
+    chosen = _platform(project)
+    target, tag = chosen.target, chosen.platform_tag
     verify = _wheel_check(project)
     files = _compile(project, metadata, target)
     with tempfile.TemporaryDirectory() as scratch:  # the package is checked as the wheel it would be
-        write_wheel(Path(scratch), metadata, files, target.platform_tag, verify=verify)
+        write_wheel(Path(scratch), metadata, files, tag, verify=verify)
     tree = project.settings.build_dir / "editable"
     _log(f"writing the editable package into {tree}")
     _replace_tree(tree, files)
     pth = {f"{metadata.distribution}.pth": f"{tree}\n".encode()}
-    _log(f"writing editable wheel {wheel_name(metadata, target.platform_tag)}")
-    return write_wheel(Path(wheel_directory), metadata, pth, target.platform_tag)
+    _log(f"writing editable wheel {wheel_name(metadata, tag)}")
+    return write_wheel(Path(wheel_directory), metadata, pth, tag)
 
 
 def _replace_tree(tree: Path, files: Mapping[str, bytes]) -> None:

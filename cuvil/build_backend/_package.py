@@ -21,26 +21,25 @@ import cuvil
 from cuvil.compiler.codegen.header import render_header
 from cuvil.config import ProjectConfig
 from cuvil.runtime import ABI_VERSION, LOADER_SOURCE
+from cuvil.toolchains import Target
 
 RUNTIME_MODULE = "_cuvil_runtime"
 
 
 def build_package_files(
-    project: ProjectConfig, workdir: Path, log: Callable[[str], None]
+    project: ProjectConfig, workdir: Path, log: Callable[[str], None], target: Target
 ) -> dict[str, bytes]:
-    """Compile every model of `project` for `project.settings.target`; return wheel paths -> bytes."""
+    """Compile every model of `project` for `target`; return wheel paths -> bytes."""
     from cuvil.compiler.driver import compile_model
-    from cuvil.toolchains import get_target
 
     settings = project.settings
-    target = get_target(settings.target)
     pkg = project.package
     files: dict[str, bytes] = {}
     signatures = []
     for model in project.models:
         compiled = compile_model(
             model.source, model.name, Path(workdir) / model.name,
-            inputs=model.inputs or None, target=target.name, cpu=settings.cpu,
+            inputs=model.inputs or None, target=target, cpu=settings.cpu,
             opt_level=settings.opt_level, quantize=model.quantize, log=log,
         )
         sig = compiled.signature

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cuvil.check._archive import WheelArchive
-from cuvil.check._platform import tag_arches
+from cuvil.check._platform import macos_version, manylinux_glibc, tag_arches
 from cuvil.check._report import CheckReport
 from cuvil.errors import CuvilError
 
@@ -42,6 +42,34 @@ def check_filename(wheel: WheelArchive, report: CheckReport) -> None:
     report.passed(name, f"{wheel.name} {wheel.version}, tags {', '.join(sorted(map(str, wheel.tags)))}")
 
 
+def _family(platform: str) -> tuple[str, tuple[int, int] | None]:
+    """The tag's kind (manylinux with its legacy names, musllinux, macosx, ...) and version."""
+    if (glibc := manylinux_glibc(platform)) is not None:
+        return "manylinux", glibc
+    if (macos := macos_version(platform)) is not None:
+        return "macosx", macos
+    if platform.startswith("musllinux_"):
+        major, minor = platform.split("_")[1:3]
+        return "musllinux", (int(major), int(minor))
+    return platform, None
+
+
+def _same_platform_newer(found: list[str], expected: list[str]) -> bool:
+    """Whether every tag found is the target's kind of tag for its arches, at its version or a
+    newer one: what MACOSX_DEPLOYMENT_TARGET or AUDITWHEEL_PLAT make of the target's tag. The
+    libraries' own minimum OS and glibc are checked against each tag by the ELF and Mach-O checks."""
+    oldest = dict(_family(p) for p in expected)
+    arches = {tag_arches(p) for p in expected}
+    for platform in found:
+        kind, version = _family(platform)
+        if kind not in oldest or tag_arches(platform) not in arches:
+            return False
+        floor = oldest[kind]
+        if version is None or floor is None or version < floor:
+            return False
+    return True
+
+
 def check_platform(wheel: WheelArchive, report: CheckReport) -> None:
     """The platform tags equal the recorded target's, and name the architectures it builds."""
     name = "platform tag"
@@ -68,7 +96,7 @@ def check_platform(wheel: WheelArchive, report: CheckReport) -> None:
         return
     expected = sorted(target.platform_tag.split("."))
     found = wheel.platforms
-    if found != expected:
+    if found != expected and not _same_platform_newer(found, expected):
         report.failed(
             name,
             f"the file name says platform {'.'.join(found)}, but the libraries were built for target "
@@ -86,4 +114,5 @@ def check_platform(wheel: WheelArchive, report: CheckReport) -> None:
                 f"builds {', '.join(sorted(built))} (toolchain file {target.source})",
             )
             return
-    report.passed(name, f"{'.'.join(found)} is the platform tag of target {target.name}")
+    how = "is" if found == expected else f"holds to (its own: {target.platform_tag})"
+    report.passed(name, f"{'.'.join(found)} {how} the platform tag of target {target.name}")

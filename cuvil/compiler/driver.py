@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from cuvil.compiler.codegen.dispatch import render_cpu_check, render_dispatcher
 from cuvil.compiler.codegen.module import build_module, emit_object, symbol_names
@@ -27,6 +27,9 @@ from cuvil.compiler.passes.plan_memory import plan_memory
 from cuvil.compiler.symbolic import relational_to_python, to_python
 from cuvil.errors import ConfigError, ModelError
 from cuvil.runtime import CLOCK_SOURCE, THREADPOOL_SOURCE, Model, abi_checksum
+
+if TYPE_CHECKING:
+    from cuvil.toolchains import Target
 
 Log = Callable[[str], None]
 
@@ -96,7 +99,7 @@ def compile_model(
     workdir: Path,
     *,
     inputs: Mapping[str, Sequence[int | str]] | None = None,
-    target: str | None = None,
+    target: str | Target | None = None,
     cpu: str | None = None,
     opt_level: int = 3,
     quantize: str | None = None,
@@ -113,7 +116,8 @@ def compile_model(
             f"model {name}: quantize = {quantize!r} is not supported by this cuvil version; "
             "remove the key or set quantize = \"none\""
         )
-    tgt = get_target(target)
+    # a Target object: one the build backend adjusted (e.g. to MACOSX_DEPLOYMENT_TARGET)
+    tgt = target if not isinstance(target, (str, type(None))) else get_target(target)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
 
