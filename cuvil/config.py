@@ -174,7 +174,9 @@ class BuildSettings:
     verbose: bool = field(
         metadata=_option(
             "boolean",
-            "Print each build step and the commands it runs.",
+            "Print each build step with its duration and the exact commands it runs (zig "
+            'invocations, as "cuvil: $ ..." lines); pip shows them with -v: '
+            "`pip wheel -v -C verbose=true .`.",
             True,
             default=False,
             settable=True,
@@ -349,7 +351,12 @@ class Option:
     def type_text(self) -> str:
         if self.choices:
             return "one of " + ", ".join(map(_toml, self.choices))
-        names = {"file": "path to a file", "folder": "path to a folder", "inputs": "table of arrays", "models": "tables"}
+        names = {
+            "file": "path to a file",
+            "folder": "path to a folder",
+            "inputs": "table of arrays",
+            "models": "tables",
+        }
         return names.get(self.kind, self.kind)
 
     @property

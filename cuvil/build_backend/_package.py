@@ -99,11 +99,8 @@ def render_init(
     """The module that loads the models: `package/__init__.py`, or with `submodule` the one the
     user's own `__init__.py` re-exports them from."""
     names = [s["name"] for s in signatures]
-    reexport = [
-        "",
-        f"The package's own __init__.py re-exports them: `from .{MODELS_MODULE} import "
-        f"{', '.join(names)}`.",
-    ]
+    usage = f"from .{MODELS_MODULE} import {', '.join(names)}"
+    reexport = ["", f"The package's own __init__.py re-exports them: `{usage}`."]
     lines = [
         f'"""{package}: models compiled by cuvil {cuvil.__version__} for {target}.',
         "",
