@@ -287,6 +287,10 @@ def build_editable(
     tree = project.settings.build_dir / "editable"
     stamp = fingerprint(project, target.name, user_files)
     if _tree_stamp(tree) == stamp:
+        from cuvil.build_backend._python import check_no_clash
+
+        kept = [p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file()]
+        check_no_clash(project, user_files, kept)
         _log(f"the models and their settings are unchanged: keeping the compiled package in {tree}")
     else:
         files = _compile(project, metadata, target)
@@ -295,10 +299,9 @@ def build_editable(
             write_wheel(Path(scratch), metadata, everything, target.platform_tag, verify=verify)
         _log(f"writing the editable package into {tree}")
         _replace_tree(tree, files, stamp)
-    if user_files:
+    source = project.python_package
+    if source is not None:  # a mixed project: its Python files stay where they are
         hook = f"_cuvil_editable_{metadata.distribution}"
-        source = project.python_package
-        assert source is not None  # there are user files
         finder = render_finder(project.package, source, tree / project.package)
         extra = {f"{metadata.distribution}.pth": f"import {hook}\n".encode(), f"{hook}.py": finder}
     else:
