@@ -29,10 +29,13 @@ else:
 from cuvil.errors import ConfigError
 
 __all__ = [
+    "DEFAULT_VERSION_REGEX",
     "BuildSettings",
     "ModelConfig",
     "Option",
     "ProjectConfig",
+    "SdistConfig",
+    "VersionConfig",
     "iter_options",
     "load_project",
     "normalize_package_name",
@@ -41,6 +44,9 @@ __all__ = [
 
 # ASCII only: model names become C symbols, package names become file names in the wheel.
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# `__version__ = "1.2.3"` (optionally annotated `: str`) at the start of a line, as
+# scikit-build-core's regex provider matches it; the version is the group named `value`.
+DEFAULT_VERSION_REGEX = r"""(?m)^__version__\s*(?::\s*str\s*)?=\s*(['"])(?P<value>[^'"\n]+)\1"""
 _IDENTIFIER_RULE = "ASCII letters, digits and _, not starting with a digit, not a Python keyword"
 _BOOLS = {
     "true": True,
@@ -57,6 +63,7 @@ _KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "string": ("a string", lambda v: isinstance(v, str)),
     "file": ("a path relative to the project root", lambda v: isinstance(v, str) and v != ""),
     "path": ("a path", lambda v: isinstance(v, str) and v != ""),
+    "folder": ("a folder relative to the project root", lambda v: isinstance(v, str) and v != ""),
     "integer": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     "boolean": ("a boolean", lambda v: isinstance(v, bool)),
     "array of strings": (
@@ -169,7 +176,9 @@ class BuildSettings:
     verbose: bool = field(
         metadata=_option(
             "boolean",
-            "Print each build step and the commands it runs.",
+            "Print each build step with its duration and the exact commands it runs (zig "
+            'invocations, as "cuvil: $ ..." lines); pip shows them with -v: '
+            "`pip wheel -v -C verbose=true .`.",
             True,
             default=False,
             settable=True,
@@ -182,6 +191,70 @@ class BuildSettings:
             "build/cuvil",
             default="build/cuvil",
             settable=True,
+        )
+    )
+
+
+@dataclass(frozen=True)
+class SdistConfig:
+    """The `[tool.cuvil.sdist]` table: files the sdist carries besides the ones a rebuild needs."""
+
+    include: tuple[str, ...] = field(
+        metadata=_option(
+            "array of strings",
+            "Globs (relative to the project root, ** for any folders; a folder means every file "
+            "in it) of extra files the sdist carries: scripts, data, docs. Each must match a "
+            "file. The sdist always carries what a rebuild needs: pyproject.toml, the readme and "
+            "license files, the models with their external data and calibration files, the "
+            "Python package and the version file.",
+            ["scripts/*.py", "docs"],
+            default=[],
+        )
+    )
+    exclude: tuple[str, ...] = field(
+        metadata=_option(
+            "array of strings",
+            "Globs of files to leave out of what include names (and of the Python package's "
+            "__pycache__ and .pyc files, always left out); a file a rebuild needs cannot be "
+            "excluded.",
+            ["docs/drafts/**"],
+            default=[],
+        )
+    )
+
+
+@dataclass(frozen=True)
+class VersionConfig:
+    """The `[tool.cuvil.metadata.version]` table: where `dynamic = ["version"]` reads it."""
+
+    provider: str = field(
+        metadata=_option(
+            "string",
+            "How the version is read: \"regex\" searches the input file with regex (the file is "
+            "read as text, never imported).",
+            "regex",
+            default="regex",
+            choices=("regex",),
+        )
+    )
+    input: Path | None = field(
+        metadata=_option(
+            "file",
+            "The file holding the version, relative to the project root.",
+            "src/digits/__init__.py",
+            default=None,
+            default_doc="the Python package's __init__.py",
+        )
+    )
+    regex: str = field(
+        metadata=_option(
+            "string",
+            "Python regular expression whose group named value (else its first group) is the "
+            "version; checked as a PEP 440 version and normalized. The default matches a line "
+            "`__version__ = \"1.2.3\"`.",
+            r"(?m)^VERSION = '(?P<value>[^']+)'",
+            default=DEFAULT_VERSION_REGEX,
+            default_doc="`__version__ = \"...\"`",
         )
     )
 
@@ -223,12 +296,38 @@ class ProjectConfig:
             default=[],
         )
     )
+    python_source: Path | None = field(
+        metadata=_option(
+            "folder",
+            "The folder holding the project's own Python package <package>/ (pre- and "
+            "post-processing, a command line), which the wheel ships with the compiled models. "
+            'Write "." for the project root.',
+            "src",
+            default=None,
+            default_doc="src if src/<package>/ exists, else the root if <package>/ does, else none",
+        )
+    )
     models: tuple[ModelConfig, ...] = field(
         metadata=_option(
             "models", "One [tool.cuvil.models.<name>] table per model; at least one.", None
         )
     )
     settings: BuildSettings = field(metadata=_help("The build settings."))
+    sdist: SdistConfig = field(
+        default=SdistConfig((), ()), metadata=_help("The [tool.cuvil.sdist] table.")
+    )
+    version: str | None = field(
+        default=None,
+        metadata=_help("The normalized version read for dynamic = [\"version\"], else None."),
+    )
+    version_file: Path | None = field(
+        default=None, metadata=_help("The file the dynamic version was read from.")
+    )
+
+    @property
+    def python_package(self) -> Path | None:
+        """The folder of the project's own Python package, if it has one."""
+        return None if self.python_source is None else self.python_source / self.package
 
 
 @dataclass(frozen=True)
@@ -254,7 +353,12 @@ class Option:
     def type_text(self) -> str:
         if self.choices:
             return "one of " + ", ".join(map(_toml, self.choices))
-        names = {"file": "path to a file", "inputs": "table of arrays", "models": "tables"}
+        names = {
+            "file": "path to a file",
+            "folder": "path to a folder",
+            "inputs": "table of arrays",
+            "models": "tables",
+        }
         return names.get(self.kind, self.kind)
 
     @property
@@ -277,11 +381,17 @@ def _options(cls: type, table: str) -> tuple[Option, ...]:
 _PROJECT_OPTIONS = _options(ProjectConfig, "tool.cuvil")
 _MODEL_OPTIONS = _options(ModelConfig, "tool.cuvil.models.<name>")
 _SETTINGS_OPTIONS = _options(BuildSettings, "tool.cuvil")
+_SDIST_OPTIONS = _options(SdistConfig, "tool.cuvil.sdist")
+_VERSION_OPTIONS = _options(VersionConfig, "tool.cuvil.metadata.version")
+# tables inside [tool.cuvil] besides the models
+_SUBTABLES = ("sdist", "metadata")
 
 
 def iter_options() -> tuple[Option, ...]:
     """Every option, in documentation order."""
-    return _PROJECT_OPTIONS + _MODEL_OPTIONS + _SETTINGS_OPTIONS
+    return (
+        _PROJECT_OPTIONS + _MODEL_OPTIONS + _SDIST_OPTIONS + _VERSION_OPTIONS + _SETTINGS_OPTIONS
+    )
 
 
 @dataclass(frozen=True)
@@ -399,7 +509,7 @@ def load_project(
             "Add [tool.cuvil] and one [tool.cuvil.models.<name>] table per model, with "
             'source = "models/<name>.onnx".',
         )
-    known = [o.key for o in _PROJECT_OPTIONS + _SETTINGS_OPTIONS]
+    known = [o.key for o in _PROJECT_OPTIONS + _SETTINGS_OPTIONS] + list(_SUBTABLES)
     _reject_unknown(tool, known, ctx.file, "tool.cuvil.")
     if not tool.get("models"):
         _fail(
@@ -422,6 +532,9 @@ def load_project(
             'Write e.g. package = "digits".',
         )
 
+    values["python_source"] = _python_source(values["python_source"], values["package"], ctx)
+    sdist = SdistConfig(**_read(_SDIST_OPTIONS, _table(tool, "sdist", ctx), "tool.cuvil.sdist", ctx))
+    version, version_file = _dynamic_version(project, tool, values, ctx)
     settings = _settings(
         tool, config_settings or {}, os.environ if environ is None else environ, ctx
     )
@@ -431,8 +544,112 @@ def load_project(
         project=project,
         name=name,
         settings=settings,
+        sdist=sdist,
+        version=version,
+        version_file=version_file,
         **values,
     )
+
+
+def _table(parent: dict[str, Any], key: str, ctx: _Context, dotted: str = "tool.cuvil") -> dict[str, Any]:
+    """The sub-table `key` of `parent` ({} when absent), with its unknown keys refused."""
+    value = parent.get(key, {})
+    if not isinstance(value, dict):
+        _fail(f"{ctx.file}: {dotted}.{key}", f"{_got(value)}, expected a table", f"Write [{dotted}.{key}].")
+    options = {"sdist": _SDIST_OPTIONS, "version": _VERSION_OPTIONS}.get(key)
+    known = [o.key for o in options] if options is not None else ["version"]
+    _reject_unknown(value, known, ctx.file, f"{dotted}.{key}.")
+    return value
+
+
+def _python_source(value: Path | None, package: str, ctx: _Context) -> Path | None:
+    """The folder holding the project's Python package: as set, else src/ or the root."""
+    if value is not None:
+        if not (value / package).is_dir():
+            _fail(
+                f"{ctx.file}: tool.cuvil.python-source",
+                f"{value} holds no folder {package}/ (the package tool.cuvil.package names)",
+                f"Create {value / package}, or point python-source at the folder that holds it.",
+            )
+        return value
+    found = [folder for folder in (ctx.root / "src", ctx.root) if (folder / package).is_dir()]
+    if len(found) > 1:
+        _fail(
+            f"{ctx.file}: tool.cuvil.python-source",
+            f"both src/{package}/ and {package}/ exist, so the Python package is ambiguous",
+            'Set python-source = "src" (or "." for the root), or remove one of them.',
+        )
+    return found[0] if found else None
+
+
+def _dynamic_version(
+    project: dict[str, Any], tool: dict[str, Any], values: dict[str, Any], ctx: _Context
+) -> tuple[str | None, Path | None]:
+    """The version `dynamic = ["version"]` reads, and its file; (None, None) if not dynamic."""
+    from packaging.version import InvalidVersion, Version
+
+    table = _table(_table(tool, "metadata", ctx), "version", ctx, "tool.cuvil.metadata")
+    dynamic = "version" in project.get("dynamic", [])
+    where = f"{ctx.file}: tool.cuvil.metadata.version"
+    if not dynamic:
+        if table:
+            _fail(
+                where,
+                'is set, but project.dynamic does not list "version"',
+                'Add dynamic = ["version"] to [project] (and remove project.version), or remove '
+                "the table.",
+            )
+        return None, None
+    if "version" in project:
+        _fail(
+            f"{ctx.file}: project.version",
+            'is set, but project.dynamic lists "version" too',
+            'Remove one of them: version = "..." or dynamic = ["version"].',
+        )
+    config = VersionConfig(**_read(_VERSION_OPTIONS, table, "tool.cuvil.metadata.version", ctx))
+    path = config.input
+    if path is None:
+        package = values["python_source"] and values["python_source"] / values["package"]
+        if package is None or not (package / "__init__.py").is_file():
+            _fail(
+                where,
+                'project.dynamic lists "version", but there is no input file to read it from '
+                f"(the default, {values['package']}/__init__.py of the Python package, does not "
+                "exist)",
+                'Add [tool.cuvil.metadata.version] with input = "VERSION.txt" (the file holding '
+                "the version) and a regex, or set project.version.",
+            )
+        path = package / "__init__.py"
+    try:
+        pattern = re.compile(config.regex)
+    except re.error as exc:
+        _fail(f"{where}.regex", f"{config.regex!r} is not a regular expression ({exc})", "Fix it.")
+    if "value" not in pattern.groupindex and pattern.groups == 0:
+        _fail(
+            f"{where}.regex",
+            f"{config.regex!r} has no group to take the version from",
+            'Put the version in a group named value: (?P<value>...).',
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        _fail(f"{where}.input", f"cannot read {path} as UTF-8 text ({exc})", "Fix the file.")
+    match = pattern.search(text)
+    if match is None:
+        _fail(
+            f"{where}.regex",
+            f"{config.regex!r} matches nothing in {path}",
+            'Write e.g. __version__ = "1.0.0" there, or fix the regex.',
+        )
+    found = match.group("value" if "value" in pattern.groupindex else 1)
+    try:
+        return str(Version(found.strip())), path
+    except InvalidVersion:
+        _fail(
+            f"{where}",
+            f"{found!r}, read from {path}, is not a valid version (PEP 440)",
+            'Write a version such as "1.0.0" or "2.1rc1" there.',
+        )
 
 
 def _check_project(project: Any, ctx: _Context) -> tuple[str, dict[str, Any]]:
@@ -545,6 +762,8 @@ def _convert(opt: Option, value: Any, src: _Source, ctx: _Context) -> Any:
         return tuple(value)
     if opt.kind == "path":
         return ctx.root / value
+    if opt.kind == "folder":
+        return _project_folder(value, src, ctx)
     if opt.kind == "file":
         return _project_file(value, src, ctx)
     return value
@@ -577,6 +796,19 @@ def _project_file(value: str, src: _Source, ctx: _Context) -> Path:
             f"{ctx.root}",
             "Fix the path or add the file.",
         )
+    return path
+
+
+def _project_folder(value: str, src: _Source, ctx: _Context) -> Path:
+    path = (ctx.root / value).resolve()
+    if Path(value).is_absolute() or (path != ctx.root and ctx.root not in path.parents):
+        _fail(
+            src.where,
+            f"{_toml(value)} is not a folder inside the project root {ctx.root}",
+            'Give a path relative to the project root, e.g. "src" (the sdist carries the folder).',
+        )
+    if not path.is_dir():
+        _fail(src.where, f"{path} is not a folder", "Fix the path or create the folder.")
     return path
 
 

@@ -33,6 +33,13 @@ Build settings can also be given to the build backend as `-C key=value` (for exa
 source that sets a value wins: `-C`, then the environment, then `pyproject.toml`, then the
 default. An empty `-C` value or variable counts as not set. Booleans given as text accept
 `true`/`false`, `yes`/`no`, `on`/`off` and `1`/`0`.
+
+A project may also hold its own Python package `<package>/` (in `src/`, the root, or the
+folder `python-source` names), which the wheel ships with the compiled models; see "Mixed
+projects" in the README for how the two meet in one package. `dynamic = ["version"]` in
+`[project]` reads the version from a file (`[tool.cuvil.metadata.version]`; by default from
+`__version__ = "..."` in the package's `__init__.py`, read as text, never imported).
+`[tool.cuvil.sdist]` names extra files for the sdist.
 """
 
 

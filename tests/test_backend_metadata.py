@@ -306,6 +306,7 @@ def test_prepare_metadata_hook_writes_dist_info(
         pyproject=tmp_path / "pyproject.toml",
         project={"name": "digits-cuvil", "version": "1.0", "scripts": {"d": "digits:main"}},
         settings=types.SimpleNamespace(target=None),
+        version=None,
     )
     seen: list[Any] = []
 

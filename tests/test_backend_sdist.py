@@ -102,6 +102,11 @@ def fake_load_project(config_settings: Any) -> Any:
         package="digits",
         models=models,
         settings=types.SimpleNamespace(target=None, build_dir=root / "build" / "cuvil"),
+        python_source=None,
+        python_package=None,
+        sdist=types.SimpleNamespace(include=(), exclude=()),
+        version=None,
+        version_file=None,
     )
 
 

@@ -36,7 +36,7 @@ version = "1.0.0"
 description = "Digit classifier"
 readme = "README.md"
 license = "MIT"
-scripts = { digits-predict = "digits.cli:main" }
+scripts = { digits-predict = "digits_cli:main" }  # another distribution's module: not checked
 
 [tool.cuvil]
 package = "digits"
@@ -87,12 +87,20 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> types.SimpleName
                     name="classifier",
                     source=Path.cwd() / "models/classifier.onnx",
                     calibration=None,
+                    inputs={},
+                    quantize="none",
                 ),
             ),
             settings=types.SimpleNamespace(
                 target=(config_settings or {}).get("target"),
                 build_dir=Path.cwd() / "build" / "cuvil",
+                cpu=None,
+                opt_level=3,
+                verbose=False,
             ),
+            python_source=None,
+            python_package=None,
+            version=None,
         )
 
     def build_package_files(
@@ -158,7 +166,7 @@ def test_wheel_name_tags_and_layout(project: types.SimpleNamespace, tmp_path: Pa
         )
         assert (
             archive.read(f"{dist_info}/entry_points.txt")
-            == b"[console_scripts]\ndigits-predict = digits.cli:main\n"
+            == b"[console_scripts]\ndigits-predict = digits_cli:main\n"
         )
         assert archive.read(f"{dist_info}/licenses/LICENSE") == b"MIT License\n"
         metadata = Metadata.from_email(archive.read(f"{dist_info}/METADATA"), validate=True)
@@ -404,8 +412,15 @@ def test_editable_install_imports_and_refreshes(
     ).stdout.strip()
     assert run() == "compiled"
 
-    # Rebuilding swaps in the new files and drops ones the generator no longer writes.
+    # Unchanged models and settings: the tree is kept, nothing is compiled.
+    calls = len(project.calls)
     project.files = {**PACKAGE_FILES, "digits/_models.py": b"classifier = 'recompiled'\n"}
+    build_editable(tmp_path / "dist")
+    assert len(project.calls) == calls and run() == "compiled"
+
+    # A changed model recompiles; the new files are swapped in and the ones the generator no
+    # longer writes are dropped.
+    (project.root / "models" / "classifier.onnx").write_bytes(b"onnx, retrained")
     del project.files["digits/classifier.h"]
     build_editable(tmp_path / "dist")
     assert run() == "recompiled"
@@ -419,6 +434,7 @@ def test_editable_keeps_old_tree_when_compiling_fails(
 ) -> None:
     build_editable(tmp_path / "dist")
     project.files = ModelError("bad model")
+    (project.root / "models" / "classifier.onnx").write_bytes(b"onnx, broken")
     with pytest.raises(ModelError):
         build_editable(tmp_path / "dist2")
     assert (project.root / "build" / "cuvil" / "editable" / "digits" / "__init__.py").exists()

@@ -67,9 +67,82 @@ def test_full_example(tmp_path):
     assert detector.name == "detector"
 
 
-def test_version_may_be_dynamic(tmp_path):
-    text = '[project]\nname = "digits"\ndynamic = ["version"]\n' + MODEL
-    assert load_project(make_project(tmp_path, text), environ={}).project["dynamic"] == ["version"]
+DYNAMIC = '[project]\nname = "digits"\ndynamic = ["version"]\n'
+
+
+def test_dynamic_version_from_the_package(tmp_path):
+    root = make_project(tmp_path, DYNAMIC + MODEL)
+    (root / "src" / "digits").mkdir(parents=True)
+    init = root / "src" / "digits" / "__init__.py"
+    init.write_text('"""Digits."""\n\n__version__: str = "1.02.0-RC1"\n  __version__ = "9"\n')
+    cfg = load_project(root, environ={})
+    assert (cfg.version, cfg.version_file) == ("1.2.0rc1", init.resolve())
+    assert cfg.python_package == root.resolve() / "src" / "digits"
+
+
+def test_dynamic_version_from_a_file_with_a_regex(tmp_path):
+    text = DYNAMIC + (
+        "[tool.cuvil.metadata.version]\n"
+        'input = "VERSION.txt"\nregex = "release (?P<value>\\\\S+)"\n'
+    ) + MODEL
+    root = make_project(tmp_path, text)
+    (root / "VERSION.txt").write_text("release 2.1\n")
+    assert load_project(root, environ={}).version == "2.1"
+    (root / "VERSION.txt").write_text("release two\n")
+    assert "'two', read from" in config_error(root) and "PEP 440" in config_error(root)
+    (root / "VERSION.txt").write_text("nothing\n")
+    assert "tool.cuvil.metadata.version.regex" in config_error(root)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (DYNAMIC + MODEL, "no input file to read it from"),
+        (DYNAMIC + '[tool.cuvil.metadata.version]\ninput = "V.txt"\nregex = "("\n' + MODEL,
+         "metadata.version.regex"),
+        (DYNAMIC + '[tool.cuvil.metadata.version]\ninput = "V.txt"\nregex = "v"\n' + MODEL,
+         "no group"),
+        (DYNAMIC + '[tool.cuvil.metadata.version]\ninput = "V.txt"\nprovider = "git"\n' + MODEL,
+         'tool.cuvil.metadata.version.provider: got "git"'),
+        (DYNAMIC + '[tool.cuvil.metadata.version]\ninput = "V.txt"\nfile = "x"\n' + MODEL,
+         "unknown key tool.cuvil.metadata.version.file"),
+        (PROJECT + '[tool.cuvil.metadata.version]\ninput = "V.txt"\n' + MODEL,
+         'project.dynamic does not list "version"'),
+        (DYNAMIC + '[tool.cuvil.metadata.version]\ninput = "missing.txt"\n' + MODEL,
+         "tool.cuvil.metadata.version.input: cannot read"),
+    ],
+)
+def test_dynamic_version_errors(tmp_path, text, expected):
+    root = make_project(tmp_path, text)
+    (root / "V.txt").write_text("1.0\n")
+    assert expected in config_error(root)
+
+
+def test_python_source(tmp_path):
+    root = make_project(tmp_path)
+    assert load_project(root, environ={}).python_source is None
+    (root / "digits").mkdir()
+    assert load_project(root, environ={}).python_package == root.resolve() / "digits"
+    (root / "src" / "digits").mkdir(parents=True)
+    assert "python-source: both src/digits/ and digits/ exist" in config_error(root)
+    (root / "pyproject.toml").write_text(PROJECT + '[tool.cuvil]\npython-source = "src"\n' + MODEL)
+    assert load_project(root, environ={}).python_package == root.resolve() / "src" / "digits"
+    (root / "pyproject.toml").write_text(PROJECT + '[tool.cuvil]\npython-source = "lib"\n' + MODEL)
+    assert "tool.cuvil.python-source" in config_error(root)
+    (root / "lib").mkdir()
+    assert "holds no folder digits/" in config_error(root)
+    (root / "pyproject.toml").write_text(PROJECT + '[tool.cuvil]\npython-source = ".."\n' + MODEL)
+    assert "not a folder inside the project root" in config_error(root)
+
+
+def test_sdist_table(tmp_path):
+    text = PROJECT + '[tool.cuvil.sdist]\ninclude = ["scripts/*.py"]\nexclude = ["x"]\n' + MODEL
+    cfg = load_project(make_project(tmp_path, text), environ={})
+    assert (cfg.sdist.include, cfg.sdist.exclude) == (("scripts/*.py",), ("x",))
+    bad = PROJECT + '[tool.cuvil.sdist]\ninclude = "scripts"\n' + MODEL
+    assert "tool.cuvil.sdist.include: got" in config_error(make_project(tmp_path, bad))
+    bad = PROJECT + '[tool.cuvil.sdist]\nincludes = []\n' + MODEL
+    assert "did you mean 'include'" in config_error(make_project(tmp_path, bad))
 
 
 @pytest.mark.parametrize(

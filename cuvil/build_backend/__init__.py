@@ -12,19 +12,26 @@ Without a named target, the build follows the platform variables cibuildwheel se
 Every wheel is checked as `cuvil check` checks it before it is moved into the output folder;
 a failed check fails the build, unless `tool.cuvil.check-warnings` turns it into a warning.
 
-Progress goes to stderr as lines starting with "cuvil: " (`pip wheel -v` shows them). A
-`CuvilError` is printed as "cuvil: error: ..." before it propagates, and no partial archive is
-ever left in the output folder.
+Progress goes to stderr as lines starting with "cuvil: " (`pip wheel -v` shows them); with the
+verbose setting (`-C verbose=true`, `CUVIL_VERBOSE=1`) each step also gives its duration and
+every command it runs ("cuvil: $ ..."). A `CuvilError` is printed as "cuvil: error: ..." before
+it propagates, and no partial archive is ever left in the output folder.
+
+A mixed project's own Python package ships next to the generated files (`_python.py`); its
+editable install reads the Python files from the source folder and the compiled models from
+the build folder, and recompiles only when the models or their settings change.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
@@ -56,6 +63,26 @@ def _log(message: str) -> None:
     # the compiler and toolchain parts prefix their own lines already
     line = message if message.startswith("cuvil: ") else f"cuvil: {message}"
     print(line, file=sys.stderr, flush=True)
+
+
+# Lines of the verbose setting only: the commands the toolchain runs, and step durations.
+_VERBOSE_PREFIXES = ("cuvil: $ ", "$ ")
+
+
+def _step_log(project: ProjectConfig) -> Callable[[str], None]:
+    """The log the compiler gets: every line when verbose, else all but the commands."""
+    if project.settings.verbose:
+        return _log
+    return lambda message: None if message.startswith(_VERBOSE_PREFIXES) else _log(message)
+
+
+@contextlib.contextmanager
+def _step(project: ProjectConfig, what: str) -> Iterator[None]:
+    """Time one build step; its duration is printed with the verbose setting."""
+    start = time.perf_counter()
+    yield
+    if project.settings.verbose:
+        _log(f"{what} took {time.perf_counter() - start:.2f} s")
 
 
 def _report_errors(hook: _Hook) -> _Hook:
@@ -147,7 +174,20 @@ def _read(config_settings: ConfigSettings | None) -> tuple[ProjectConfig, CoreMe
     from cuvil.build_backend._metadata import read_metadata
 
     project = _load_project(config_settings)
-    return project, read_metadata(project.project, project.root, project.pyproject)
+    metadata = read_metadata(
+        project.project, project.root, project.pyproject, version=project.version
+    )
+    return project, metadata
+
+
+def _user_files(project: ProjectConfig, metadata: CoreMetadata) -> dict[str, Path]:
+    """The project's own Python files (wheel path -> file), with its entry points checked
+    against what the wheel will ship: before compiling, so a typo fails fast."""
+    from cuvil.build_backend._python import check_entry_points, python_files
+
+    files = python_files(project)
+    check_entry_points(project, metadata.entry_points, files)
+    return files
 
 
 def _prepare_metadata(metadata_directory: str, config_settings: ConfigSettings | None) -> str:
@@ -185,7 +225,8 @@ def _compile(project: ProjectConfig, metadata: CoreMetadata, target: Target) -> 
     build_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix=f"{target.name}.building-", dir=build_dir))
     try:
-        files = _build_package_files(project, workdir, _log, target)
+        with _step(project, f"compiling model{plural} {names}"):
+            files = _build_package_files(project, workdir, _step_log(project), target)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
@@ -217,13 +258,21 @@ def build_wheel(
     # so it equals what prepare_metadata_for_build_wheel wrote.
     from cuvil.build_backend._wheel import wheel_name, write_wheel
 
+    start = time.perf_counter()
     project, metadata = _read(config_settings)
     chosen = _platform(project)
     target, tag = chosen.target, chosen.platform_tag
     verify = _wheel_check(project)
+    user_files = _user_files(project, metadata)
+    if project.settings.verbose:
+        _log(f"reading the project took {time.perf_counter() - start:.2f} s")
     files = _compile(project, metadata, target)
+    files.update((name, path.read_bytes()) for name, path in user_files.items())
     _log(f"writing wheel {wheel_name(metadata, tag)}")
-    return write_wheel(Path(wheel_directory), metadata, files, tag, verify=verify)
+    with _step(project, "writing and checking the wheel"):
+        return write_wheel(
+            Path(wheel_directory), metadata, files, tag, verify=verify
+        )
 
 
 @_report_errors
@@ -232,33 +281,61 @@ def build_editable(
     config_settings: ConfigSettings | None = None,
     metadata_directory: str | None = None,
 ) -> str:
-    """Compile into `<build_dir>/editable/` and write a wheel whose .pth file points there.
+    """Compile into `<build_dir>/editable/` and write a wheel that imports the package from there.
 
     Running it again (or `pip install -e .` again) recompiles and swaps the folder's content,
-    so the installed package picks up model and config changes. The package is checked as
-    `build_wheel` checks its wheel before anything is written there.
-    """
-    import tempfile
+    so the installed package picks up model and config changes; when neither the models nor
+    the settings that shape the generated files changed, the folder is kept as it is. The
+    package is checked as `build_wheel` checks its wheel before anything is written there.
 
+    A mixed project's Python files are not copied: an import hook makes the package read them
+    from the source folder (edits show at the next import) and the generated files from the
+    build folder.
+    """
+    from cuvil.build_backend._editable import fingerprint, render_finder
     from cuvil.build_backend._wheel import wheel_name, write_wheel
 
     project, metadata = _read(config_settings)
     chosen = _platform(project)
     target, tag = chosen.target, chosen.platform_tag
     verify = _wheel_check(project)
-    files = _compile(project, metadata, target)
-    with tempfile.TemporaryDirectory() as scratch:  # the package is checked as the wheel it would be
-        write_wheel(Path(scratch), metadata, files, tag, verify=verify)
+    user_files = _user_files(project, metadata)
     tree = project.settings.build_dir / "editable"
-    _log(f"writing the editable package into {tree}")
-    _replace_tree(tree, files)
-    pth = {f"{metadata.distribution}.pth": f"{tree}\n".encode()}
+    stamp = fingerprint(project, target.name, user_files)
+    if _tree_stamp(tree) == stamp:
+        from cuvil.build_backend._python import check_no_clash
+
+        kept = [p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file()]
+        check_no_clash(project, user_files, kept)
+        _log(f"the models and their settings are unchanged: keeping the compiled package in {tree}")
+    else:
+        files = _compile(project, metadata, target)
+        with tempfile.TemporaryDirectory() as scratch:  # checked as the wheel it would be
+            everything = {**files, **{n: p.read_bytes() for n, p in user_files.items()}}
+            write_wheel(Path(scratch), metadata, everything, tag, verify=verify)
+        _log(f"writing the editable package into {tree}")
+        _replace_tree(tree, files, stamp)
+    source = project.python_package
+    if source is not None:  # a mixed project: its Python files stay where they are
+        hook = f"_cuvil_editable_{metadata.distribution}"
+        finder = render_finder(project.package, source, tree / project.package)
+        extra = {f"{metadata.distribution}.pth": f"import {hook}\n".encode(), f"{hook}.py": finder}
+    else:
+        extra = {f"{metadata.distribution}.pth": f"{tree}\n".encode()}
     _log(f"writing editable wheel {wheel_name(metadata, tag)}")
-    return write_wheel(Path(wheel_directory), metadata, pth, tag)
+    return write_wheel(Path(wheel_directory), metadata, extra, tag)
 
 
-def _replace_tree(tree: Path, files: Mapping[str, bytes]) -> None:
-    """Make `tree` hold exactly `files`; the old content stays until the new one is complete."""
+def _tree_stamp(tree: Path) -> str | None:
+    try:
+        return (tree / _EDITABLE_MARKER).read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+def _replace_tree(tree: Path, files: Mapping[str, bytes], stamp: str = "") -> None:
+    """Make `tree` hold exactly `files`; the old content stays until the new one is complete.
+    The marker file holds `stamp`, what the tree was built from."""
     from cuvil.build_backend import _reproducible
     from cuvil.build_backend._wheel import check_archive_path
     from cuvil.errors import BuildError
@@ -272,15 +349,14 @@ def _replace_tree(tree: Path, files: Mapping[str, bytes]) -> None:
     # private names: a concurrent refresh of the same tree must not write into this one's
     staging = Path(tempfile.mkdtemp(prefix=tree.name + ".new-", dir=tree.parent))
     retired = Path(tempfile.mkdtemp(prefix=tree.name + ".old-", dir=tree.parent)) / tree.name
-    (staging / _EDITABLE_MARKER).write_text(
-        "cuvil editable install tree; rebuilt by pip install -e\n"
-    )
     for name, data in files.items():
         check_archive_path(name)
         path = staging.joinpath(*name.split("/"))
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         os.chmod(path, _reproducible.mode_for_name(name))
+    # written last: a tree whose marker holds a stamp is complete
+    (staging / _EDITABLE_MARKER).write_text(stamp, encoding="utf-8")
     try:
         if tree.exists():
             os.replace(tree, retired)

@@ -185,9 +185,16 @@ class _Reader:
 
 
 def read_metadata(
-    project: Mapping[str, Any] | None, root: Path, pyproject: Path | None = None
+    project: Mapping[str, Any] | None,
+    root: Path,
+    pyproject: Path | None = None,
+    version: str | None = None,
 ) -> CoreMetadata:
-    """Validate the raw `[project]` table of the project at `root`; return its core metadata."""
+    """Validate the raw `[project]` table of the project at `root`; return its core metadata.
+
+    `version` is the version `dynamic = ["version"]` stands for, as the config read it
+    (`[tool.cuvil.metadata.version]`); without it, a dynamic version is refused.
+    """
     pyproject = pyproject if pyproject is not None else root / "pyproject.toml"
     if project is None:
         raise ConfigError(
@@ -202,11 +209,11 @@ def read_metadata(
                 "is not a key of the [project] table",
                 "remove it or correct its spelling (cuvil's own options go under [tool.cuvil])",
             )
-    _check_dynamic(reader)
+    _check_dynamic(reader, dynamic_version=version is not None)
 
     headers: list[tuple[str, str]] = []
     name = _name(reader)
-    version = _version(reader)
+    version = version if version is not None else _version(reader)
     headers += [("Name", name), ("Version", version)]
     metadata_version = "2.3"
 
@@ -287,7 +294,7 @@ def read_metadata(
     )
 
 
-def _check_dynamic(reader: _Reader) -> None:
+def _check_dynamic(reader: _Reader, dynamic_version: bool) -> None:
     dynamic = reader.string_list("dynamic")
     for index, key in enumerate(dynamic):
         where = f"dynamic[{index}]"
@@ -300,11 +307,13 @@ def _check_dynamic(reader: _Reader) -> None:
                 f"remove {key!r} from project.dynamic",
             )
         if key == "version":
+            if dynamic_version:
+                continue
             raise reader.fail(
                 where,
-                "cuvil does not compute versions",
-                'set project.version = "1.0.0" (your version) and remove "version" from '
-                "project.dynamic",
+                "no version was read for it",
+                'set project.version = "1.0.0", or read it with [tool.cuvil.metadata.version] '
+                '(input = "src/<package>/__init__.py"; see docs/config.md)',
             )
         raise reader.fail(
             where,

@@ -8,6 +8,10 @@ Layout inside the wheel, for package `digits` with model `classifier`:
     digits/_models.json         signatures: names, dtypes, shapes, ABI checksums
     digits/_classifier.so       the compiled model (C ABI)
     digits/classifier.h         its C header
+
+In a mixed project whose Python package has its own `__init__.py`, the models load in
+`digits/_cuvil_models.py` (with `_cuvil_models.pyi`) instead, and the user's files are not
+among the files generated here (the backend adds them; see `_python.py`).
 """
 
 from __future__ import annotations
@@ -18,22 +22,35 @@ from pathlib import Path
 from typing import Any, Callable
 
 import cuvil
+from cuvil.build_backend._python import (
+    MODELS_MODULE,
+    RUNTIME_MODULE,
+    check_no_clash,
+    models_module,
+    python_files,
+)
 from cuvil.compiler.codegen.header import render_header
 from cuvil.config import ProjectConfig
 from cuvil.runtime import ABI_VERSION, LOADER_SOURCE
 from cuvil.toolchains import Target
 
-RUNTIME_MODULE = "_cuvil_runtime"
-
 
 def build_package_files(
     project: ProjectConfig, workdir: Path, log: Callable[[str], None], target: Target
 ) -> dict[str, bytes]:
-    """Compile every model of `project` for `target`; return wheel paths -> bytes."""
+    """Compile every model of `project` for `target`; return the generated
+    files as wheel paths -> bytes (the project's own Python files are not among them)."""
     from cuvil.compiler.driver import compile_model
 
     settings = project.settings
     pkg = project.package
+    user_files = python_files(project)
+    loader = models_module(pkg, user_files).replace(".", "/")
+    generated = [f"{pkg}/{n}" for n in (RUNTIME_MODULE + ".py", "_models.json")]
+    generated += [f"{loader}.py", f"{loader}.pyi" if loader != pkg else f"{pkg}/__init__.pyi"]
+    for model in project.models:
+        generated += [f"{pkg}/_{model.name}{target.library_suffix}", f"{pkg}/{model.name}.h"]
+    check_no_clash(project, user_files, generated)  # before compiling: it fails fast
     files: dict[str, bytes] = {}
     signatures = []
     for model in project.models:
@@ -55,9 +72,14 @@ def build_package_files(
     }
     files[f"{pkg}/_models.json"] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
     files[f"{pkg}/{RUNTIME_MODULE}.py"] = LOADER_SOURCE.read_bytes()
-    files[f"{pkg}/__init__.py"] = render_init(pkg, signatures, target.name).encode()
-    files[f"{pkg}/__init__.pyi"] = render_stub(signatures).encode()
-    files[f"{pkg}/py.typed"] = b""
+    if loader == pkg:
+        files[f"{pkg}/__init__.py"] = render_init(pkg, signatures, target.name).encode()
+        files[f"{pkg}/__init__.pyi"] = render_stub(signatures).encode()
+    else:
+        files[f"{loader}.py"] = render_init(pkg, signatures, target.name, submodule=True).encode()
+        files[f"{loader}.pyi"] = render_stub(signatures).encode()
+    if f"{pkg}/py.typed" not in user_files:
+        files[f"{pkg}/py.typed"] = b""
     return files
 
 
@@ -70,8 +92,14 @@ def _describe(sig: dict[str, Any]) -> str:
     return f"{sig['name']}({ins}) -> {outs}"
 
 
-def render_init(package: str, signatures: list[dict[str, Any]], target: str) -> str:
+def render_init(
+    package: str, signatures: list[dict[str, Any]], target: str, submodule: bool = False
+) -> str:
+    """The module that loads the models: `package/__init__.py`, or with `submodule` the one the
+    user's own `__init__.py` re-exports them from."""
     names = [s["name"] for s in signatures]
+    usage = f"from .{MODELS_MODULE} import {', '.join(names)}"
+    reexport = ["", f"The package's own __init__.py re-exports them: `{usage}`."]
     lines = [
         f'"""{package}: models compiled by cuvil {cuvil.__version__} for {target}.',
         "",
@@ -79,6 +107,7 @@ def render_init(package: str, signatures: list[dict[str, Any]], target: str) -> 
         "",
         "Call a model with numpy arrays (`model(x)`), or with a dict (`model.run({...})`);",
         "`.inputs` and `.outputs` describe its tensors.",
+        *(reexport if submodule else []),
         '"""',
         "",
         "import os as _os",

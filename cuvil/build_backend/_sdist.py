@@ -1,8 +1,11 @@
 """Write the source distribution: everything `load_project` and the compiler need, reproducibly.
 
 An sdist holds one folder `{name}-{version}/` with PKG-INFO, pyproject.toml, the readme and
-license files, and every model source, external-data and calibration file the config names,
-at the same paths relative to the project root, so `pip wheel name-1.0.tar.gz` works.
+license files, every model source, external-data and calibration file the config names, the
+project's Python package and the file a dynamic version is read from, at the same paths
+relative to the project root, so `pip wheel name-1.0.tar.gz` builds the same wheel. On top come
+the files `[tool.cuvil.sdist] include` names, minus those `exclude` names (never one of the
+files a rebuild needs).
 """
 
 from __future__ import annotations
@@ -11,19 +14,20 @@ import gzip
 import io
 import os
 import tarfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from cuvil.build_backend import _reproducible
 from cuvil.build_backend._metadata import CoreMetadata
+from cuvil.build_backend._python import python_files
 from cuvil.build_backend._wheel import atomic_output
-from cuvil.errors import BuildError
+from cuvil.errors import BuildError, ConfigError
 
 if TYPE_CHECKING:
-    from cuvil.config import ProjectConfig
+    from cuvil.config import ModelConfig, ProjectConfig
 
-__all__ = ["sdist_files", "sdist_name", "write_sdist"]
+__all__ = ["model_files", "sdist_files", "sdist_name", "write_sdist"]
 
 
 def sdist_name(metadata: CoreMetadata) -> str:
@@ -52,13 +56,75 @@ def sdist_files(project: ProjectConfig, metadata: CoreMetadata) -> dict[str, Pat
     for _, path in metadata.license_files:
         add(path, "project.license-files")
     for model in project.models:
-        key = f"tool.cuvil.models.{model.name}"
-        add(model.source, f"{key}.source")
-        for data in _external_data(model.source):
-            add(data, f"{key}.source (external data)")
-        if model.calibration is not None:
-            add(model.calibration, f"{key}.calibration")
+        for key, path in model_files(root, model):
+            add(path, key)
+    for path in python_files(project).values():
+        add(path, "tool.cuvil.python-source (the Python package)")
+    if project.version_file is not None:
+        add(project.version_file, "tool.cuvil.metadata.version.input")
+
+    required = set(files)
+    excluded = {
+        relative
+        for index, pattern in enumerate(project.sdist.exclude)
+        for relative in _glob(project, pattern, f"tool.cuvil.sdist.exclude[{index}]")
+    }
+    for relative in sorted(required & excluded):
+        raise ConfigError(
+            f"{project.pyproject}: tool.cuvil.sdist.exclude: {relative} is needed to build the "
+            "wheel from the sdist, so it cannot be left out; narrow the pattern"
+        )
+    for index, pattern in enumerate(project.sdist.include):
+        key = f"tool.cuvil.sdist.include[{index}]"
+        matches = _glob(project, pattern, key)
+        if not matches:
+            raise ConfigError(
+                f"{project.pyproject}: {key}: {pattern!r} matches no file in {root}; correct "
+                "the pattern or remove it"
+            )
+        for relative in matches:
+            if relative not in excluded:
+                files.setdefault(relative, root / relative)
     return files
+
+
+def model_files(root: Path, model: ModelConfig) -> Iterator[tuple[str, Path]]:
+    """(config key, file) of every file a model's build reads: source, external data, calibration."""
+    key = f"tool.cuvil.models.{model.name}"
+    yield f"{key}.source", model.source
+    for data in _external_data(model.source):
+        yield f"{key}.source (external data)", data
+    if model.calibration is not None:
+        yield f"{key}.calibration", model.calibration
+
+
+def _glob(project: ProjectConfig, pattern: str, key: str) -> list[str]:
+    """Project-relative paths of the files `pattern` names (a folder: every file in it), leaving
+    out the build folder, version control folders and Python caches."""
+    root = project.root
+    if not pattern or Path(pattern).is_absolute() or ".." in Path(pattern).parts:
+        raise ConfigError(
+            f"{project.pyproject}: {key}: {pattern!r} is not a glob relative to the project "
+            'root; write e.g. "scripts/*.py" or "docs"'
+        )
+    found = set()
+    for match in root.glob(pattern):
+        for path in [match] if match.is_file() else match.rglob("*"):
+            relative = _relative(path, root)
+            if relative is None or not path.is_file() or _skipped(project, path, relative):
+                continue
+            found.add(relative)
+    return sorted(found)
+
+
+def _skipped(project: ProjectConfig, path: Path, relative: str) -> bool:
+    parts = relative.split("/")
+    if any(p in (".git", ".hg", ".svn", "__pycache__") for p in parts[:-1]):
+        return True
+    if path.suffix in (".pyc", ".pyo"):
+        return True
+    build_dir = project.settings.build_dir
+    return path.resolve() == build_dir.resolve() or build_dir.resolve() in path.resolve().parents
 
 
 def write_sdist(

@@ -136,7 +136,8 @@ def compile_model(
     sig = signature_of(graph, name, library_file)
     sig["workspace"] = to_python(plan.workspace_size)
     say(f"cuvil: {name}: {len(graph.nodes)} nodes, {len(plan.weights)} bytes of weights, "
-        f"workspace {plan.workspace_size} bytes")
+        f"workspace {plan.workspace_size} bytes (imported, optimized and planned in "
+        f"{time.perf_counter() - start:.2f} s)")
 
     blob = workdir / f"{name}.weights.bin"
     blob.write_bytes(bytes(plan.weights))
@@ -180,12 +181,15 @@ def _compile_arch(graph: Graph, plan: Any, sig: dict[str, Any], arch: Any, workd
         tm = target_machine(arch, cpu=level_cpu, features=features if index else None,
                             opt_level=opt_level)
         say(f"cuvil: {name}: generating code for {arch.llvm_triple} (cpu {level_cpu})")
+        start = time.perf_counter()
         obj = workdir / f"{name}.{arch.name}.{index}.o"
         obj.write_bytes(emit_object(build_module(graph, plan, name, sig["checksum"],
                                                  arch.llvm_triple, str(tm.target_data),
                                                  features=features,
                                                  variant=index if dispatched else None),
                                     tm, opt_level))
+        say(f"cuvil: {name}: wrote {obj.name} (LLVM -O{opt_level}) in "
+            f"{time.perf_counter() - start:.2f} s")
         objects.append(obj)
     source = workdir / f"{name}.cpu_check.c"
     source.write_text(render_dispatcher(name, [requires for _, _, requires in levels])

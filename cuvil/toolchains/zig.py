@@ -68,12 +68,18 @@ def zig_command() -> list[str]:
     return [sys.executable, "-m", "ziglang"]
 
 
-def _run(args: Sequence[str], what: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: Sequence[str], what: str, cwd: Path | None = None, log: Log = None
+) -> subprocess.CompletedProcess[str]:
+    """Run zig; `log` gets the exact command line with its duration, as "cuvil: $ ..." (the
+    build backend shows these lines with its verbose setting only)."""
     cmd = [*zig_command(), *map(str, args)]
+    start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, errors="replace")
     except OSError as exc:
         raise ToolchainError(f"{what} failed: cannot run {shlex.join(cmd)}: {exc}") from None
+    _log(log, f"cuvil: $ {shlex.join(cmd)}  # {time.perf_counter() - start:.2f} s")
     if proc.returncode != 0:
         output = (proc.stderr.strip() or proc.stdout.strip() or "(no output)")[-6000:]
         raise ToolchainError(
@@ -252,7 +258,9 @@ def compile_c(
     _log(log, f"cuvil: compiling {source.name} for {arch.zig_target}")
     with _atomic_output(output) as tmp:
         _run(
-            [*args, "-c", str(source.resolve()), "-o", str(tmp)], f"compiling {source} for {arch.zig_target}"
+            [*args, "-c", str(source.resolve()), "-o", str(tmp)],
+            f"compiling {source} for {arch.zig_target}",
+            log=log,
         )
     return output
 
@@ -324,6 +332,7 @@ def embed_blob(
             _run(
                 ["cc", "-target", arch.zig_target, "-g0", "-c", str(asm_path), "-o", str(tmp)],
                 f"assembling blob {data_path} for {arch.zig_target}",
+                log=log,
             )
     _log(log, f"cuvil: assembled {output.name} in {time.perf_counter() - start:.1f} s")
     return output
@@ -381,7 +390,7 @@ def link_shared(
     _log(log, f"cuvil: linking {output.name} for {arch.zig_target}{note}")
     start = time.perf_counter()
     with _atomic_output(output) as tmp:
-        _run([*args, "-o", str(tmp)], f"linking {output.name} for {arch.zig_target}")
+        _run([*args, "-o", str(tmp)], f"linking {output.name} for {arch.zig_target}", log=log)
     _log(log, f"cuvil: linked {output.name} in {time.perf_counter() - start:.1f} s")
     return output
 
