@@ -12,6 +12,7 @@ from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
 from elftools.elf.sections import SymbolTableSection
+from elftools.elf.segments import InterpSegment
 
 from cuvil.errors import CheckError
 
@@ -111,7 +112,7 @@ def _read(data: bytes) -> ElfLibrary:
     )
     dynamic_found = False
     for segment in elf.iter_segments():
-        if segment["p_type"] == "PT_INTERP":
+        if isinstance(segment, InterpSegment):
             lib.interpreter = segment.get_interp_name()
     for section in elf.iter_sections():
         lib.sections.append(

@@ -119,8 +119,8 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
         _run_function(module, fn_name, graph, plan, node_fns, weights, derived, symbols,
                       profiled=entry == "run_profiled")
 
-    text = hide_derived(hide_declarations(str(module), names["weights"], hidden), names)
-    return dll_exports(text, model) if "windows" in triple or "mingw" in triple else text
+    ir_text = hide_derived(hide_declarations(str(module), names["weights"], hidden), names)
+    return dll_exports(ir_text, model) if "windows" in triple or "mingw" in triple else ir_text
 
 
 def dll_exports(ir_text: str, model: str) -> str:
