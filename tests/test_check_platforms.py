@@ -140,3 +140,24 @@ def test_windows_loader_limits_the_dll_search(monkeypatch: pytest.MonkeyPatch, t
     (path, kwargs), = calls
     assert path == os.path.join(str(tmp_path), "digits", "_classifier.dll")
     assert kwargs == {"winmode": 0x100 | 0x800}  # LOAD_LIBRARY_SEARCH_DLL_LOAD_DIR | _SYSTEM32
+
+
+def _doctor_failure(wheel: Path) -> tuple[str, str]:
+    from cuvil.check.doctor import diagnose
+
+    diagnosis = diagnose(str(wheel))
+    assert not diagnosis.ok, diagnosis.text()
+    return next((what, fix) for ok, what, fix in diagnosis.findings if not ok)
+
+
+@pytest.mark.skipif(not os.confstr("CS_GNU_LIBC_VERSION"), reason="needs a glibc host")
+def test_doctor_refuses_a_musl_wheel_on_a_glibc_system(digits: SimpleNamespace) -> None:
+    what, fix = _doctor_failure(digits.wheels["x86_64-linux-musl"])
+    assert "built for x86_64-linux-musl (musllinux_1_2_x86_64), whose libraries need musl" in what
+    assert "this system's C library is glibc" in what and "-C target=x86_64-linux" in fix
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="diagnoses a Windows wheel elsewhere")
+def test_doctor_reads_a_dll_and_names_the_other_os(digits: SimpleNamespace) -> None:
+    what, _ = _doctor_failure(digits.wheels["x86_64-windows"])
+    assert "built for x86_64-windows (win_amd64)" in what, what
