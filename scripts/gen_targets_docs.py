@@ -26,14 +26,24 @@ VERIFIED = {
                     "Skylake-Server (v3 copy; qemu emulates no AVX-512), the host (v4 copy when "
                     "it has AVX-512)",
     "aarch64-linux": "C harness under qemu-aarch64: cortex-a53, cortex-a72, max",
+    "x86_64-linux-musl": "C harness under musl's dynamic loader on the host and under "
+                         "qemu-x86_64: Conroe refused with the missing flags, Nehalem (baseline "
+                         "copy), Haswell (v3 copy)",
+    "aarch64-linux-musl": "structure checked (`cuvil check`); C harness compiled, not run: Debian "
+                          "has no arm64 musl to run it with",
+    "x86_64-windows": "C harness under wine64 on the host (the copy the host's CPU picks); "
+                      "structure checked (`cuvil check`)",
+    "aarch64-windows": "structure checked (`cuvil check`); C harness compiled, not run",
 }
 MACHO = "structure and code signatures checked (`cuvil check`); C harness compiled, not run"
+#: the oldest OS of targets whose zig target names no version
+OLDEST_OS = {"musl": "musl 1.2", "windows": "Windows 10"}
 
 
 def _min_os(zig_target: str) -> str:
     m = re.search(r"-(gnu|macos)\.([\d.]+)$", zig_target)
     if not m:
-        return "-"
+        return next((v for k, v in OLDEST_OS.items() if k in zig_target), "-")
     return f"glibc {m.group(2)}" if m.group(1) == "gnu" else f"macOS {m.group(2)}"
 
 
@@ -71,17 +81,24 @@ def render() -> str:
         "",
         "Why these baselines:",
         "",
-        "- **x86_64-linux: x86-64-v2** (Nehalem, 2008, and AMD Bulldozer or newer). numpy 2.4's",
-        "  own x86-64 baseline is x86-64-v2, so a Python with a current numpy needs such a CPU",
-        "  anyway, and v2 keeps SSE4.1/4.2 in the code every CPU without AVX2 runs. On a Core 2",
-        "  or AMD K10 the import fails with the missing flags; `-C cpu=x86-64` builds for them.",
+        "- **x86_64-linux, x86_64-linux-musl and x86_64-windows: x86-64-v2** (Nehalem, 2008, and",
+        "  AMD Bulldozer or newer). numpy 2.4's own x86-64 baseline is x86-64-v2 on every OS, so",
+        "  a Python with a current numpy needs such a CPU anyway (Windows 11 24H2 does too), and",
+        "  v2 keeps SSE4.1/4.2 in the code every CPU without AVX2 runs. On a Core 2 or AMD K10",
+        "  the import fails with the missing flags; `-C cpu=x86-64` builds for them.",
         "- **x86_64-macos and universal2's x86-64 slice: core2**. macOS 10.13 (the tag's minimum)",
         "  runs on Core 2 Macs (late-2009 iMac and MacBook: Penryn, no SSE4.2 or POPCNT), and",
         "  every 64-bit Intel Mac has a Core 2 or newer, so the baseline runs on every Mac the tag",
         "  admits; Haswell and later Macs run the x86-64-v3 copy, Xeon W/Ice Lake ones the v4 copy.",
         "- **arm64 (macOS)**: apple-m1, the first Apple silicon CPU: every arm64 Mac.",
-        "- **aarch64-linux**: Armv8.0-A with Advanced SIMD, which every AArch64 Linux CPU has; its",
-        "  CPU check reports nothing missing. A cpu pinned with `-C cpu=` on aarch64 is not checked.",
+        "- **aarch64-linux, aarch64-linux-musl and aarch64-windows**: Armv8.0-A with Advanced",
+        "  SIMD, which every AArch64 Linux and Windows on Arm CPU has; its CPU check reports",
+        "  nothing missing. A cpu pinned with `-C cpu=` on aarch64 is not checked.",
+        "- **Windows DLLs** import KERNEL32 and the Universal C Runtime only (part of Windows 10,",
+        "  an update for 7 and 8.1); the generated package loads them with `LoadLibraryEx`",
+        "  searching the DLL's own folder and System32 only. A DLL that has started worker",
+        "  threads stays loaded until the process exits (unloading it would wait for them under",
+        "  the loader lock).",
         "",
     ])
 

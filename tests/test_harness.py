@@ -9,8 +9,15 @@ AVX-512; qemu 7.2 emulates none) the AVX-512 copy. aarch64-linux runs under qemu
 cortex-a53, cortex-a72 and max. The Python loader is checked the same way: on a CPU below a
 library's baseline, importing the package raises ImportError naming what is missing.
 
-Needs Debian's qemu-user-static and libc6-arm64-cross (CI installs them: .ci/run); skips
-with the reason otherwise."""
+x86_64-linux-musl runs under musl's dynamic loader, on the host and under qemu-x86_64 on the
+same CPU models; x86_64-windows runs under wine on the host. Debian has no musl for arm64
+(its `musl` package is built for the host architecture only, and no cross package exists),
+so aarch64-linux-musl is checked structurally, as aarch64-windows is (no runner for Windows
+on Arm): `cuvil check` passes and the harness builds for them.
+
+Needs Debian's qemu-user-static, libc6-arm64-cross, musl and wine64 (CI installs them:
+.ci/run); skips with the reason when one is missing, except in CI (CI=true), where a missing
+tool fails the test."""
 
 from __future__ import annotations
 
@@ -38,6 +45,12 @@ pytestmark = pytest.mark.skipif(
 
 HARNESS = Path(__file__).parent / "harness" / "run_model.c"
 AARCH64_SYSROOT = Path("/usr/aarch64-linux-gnu")
+MUSL_LOADER = {"x86_64": Path("/lib/ld-musl-x86_64.so.1"), "aarch64": Path("/lib/ld-musl-aarch64.so.1")}
+WINE = Path("/usr/lib/wine/wine64")
+#: Debian package of each tool the tests run
+PACKAGES = {"qemu-x86_64-static": "qemu-user-static", "qemu-aarch64-static": "qemu-user-static",
+            str(AARCH64_SYSROOT): "libc6-arm64-cross", str(MUSL_LOADER["x86_64"]): "musl",
+            str(WINE): "wine64"}
 #: x86-64-v2's flags that a Core 2 (Conroe) lacks: SSE4.1, SSE4.2, POPCNT (Intel SDM). qemu's
 #: Conroe model also leaves out CMPXCHG16B, which real ones have: "Conroe,+cx16" is the real one
 CONROE_LACKS = {"sse4.1", "sse4.2", "popcnt"}
@@ -47,10 +60,19 @@ X86_V2 = ("sse3", "ssse3", "cx16", "sse4.1", "sahf", "sse4.2", "popcnt")
 AVX512 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
 
 
+def _missing(what: str) -> None:
+    """Skip for want of a tool, or fail in CI, which must run every test (.ci/run installs it)."""
+    reason = f"{what} is not installed (Debian: apt-get install {PACKAGES.get(what, what)})"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason}; CI must run this test: install it in .ci/run")
+    pytest.skip(reason)
+
+
 def _tool(name: str) -> str:
-    path = shutil.which(name)
+    path = shutil.which(name) or (name if os.path.isabs(name) and os.path.exists(name) else None)
     if path is None:
-        pytest.skip(f"{name} is not installed (Debian: apt-get install qemu-user-static)")
+        _missing(name)
+    assert path is not None
     return path
 
 
@@ -100,8 +122,9 @@ class Built:
         with zipfile.ZipFile(self.wheel) as zf:
             zf.extractall(self.site)
         self.library = next((self.site / "tiny").glob("_net.*"))
-        self.harness = compile_harness(get_target(target).arches[0], self.site / "tiny",
-                                       root / "run_model")
+        arch = get_target(target).arches[0]
+        self.harness = compile_harness(arch, self.site / "tiny",
+                                       root / ("run_model.exe" if arch.os == "windows" else "run_model"))
 
 
 def compile_harness(arch: Arch, include: Path, output: Path) -> Path:
@@ -109,11 +132,13 @@ def compile_harness(arch: Arch, include: Path, output: Path) -> Path:
     the plain architecture (it must run on CPUs below the library's baseline)."""
     plain = arch.plain
     mcpu = zig.zig_mcpu(plain)
+    # musl: a dynamic executable (zig links musl statically by default), run by musl's loader
+    linux = ["-ldl", *(["-dynamic"] if plain.libc == "musl" else [])] if plain.os == "linux" else []
     proc = subprocess.run([*zig.zig_command(), "cc", "-target", plain.zig_target,
                            *([f"-mcpu={mcpu}"] if mcpu else []), "-O2", "-std=c99", "-Wall",
                            "-Werror", "-DCUVIL_MODEL=net", "-DCUVIL_MODEL_UPPER=NET",
                            '-DCUVIL_HEADER="net.h"', f"-I{include}", str(HARNESS), "-o",
-                           str(output), *(["-ldl"] if plain.os == "linux" else [])],
+                           str(output), *linux],
                           capture_output=True, text=True)
     assert proc.returncode == 0, f"compiling the harness for {plain.zig_target}: {proc.stderr}"
     return output
@@ -140,16 +165,37 @@ def arm(tmp_path_factory: pytest.TempPathFactory) -> Built:
     return Built(tmp_path_factory.mktemp("aarch64"), "aarch64-linux")
 
 
-def _run(built: Built, feeds: tuple[Path, np.ndarray], *emulator: str) -> subprocess.CompletedProcess[str]:
+@pytest.fixture(scope="module")
+def musl_x86(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    return Built(tmp_path_factory.mktemp("x86_64_musl"), "x86_64-linux-musl")
+
+
+@pytest.fixture(scope="module")
+def musl_arm(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    return Built(tmp_path_factory.mktemp("aarch64_musl"), "aarch64-linux-musl")
+
+
+@pytest.fixture(scope="module")
+def win_x86(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    return Built(tmp_path_factory.mktemp("x86_64_windows"), "x86_64-windows")
+
+
+@pytest.fixture(scope="module")
+def win_arm(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    return Built(tmp_path_factory.mktemp("aarch64_windows"), "aarch64-windows")
+
+
+def _run(built: Built, feeds: tuple[Path, np.ndarray], *emulator: str,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     path, want = feeds
     return subprocess.run([*emulator, str(built.harness), str(built.library), str(path),
-                           str(want.size)], capture_output=True, text=True, timeout=120)
+                           str(want.size)], capture_output=True, text=True, timeout=300, env=env)
 
 
 def _outputs(proc: subprocess.CompletedProcess[str], want: np.ndarray) -> int:
     """The copy run() used; asserts the run succeeded and its output matches onnxruntime's."""
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr}"
-    lines = proc.stdout.split("\n")
+    lines = proc.stdout.splitlines()  # "\r\n" from a Windows program
     assert lines[0].startswith("cpu_check: copy "), proc.stdout[:200]
     assert lines[1] == "output 0"
     got = np.array([float(v) for v in lines[2:2 + want.size]], np.float32).reshape(want.shape)
@@ -172,9 +218,7 @@ def test_harness_compiles_for_every_target(x86: Built, tmp_path: Path, target: s
 
 
 def test_x86_64_on_the_host(x86: Built, feeds: tuple[Path, np.ndarray]) -> None:
-    copy = _outputs(_run(x86, feeds), feeds[1])
-    flags = _host_flags()
-    assert copy == (2 if flags >= AVX512 else 1 if "avx2" in flags else 0)
+    assert _outputs(_run(x86, feeds), feeds[1]) == _expected_host_copy()
 
 
 @pytest.mark.parametrize(("model", "copy"), [("Nehalem", 0), ("Haswell", 1),
@@ -214,7 +258,7 @@ def test_core2_build_runs_on_a_core2(tmp_path: Path, feeds: tuple[Path, np.ndarr
 def test_aarch64_under_qemu(arm: Built, feeds: tuple[Path, np.ndarray], model: str) -> None:
     qemu = _tool("qemu-aarch64-static")
     if not (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").is_file():
-        pytest.skip("no aarch64 glibc (Debian: apt-get install libc6-arm64-cross)")
+        _missing(str(AARCH64_SYSROOT))
     proc = _run(arm, feeds, qemu, "-L", str(AARCH64_SYSROOT), "-cpu", model)
     assert _outputs(proc, feeds[1]) == 0
 
@@ -235,3 +279,80 @@ def test_python_import_below_the_baseline_raises_import_error(tmp_path: Path) ->
         assert f" {flag}," in error or f" {flag}." in error, (flag, error)
     assert "'x86-64-v3'" in error and "-C cpu=x86-64" in error
     assert "imported" not in proc.stdout
+
+
+def _expected_host_copy() -> int:
+    flags = _host_flags()
+    return 2 if flags >= AVX512 else 1 if "avx2" in flags else 0
+
+
+def _musl_loader(arch: str) -> str:
+    loader = MUSL_LOADER[arch]
+    if not loader.is_file():
+        _missing(str(loader))
+    return str(loader)
+
+
+def test_x86_64_musl_under_the_musl_loader(musl_x86: Built, feeds: tuple[Path, np.ndarray]) -> None:
+    loader = _musl_loader("x86_64")
+    assert _outputs(_run(musl_x86, feeds, loader), feeds[1]) == _expected_host_copy()
+
+
+@pytest.mark.parametrize(("model", "copy"), [("Nehalem", 0), ("Haswell", 1)])
+def test_x86_64_musl_under_qemu_runs_each_copy(musl_x86: Built, feeds: tuple[Path, np.ndarray],
+                                               model: str, copy: int) -> None:
+    qemu, loader = _tool("qemu-x86_64-static"), _musl_loader("x86_64")
+    assert _outputs(_run(musl_x86, feeds, qemu, "-cpu", model, loader), feeds[1]) == copy
+
+
+def test_x86_64_musl_below_the_baseline_is_refused_cleanly(musl_x86: Built,
+                                                           feeds: tuple[Path, np.ndarray]) -> None:
+    qemu, loader = _tool("qemu-x86_64-static"), _musl_loader("x86_64")
+    proc = _run(musl_x86, feeds, qemu, "-cpu", "Conroe,+cx16", loader)
+    assert proc.returncode == 3, f"exit {proc.returncode}: {proc.stderr}"
+    assert set(proc.stderr.split("lacks ", 1)[1].split(";", 1)[0].split()) == CONROE_LACKS
+
+
+def _elf_interpreter(path: Path) -> str | None:
+    from cuvil.check._elf import read_elf
+
+    return read_elf(path.read_bytes()).interpreter
+
+
+def test_aarch64_musl_structurally(musl_arm: Built, feeds: tuple[Path, np.ndarray]) -> None:
+    from cuvil.check import check_wheel
+    from cuvil.check._elf import read_elf
+
+    report = check_wheel(musl_arm.wheel)
+    assert report.ok, report.format()
+    elf = read_elf(musl_arm.library.read_bytes())
+    assert (elf.arch, elf.needed, elf.interpreter) == ("aarch64", ["libc.so"], None)
+    assert _elf_interpreter(musl_arm.harness) == str(MUSL_LOADER["aarch64"])
+    if MUSL_LOADER["aarch64"].is_file():  # a multiarch musl:arm64: run it too
+        proc = _run(musl_arm, feeds, _tool("qemu-aarch64-static"), "-cpu", "cortex-a53")
+        assert _outputs(proc, feeds[1]) == 0
+
+
+@pytest.fixture(scope="module")
+def wine_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """wine64 with a fresh prefix of its own, quiet, without the Mono/Gecko installers."""
+    if not WINE.is_file():
+        _missing(str(WINE))
+    return {**os.environ, "WINEPREFIX": str(tmp_path_factory.mktemp("wineprefix")),
+            "WINEDEBUG": "-all", "WINEDLLOVERRIDES": "mscoree,mshtml="}
+
+
+def test_x86_64_windows_dll_under_wine(win_x86: Built, feeds: tuple[Path, np.ndarray],
+                                       wine_env: dict[str, str]) -> None:
+    proc = _run(win_x86, feeds, str(WINE), env=wine_env)
+    assert _outputs(proc, feeds[1]) == _expected_host_copy()
+
+
+def test_aarch64_windows_structurally(win_arm: Built) -> None:
+    from cuvil.check import check_wheel
+    from cuvil.check._pe import read_pe
+
+    report = check_wheel(win_arm.wheel)
+    assert report.ok, report.format()
+    assert read_pe(win_arm.library.read_bytes()).machine == 0xAA64  # IMAGE_FILE_MACHINE_ARM64
+    assert read_pe(win_arm.harness.read_bytes()).machine == 0xAA64

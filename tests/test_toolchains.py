@@ -30,7 +30,10 @@ from cuvil.toolchains import (
 )
 from cuvil.toolchains.cmake import write_cmake_toolchain
 
-BUNDLED = ["aarch64-linux", "arm64-macos", "universal2-macos", "x86_64-linux", "x86_64-macos"]
+BUNDLED = ["aarch64-linux", "aarch64-linux-musl", "aarch64-windows", "arm64-macos", "universal2-macos",
+           "x86_64-linux", "x86_64-linux-musl", "x86_64-macos", "x86_64-windows"]
+#: what each object format's targets are called, link and run on
+FORMATS = {"elf": (".so", "linux"), "macho": (".dylib", "macos"), "coff": (".dll", "windows")}
 
 GOOD_TOML = """\
 name = "{name}"
@@ -65,15 +68,30 @@ def test_bundled_toolchain_files_load_with_valid_wheel_tags():
         assert t.source.parent == bundled_toolchain_dir()
         (tag,) = parse_tag(f"py3-none-{t.platform_tag}")
         assert tag.platform == t.platform_tag
-        assert t.object_format in ("elf", "macho")
-        assert t.library_suffix == (".so" if t.object_format == "elf" else ".dylib")
+        suffix, os_name = FORMATS[t.object_format]
+        assert t.library_suffix == suffix
         assert 1 <= len(t.arches) <= 2
         for a in t.arches:
             assert a.name in ("x86_64", "aarch64")
-            assert a.os == ("linux" if t.object_format == "elf" else "macos")
+            assert a.os == os_name
+            # the tag's C library is the one the code links: musllinux <-> musl triples
+            assert (a.libc == "musl") == t.platform_tag.startswith("musllinux_"), t.name
     u = targets["universal2-macos"]
     assert [a.name for a in u.arches] == ["x86_64", "aarch64"]
     assert u.platform_tag == "macosx_10_13_universal2"
+
+
+def test_musl_and_windows_tags_are_the_ones_pip_accepts_there(monkeypatch):
+    from packaging import _musllinux, tags
+
+    # on a musl 1.2 system (what packaging reads from the loader, faked here) ...
+    monkeypatch.setattr(_musllinux, "_get_musl_version", lambda _exe: _musllinux._MuslVersion(1, 2))
+    for arch in ("x86_64", "aarch64"):
+        assert get_target(f"{arch}-linux-musl").platform_tag in _musllinux.platform_tags([arch])
+    # ... and on Windows, whose platform sysconfig names win-amd64 / win-arm64
+    for arch, spelled in (("x86_64", "win-amd64"), ("aarch64", "win-arm64")):
+        monkeypatch.setattr(tags.sysconfig, "get_platform", lambda s=spelled: s)
+        assert [get_target(f"{arch}-windows").platform_tag] == list(tags._generic_platforms())
 
 
 def test_universal2_tag_installs_on_intel_and_apple_silicon():
@@ -91,7 +109,9 @@ def test_universal2_tag_installs_on_intel_and_apple_silicon():
     [
         ('platform-tag = "manylinux_2_17_x86_64"\n', "", "platform-tag", "missing"),
         ('library-suffix = ".so"', "library-suffix = 3", "library-suffix", "expected a string"),
-        ('object-format = "elf"', 'object-format = "coff"', "object-format", "'coff'"),
+        ('object-format = "elf"', 'object-format = "wasm"', "object-format", "'wasm'"),
+        ('object-format = "elf"', 'object-format = "coff"', "arch[0].llvm-triple",
+         "does not produce PE/COFF"),
         ('cpu = "x86-64-v2"\n', "", "arch[0].cpu", "missing"),
         ('features = ""', "features = ['+avx']", "arch[0].features", "expected a string"),
         ('features = ""', 'features = "avx2"', "arch[0].features", "'avx2'"),
@@ -187,10 +207,9 @@ def test_target_machines_for_every_bundled_arch():
             assert tm.triple == a.llvm_triple
             layout = str(tm.target_data)
             assert layout.startswith("e-")  # all bundled targets are little-endian
-            if t.object_format == "macho":
-                assert "m:o" in layout
-            else:
-                assert "m:e" in layout
+            # symbol mangling: Mach-O (_name), ELF, Windows COFF (x86-64 "m:w", arm64 "m:e")
+            mangling = {"macho": ("m:o",), "elf": ("m:e",), "coff": ("m:w", "m:e")}
+            assert any(m in layout for m in mangling[t.object_format]), (t.name, layout)
     host = get_target(None)
     tm = target_machine(host.arches[0], cpu="native", opt_level=2)
     assert tm.triple == host.arches[0].llvm_triple
@@ -474,7 +493,7 @@ def test_embed_blob_object_is_hidden_and_aligned(tmp_path):
     with pytest.raises(ToolchainError, match="C identifier"):
         zig.embed_blob(data, "bad-name", tmp_path / "x.o", arch, "elf")
     with pytest.raises(ToolchainError, match="object format"):
-        zig.embed_blob(data, "ok", tmp_path / "x.o", arch, "coff")
+        zig.embed_blob(data, "ok", tmp_path / "x.o", arch, "wasm")
 
 
 def test_zig_failure_reports_command_and_stderr(tmp_path):

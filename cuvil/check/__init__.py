@@ -9,8 +9,10 @@ Each module checks one concern and adds named results to the report:
   one of the target recorded in `_models.json`;
 - `record`: layout (only the package and the .dist-info), WHEEL, METADATA, RECORD hashes;
 - `manifest`: `_models.json` is consistent and names every native file;
-- `elf` / `macho`: each library's header, exported symbols (exactly the models' C ABI), SONAME or
-  install name, search paths, dependencies, glibc or macOS versions, Mach-O code signatures;
+- `elf` / `macho` / `pe`: each library's header, exported symbols (exactly the models' C ABI),
+  SONAME, install name or DLL name, search paths, dependencies or imports, the C library
+  (glibc or musl: the one of the tag) and its versions, macOS versions, Mach-O code
+  signatures;
 - `abi`: the checksum each library exports matches its signature, read statically per slice;
 - `auditwheel`: `auditwheel show` agrees with the manylinux tag (when auditwheel is installed).
 
@@ -29,6 +31,7 @@ from cuvil.errors import CheckError
 if TYPE_CHECKING:
     from cuvil.check._elf import ElfLibrary
     from cuvil.check._macho import MachOImage
+    from cuvil.check._pe import PeImage
 
 __all__ = ["CHECK_KINDS", "ArchiveLimits", "CheckReport", "CheckResult", "check_wheel", "read_wheel"]
 
@@ -71,11 +74,11 @@ def check_wheel(
 
 
 def _check_libraries(wheel: WheelArchive, report: CheckReport) -> None:
-    from cuvil.check import abi, elf, macho
+    from cuvil.check import abi, elf, macho, pe
     from cuvil.check.manifest import native_kind
 
     for library in wheel.libraries():
-        images: list[tuple[str, ElfLibrary | MachOImage]]
+        images: list[tuple[str, ElfLibrary | MachOImage | PeImage]]
         kind = native_kind(library.data[:8])
         _check_format(wheel, library.path, kind, report)
         if kind == "elf":
@@ -83,24 +86,28 @@ def _check_libraries(wheel: WheelArchive, report: CheckReport) -> None:
             images = [(parsed.arch, parsed)] if parsed is not None else []
         elif kind == "macho":
             images = [(im.arch, im) for im in macho.check_macho_library(wheel, library, report)]
+        elif kind == "coff":
+            image = pe.check_pe_library(wheel, library, report)
+            images = [(image.arch, image)] if image is not None else []
         else:
             continue
         if images:
             abi.check_abi_checksums(library, images, report)
 
 
-_FORMATS = {"linux": "elf", "macos": "macho"}
-_FORMAT_NAMES = {"elf": "ELF", "macho": "Mach-O", None: "neither ELF nor Mach-O"}
+_FORMATS = {"linux": "elf", "macos": "macho", "windows": "coff"}
+_FORMAT_NAMES = {"elf": "ELF", "macho": "Mach-O", "coff": "PE/COFF",
+                 None: "neither ELF, Mach-O nor PE/COFF"}
 
 
 def _check_format(wheel: WheelArchive, path: str, kind: str | None, report: CheckReport) -> None:
-    """A Linux tag needs ELF libraries, a macOS tag Mach-O ones."""
+    """A Linux tag needs ELF libraries, a macOS tag Mach-O ones, a Windows tag PE/COFF DLLs."""
     from cuvil.check._platform import tag_os
 
     wanted = {_FORMATS[os] for p in wheel.platforms if (os := tag_os(p)) in _FORMATS}
     if kind is not None and (not wanted or wanted == {kind}):
         return
-    expected = " or ".join(sorted(_FORMAT_NAMES[w] for w in wanted)) or "ELF or Mach-O"
+    expected = " or ".join(sorted(_FORMAT_NAMES[w] for w in wanted)) or "ELF, Mach-O or PE/COFF"
     tags = ", ".join(wheel.platforms) or "(none)"
     report.failed(
         f"{path}: format", f"the library is {_FORMAT_NAMES[kind]}, but platform tag(s) {tags} need {expected}"

@@ -12,6 +12,7 @@ from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
 from elftools.elf.sections import SymbolTableSection
+from elftools.elf.segments import InterpSegment
 
 from cuvil.errors import CheckError
 
@@ -55,6 +56,7 @@ class ElfLibrary:
     runpaths: list[str] = field(default_factory=list)
     exported: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (value, size)
     version_needs: dict[str, list[str]] = field(default_factory=dict)  # library -> version names
+    interpreter: str | None = None  # PT_INTERP: the dynamic loader, which names the libc
     sections: list[tuple[str, int, int, int, str]] = field(
         default_factory=list
     )  # name, addr, size, offset, type
@@ -109,6 +111,9 @@ def _read(data: bytes) -> ElfLibrary:
         data=data,
     )
     dynamic_found = False
+    for segment in elf.iter_segments():
+        if isinstance(segment, InterpSegment):
+            lib.interpreter = segment.get_interp_name()
     for section in elf.iter_sections():
         lib.sections.append(
             (section.name, section["sh_addr"], section["sh_size"], section["sh_offset"], section["sh_type"])

@@ -1,10 +1,11 @@
-"""What a wheel platform tag promises: operating system, architectures, oldest glibc."""
+"""What a wheel platform tag promises: operating system, architectures, C library and its
+oldest version."""
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["macos_version", "manylinux_glibc", "tag_arches", "tag_os"]
+__all__ = ["macos_version", "manylinux_glibc", "musllinux_version", "tag_arches", "tag_libc", "tag_os"]
 
 # legacy manylinux names -> the glibc they stand for (PEP 600)
 _LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
@@ -12,9 +13,11 @@ _MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_(.+)$")
 _LEGACY_RE = re.compile(r"^(manylinux1|manylinux2010|manylinux2014)_(.+)$")
 _MUSLLINUX = re.compile(r"^musllinux_(\d+)_(\d+)_(.+)$")
 _MACOS = re.compile(r"^macosx_(\d+)_(\d+)_(.+)$")
+_WINDOWS = re.compile(r"^win_(.+)$")
 # tag arch spellings -> cuvil arch names (what toolchain files and ELF/Mach-O headers map to)
 _ARCHES = {
     "x86_64": ("x86_64",),
+    "amd64": ("x86_64",),
     "aarch64": ("aarch64",),
     "arm64": ("aarch64",),
     "universal2": ("x86_64", "aarch64"),
@@ -37,13 +40,18 @@ def _split(platform: str) -> tuple[str | None, str]:
     m = _LEGACY_RE.match(platform)
     if m:
         return "linux", m.group(2)
+    m = _WINDOWS.match(platform)
+    if m:
+        return "windows", m.group(1)
+    if platform == "win32":
+        return "windows", "i386"
     if platform.startswith("linux_"):
         return "linux", platform[len("linux_") :]
     return None, platform
 
 
 def tag_os(platform: str) -> str | None:
-    """ "linux", "macos", or None for a tag cuvil does not know."""
+    """ "linux", "macos", "windows", or None for a tag cuvil does not know."""
     return _split(platform)[0]
 
 
@@ -65,6 +73,20 @@ def manylinux_glibc(platform: str) -> tuple[int, int] | None:
     if m:
         return _LEGACY[m.group(1)]
     return None
+
+
+def musllinux_version(platform: str) -> tuple[int, int] | None:
+    """The oldest musl a musllinux tag promises to run on, or None for other tags."""
+    m = _MUSLLINUX.match(platform)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def tag_libc(platform: str) -> str | None:
+    """ "glibc" for a manylinux tag, "musl" for a musllinux one, None for others (linux_*
+    promises neither)."""
+    if manylinux_glibc(platform) is not None:
+        return "glibc"
+    return "musl" if _MUSLLINUX.match(platform) else None
 
 
 def macos_version(platform: str) -> tuple[int, int] | None:

@@ -11,13 +11,15 @@ from collections.abc import Sequence
 from cuvil.check._archive import CHECKSUM_SIZE, Library
 from cuvil.check._elf import ElfFormatError, ElfLibrary
 from cuvil.check._macho import MachOFormatError, MachOImage
+from cuvil.check._pe import PeFormatError, PeImage
 from cuvil.check._report import CheckReport
 
 __all__ = ["check_abi_checksums"]
 
 
 def check_abi_checksums(
-    library: Library, images: Sequence[tuple[str, ElfLibrary | MachOImage]], report: CheckReport
+    library: Library, images: Sequence[tuple[str, ElfLibrary | MachOImage | PeImage]],
+    report: CheckReport
 ) -> None:
     """`images`: (arch label, parsed image) for each slice of `library`."""
     from cuvil.runtime import abi_checksum
@@ -37,7 +39,7 @@ def check_abi_checksums(
         for arch, image in images:
             try:
                 raw, where = image.read_symbol(symbol, CHECKSUM_SIZE)
-            except (ElfFormatError, MachOFormatError) as exc:
+            except (ElfFormatError, MachOFormatError, PeFormatError) as exc:
                 problems.append(f"{arch}: cannot read {symbol}: {exc}")
                 continue
             found = raw[:-1].decode("ascii", "replace")

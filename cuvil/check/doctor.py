@@ -29,7 +29,8 @@ from typing import Any
 from cuvil.check._archive import read_wheel
 from cuvil.check._elf import read_elf
 from cuvil.check._macho import is_macho, parse_macho
-from cuvil.check._platform import macos_version, manylinux_glibc, tag_arches, tag_os
+from cuvil.check._pe import is_pe, read_pe
+from cuvil.check._platform import macos_version, manylinux_glibc, tag_arches, tag_libc, tag_os
 from cuvil.errors import CheckError
 
 __all__ = ["Diagnosis", "diagnose"]
@@ -177,6 +178,8 @@ def _libraries_intact(folder: Path, manifest: dict[str, Any], found: Diagnosis) 
         try:
             if is_macho(data):
                 parse_macho(data, path.name)
+            elif is_pe(data):
+                read_pe(data)
             else:
                 read_elf(data)
         except CheckError as exc:
@@ -198,6 +201,7 @@ def _for_this_machine(manifest: dict[str, Any], tag: str | None, folder: Path, f
     host_os, host_arch = _host()
     target = str(manifest.get("target", ""))
     want_arch, _, want_os = target.partition("-")
+    want_os = want_os.split("-")[0]  # x86_64-linux-musl: linux
     arches = {"universal2": {"x86_64", "aarch64"}, "arm64": {"aarch64"}}.get(want_arch, {want_arch})
     if tag is not None and tag_os(tag) is not None:
         want_os, arches = tag_os(tag) or want_os, set(tag_arches(tag) or arches)
@@ -211,6 +215,12 @@ def _for_this_machine(manifest: dict[str, Any], tag: str | None, folder: Path, f
     if host_os == "linux":
         needed = manylinux_glibc(tag) if tag else _glibc_needed(folder, manifest)
         have = _host_glibc()
+        if have is not None and ((tag and tag_libc(tag) == "musl") or target.endswith("-musl")):
+            found.bad(f"built for {target}{f' ({tag})' if tag else ''}, whose libraries need "
+                      f"musl; this system's C library is glibc {have[0]}.{have[1]}",
+                      "install the manylinux wheel of the package (pip picks it by its tag), "
+                      f"or build one: -C target={host_arch}-linux")
+            return False
         if needed and have is None:
             found.bad(f"the libraries need glibc {needed[0]}.{needed[1]}, and this system has "
                       "none (musl?)", "build for musllinux, or use a glibc-based system")
@@ -236,7 +246,7 @@ def _glibc_needed(folder: Path, manifest: dict[str, Any]) -> tuple[int, int] | N
     newest: tuple[int, ...] = ()
     for model in manifest["models"]:
         data = (folder / model["library"]).read_bytes()
-        if not is_macho(data):
+        if data[:4] == b"\x7fELF":
             versions = [v for v, _ in read_elf(data).glibc_versions()]
             newest = max([newest, *versions])
     return (newest[0], newest[1] if len(newest) > 1 else 0) if newest else None

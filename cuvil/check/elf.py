@@ -1,16 +1,20 @@
-"""ELF libraries (Linux wheels): header, exported symbols, SONAME, search paths, dependencies, glibc."""
+"""ELF libraries (Linux wheels): header, exported symbols, SONAME, search paths, dependencies, the C
+library (glibc or musl, the one the tag names) and glibc versions."""
 
 from __future__ import annotations
 
 from cuvil.check._archive import Library, WheelArchive
 from cuvil.check._elf import ElfFormatError, ElfLibrary, read_elf
-from cuvil.check._platform import manylinux_glibc, tag_arches
+from cuvil.check._platform import manylinux_glibc, tag_arches, tag_libc
 from cuvil.check._report import CheckReport
 
-__all__ = ["ALLOWED_NEEDED", "check_elf_library"]
+__all__ = ["ALLOWED_NEEDED", "GLIBC_NEEDED", "MUSL_NEEDED", "check_elf_library"]
 
 # What every manylinux system has, and all a cuvil library may need.
-ALLOWED_NEEDED = ("libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2")
+GLIBC_NEEDED = ("libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2")
+# musl is one library (libc, libm, pthreads and the dynamic loader): what musllinux allows
+MUSL_NEEDED = ("libc.so",)
+ALLOWED_NEEDED = GLIBC_NEEDED + MUSL_NEEDED
 
 
 def check_elf_library(wheel: WheelArchive, library: Library, report: CheckReport) -> ElfLibrary | None:
@@ -26,6 +30,7 @@ def check_elf_library(wheel: WheelArchive, library: Library, report: CheckReport
     _soname(library, elf, label, report)
     _search_paths(elf, label, report)
     _needed(elf, label, report)
+    _libc(wheel, elf, label, report)
     _glibc(wheel, elf, label, report)
     return elf
 
@@ -111,6 +116,46 @@ def _needed(elf: ElfLibrary, label: str, report: CheckReport) -> None:
         )
     else:
         report.passed(name, ", ".join(elf.needed) or "no dependencies")
+
+
+def _libc_evidence(elf: ElfLibrary) -> dict[str, list[str]]:
+    """What ties the library to glibc or to musl: its DT_NEEDED, versioned glibc symbols and
+    PT_INTERP (a shared library rarely has one; when it does, it is that libc's loader)."""
+    found: dict[str, list[str]] = {"glibc": [], "musl": []}
+    for needed in elf.needed:
+        if needed in GLIBC_NEEDED:
+            found["glibc"].append(f"DT_NEEDED {needed}")
+        elif needed in MUSL_NEEDED:
+            found["musl"].append(f"DT_NEEDED {needed}")
+    versions = elf.glibc_versions()
+    if versions:
+        found["glibc"].append(f"versioned symbols up to {versions[-1][1]}")
+    if elf.interpreter:
+        kind = "musl" if "ld-musl-" in elf.interpreter else "glibc"
+        found[kind].append(f"PT_INTERP {elf.interpreter}")
+    return found
+
+
+def _libc(wheel: WheelArchive, elf: ElfLibrary, label: str, report: CheckReport) -> None:
+    name = f"{label}: libc"
+    found = _libc_evidence(elf)
+    wanted = {libc: p for p in wheel.platforms if (libc := tag_libc(p)) is not None}
+    problems = []
+    for libc, platform in sorted(wanted.items()):
+        other = "musl" if libc == "glibc" else "glibc"
+        if found[other]:
+            fix = ("x86_64-linux-musl or aarch64-linux-musl" if libc == "musl"
+                   else "x86_64-linux or aarch64-linux")
+            problems.append(f"the library is linked against {other} ({', '.join(found[other])}), but "
+                            f"tag {platform} is for {libc} systems, where it would not load; build "
+                            f"it for a {libc} target ({fix})")
+    if len(wanted) > 1:
+        problems.append(f"tags {', '.join(sorted(wanted.values()))} promise both glibc and musl")
+    if problems:
+        report.failed(name, "; ".join(problems))
+        return
+    linked = [f"{libc} ({', '.join(ev)})" for libc, ev in found.items() if ev]
+    report.passed(name, ", ".join(linked) or "needs no C library")
 
 
 def _glibc(wheel: WheelArchive, elf: ElfLibrary, label: str, report: CheckReport) -> None:

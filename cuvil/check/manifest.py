@@ -15,12 +15,15 @@ _REQUIRED = ("name", "library", "checksum", "symbols", "inputs", "outputs")
 
 
 def native_kind(data: bytes) -> str | None:
-    """ "elf", "macho" or None, from the file's magic number."""
+    """ "elf", "macho", "coff" (a PE image) or None, from the file's magic number."""
     if data[:4] == b"\x7fELF":
         return "elf"
     from cuvil.check._macho import is_macho
+    from cuvil.check._pe import is_pe
 
-    return "macho" if is_macho(data) else None
+    if is_macho(data):
+        return "macho"
+    return "coff" if is_pe(data) else None
 
 
 def _model_problems(model: Any, index: int, package: str, wheel: WheelArchive) -> list[str]:

@@ -193,9 +193,8 @@ class Model:
         self._num_threads = value
 
     def _load(self, signature: Mapping[str, Any]) -> ctypes.CDLL:
-        mode = getattr(os, "RTLD_NOW", 2) | getattr(os, "RTLD_LOCAL", 0)
         try:
-            lib = ctypes.CDLL(self._path, mode=mode)
+            lib = _open_library(self._path)
         except OSError as exc:
             raise ImportError(f"cannot load model library {self._path}: {exc}"
                               f"{_why_not_loadable(self._path, str(exc))}") from None
@@ -627,9 +626,26 @@ def _thread_pool_registry() -> Any:
     return sys.modules.setdefault("_cuvil_thread_pool", fresh)
 
 
-#: ELF e_machine and Mach-O cputype values of the architectures cuvil builds for
+#: ELF e_machine, Mach-O cputype and PE Machine values of the architectures cuvil builds for
 _ELF_MACHINES = {62: "x86_64", 183: "aarch64", 3: "x86", 40: "arm"}
 _MACHO_CPUS = {0x01000007: "x86_64", 0x0100000C: "aarch64"}
+_PE_MACHINES = {0x8664: "x86_64", 0xAA64: "aarch64", 0x014C: "x86", 0x01C4: "arm"}
+
+
+#: LoadLibraryEx flags: look for the DLL's imports in its own folder and in System32 only (a
+#: cuvil DLL imports KERNEL32 and the Universal C Runtime alone), never in PATH or the current
+#: directory, which could supply another DLL of the same name; they need an absolute path
+_LOAD_LIBRARY_SEARCH_DLL_LOAD_DIR = 0x100
+_LOAD_LIBRARY_SEARCH_SYSTEM32 = 0x800
+
+
+def _open_library(path: str) -> ctypes.CDLL:
+    """Load a model library: dlopen with every symbol bound now and none shared with later
+    libraries; on Windows, LoadLibraryEx with the search limited as above."""
+    if sys.platform == "win32":
+        return ctypes.CDLL(os.path.abspath(path),
+                           winmode=_LOAD_LIBRARY_SEARCH_DLL_LOAD_DIR | _LOAD_LIBRARY_SEARCH_SYSTEM32)
+    return ctypes.CDLL(path, mode=getattr(os, "RTLD_NOW", 2) | getattr(os, "RTLD_LOCAL", 0))
 
 
 def _why_not_loadable(path: str, error: str) -> str:
@@ -652,13 +668,26 @@ def _why_not_loadable(path: str, error: str) -> str:
             built = _MACHO_CPUS.get(int.from_bytes(head[4:8], "little"))
         if sys.platform != "darwin":
             return "; it is a macOS library: install the wheel built for this system"
-    elif head[:2] == b"MZ" and sys.platform != "win32":
-        return "; it is a Windows library: install the wheel built for this system"
+    elif head[:2] == b"MZ":
+        if sys.platform != "win32":
+            return "; it is a Windows library: install the wheel built for this system"
+        pe_offset = int.from_bytes(head[60:64], "little")
+        try:
+            with open(path, "rb") as f:
+                f.seek(pe_offset)
+                signature = f.read(6)
+        except OSError:
+            signature = b""
+        if signature[:4] == b"PE\0\0":
+            built = _PE_MACHINES.get(int.from_bytes(signature[4:6], "little"))
     if built is not None and built != host:
         return (f"; it is built for {built} and this machine is {host}: install the wheel built "
                 "for this machine (pip picks it by its tag)")
     if "GLIBC_" in error:
         return "; this system's glibc is older than the one the wheel was built for"
+    if "libc.so" in error:  # a musl library on glibc ("libc.so: cannot open") or the reverse
+        return ("; it is built for another C library than this system's: install the manylinux "
+                "wheel on glibc systems, the musllinux one on musl systems (Alpine)")
     if len(head) < 64:
         return "; the file is truncated: reinstall the package"
     return "; run `cuvil doctor` on the package for a diagnosis"

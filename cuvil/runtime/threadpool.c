@@ -25,6 +25,12 @@
  * Threads: CUVIL_NUM_THREADS if set (1 disables the pool), else the CPUs this process may
  * run on. The pool is rebuilt in a forked child, whose threads do not survive fork, and its
  * workers are stopped and joined when the library is unloaded or the process exits.
+ *
+ * Windows (winpthreads, linked in statically): a DLL's destructor runs under the loader lock,
+ * which a thread needs to exit, so joining workers there would deadlock. A DLL that starts a
+ * worker pins itself instead (it stays loaded until the process exits, when Windows has ended
+ * every other thread before the destructor runs); the loader only unloads libraries that use
+ * another library's pool and so start no threads.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* sched_getaffinity */
@@ -36,6 +42,9 @@
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef _WIN32
+#include <windows.h>
+#endif
 
 #define HIDDEN __attribute__((visibility("hidden")))
 #define MAX_THREADS 64
@@ -201,16 +210,28 @@ static int configured_threads(void) {
     const char *env = getenv("CUVIL_NUM_THREADS");
     long n = 0;
     if (env && *env) n = strtol(env, NULL, 10);
+#if defined(_WIN32)
+    DWORD_PTR process_cpus, system_cpus;
+    if (n < 1 && GetProcessAffinityMask(GetCurrentProcess(), &process_cpus, &system_cpus))
+        n = __builtin_popcountll((unsigned long long)process_cpus);
+    if (n < 1) {
+        SYSTEM_INFO info;
+        GetSystemInfo(&info);
+        n = (long)info.dwNumberOfProcessors;
+    }
+#else
 #ifdef __linux__
     cpu_set_t cpus;
     if (n < 1 && sched_getaffinity(0, sizeof cpus, &cpus) == 0) n = CPU_COUNT(&cpus);
 #endif
     if (n < 1) n = sysconf(_SC_NPROCESSORS_ONLN);
+#endif
     if (n < 1) n = 1;
     if (n > MAX_THREADS) n = MAX_THREADS;
     return (int)n;
 }
 
+#ifndef _WIN32
 static void reset_after_fork(void) {
     /* the child has only the forking thread: start afresh on its first job */
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
@@ -224,6 +245,7 @@ static void reset_after_fork(void) {
     pool.running = 0; /* a job of another thread was cut short by the fork */
     for (int i = 0; i < MAX_THREADS - 1; i++) pool.slot[i].state = SLOT_EMPTY;
 }
+#endif
 
 /* Start workers 0 .. count-1 where they do not run; returns how many run (all unless
    pthread_create failed or the library is going away). Called with `busy` held. */
@@ -232,6 +254,14 @@ static int start_workers(int count, uint32_t gen) {
     while (i < count && LOAD_RELAXED(pool.slot[i].state) == SLOT_RUNNING) i++;
     if (i == count) return count;
     pthread_mutex_lock(&pool.lock);
+#ifdef _WIN32
+    static int pinned;
+    HMODULE self;
+    if (!pinned)  /* see the top of the file: a DLL running workers is never unloaded */
+        pinned = GetModuleHandleExW(GET_MODULE_HANDLE_EX_FLAG_FROM_ADDRESS |
+                                    GET_MODULE_HANDLE_EX_FLAG_PIN, (LPCWSTR)(void *)&pool, &self);
+    if (!pinned) count = i; /* cannot pin: run on the calling thread alone */
+#endif
     for (; i < count && !pool.stopping; i++) {
         if (pool.slot[i].state == SLOT_RUNNING) continue;
         if (pool.slot[i].state == SLOT_EXITED) pthread_join(pool.slot[i].thread, NULL);
@@ -250,7 +280,9 @@ static int pool_size(void) {
     if (threads != 0) return threads;
     pthread_mutex_lock(&pool.lock);
     if (pool.threads == 0) {
+#ifndef _WIN32
         pthread_atfork(NULL, NULL, reset_after_fork);
+#endif
         __atomic_store_n(&pool.threads, configured_threads(), __ATOMIC_RELEASE);
     }
     threads = pool.threads;
@@ -332,6 +364,7 @@ static int32_t call_limit(void) {
     return (int32_t)(intptr_t)pthread_getspecific(limit_key);
 }
 
+#ifndef _WIN32
 /* Before the library is unmapped (dlclose, or exit): no worker may still run its code. */
 __attribute__((destructor)) static void stop_workers(void) {
     pthread_mutex_lock(&pool.lock);
@@ -347,6 +380,7 @@ __attribute__((destructor)) static void stop_workers(void) {
     }
     if (__atomic_load_n(&limit_key_ready, __ATOMIC_ACQUIRE)) pthread_key_delete(limit_key);
 }
+#endif
 
 static const struct cuvil_pool own_pool = {POOL_VERSION, sizeof(struct cuvil_pool),
                                            pool_parallel_for, pool_threads};
@@ -372,7 +406,11 @@ HIDDEN int32_t cuvil_parallel_threads(void) {
 /* the library's exports, cuvil_<model>_* like the rest of its C ABI (see the header) */
 #define CUVIL_PASTE(a, b, c) a##b##c
 #define CUVIL_NAME(a, b, c) CUVIL_PASTE(a, b, c)
+#ifdef _WIN32
+#define EXPORT(part) __declspec(dllexport) CUVIL_NAME(cuvil_, CUVIL_MODEL, part)
+#else
 #define EXPORT(part) __attribute__((visibility("default"))) CUVIL_NAME(cuvil_, CUVIL_MODEL, part)
+#endif
 
 const struct cuvil_pool *EXPORT(_thread_pool)(void) {
     return __atomic_load_n(&active_pool, __ATOMIC_ACQUIRE);

@@ -38,7 +38,9 @@ __all__ = [
 
 ENV_VAR = "CUVIL_TOOLCHAIN_PATH"
 
-_OBJECT_FORMATS = {"elf": "ELF (Linux)", "macho": "Mach-O (macOS)"}
+_OBJECT_FORMATS = {"elf": "ELF (Linux)", "macho": "Mach-O (macOS)", "coff": "PE/COFF (Windows)"}
+#: the object format of each OS a triple names
+_OS_FORMATS = {"linux": "elf", "macos": "macho", "windows": "coff"}
 _TOP_KEYS = {
     "name": True,
     "description": False,
@@ -131,8 +133,16 @@ class Arch:
 
     @property
     def os(self) -> str:
-        """ "linux" or "macos", read from the LLVM triple."""
+        """ "linux", "macos" or "windows", read from the LLVM triple."""
         return _triple_os(self.llvm_triple)
+
+    @property
+    def libc(self) -> str:
+        """The C library the code links against: "glibc" or "musl" (Linux), "libSystem",
+        "ucrt" (Windows), read from the triple's environment."""
+        env = self.llvm_triple.lower().split("-")[3:]
+        return {"linux": "musl" if any(e.startswith("musl") for e in env) else "glibc",
+                "macos": "libSystem", "windows": "ucrt"}.get(self.os, "unknown")
 
     @property
     def is_x86(self) -> bool:
@@ -152,7 +162,7 @@ class Target:
     """A platform cuvil builds libraries and wheels for, as declared by one toolchain file."""
 
     name: str  # "x86_64-linux"
-    object_format: str  # "elf" | "macho"
+    object_format: str  # "elf" | "macho" | "coff"
     platform_tag: str
     library_suffix: str
     arches: tuple[Arch, ...]  # one, or two for universal2
@@ -165,7 +175,9 @@ class Target:
         if host is None:
             return False
         host_os, host_arch = host
-        return any(a.os == host_os and a.name == host_arch for a in self.arches)
+        libc = _host_libc()
+        return any(a.os == host_os and a.name == host_arch and (libc is None or a.libc == libc)
+                   for a in self.arches)
 
     def arch(self, name: str) -> Arch:
         """The slice called `name` ("x86_64", "aarch64")."""
@@ -197,11 +209,19 @@ def _triple_os(triple: str) -> str:
 
 def _host_os_arch() -> tuple[str, str] | None:
     system = platform.system()
-    host_os = {"Linux": "linux", "Darwin": "macos"}.get(system)
+    host_os = {"Linux": "linux", "Darwin": "macos", "Windows": "windows"}.get(system)
     host_arch = _MACHINES.get(platform.machine().lower())
     if host_os is None or host_arch is None:
         return None
     return host_os, host_arch
+
+
+@cache
+def _host_libc() -> str | None:
+    """ "glibc" or "musl" on Linux (a musl Python reports no glibc), None elsewhere."""
+    if platform.system() != "Linux":
+        return None
+    return "glibc" if platform.libc_ver()[0] == "glibc" else "musl"
 
 
 def host_target_name() -> str:
@@ -210,13 +230,16 @@ def host_target_name() -> str:
     if host is None:
         raise ToolchainError(
             f"cuvil cannot build for this machine ({platform.system()} {platform.machine()}): "
-            "supported hosts are Linux x86_64/aarch64 and macOS x86_64/arm64. "
+            "supported hosts are Linux (glibc or musl) and Windows on x86_64/aarch64, and macOS "
+            "x86_64/arm64. "
             "Cross-build instead with an explicit target, e.g. target='x86_64-linux'."
         )
     host_os, host_arch = host
     if host_os == "macos":
         return "arm64-macos" if host_arch == "aarch64" else "x86_64-macos"
-    return f"{host_arch}-linux"
+    if host_os == "windows":
+        return f"{host_arch}-windows"
+    return f"{host_arch}-linux" + ("-musl" if _host_libc() == "musl" else "")
 
 
 @cache
@@ -379,8 +402,9 @@ def _parse(data: dict[str, Any], path: Path) -> Target:
     names = [a.name for a in arches]
     if len(set(names)) != len(names):
         raise _fail(path, "arch", f"arch names repeat: {names}")
-    if fmt == "elf" and len(arches) != 1:
-        raise _fail(path, "arch", "an ELF target has exactly one [[arch]] (only Mach-O has fat files)")
+    if fmt != "macho" and len(arches) != 1:
+        raise _fail(path, "arch", f"an {_OBJECT_FORMATS[fmt]} target has exactly one [[arch]] "
+                    "(only Mach-O has fat files)")
     return Target(
         name=name,
         object_format=fmt,
@@ -404,8 +428,7 @@ def _parse_arch(raw: dict[str, Any], path: Path, fmt: str, where: str) -> Arch:
             f"{where}llvm-triple",
             f"{triple!r} is not an LLVM triple such as 'x86_64-unknown-linux-gnu'",
         )
-    triple_is_macho = _triple_os(triple) == "macos"
-    if triple_is_macho != (fmt == "macho"):
+    if _OS_FORMATS.get(_triple_os(triple)) != fmt:
         raise _fail(
             path,
             f"{where}llvm-triple",

@@ -319,9 +319,21 @@ def embed_blob(
             f"_{symbol}:\n"
             f"{body}" + ("\t.byte 0\n" if not size else "")
         )
+    elif object_format == "coff":
+        # COFF has no visibility: a symbol is exported only when marked dllexport, which
+        # this one is not. "dr": initialized read-only data; the section's alignment is the
+        # largest .p2align in it.
+        asm = (
+            f'\t.section .rdata${symbol},"dr"\n'
+            f"\t.globl {symbol}\n"
+            f"\t.p2align {alignment.bit_length() - 1}\n"
+            f"{symbol}:\n"
+            f"{body}" + ("\t.byte 0\n" if not size else "")
+        )
     else:
         raise ToolchainError(
-            f"cannot embed a blob for object format {object_format!r} (expected 'elf' or 'macho')"
+            f"cannot embed a blob for object format {object_format!r} (expected 'elf', 'macho' "
+            "or 'coff')"
         )
     _log(log, f"cuvil: embedding {data_path.name} ({size / 1e6:.1f} MB) as {symbol} for {arch.zig_target}")
     start = time.perf_counter()
@@ -359,8 +371,9 @@ def link_shared(
     `opt` picks the build mode of the compiler-rt zig links in (and caches per mode): keep
     -O2/-O3 (zig's ReleaseFast, shared with CMake Release builds); -O0 would add a debug one.
 
-    Only default-visibility symbols are exported. ELF: DT_SONAME = `soname`, no RPATH/RUNPATH.
-    Mach-O: install name `@rpath/<soname>`; zig signs arm64 libraries ad hoc.
+    Only default-visibility symbols are exported (COFF: only dllexport ones). ELF: DT_SONAME =
+    `soname`, no RPATH/RUNPATH. Mach-O: install name `@rpath/<soname>`; zig signs arm64
+    libraries ad hoc. COFF: a DLL whose export table names `soname`, and no import library.
     """
     output = Path(output)
     objects = [Path(o) for o in objects]
@@ -376,8 +389,13 @@ def link_shared(
         args += [f"-Wl,-soname,{soname}", "-Wl,--gc-sections", "-Wl,-z,noexecstack"]
     elif object_format == "macho":
         args += [f"-Wl,-install_name,@rpath/{soname}", "-Wl,-dead_strip"]
+    elif object_format == "coff":
+        # the DLL's name is its file name (the export directory records it); no import
+        # library: callers load it with LoadLibrary/ctypes, never link against it
+        args += ["-Wl,--gc-sections"]
     else:
-        raise ToolchainError(f"cannot link for object format {object_format!r} (expected 'elf' or 'macho')")
+        raise ToolchainError(f"cannot link for object format {object_format!r} (expected 'elf', "
+                             "'macho' or 'coff')")
     if strip:
         args.append("-s")
     args += [str(o.resolve()) for o in objects]

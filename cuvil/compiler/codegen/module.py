@@ -22,6 +22,7 @@ them (Winograd convs) are computed at the first run into .bss (see `derived`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 import llvmlite.binding as llvm
@@ -118,7 +119,19 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
         _run_function(module, fn_name, graph, plan, node_fns, weights, derived, symbols,
                       profiled=entry == "run_profiled")
 
-    return hide_derived(hide_declarations(str(module), names["weights"], hidden), names)
+    ir_text = hide_derived(hide_declarations(str(module), names["weights"], hidden), names)
+    return dll_exports(ir_text, model) if "windows" in triple or "mingw" in triple else ir_text
+
+
+def dll_exports(ir_text: str, model: str) -> str:
+    """Mark dllexport what this module defines of the model's C ABI (`cuvil_<model>_*`): a
+    DLL exports nothing else, having no visibility (and llvmlite writes no storage class on
+    function definitions)."""
+    prefix = re.escape(f"cuvil_{model}_")
+    ir_text = re.sub(rf'^define (\S+) @"({prefix}\w+)"', r'define dllexport \1 @"\2"', ir_text,
+                     flags=re.M)
+    return re.sub(rf'^@"({prefix}\w+)" = constant', r'@"\1" = dllexport constant', ir_text,
+                  flags=re.M)
 
 
 def _run_function(module: ir.Module, name: str, graph: Graph, plan: MemoryPlan,
