@@ -45,10 +45,10 @@ def _sha256(data: bytes) -> Any:
     """hashlib.sha256, without importing hashlib where CPython's own SHA-256 module exists:
     hashlib loads OpenSSL first, which cost a model's import some milliseconds."""
     try:
-        from _sha2 import sha256  # CPython 3.12 and later
+        from _sha2 import sha256  # type: ignore[import-not-found]  # CPython 3.12 and later
     except ImportError:
         try:
-            from _sha256 import sha256  # CPython 3.11 and earlier
+            from _sha256 import sha256  # type: ignore[import-not-found]  # CPython <= 3.11
         except ImportError:  # another interpreter, or a Python built without them
             from hashlib import sha256
     return sha256(data)
@@ -532,7 +532,7 @@ class _Record:
     """A plain record with a readable repr (not a dataclass: importing dataclasses and
     decorating classes cost the import of every model package milliseconds)."""
 
-    __slots__ = ()
+    __slots__: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
@@ -552,7 +552,7 @@ class NodeTime(_Record):
     the outputs' shapes ("1x64x56x56 -> 1x256x56x56"); `flops` 2 x multiply-adds, 0 for ops
     whose FLOPs are not counted."""
 
-    __slots__ = ("index", "name", "op", "shapes", "time_ns", "flops")
+    __slots__ = ("flops", "index", "name", "op", "shapes", "time_ns")
 
     def __init__(self, index: int, name: str, op: str, shapes: str = "", time_ns: int = 0,
                  flops: int = 0) -> None:
@@ -568,7 +568,7 @@ class NodeTime(_Record):
 class OpTime(_Record):
     """The nodes of one op type together (`count` of them)."""
 
-    __slots__ = ("op", "count", "time_ns", "flops")
+    __slots__ = ("count", "flops", "op", "time_ns")
 
     def __init__(self, op: str, count: int, time_ns: int, flops: int) -> None:
         self.op, self.count, self.time_ns, self.flops = op, count, time_ns, flops
@@ -588,7 +588,7 @@ class Profile(_Record):
     Python, checks and allocations included.
     """
 
-    __slots__ = ("model", "nodes", "runs", "time_ns", "copies_ns", "wall_ns")
+    __slots__ = ("copies_ns", "model", "nodes", "runs", "time_ns", "wall_ns")
 
     def __init__(self, model: str, nodes: list[NodeTime], runs: int = 0, time_ns: int = 0,
                  copies_ns: int = 0, wall_ns: int = 0) -> None:
