@@ -42,7 +42,8 @@ def model_line(result: dict[str, Any]) -> str:
     for engine in ("cuvil", "ort"):
         if engine in fresh:
             f = fresh[engine]
-            parts.append(f"{engine} first result {f['first_result_ms']:.0f} ms, "
+            parts.append(f"{engine} first result {f['first_result_ms']:.0f} ms (import + load "
+                         f"{f['import_load_ms']:.1f}, first run {f['first_run_ms']:.1f}), "
                          f"peak RSS {f['peak_rss_mb']:.0f} MB; ")
     if "error" in result:
         parts.append(f"ERROR {result['error']}")
@@ -84,19 +85,23 @@ def markdown(info: dict[str, Any], results: list[dict[str, Any]]) -> str:
                 f"{_gflops(o)} | {_f(row.get('max_rel_diff'), '.1e')} |")
     lines += ["", ("Per model: `cuvil build` wall time, wheel and library size, and fresh processes "
               "(launch -> import + load + first run at batch 1; peak RSS: VmHWM). "
-              "cuvil's process imports the unpacked wheel alone, without cuvil."), "",
+              "cuvil's process imports the unpacked wheel alone, without cuvil. *import + first "
+              "run*: the engine's part of the first result, after the interpreter has started and "
+              "read the inputs with numpy."), "",
               ("| model | source | build s | wheel KB | library KB | first result ms cuvil / ort | "
-              "peak RSS MB cuvil / ort | error |"),
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+              "import + first run ms cuvil / ort | peak RSS MB cuvil / ort | error |"),
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for result in results:
         fresh = result.get("fresh", {})
         first = " / ".join(_f(fresh.get(e, {}).get("first_result_ms"), ".0f") for e in ("cuvil", "ort"))
+        own = " / ".join(_f(fresh[e]["import_load_ms"] + fresh[e]["first_run_ms"] if e in fresh else None,
+                            ".1f") for e in ("cuvil", "ort"))
         rss = " / ".join(_f(fresh.get(e, {}).get("peak_rss_mb"), ".0f") for e in ("cuvil", "ort"))
         error = " ".join(result.get("error", "").split()).replace("|", "\\|")
         lines.append(f"| {result['model']} | {result.get('source', '—')} | "
                      f"{_f(result.get('build_s'), '.1f')} | {_f(result.get('wheel_kb'), '.0f')} | "
                      f"{_f(result.get('library_kb'), '.0f')} | "
-                     f"{first} | {rss} | {error} |")
+                     f"{first} | {own} | {rss} | {error} |")
     lines += ["", *[f"- {line}" for line in geomeans_text(results).splitlines()], ""]
     return "\n".join(lines)
 

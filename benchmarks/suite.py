@@ -17,6 +17,7 @@ Figures vary with the machine and its load; they belong in notes, not in tests.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import platform
@@ -117,6 +118,9 @@ def build_wheel(bench: zoo.Bench, pins: dict[str, list[int | str]], work: Path) 
     site = work / "site"
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(site)
+    # byte-compiled as pip installs a wheel (onnxruntime's modules have theirs): else every
+    # fresh process compiles the package's sources again (PYTHONDONTWRITEBYTECODE keeps no .pyc)
+    compileall.compile_dir(str(site), quiet=1)
     manifest = json.loads((site / "bench_model" / "_models.json").read_text())
     signature = manifest["models"][0]
     library = site / "bench_model" / signature["library"]
@@ -287,11 +291,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short time budgets: a smoke run")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench",
                         help="results, generated models and builds (default build/bench/)")
+    parser.add_argument("--launches", type=int, default=None,
+                        help="fresh processes per first-result figure, the median is kept "
+                             "(default 3, --quick 1)")
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
     args.threads = [int(t) for t in args.threads.split(",")]
     args.sizes = {k: int(v) for k, v in (p.split("=") for p in args.sizes.split(",") if p)}
+    launches = args.launches
     args.budget, args.min_runs, args.launches = (0.25, 3, 1) if args.quick else (1.5, 10, 3)
+    if launches is not None:
+        if launches < 1:
+            parser.error("--launches must be at least 1")
+        args.launches = launches
     args.models = [name.strip() for name in args.models.split(",") if name.strip()]
     for name in args.models:
         if not zoo.exists(name):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import hashlib
 import json
 import os
 import platform
@@ -18,7 +17,6 @@ import time
 import types
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,7 +38,20 @@ def abi_checksum(signature: Mapping[str, Any]) -> str:
         "outputs": [[t["name"], t["dtype"], list(t["shape"])] for t in signature["outputs"]],
     }
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
+    return _sha256(text.encode()).hexdigest()
+
+
+def _sha256(data: bytes) -> Any:
+    """hashlib.sha256, without importing hashlib where CPython's own SHA-256 module exists:
+    hashlib loads OpenSSL first, which cost a model's import some milliseconds."""
+    try:
+        from _sha2 import sha256  # type: ignore[import-not-found]  # CPython 3.12 and later
+    except ImportError:
+        try:
+            from _sha256 import sha256  # type: ignore[import-not-found]  # CPython <= 3.11
+        except ImportError:  # another interpreter, or a Python built without them
+            from hashlib import sha256
+    return sha256(data)
 
 
 class TensorInfo:
@@ -161,8 +172,10 @@ class Model:
         self._run_profiled = getattr(self._lib, f"cuvil_{self.name}_run_profiled")
         self._run_profiled.restype = ctypes.c_int32
         self._run_profiled.argtypes = [ctypes.c_void_p] * 5
-        self._node_profile = [(p["name"], p["op"], p.get("shapes", ""), _compile_expr(p["flops"]))
+        # (name, op, shapes, FLOPs: an int or the text of an expression, compiled when profiled)
+        self._node_profile = [(p["name"], p["op"], p.get("shapes", ""), p["flops"])
                               for p in signature.get("node_profile", ())]
+        self._node_flops: list[Any] | None = None
         self._lock = threading.Lock()
         self._plans: dict[tuple[tuple[int, ...], ...], _Plan] = {}  # by the inputs' shapes
         self._scratch = threading.local()  # .current: this thread's _Scratch
@@ -485,9 +498,10 @@ class Model:
             status = self._run_profiled(in_ptrs, out_ptrs, plan.dim_values, scratch.address,
                                         stamps)
             if status == 0:
+                if self._node_flops is None:  # not at load: most processes never profile
+                    self._node_flops = [_compile_expr(f) for *_, f in self._node_profile]
                 env = {**_EVAL_GLOBALS, **plan.dims}
-                flops = [f if isinstance(f, int) else int(eval(f, env))
-                         for *_, f in self._node_profile]
+                flops = [f if isinstance(f, int) else int(eval(f, env)) for f in self._node_flops]
                 with self._lock:
                     profile.add(list(stamps), flops, time.perf_counter_ns() - start)
         self._scratch.current = scratch
@@ -513,16 +527,36 @@ class Model:
         return f"<cuvil model {self.name}({ins}) -> ({outs})>"
 
 
-@dataclass
-class NodeTime:
-    """One node of the compiled graph: its time and FLOPs summed over the profiled runs."""
+class _Record:
+    """A plain record with a readable repr (not a dataclass: importing dataclasses and
+    decorating classes cost the import of every model package milliseconds)."""
 
-    index: int
-    name: str
-    op: str  # op type, with a fused activation: "Conv+Relu"
-    shapes: str = ""  # first input's and outputs' shapes, e.g. "1x64x56x56 -> 1x256x56x56"
-    time_ns: int = 0
-    flops: int = 0  # 2 x multiply-adds; 0 for ops whose FLOPs are not counted
+    __slots__: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(
+            getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like a dataclass
+
+
+class NodeTime(_Record):
+    """One node of the compiled graph: its time and FLOPs summed over the profiled runs.
+
+    `op` is the op type, with a fused activation ("Conv+Relu"); `shapes` the first input's and
+    the outputs' shapes ("1x64x56x56 -> 1x256x56x56"); `flops` 2 x multiply-adds, 0 for ops
+    whose FLOPs are not counted."""
+
+    __slots__ = ("flops", "index", "name", "op", "shapes", "time_ns")
+
+    def __init__(self, index: int, name: str, op: str, shapes: str = "", time_ns: int = 0,
+                 flops: int = 0) -> None:
+        self.index, self.name, self.op, self.shapes = index, name, op, shapes
+        self.time_ns, self.flops = time_ns, flops
 
     @property
     def gflops(self) -> float | None:
@@ -530,34 +564,35 @@ class NodeTime:
         return self.flops / self.time_ns if self.flops and self.time_ns else None
 
 
-@dataclass
-class OpTime:
-    """The nodes of one op type together."""
+class OpTime(_Record):
+    """The nodes of one op type together (`count` of them)."""
 
-    op: str
-    count: int  # nodes of this op type
-    time_ns: int
-    flops: int
+    __slots__ = ("count", "flops", "op", "time_ns")
+
+    def __init__(self, op: str, count: int, time_ns: int, flops: int) -> None:
+        self.op, self.count, self.time_ns, self.flops = op, count, time_ns, flops
 
     @property
     def gflops(self) -> float | None:
         return self.flops / self.time_ns if self.flops and self.time_ns else None
 
 
-@dataclass
-class Profile:
+class Profile(_Record):
     """Where a model's time goes, summed over `runs` calls (`Model.profile`, CUVIL_PROFILE=1).
 
     Clock readings (monotonic, ns) bracket every node, so node times and the output copies
     add up to `time_ns` exactly; the Python side of each call (checks, allocation) is outside.
+    `time_ns` runs from before the first node to after the output copies, `copies_ns` is the
+    copying of results into outputs after the last node, `wall_ns` the same calls timed in
+    Python, checks and allocations included.
     """
 
-    model: str
-    nodes: list[NodeTime]
-    runs: int = 0
-    time_ns: int = 0  # from before the first node to after the output copies
-    copies_ns: int = 0  # copying results into outputs, after the last node
-    wall_ns: int = 0  # the same calls timed in Python, checks and allocations included
+    __slots__ = ("copies_ns", "model", "nodes", "runs", "time_ns", "wall_ns")
+
+    def __init__(self, model: str, nodes: list[NodeTime], runs: int = 0, time_ns: int = 0,
+                 copies_ns: int = 0, wall_ns: int = 0) -> None:
+        self.model, self.nodes, self.runs = model, nodes, runs
+        self.time_ns, self.copies_ns, self.wall_ns = time_ns, copies_ns, wall_ns
 
     def add(self, stamps: Sequence[int], flops: Sequence[int], wall_ns: int) -> None:
         """Add one run: its timestamps (len(nodes) + 2), per-node FLOPs and time in Python."""

@@ -22,6 +22,11 @@
  * within microseconds), then sleeps on a condition variable, and exits after IDLE_NS asleep;
  * the next job starts it again. The submitter waits for the last chunk the same way.
  *
+ * cuvil_populate(p, bytes) backs fresh zero memory that is about to be written whole (the
+ * weights derived at the first run) with pages before the writes, in parallel on the pool:
+ * in 2 MiB pages where the system allows, and in one system call per chunk instead of one page
+ * fault per 4 KiB page.
+ *
  * Threads: CUVIL_NUM_THREADS if set (1 disables the pool), else the CPUs this process may
  * run on. The pool is rebuilt in a forked child, whose threads do not survive fork, and its
  * workers are stopped and joined when the library is unloaded or the process exits.
@@ -40,6 +45,9 @@
 #include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 #include <time.h>
 #include <unistd.h>
 #ifdef _WIN32
@@ -400,6 +408,45 @@ HIDDEN int32_t cuvil_parallel_threads(void) {
     int32_t limit = call_limit();
     if (limit == 1) return 1;
     return __atomic_load_n(&active_pool, __ATOMIC_ACQUIRE)->threads(limit);
+}
+
+#ifdef __linux__
+/* madvise advice by value: the C library the code is built against may predate them */
+#define ADVICE_HUGEPAGE 14       /* Linux 2.6.38: back the range with transparent huge pages */
+#define ADVICE_POPULATE_WRITE 23 /* Linux 5.14: fault the range in writable, now */
+#define HUGE_PAGE (2 << 20)      /* x86_64's and aarch64's (4 KiB pages) PMD size */
+
+static void populate_chunks(void *ctx, int64_t begin, int64_t end) {
+    const uintptr_t *range = ctx; /* [start, stop) in whole pages */
+    /* chunks are the huge pages the range overlaps: no two threads fault the same one */
+    uintptr_t base = range[0] & ~(uintptr_t)(HUGE_PAGE - 1);
+    uintptr_t lo = base + (uintptr_t)begin * HUGE_PAGE, hi = base + (uintptr_t)end * HUGE_PAGE;
+    if (lo < range[0]) lo = range[0];
+    if (hi > range[1]) hi = range[1];
+    /* an older kernel refuses the advice: the writes then fault the pages in one by one */
+    madvise((void *)lo, hi - lo, ADVICE_POPULATE_WRITE);
+}
+#endif
+
+HIDDEN void cuvil_populate(void *p, int64_t bytes) {
+#ifdef __linux__
+    if (bytes <= 0) return;
+    uintptr_t start = (uintptr_t)p, stop = start + (uintptr_t)bytes;
+    /* huge pages only where whole ones fit: the neighbours of the range keep theirs */
+    uintptr_t huge_lo = (start + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
+    uintptr_t huge_hi = stop & ~(uintptr_t)(HUGE_PAGE - 1);
+    if (huge_hi > huge_lo) madvise((void *)huge_lo, huge_hi - huge_lo, ADVICE_HUGEPAGE);
+    /* whole pages, rounded outwards: populating does not change what the neighbours hold */
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t range[2] = {start & ~(page - 1), (stop + page - 1) & ~(page - 1)};
+    uintptr_t base = range[0] & ~(uintptr_t)(HUGE_PAGE - 1);
+    int64_t chunks = (int64_t)((range[1] - base + HUGE_PAGE - 1) / HUGE_PAGE);
+    /* cost: zeroing a chunk is about as much work as HUGE_PAGE / 4 multiply-adds */
+    cuvil_parallel_for(populate_chunks, range, chunks, HUGE_PAGE / 4);
+#else
+    (void)p;
+    (void)bytes;
+#endif
 }
 
 #ifdef CUVIL_MODEL

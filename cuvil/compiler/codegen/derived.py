@@ -29,6 +29,10 @@ from cuvil.compiler.ops import lookup
 EMPTY, BUSY, READY = 0, 1, 2
 #: POSIX: give the CPU to the thread filling the buffer (Linux and macOS libcs have it)
 SCHED_YIELD = "sched_yield"
+#: the runtime's populate(p, bytes) (cuvil/runtime/threadpool.c): pages for the whole buffer,
+#: in parallel and huge where the system allows, before the fill writes it; faulting in its
+#: megabytes one 4 KiB page at a time took about as long as computing them
+POPULATE = "cuvil_populate"
 
 
 class DerivedWeights:
@@ -46,7 +50,7 @@ class DerivedWeights:
             else:
                 var.linkage = "external"
         fill = _fill_function(module, graph, plan, self.buffer, weights, symbols)
-        self.prepare = _prepare_function(module, self.state, fill)
+        self.prepare = _prepare_function(module, self.state, self.buffer, plan.derived_size, fill)
         self._offsets = plan.derived
 
     def pointer(self, b: ir.IRBuilder, node: Node) -> ir.Value:
@@ -55,11 +59,12 @@ class DerivedWeights:
 
 
 def hide_derived(ir_text: str, names: dict[str, str]) -> str:
-    """The buffer and the state word are the library's own: hidden (see module.hide_declarations)."""
+    """The buffer, the state word and the runtime's populate are the library's own: hidden (see
+    module.hide_declarations)."""
     for sym in (names["derived"], names["derived_state"]):
         ir_text = (ir_text.replace(f'@"{sym}" = global', f'@"{sym}" = hidden global')
                    .replace(f'@"{sym}" = external global', f'@"{sym}" = external hidden global'))
-    return ir_text
+    return ir_text.replace(f'declare void @"{POPULATE}"', f'declare hidden void @"{POPULATE}"')
 
 
 def _fill_function(module: ir.Module, graph: Graph, plan: MemoryPlan, buffer: ir.GlobalVariable,
@@ -92,7 +97,8 @@ def _fill_function(module: ir.Module, graph: Graph, plan: MemoryPlan, buffer: ir
     return fill
 
 
-def _prepare_function(module: ir.Module, state: ir.GlobalVariable, fill: ir.Function) -> ir.Function:
+def _prepare_function(module: ir.Module, state: ir.GlobalVariable, buffer: ir.GlobalVariable,
+                      size: int, fill: ir.Function) -> ir.Function:
     """prepare(dims): returns once the buffer is READY, filling it if this caller is the first."""
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]),
                      module.get_unique_name("prepare_derived"))
@@ -107,6 +113,9 @@ def _prepare_function(module: ir.Module, state: ir.GlobalVariable, fill: ir.Func
     b.position_at_end(claim)
     won = b.extract_value(b.cmpxchg(state, i32(EMPTY), i32(BUSY), "acq_rel", "acquire"), 1)
     with b.if_then(won):
+        populate = module.globals.get(POPULATE) or ir.Function(
+            module, ir.FunctionType(ir.VoidType(), [PTR, ir.IntType(64)]), POPULATE)
+        b.call(populate, [buffer, ir.Constant(ir.IntType(64), size)])
         b.call(fill, [fn.args[0]])
         b.store_atomic(i32(READY), state, "release", 4)
         b.branch(done)
