@@ -89,7 +89,7 @@ def _forest_v3(node: Node, leaf_prefix: str, targets: int) -> _Forest:
                                  f"{', '.join(MODES)}, LEAF")
     at = {(t, i): j for j, (t, i) in enumerate(zip(tree_ids, node_ids))}
     # leaves (nodes of mode LEAF) are numbered in node order
-    leaf_of = {j: len([m for m in modes[:j] if m == "LEAF"]) for j in range(n) if modes[j] == "LEAF"}
+    leaf_of = {j: i for i, j in enumerate(j for j in range(n) if modes[j] == "LEAF")}
     inner = [j for j in range(n) if modes[j] != "LEAF"]
     index = {j: i for i, j in enumerate(inner)}
 
@@ -341,21 +341,31 @@ class TreeEnsembleClassifier(_Expanded):
 # -- the native traversal ----------------------------------------------------------------------
 
 
+#: numpy dtypes of the table element types
+_NUMPY = {"i8": np.int8, "i32": np.int32, "float": np.float32, "double": np.float64}
+
+
 def _table(k: Emitter, values: Any, ty: ir.Type, name: str) -> ir.GlobalVariable:
-    values = list(values) or [0]
-    arr_ty = ir.ArrayType(ty, len(values))
+    """A constant table in the library, written as raw bytes (every target is little-endian):
+    LLVM reads a string of bytes much faster than a list of a million numbers."""
+    arr = np.ascontiguousarray(np.asarray(values, dtype=_NUMPY[str(ty)]).reshape(-1) if
+                               len(values) else np.zeros(1, _NUMPY[str(ty)])).astype("<" + np.dtype(
+                                   _NUMPY[str(ty)]).str[1:])
+    raw = bytearray(arr.tobytes())
+    arr_ty = ir.ArrayType(ir.IntType(8), len(raw))
     g = ir.GlobalVariable(k.module, arr_ty, k.module.get_unique_name(f"{k.function.name}.{name}"))
     g.linkage = "private"
     g.global_constant = True
     g.unnamed_addr = True
-    py = float if isinstance(ty, (ir.FloatType, ir.DoubleType)) else int
-    g.initializer = ir.Constant(arr_ty, [py(v) for v in values])
+    g.align = 8
+    g.initializer = ir.Constant(arr_ty, raw)
+    g.element = ty  # type: ignore[attr-defined]
     return g
 
 
 def _load(k: Emitter, table: ir.GlobalVariable, i: ir.Value) -> ir.Value:
-    ptr = k.b.gep(table, [k.i64(0), i], inbounds=True, source_etype=table.value_type)
-    return k.b.load(ptr, typ=table.value_type.element)
+    ty = table.element  # type: ignore[attr-defined]
+    return k.b.load(k.b.gep(table, [i], inbounds=True, source_etype=ty), typ=ty)
 
 
 @register
