@@ -50,14 +50,14 @@ def _v3_regressor(nodes, leaves, targets: int, aggregate: str, base: list[float]
     rows = sorted([(n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]) for n in nodes]
                   + [(le[0], le[1], 0, 0.0, "LEAF", 0, 0, 0) for le in leaves])
     weights = [(le[0], le[1], k, w) for le in leaves for k, w in le[2]]
-    attrs = dict(
-        nodes_treeids=[r[0] for r in rows], nodes_nodeids=[r[1] for r in rows],
-        nodes_featureids=[r[2] for r in rows], nodes_values=[r[3] for r in rows],
-        nodes_modes=[r[4] for r in rows], nodes_missing_value_tracks_true=[r[5] for r in rows],
-        nodes_truenodeids=[r[6] for r in rows], nodes_falsenodeids=[r[7] for r in rows],
-        target_treeids=[w[0] for w in weights], target_nodeids=[w[1] for w in weights],
-        target_ids=[w[2] for w in weights], target_weights=[w[3] for w in weights],
-        n_targets=targets, aggregate_function=aggregate)
+    attrs = {
+        "nodes_treeids": [r[0] for r in rows], "nodes_nodeids": [r[1] for r in rows],
+        "nodes_featureids": [r[2] for r in rows], "nodes_values": [r[3] for r in rows],
+        "nodes_modes": [r[4] for r in rows], "nodes_missing_value_tracks_true": [r[5] for r in rows],
+        "nodes_truenodeids": [r[6] for r in rows], "nodes_falsenodeids": [r[7] for r in rows],
+        "target_treeids": [w[0] for w in weights], "target_nodeids": [w[1] for w in weights],
+        "target_ids": [w[2] for w in weights], "target_weights": [w[3] for w in weights],
+        "n_targets": targets, "aggregate_function": aggregate}
     if base:
         attrs["base_values"] = base
     node = helper.make_node("TreeEnsembleRegressor", ["X"], ["Y"], domain="ai.onnx.ml", **attrs)

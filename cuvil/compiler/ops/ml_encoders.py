@@ -140,6 +140,8 @@ class ZipMap(_Expanded):
     """Refused: its output is a sequence of maps, which a cuvil library cannot return."""
 
     op_type = "ZipMap"
+    not_compiled = ("its output is a list of dicts; convert the classifier with skl2onnx's "
+                    "zipmap=False (docs/ml.md)")
 
     def expand(self, node: Node) -> onnx.FunctionProto:
         raise ModelError(

@@ -32,7 +32,7 @@ from onnx import helper, numpy_helper
 from cuvil.compiler.codegen.emitter import I8, I32, I64, Emitter, llvm_type
 from cuvil.compiler.ir import Node, TensorType, simplify_dim
 from cuvil.compiler.ops import InferContext, Op, attr, register
-from cuvil.compiler.ops._ml_graph import Body, floats, ints, no_string_labels, post_transform, text
+from cuvil.compiler.ops._ml_graph import Body, ints, no_string_labels, post_transform, text
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError, UnsupportedOpError
 
@@ -230,8 +230,8 @@ class TreeEnsembleRegressor(_Expanded):
         aggregate = text(node, "aggregate_function", "SUM")
         b = Body(node)
         raw = _scores(b, forest, aggregate, np.float32)
-        base = [float(v) for v in (_values(node, "base_values") if _values(node, "base_values")
-                                   is not None else [])]
+        given = _values(node, "base_values")
+        base = [float(v) for v in given] if given is not None else []
         return b.finish(_regression_output(b, node, raw, targets, base,
                                            text(node, "post_transform", "NONE")),
                         domains={"cuvil": 1})
@@ -359,12 +359,12 @@ def _table(k: Emitter, values: Any, ty: ir.Type, name: str) -> ir.GlobalVariable
     g.unnamed_addr = True
     g.align = 8
     g.initializer = ir.Constant(arr_ty, raw)
-    g.element = ty  # type: ignore[attr-defined]
+    g.element = ty
     return g
 
 
 def _load(k: Emitter, table: ir.GlobalVariable, i: ir.Value) -> ir.Value:
-    ty = table.element  # type: ignore[attr-defined]
+    ty = table.element
     return k.b.load(k.b.gep(table, [i], inbounds=True, source_etype=ty), typ=ty)
 
 
