@@ -244,6 +244,10 @@ class _Importer:
         op = lookup(node.domain, node.op_type, node.opset)
         if op is None and self._expand(pn, node, node_label, scope, graph):
             return
+        body = op.expand(node) if op is not None else None
+        if body is not None:  # an op cuvil builds from other ops (ai.onnx.ml)
+            self._expand(pn, node, node_label, scope, graph, body)
+            return
         if op is None:
             self._unsupported(pn, node.opset, node_label)
             self._unknown(pn, scope)
@@ -378,11 +382,13 @@ class _Importer:
                            scope, graph, node_label)
 
     def _expand(self, pn: onnx.NodeProto, node: Node, node_label: str, scope: Scope,
-                graph: Graph) -> bool:
-        """Compile the body onnx defines for an op cuvil has no kernel for; False when onnx
-        defines none. An op inside the body that cuvil cannot compile is reported as the
+                graph: Graph, body: onnx.FunctionProto | None = None) -> bool:
+        """Compile `body` (else the body onnx defines) for an op cuvil has no kernel for; False
+        when there is none. An op inside the body that cuvil cannot compile is reported as the
         node's own op, the one the user sees in the model."""
-        body = function_body(pn, node.opset, [v.type if v is not None else None for v in node.inputs])
+        if body is None:
+            body = function_body(pn, node.opset,
+                                 [v.type if v is not None else None for v in node.inputs])
         if body is None:
             return False
         unsupported = {k: list(v) for k, v in self.unsupported.items()}
@@ -405,8 +411,7 @@ class _Importer:
         try:
             self.nodes(nodes, inner, graph)
         except CuvilError as exc:
-            raise type(exc)(f"{exc}\n(in the body onnx defines for {node.describe()}, which cuvil "
-                            "compiles in its place)") from None
+            raise type(exc)(f"{exc}\n(in the ops {node.describe()} is compiled as)") from None
         finally:
             self.prefix, self.opsets = outer_prefix, outer_opsets
         if self.unsupported != unsupported:

@@ -111,6 +111,13 @@ class Op:
     def lower(self, node: Node, k: Emitter) -> None:
         raise NotImplementedError
 
+    def expand(self, node: Node) -> onnx.FunctionProto | None:
+        """For an op cuvil compiles as a graph of other ops (most of ai.onnx.ml): that graph,
+        built for the node's attributes and input types, its inputs and outputs named in the
+        op's order. The importer compiles it in the node's place; None (the default) means the
+        op has a lowering of its own."""
+        return None
+
     def scratch_bytes(self, node: Node) -> Dim:
         """Workspace bytes the lowering needs while it runs (`k.scratch` points there)."""
         return 0
@@ -350,6 +357,9 @@ def _import_families() -> None:
         gemm,
         indexing,
         linalg,
+        ml_encoders,
+        ml_linear,
+        ml_trees,
         normalization,
         pool,
         recurrent,
