@@ -241,7 +241,7 @@ def _size_text(size: int) -> str:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from cuvil.build_backend._cache import CompileCache, cache_dir
+    from cuvil.build_backend.cache import CompileCache, cache_dir
     from cuvil.config import load_settings
 
     settings = load_settings(Path(args.project_dir), _config_settings(args.config_setting))

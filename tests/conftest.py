@@ -22,9 +22,9 @@ os.environ.setdefault("CUVIL_VERIFY_IR", "1")
 @pytest.fixture(autouse=True)
 def _private_compile_cache(tmp_path_factory: pytest.TempPathFactory,
                            monkeypatch: pytest.MonkeyPatch) -> Path:
-    from cuvil.build_backend import _cache
+    from cuvil.build_backend import cache as compile_cache
 
     folder = tmp_path_factory.mktemp("compile-cache")
     monkeypatch.setenv("CUVIL_CACHE_DIR", str(folder))
-    monkeypatch.setattr(_cache, "default_cache_dir", lambda: folder)
+    monkeypatch.setattr(compile_cache, "default_cache_dir", lambda: folder)
     return folder

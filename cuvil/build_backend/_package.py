@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import cuvil
-from cuvil.build_backend._cache import CompileCache, model_key, open_cache
 from cuvil.build_backend._python import (
     MODELS_MODULE,
     RUNTIME_MODULE,
@@ -30,6 +29,7 @@ from cuvil.build_backend._python import (
     models_module,
     python_files,
 )
+from cuvil.build_backend.cache import CompileCache, model_key, open_cache
 from cuvil.compiler.codegen.header import render_header
 from cuvil.config import ModelConfig, ProjectConfig
 from cuvil.runtime import ABI_VERSION, LOADER_SOURCE

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from cuvil.config import BuildSettings, ModelConfig, ProjectConfig
     from cuvil.toolchains import Target
 
-__all__ = ["CacheStats", "CompileCache", "default_cache_dir", "model_key", "open_cache"]
+__all__ = ["CacheStats", "CompileCache", "cache_dir", "default_cache_dir", "model_key", "open_cache"]
 
 Log = Callable[[str], None]
 
@@ -56,7 +56,7 @@ _TEMP_PREFIX = ".tmp-"
 _STALE_TEMP_SECONDS = 3600  # a temporary file this old belongs to a killed build
 # the cuvil sources a library's bytes depend on (relative to the package)
 _SHAPING_SOURCES = ("compiler", "runtime", "toolchains", "config.py",
-                    "build_backend/_package.py", "build_backend/_cache.py")
+                    "build_backend/_package.py", "build_backend/cache.py")
 
 
 def default_cache_dir() -> Path:
