@@ -105,6 +105,7 @@ def library_of(wheel: bytes, out: Path) -> bytes:
         return archive.read(next(n for n in archive.namelist() if "/_net." in n))
 
 
+@pytest.mark.slow
 def test_a_rebuild_and_a_copy_elsewhere_take_the_library_from_the_cache(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiles: list[str],
         _private_compile_cache: Path, capfd: pytest.CaptureFixture[str]) -> None:
@@ -128,6 +129,7 @@ def test_a_rebuild_and_a_copy_elsewhere_take_the_library_from_the_cache(
     assert len(entries(_private_compile_cache)) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("change", "settings"),
     [
@@ -156,6 +158,7 @@ def test_a_change_of_model_settings_or_target_compiles_again(
     assert compiles == ["net", "net"]
 
 
+@pytest.mark.slow
 def test_damaged_entries_are_detected_and_rebuilt(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiles: list[str],
         _private_compile_cache: Path, capfd: pytest.CaptureFixture[str]) -> None:
@@ -174,6 +177,7 @@ def test_damaged_entries_are_detected_and_rebuilt(
     assert compiles == ["net"] * 4
 
 
+@pytest.mark.slow
 def test_concurrent_builds_sharing_the_cache_give_the_wheels_of_solo_builds(
         tmp_path: Path, _private_compile_cache: Path) -> None:
     script = ("import sys\nfrom cuvil.build_backend import build_wheel\n"
@@ -203,6 +207,7 @@ def test_concurrent_builds_sharing_the_cache_give_the_wheels_of_solo_builds(
         assert finish(start(out, level, "true"), out) == solo[level]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["-C", "environment", "pyproject"])
 def test_a_disabled_cache_is_neither_read_nor_written(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiles: list[str],
