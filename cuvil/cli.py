@@ -1,4 +1,4 @@
-"""The `cuvil` command: compile, build, check, publish, inspect, bench, init, targets.
+"""The `cuvil` command: compile, build, cache, check, publish, inspect, bench, init, targets.
 
 Each subcommand is a thin function over the parts that do the work (compiler driver, build
 backend, checks, toolchains). A `CuvilError` is printed as `cuvil: error: ...` on stderr with
@@ -223,6 +223,37 @@ def cmd_build(args: argparse.Namespace) -> int:
                 name = backend.build_sdist(str(out_dir), settings)
             built.append(out_dir / name)
             print(f"built {out_dir / name}")
+    return 0
+
+
+# ------------------------------------------------------------------------------- cache
+
+
+def _size_text(size: int) -> str:
+    if size < 1024:
+        return f"{size} bytes"
+    value, unit = size / 1024, "KiB"
+    for bigger in ("MiB", "GiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.1f} {unit}"
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from cuvil.build_backend.cache import CompileCache, cache_dir
+    from cuvil.config import load_settings
+
+    settings = load_settings(Path(args.project_dir), _config_settings(args.config_setting))
+    cache = CompileCache(cache_dir(settings), settings.cache_max_size)
+    if args.action == "clear":
+        print(f"removed {_size_text(cache.clear())} of compiled models from {cache.folder}")
+        return 0
+    stats = cache.stats()
+    print(f"compile cache: {stats.folder}")
+    print(f"  state:   {'on' if settings.cache else 'off (the cache setting is false)'}")
+    print(f"  entries: {stats.entries} ({_size_text(stats.size)})")
+    print(f"  limit:   {_size_text(settings.cache_max_size)} (the cache-max-size setting)")
     return 0
 
 
@@ -660,6 +691,15 @@ def _parser() -> argparse.ArgumentParser:
         help="a build setting, as for pip -C (e.g. opt-level=2); repeatable",
     )
     p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("cache", parents=[common],
+                       help="show the compile cache's folder and size, or empty it")
+    p.add_argument("action", choices=("info", "clear"))
+    p.add_argument("--project", dest="project_dir", default=".",
+                   help="read the cache settings of this project too (default: .)")
+    p.add_argument("-C", "--config-setting", action="append", default=[], metavar="KEY=VALUE",
+                   help="a build setting, e.g. cache-dir=/tmp/cache; repeatable")
+    p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("check", parents=[common], help="validate built wheels (exit 1 on any failure)")
     p.add_argument("wheels", nargs="+", metavar="WHEEL")

@@ -38,6 +38,7 @@ __all__ = [
     "VersionConfig",
     "iter_options",
     "load_project",
+    "load_settings",
     "normalize_package_name",
     "read_pyproject",
 ]
@@ -66,11 +67,31 @@ _KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "folder": ("a folder relative to the project root", lambda v: isinstance(v, str) and v != ""),
     "integer": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     "boolean": ("a boolean", lambda v: isinstance(v, bool)),
+    "size": (
+        'a size: bytes as an integer >= 0, or a string such as "500 MB" or "2 GiB"',
+        lambda v: _size(v) is not None,
+    ),
     "array of strings": (
         "an array of strings",
         lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     ),
 }
+
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?)?B?\s*", re.IGNORECASE)
+
+
+def _size(value: Any) -> int | None:
+    """Bytes for an integer or a text such as "2 GiB" (KB = 1000 bytes, KiB = 1024), else None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value >= 0 else None
+    match = _SIZE.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        return None
+    number, unit = match.groups()
+    power = "KMGT".index(unit[0].upper()) + 1 if unit else 0
+    base = 1024 if unit and unit.lower().endswith("i") else 1000
+    return int(float(number) * base**power)
 
 
 def _help(text: str) -> dict[str, Any]:
@@ -190,6 +211,43 @@ class BuildSettings:
             "Directory for intermediate files, relative to the project root.",
             "build/cuvil",
             default="build/cuvil",
+            settable=True,
+        )
+    )
+    cache: bool = field(
+        metadata=_option(
+            "boolean",
+            "Reuse compiled model libraries from the compile cache (cache-dir): a model whose "
+            "bytes, settings, target and compiler (cuvil with a digest of its sources, llvmlite, "
+            "zig) are unchanged is not compiled again, in any folder or Python. false neither "
+            "reads nor writes the cache. `cuvil cache info` / `cuvil cache clear` show and empty "
+            "it.",
+            False,
+            default=True,
+            settable=True,
+        )
+    )
+    cache_dir: Path | None = field(
+        metadata=_option(
+            "path",
+            "Folder of the compile cache, shared by every project and build on the machine "
+            "(relative paths are relative to the project root; ~ is expanded).",
+            "~/.cache/cuvil",
+            default=None,
+            default_doc="the user cache folder: $XDG_CACHE_HOME/cuvil or ~/.cache/cuvil on Linux, "
+            "~/Library/Caches/cuvil on macOS, %LOCALAPPDATA%\\cuvil\\Cache on Windows",
+            settable=True,
+        )
+    )
+    cache_max_size: int = field(
+        metadata=_option(
+            "size",
+            "Size limit of the compile cache: bytes as an integer, or a string with a unit "
+            '("500 MB", "2 GiB"). When an entry is added beyond it, the entries used least '
+            "recently are removed.",
+            "4GiB",
+            default=2 << 30,
+            default_doc='"2 GiB"',
             settable=True,
         )
     )
@@ -358,6 +416,7 @@ class Option:
             "folder": "path to a folder",
             "inputs": "table of arrays",
             "models": "tables",
+            "size": "integer or string (a size)",
         }
         return names.get(self.kind, self.kind)
 
@@ -549,6 +608,20 @@ def load_project(
         version_file=version_file,
         **values,
     )
+
+
+def load_settings(
+    root: str | os.PathLike[str],
+    config_settings: Mapping[str, str | list[str]] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> BuildSettings:
+    """The build settings alone, for commands that need no models (`cuvil cache`): from -C,
+    the environment and `root`/pyproject.toml's [tool.cuvil] if there is one."""
+    ctx = _Context(file=str(Path(root) / "pyproject.toml"), root=Path(root).resolve())
+    tool: Any = read_pyproject(ctx.file).get("tool", {}) if Path(ctx.file).is_file() else {}
+    tool = tool.get("cuvil") if isinstance(tool, dict) else None
+    return _settings(tool if isinstance(tool, dict) else {}, config_settings or {},
+                     os.environ if environ is None else environ, ctx)
 
 
 def _table(parent: dict[str, Any], key: str, ctx: _Context, dotted: str = "tool.cuvil") -> dict[str, Any]:
@@ -761,7 +834,9 @@ def _convert(opt: Option, value: Any, src: _Source, ctx: _Context) -> Any:
     if opt.kind == "array of strings":
         return tuple(value)
     if opt.kind == "path":
-        return ctx.root / value
+        return ctx.root / Path(value).expanduser()
+    if opt.kind == "size":
+        return _size(value)
     if opt.kind == "folder":
         return _project_folder(value, src, ctx)
     if opt.kind == "file":

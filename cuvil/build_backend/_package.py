@@ -29,8 +29,9 @@ from cuvil.build_backend._python import (
     models_module,
     python_files,
 )
+from cuvil.build_backend.cache import CompileCache, model_key, open_cache
 from cuvil.compiler.codegen.header import render_header
-from cuvil.config import ProjectConfig
+from cuvil.config import ModelConfig, ProjectConfig
 from cuvil.runtime import ABI_VERSION, LOADER_SOURCE
 from cuvil.toolchains import Target
 
@@ -40,8 +41,6 @@ def build_package_files(
 ) -> dict[str, bytes]:
     """Compile every model of `project` for `target`; return the generated
     files as wheel paths -> bytes (the project's own Python files are not among them)."""
-    from cuvil.compiler.driver import compile_model
-
     settings = project.settings
     pkg = project.package
     user_files = python_files(project)
@@ -53,15 +52,11 @@ def build_package_files(
     check_no_clash(project, user_files, generated)  # before compiling: it fails fast
     files: dict[str, bytes] = {}
     signatures = []
+    cache = open_cache(settings)
     for model in project.models:
-        compiled = compile_model(
-            model.source, model.name, Path(workdir) / model.name,
-            inputs=model.inputs or None, target=target, cpu=settings.cpu,
-            opt_level=settings.opt_level, quantize=model.quantize, log=log,
-        )
-        sig = compiled.signature
+        library, sig = _compile(project, model, target, Path(workdir) / model.name, log, cache)
         signatures.append(sig)
-        files[f"{pkg}/{sig['library']}"] = compiled.library.read_bytes()
+        files[f"{pkg}/{sig['library']}"] = library
         files[f"{pkg}/{model.name}.h"] = render_header(sig, sig["library"]).encode()
     manifest = {
         "abi_version": ABI_VERSION,
@@ -81,6 +76,30 @@ def build_package_files(
     if f"{pkg}/py.typed" not in user_files:
         files[f"{pkg}/py.typed"] = b""
     return files
+
+
+def _compile(project: ProjectConfig, model: ModelConfig, target: Target, workdir: Path,
+             log: Callable[[str], None], cache: CompileCache | None) -> tuple[bytes, dict[str, Any]]:
+    """The model's library and signature: from the compile cache, else compiled (and stored)."""
+    from cuvil.compiler.driver import compile_model
+
+    key = ""
+    if cache is not None:
+        key = model_key(project, model, target)
+        hit = cache.load(key, log)
+        if hit is not None:
+            log(f"cuvil: {model.name}: {hit[1]['library']} taken from the compile cache "
+                f"(entry {key[:16]} in {cache.folder})")
+            return hit
+    settings = project.settings
+    compiled = compile_model(
+        model.source, model.name, workdir, inputs=model.inputs or None, target=target,
+        cpu=settings.cpu, opt_level=settings.opt_level, quantize=model.quantize, log=log,
+    )
+    library = compiled.library.read_bytes()
+    if cache is not None:
+        cache.store(key, library, compiled.signature, log)
+    return library, compiled.signature
 
 
 def _describe(sig: dict[str, Any]) -> str:

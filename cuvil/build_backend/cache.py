@@ -1,0 +1,265 @@
+"""The compile cache: linked model libraries (with their signatures), keyed by content.
+
+A model's library depends only on what `model_key` hashes: the model's files (source,
+external data, calibration) by content and project-relative name, its table (name, inputs,
+quantize), the code-shaping build settings (cpu, with "native" resolved to this machine's CPU,
+and opt-level), the resolved target (arches, CPU variants, zig targets: so an adjusted
+MACOSX_DEPLOYMENT_TARGET is a different key), and the compiler: cuvil's version, a digest of
+the cuvil sources that shape the library (so an edit of an editable install invalidates) and the
+llvmlite and ziglang versions. Neither the project's folder nor the Python running the build is
+part of it, so a copy of the project and a build for another Python hit the same entries.
+A setting that starts to reach `compile_model` must be added to `model_key`.
+
+The level is the linked library, not the objects: a hit skips the frontend, passes, codegen
+and the link, so a rebuild costs the wheel writing and checking only.
+
+Each entry is one file `<key>.entry` in `<cache-dir>/libraries-v1/`: a magic line, the SHA-256
+of the rest, a JSON line (key and signature) and the library's bytes. It is
+written to a temporary file in the same folder and renamed into place, so readers see a whole
+entry or none, and a killed build leaves at most a temporary file (removed once stale). An entry
+whose digest does not match (truncated, edited) is removed and the model compiled again. A hit
+touches the entry's mtime; after each store the least recently used entries are removed until
+the folder is within the size limit. Nothing here can fail a build: a cache folder that cannot
+be used is reported and the build goes on without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import cuvil
+
+if TYPE_CHECKING:
+    from cuvil.config import BuildSettings, ModelConfig, ProjectConfig
+    from cuvil.toolchains import Target
+
+__all__ = ["CacheStats", "CompileCache", "cache_dir", "default_cache_dir", "model_key", "open_cache"]
+
+Log = Callable[[str], None]
+
+_FOLDER = "libraries-v1"  # a new entry layout gets a new folder
+_MAGIC = b"cuvil compile cache entry 1\n"
+_SUFFIX = ".entry"
+_TEMP_PREFIX = ".tmp-"
+_STALE_TEMP_SECONDS = 3600  # a temporary file this old belongs to a killed build
+# the cuvil sources a library's bytes depend on (relative to the package)
+_SHAPING_SOURCES = ("compiler", "runtime", "toolchains", "config.py",
+                    "build_backend/_package.py", "build_backend/cache.py")
+
+
+def default_cache_dir() -> Path:
+    """The user cache folder for cuvil: $XDG_CACHE_HOME/cuvil or ~/.cache/cuvil on Linux,
+    ~/Library/Caches/cuvil on macOS, %LOCALAPPDATA%\\cuvil\\Cache on Windows."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("cuvil", appauthor=False))
+
+
+def cache_dir(settings: BuildSettings) -> Path:
+    return settings.cache_dir if settings.cache_dir is not None else default_cache_dir()
+
+
+@functools.cache
+def _sources_digest() -> str:
+    root = Path(cuvil.__file__).parent
+    digest = hashlib.sha256()
+    for name in _SHAPING_SOURCES:
+        base = root / name
+        files = [base] if base.is_file() else sorted(
+            p for p in base.rglob("*") if p.suffix in (".py", ".c", ".h") and p.is_file())
+        for path in files:
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(functools.partial(f.read, 1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def model_key(project: ProjectConfig, model: ModelConfig, target: Target) -> str:
+    """The hex SHA-256 of everything the model's library and signature are made from."""
+    from cuvil.build_backend._sdist import model_files
+
+    settings = project.settings
+    cpu: Any = settings.cpu
+    if cpu == "native":
+        from cuvil.toolchains import host_cpu
+
+        cpu = ["native", *host_cpu()]
+    shape = dataclasses.asdict(target)
+    shape.pop("source")  # where the toolchain file lies does not matter, only what it says
+    shape.pop("description")
+    state = {
+        "compiler": {"cuvil": cuvil.__version__, "sources": _sources_digest(),
+                     "llvmlite": _version("llvmlite"), "ziglang": _version("ziglang")},
+        "target": shape,
+        "settings": {"cpu": cpu, "opt_level": settings.opt_level},
+        "model": {
+            "name": model.name,
+            "inputs": {k: list(v) for k, v in model.inputs.items()},
+            "quantize": model.quantize,
+            "files": [[role, Path(os.path.relpath(path, project.root)).as_posix(),
+                       _file_digest(path)] for role, path in model_files(project.root, model)],
+        },
+    }
+    return hashlib.sha256(json.dumps(state, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    folder: Path
+    entries: int
+    size: int  # bytes, with temporary files of builds still running (or killed)
+
+
+@dataclass(frozen=True)
+class CompileCache:
+    folder: Path  # the cache-dir setting
+    max_size: int
+
+    @property
+    def entries(self) -> Path:
+        return self.folder / _FOLDER
+
+    def _path(self, key: str) -> Path:
+        return self.entries / f"{key}{_SUFFIX}"
+
+    def load(self, key: str, log: Log) -> tuple[bytes, dict[str, Any]] | None:
+        """(library bytes, signature) of the entry `key`, else None."""
+        path = self._path(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log(f"cuvil: warning: cannot read the compile cache entry {path} ({exc}); compiling")
+            return None
+        found = _parse(data, key)
+        if found is None:
+            log(f"cuvil: warning: compile cache entry {path} is damaged (its digest does not "
+                "match); removing it and compiling again")
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        with contextlib.suppress(OSError):  # least recently used: the mtime says when
+            os.utime(path)
+        return found
+
+    def store(self, key: str, library: bytes, signature: dict[str, Any], log: Log) -> None:
+        meta = json.dumps({"key": key, "signature": signature},
+                          sort_keys=True).encode()
+        payload = meta + b"\n" + library
+        data = _MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+        try:
+            self.entries.mkdir(parents=True, exist_ok=True)
+            fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, suffix=_SUFFIX, dir=self.entries)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(temp, self._path(key))
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
+                raise
+        except OSError as exc:
+            # on Windows a concurrent reader can hold the same entry open: it is complete anyway
+            if not self._path(key).is_file():
+                log(f"cuvil: warning: cannot write to the compile cache {self.folder} ({exc}); "
+                    "set cache-dir to a writable folder, or cache = false")
+            return
+        self.evict(log, keep=key)
+
+    def _files(self) -> Iterator[tuple[Path, os.stat_result]]:
+        try:
+            children = list(self.entries.iterdir())
+        except OSError:
+            return
+        for path in children:
+            if path.name.endswith(_SUFFIX):
+                with contextlib.suppress(OSError):  # a concurrent eviction removed it
+                    yield path, path.stat()
+
+    def evict(self, log: Log, keep: str | None = None) -> None:
+        """Remove stale temporary files, then the least recently used entries until the
+        cache is within its size limit (the entry `keep` last)."""
+        now = time.time()
+        live = []
+        for path, st in self._files():
+            if path.name.startswith(_TEMP_PREFIX) and now - st.st_mtime > _STALE_TEMP_SECONDS:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                continue
+            live.append((path.name == f"{keep}{_SUFFIX}", st.st_mtime, st.st_size, path))
+        total = sum(size for _, _, size, _ in live)
+        for _, _, size, path in sorted(live):
+            if total <= self.max_size:
+                break
+            if path.name.startswith(_TEMP_PREFIX):
+                continue  # a build is writing it
+            with contextlib.suppress(OSError):
+                path.unlink()
+                log(f"cuvil: compile cache over {self.max_size} bytes: removed {path.name}")
+            total -= size
+
+    def stats(self) -> CacheStats:
+        files = list(self._files())
+        entries = sum(not p.name.startswith(_TEMP_PREFIX) for p, _ in files)
+        return CacheStats(self.folder, entries, sum(st.st_size for _, st in files))
+
+    def clear(self) -> int:
+        """Remove every entry (and temporary file); return how many bytes were freed."""
+        freed = 0
+        for path, st in self._files():
+            with contextlib.suppress(OSError):
+                path.unlink()
+                freed += st.st_size
+        with contextlib.suppress(OSError):
+            self.entries.rmdir()
+        return freed
+
+
+def _parse(data: bytes, key: str) -> tuple[bytes, dict[str, Any]] | None:
+    if not data.startswith(_MAGIC):
+        return None
+    digest, _, payload = data[len(_MAGIC):].partition(b"\n")
+    if hashlib.sha256(payload).hexdigest().encode() != digest:
+        return None
+    meta, _, library = payload.partition(b"\n")
+    try:
+        info = json.loads(meta)
+    except ValueError:
+        return None
+    if info.get("key") != key:
+        return None
+    return library, info["signature"]
+
+
+def open_cache(settings: BuildSettings) -> CompileCache | None:
+    """The compile cache the settings name, or None when it is turned off."""
+    if not settings.cache:
+        return None
+    return CompileCache(cache_dir(settings), settings.cache_max_size)
