@@ -248,7 +248,7 @@ def test_the_key_names_everything_the_library_is_made_of(
         "cpu": key(base_root, {"cpu": "haswell"}),
         "target": key(base_root, target="aarch64-linux"),
     }
-    monkeypatch.setattr(cache, "_sources_digest", lambda: "edited")
+    monkeypatch.setattr(cache, "sources_digest", lambda: "edited")
     differ["cuvil sources"] = key(base_root)
     monkeypatch.undo()
     monkeypatch.setattr(cache, "_version", lambda name: "9.9" if name == "llvmlite" else "1")
@@ -276,9 +276,9 @@ def test_an_edit_of_the_compiler_sources_changes_the_digest(
     for edit in ("", "# edited\n"):
         with open(package / "compiler" / "driver.py", "a") as f:
             f.write(edit)
-        cache._sources_digest.cache_clear()
-        digests.append(cache._sources_digest())
-    cache._sources_digest.cache_clear()
+        cache.sources_digest.cache_clear()
+        digests.append(cache.sources_digest())
+    cache.sources_digest.cache_clear()
     assert digests[0] != digests[1]
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import cuvil
 from cuvil.build_backend._python import models_module
 from cuvil.build_backend._sdist import model_files
+from cuvil.build_backend.cache import sources_digest
 
 if TYPE_CHECKING:
     from cuvil.config import ProjectConfig
@@ -27,13 +28,15 @@ __all__ = ["fingerprint", "render_finder"]
 
 def fingerprint(project: ProjectConfig, target: str, user_files: Mapping[str, Path]) -> str:
     """A text naming everything the generated files depend on: the models' bytes and settings,
-    the build settings that shape code, the target, cuvil's version and the package layout.
+    the build settings that shape code, the target, cuvil's version and compiler sources (an
+    editable cuvil that changed recompiles) and the package layout.
 
     Python files of the project are not part of it: editing them needs no recompile.
     """
     settings = project.settings
     state = {
         "cuvil": cuvil.__version__,
+        "cuvil_sources": sources_digest(),
         "target": target,
         "cpu": settings.cpu,
         "opt_level": settings.opt_level,

@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from cuvil.config import BuildSettings, ModelConfig, ProjectConfig
     from cuvil.toolchains import Target
 
-__all__ = ["CacheStats", "CompileCache", "cache_dir", "default_cache_dir", "model_key", "open_cache"]
+__all__ = ["CacheStats", "CompileCache", "cache_dir", "default_cache_dir", "model_key", "open_cache",
+           "sources_digest"]
 
 Log = Callable[[str], None]
 
@@ -72,7 +73,7 @@ def cache_dir(settings: BuildSettings) -> Path:
 
 
 @functools.cache
-def _sources_digest() -> str:
+def sources_digest() -> str:
     root = Path(cuvil.__file__).parent
     digest = hashlib.sha256()
     for name in _SHAPING_SOURCES:
@@ -114,7 +115,7 @@ def model_key(project: ProjectConfig, model: ModelConfig, target: Target) -> str
     shape.pop("source")  # where the toolchain file lies does not matter, only what it says
     shape.pop("description")
     state = {
-        "compiler": {"cuvil": cuvil.__version__, "sources": _sources_digest(),
+        "compiler": {"cuvil": cuvil.__version__, "sources": sources_digest(),
                      "llvmlite": _version("llvmlite"), "ziglang": _version("ziglang")},
         "target": shape,
         "settings": {"cpu": cpu, "opt_level": settings.opt_level},
