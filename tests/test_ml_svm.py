@@ -17,7 +17,6 @@ skl2onnx = pytest.importorskip("skl2onnx")
 ort = pytest.importorskip("onnxruntime")
 datasets = pytest.importorskip("sklearn.datasets")
 
-from sklearn.pipeline import make_pipeline  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
 from sklearn.svm import SVC, SVR, OneClassSVM  # noqa: E402
 

@@ -4,9 +4,9 @@ converters (skl2onnx) write them and onnxruntime runs them.
 Both compile as graphs of standard ops (`_ml_graph`): the kernel values of a batch against
 all support vectors are one GEMM (RBF as |x|^2 - 2 x.sv + |sv|^2 after centring both on the
 support vectors' mean), computed in float64 up to the decision values because float32 sums
-over hundreds of support vectors lose ~1e-5 (onnxruntime's own error is of that size), and what libsvm does per
-pair of classes is folded at compile time into constant matrices: the pairwise decision
-values are one more GEMM, the votes a third. Probability estimates follow onnxruntime:
+over hundreds of support vectors lose ~1e-5 (onnxruntime's own error is of that size), and
+what libsvm does per pair of classes is folded at compile time into constant matrices: the
+pairwise decision values are one more GEMM, the votes a third. Probability estimates follow onnxruntime:
 Platt's sigmoid per pair, clipped to [1e-7, 1 - 1e-7], then libsvm's pairwise coupling, an
 iterative solve of at most 100 sweeps that stops per row once its error is below
 0.005 / classes, compiled as a Loop whose rows freeze when they converge.
