@@ -359,6 +359,7 @@ def _import_families() -> None:
         linalg,
         ml_encoders,
         ml_linear,
+        ml_svm,
         ml_trees,
         normalization,
         pool,

@@ -24,17 +24,19 @@ BODY_OPSET = 17
 
 class Body:
     """A function body under construction: `inputs` are the formal names of the node's
-    inputs (x0, x1...); `op` adds a node and returns its output name."""
+    inputs (x0, x1...); `op` adds a node and returns its output name. A subgraph built
+    alongside (a Loop body) takes its own `prefix` so its names stay distinct."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, prefix: str = "t") -> None:
         self.node = node
         self.inputs = [f"x{i}" for i in range(len(node.inputs))]
         self.nodes: list[onnx.NodeProto] = []
+        self._prefix = prefix
         self._count = 0
 
     def name(self) -> str:
         self._count += 1
-        return f"t{self._count}"
+        return f"{self._prefix}{self._count}"
 
     def op(self, op_type: str, *inputs: str, outputs: int = 1, domain: str = "",
            **attrs: Any) -> Any:
