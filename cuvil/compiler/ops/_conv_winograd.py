@@ -35,13 +35,15 @@ is made.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.emitter import I1, I32, PTR, Emitter, masked_intrinsic, splat
-from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_gemm, isa_of
+from cuvil.compiler.codegen.gemm_kernel import PACK_COLS, Epilogue, Layout, emit_gemm, isa_of
 from cuvil.compiler.ir import Dim, Node
 from cuvil.compiler.ops import UNCHECKED
 from cuvil.compiler.ops._window import Window, window
@@ -65,6 +67,8 @@ BLOCK_BYTES = 2 << 20
 #: images of fewer blocks spread each step over the threads, not the blocks (2 threads and
 #: 2 or 3 blocks leave a thread idle part of the time)
 SPLIT_BELOW = 4
+#: blocks of fewer tiles run their products transposed (`transposed_products`)
+TRANSPOSE_BELOW = 64
 #: bytes of staged rows a thread may keep on its stack
 MAX_STACK_STAGE = 32 << 10
 #: lanes a transform handles at once is the target's vector width; buffers are padded for
@@ -121,6 +125,14 @@ def winograd_tile(node: Node) -> int | None:
     return TILE
 
 
+def transposed_products(tiles: int, out_c: int) -> bool:
+    """Whether a block's per-point products run transposed, prod^T [tiles, M] = V^T [tiles, C]
+    @ U^T [C, M]: with the tiles as columns, fewer than `TRANSPOSE_BELOW` of them leave most
+    of the kernel's 32-column tile masked off (13x13 and 14x14 images have 16 tiles, 7x7
+    ones 4 or 16); the output channels fill it instead."""
+    return tiles < TRANSPOSE_BELOW and out_c >= tiles
+
+
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -146,11 +158,19 @@ class _Plan:
         rows = _ceil(max(1, BLOCK_BYTES // per_tile), self.tiles_w)
         self.block_rows = min(self.tiles_h, rows)
         self.blocks = _ceil(self.tiles_h, self.block_rows)
-        tiles = self.block_rows * self.tiles_w
-        # tile columns of V and of the products: vector reads past the last tile stay inside
-        self.ld = _ceil(tiles + MAX_LANES, 16) * 16
-        self.v_floats = self.points * self.c * self.ld
-        self.prod_floats = self.points * self.out_c * self.ld
+        self.block_tiles = tiles = self.block_rows * self.tiles_w
+        self.transposed = transposed_products(tiles, self.out_c)
+        if self.transposed:
+            # V^T[p, tile, c] and prod^T[p, tile, o]; the output transform reads whole
+            # vectors of channels, past the last one too
+            self.ld = _ceil(self.out_c, MAX_LANES) * MAX_LANES
+            self.v_floats = self.points * tiles * self.c
+            self.prod_floats = self.points * tiles * self.ld
+        else:
+            # V[p, c, tile] and prod[p, o, tile]: vector reads past the last tile stay inside
+            self.ld = _ceil(tiles + MAX_LANES, 16) * 16
+            self.v_floats = self.points * self.c * self.ld
+            self.prod_floats = self.points * self.out_c * self.ld
         self.stage_floats = 2 * alpha * self.row  # the staged rows, then their column pass
         # few blocks would leave threads idle: split each step over the threads instead (its
         # input transform stages rows on the stack: small images only)
@@ -161,6 +181,12 @@ class _Plan:
     @property
     def scratch_bytes(self) -> int:
         return self.blocks * self.block_floats * 4
+
+
+def _plan_of(node: Node) -> _Plan:
+    x = node.inputs[0]
+    assert x is not None
+    return _Plan(node, window(node, UNCHECKED, x.type.shape[2:], (3, 3)))
 
 
 def scratch_bytes(node: Node, win: Window) -> Dim:
@@ -183,14 +209,22 @@ def lower_weight_transform(node: Node, k: Emitter) -> None:
     m_out, c_in = int(w_val.type.shape[0]), int(w_val.type.shape[1])
     alpha = int(node.attrs[WINOGRAD_TILE]) + 2
     _, g, _ = transforms(alpha - 2)
+    transposed = _plan_of(node).transposed
     f64 = ir.DoubleType()
     with k.parallel_loop(m_out, cost=c_in * 4 * alpha * alpha, name="wt",
                          carry=[k.derived]) as o:
         (u,) = k.carried
         w = k.buffers[w_val]
         b = k.b
+        if transposed:
+            # U^T[p] [C, M] as the kernel's pre-packed B (`pack_b`): panels of PACK_COLS
+            # output channels, each c-major
+            base = b.mul(b.udiv(o, k.i64(PACK_COLS)), k.i64(PACK_COLS))
+            width = k.minimum("int64", b.sub(k.i64(m_out), base), k.i64(PACK_COLS))
+            o_at = b.add(b.mul(base, k.i64(c_in)), b.sub(o, base))
         with k.loop(c_in, name="c") as c:
             pair = b.add(b.mul(o, k.i64(c_in)), c)
+            at = b.add(o_at, b.mul(c, width)) if transposed else pair
             taps = [b.fpext(b.load(b.gep(w, [b.add(b.mul(pair, k.i64(9)), k.i64(i))],
                                          source_etype=F32), typ=F32), f64) for i in range(9)]
             # t = G w: t[a][l] = sum_j G[a, j] w[j, l]; then U[a][b] = sum_l t[a][l] G[b, l]
@@ -198,7 +232,7 @@ def lower_weight_transform(node: Node, k: Emitter) -> None:
                  for a in range(alpha)]
             for a in range(alpha):
                 for bb in range(alpha):
-                    off = b.add(k.i64((a * alpha + bb) * m_out * c_in), pair)
+                    off = b.add(k.i64((a * alpha + bb) * m_out * c_in), at)
                     b.store(b.fptrunc(_combine(b, g[bb], t[a]), F32),
                             b.gep(u, [off], source_etype=F32))
 
@@ -249,9 +283,14 @@ def _blocks_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value]) ->
         _input_transform(k, plan, x_c, blk, blk.stage, (k.i64(0), k.i64(plan.c)))
         with k.loop(plan.points, name="pt") as p:
             _point_gemm(k, plan, u_c, blk, p)
-        _output_transform(k, plan, blk, y_c, bias_c if has_bias else None,
-                          r_c if has_residual else None, node_epilogue(node),
-                          (k.i64(0), k.i64(plan.out_c)))
+        if plan.transposed:
+            _output_transform_t(k, plan, blk, y_c, bias_c if has_bias else None,
+                                r_c if has_residual else None, node_epilogue(node),
+                                (k.i64(0), k.i64(output_groups(k, plan))))
+        else:
+            _output_transform(k, plan, blk, y_c, bias_c if has_bias else None,
+                              r_c if has_residual else None, node_epilogue(node),
+                              (k.i64(0), k.i64(plan.out_c)))
 
 
 def _split_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value]) -> None:
@@ -275,19 +314,32 @@ def _split_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value]) -> 
         _, _, _, _, u_c, scratch = k.carried
         blk = _Block(k, plan, scratch, k.b.udiv(i, k.i64(plan.points)))
         _point_gemm(k, plan, u_c, blk, k.b.urem(i, k.i64(plan.points)))
-    with k.parallel_loop(plan.blocks * out_c, cost=tiles * plan.points * 4, name="wout",
-                         carry=carry) as i:
+    # the transposed products' transform takes a vector of output channels at once
+    groups = output_groups(k, plan) if plan.transposed else out_c
+    transform = _output_transform_t if plan.transposed else _output_transform
+    with k.parallel_loop(plan.blocks * groups, cost=tiles * plan.points * 4 * out_c // groups,
+                         name="wout", carry=carry) as i:
         _, y_c, r_c, bias_c, _, scratch = k.carried
-        blk = _Block(k, plan, scratch, k.b.udiv(i, k.i64(out_c)))
-        o = k.b.urem(i, k.i64(out_c))
-        _output_transform(k, plan, blk, y_c, bias_c if has_bias else None,
-                          r_c if has_residual else None, node_epilogue(node),
-                          (o, k.b.add(o, k.i64(1))))
+        blk = _Block(k, plan, scratch, k.b.udiv(i, k.i64(groups)))
+        o = k.b.urem(i, k.i64(groups))
+        transform(k, plan, blk, y_c, bias_c if has_bias else None,
+                  r_c if has_residual else None, node_epilogue(node), (o, k.b.add(o, k.i64(1))))
 
 
 def _point_gemm(k: Emitter, plan: _Plan, u: ir.Value, blk: _Block, p: ir.Value) -> None:
-    """The block's products at point p: prod[p] [M, tiles] = U[p] [M, C] @ V[p] [C, tiles]."""
+    """The block's products at point p: prod[p] [M, tiles] = U[p] [M, C] @ V[p] [C, tiles],
+    or transposed, prod^T[p] [tiles, M] = V^T[p] [tiles, C] @ U^T[p] [C, M] (U^T pre-packed)."""
     b = k.b
+    if plan.transposed:
+        tiles = plan.block_tiles
+        emit_gemm(k, blk.tiles, k.i64(plan.out_c), k.i64(plan.c),
+                  b.gep(blk.v, [b.mul(p, k.i64(tiles * plan.c))], source_etype=F32),
+                  k.i64(plan.c),
+                  b.gep(u, [b.mul(p, k.i64(plan.out_c * plan.c))], source_etype=F32),
+                  k.i64(plan.out_c),
+                  b.gep(blk.prod, [b.mul(p, k.i64(tiles * plan.ld))], source_etype=F32),
+                  k.i64(plan.ld), layout=Layout(packed_b=True))
+        return
     emit_gemm(k, k.i64(plan.out_c), blk.tiles, k.i64(plan.c),
               b.gep(u, [b.mul(p, k.i64(plan.out_c * plan.c))], source_etype=F32), k.i64(plan.c),
               b.gep(blk.v, [b.mul(p, k.i64(plan.c * plan.ld))], source_etype=F32), k.i64(plan.ld),
@@ -370,9 +422,10 @@ def _input_transform(k: Emitter, plan: _Plan, x: ir.Value, blk: _Block, stage: i
         tile0 = b.mul(i, k.i64(plan.tiles_w))
         c_off = b.mul(c, k.i64(plan.ld))
 
-        def group(g: ir.Value, mask: ir.Value | None) -> None:
+        def group(g: ir.Value, valid: int) -> None:
             # lane l of d[s] is tmp[xi, (g*lanes + l)*m + s]: one wide load, then shuffles
             span = lanes * m + alpha - m
+            t = b.add(tile0, b.mul(g, k.i64(lanes)))
             for xi in range(alpha):
                 src = b.gep(tmp, [b.add(k.i64(xi * row), b.mul(g, k.i64(lanes * m)))],
                             source_etype=F32)
@@ -381,13 +434,22 @@ def _input_transform(k: Emitter, plan: _Plan, x: ir.Value, blk: _Block, stage: i
                                       _indices([lane * m + s for lane in range(lanes)]))
                      for s in range(alpha)]
                 for nu in range(alpha):
-                    off = b.add(b.add(k.i64((xi * alpha + nu) * plan.c * plan.ld), c_off),
-                                b.add(tile0, b.mul(g, k.i64(lanes))))
-                    _store(k, _combine(b, bt[nu], d), b.gep(v, [off], source_etype=F32), mask)
+                    vec = _combine(b, bt[nu], d)
+                    point = xi * alpha + nu
+                    if plan.transposed:  # V^T[p, tile, c]: a lane per row
+                        at = b.add(b.mul(t, k.i64(plan.c)), c)
+                        base = b.gep(v, [b.add(k.i64(point * plan.block_tiles * plan.c), at)],
+                                     source_etype=F32)
+                        for lane in range(valid):
+                            b.store(b.extract_element(vec, I32(lane)),
+                                    b.gep(base, [k.i64(lane * plan.c)], source_etype=F32))
+                    else:
+                        off = b.add(b.add(k.i64(point * plan.c * plan.ld), c_off), t)
+                        _store(k, vec, b.gep(v, [off], source_etype=F32), _mask(lanes, valid))
 
         with k.loop(groups - 1, name="tg") as g:
-            group(g, None)
-        group(k.i64(groups - 1), _mask(lanes, tail))
+            group(g, lanes)
+        group(k.i64(groups - 1), tail)
 
 
 def _output_transform(k: Emitter, plan: _Plan, blk: _Block, y: ir.Value,
@@ -445,6 +507,85 @@ def _output_transform(k: Emitter, plan: _Plan, blk: _Block, y: ir.Value,
         with k.loop(groups - 1, name="og") as g:
             group(g, None)
         group(k.i64(groups - 1), _mask(width, plan.ow - (groups - 1) * width))
+
+
+def _output_transform_t(k: Emitter, plan: _Plan, blk: _Block, y: ir.Value,
+                        bias: ir.Value | None, residual: ir.Value | None, epilogue: Epilogue,
+                        groups: tuple[ir.Value, ir.Value]) -> None:
+    """The output transform of transposed products (prod^T[p, tile, o]), on vectors of output
+    channels `groups` (of `_lanes` each): per tile, Y[o, pixel] = act(A^T m A + bias +
+    residual), each lane stored to its channel's plane (the image's last columns and rows
+    skipped)."""
+    b = k.b
+    at, _, _ = transforms(plan.m)
+    alpha, m = plan.alpha, plan.m
+    lanes = _lanes(k)
+    vt = ir.VectorType(F32, lanes)
+    count, tail = _ceil(plan.out_c, lanes), plan.out_c % lanes
+    plane = plan.oh * plan.ow
+    prod, first = blk.prod, blk.first
+
+    def channels(o0: ir.Value, valid: int) -> None:
+        shift = None
+        if bias is not None:
+            shift = _load(k, vt, b.gep(bias, [o0], source_etype=F32), _mask(lanes, valid))
+        with k.loop(blk.rows, name="to") as i, k.loop(plan.tiles_w, name="tj") as tj:
+            t = b.add(b.mul(i, k.i64(plan.tiles_w)), tj)
+            at_t = b.add(b.mul(t, k.i64(plan.ld)), o0)
+            half = []  # half[xi][s] = sum_nu prod[(xi, nu)] A[nu, s]
+            for xi in range(alpha):
+                vals = []
+                for nu in range(alpha):
+                    off = b.add(k.i64((xi * alpha + nu) * plan.block_tiles * plan.ld), at_t)
+                    vals.append(b.load(b.gep(prod, [off], source_etype=F32), typ=vt, align=4))
+                half.append([_combine(b, at[s], vals) for s in range(m)])
+            for r in range(m):
+                oy = b.add(b.mul(b.add(first, i), k.i64(m)), k.i64(r))
+                with k.if_then(b.icmp_signed("<", oy, k.i64(plan.oh))):
+                    for s in range(m):
+                        ox = b.add(b.mul(tj, k.i64(m)), k.i64(s))
+                        pixel = b.add(b.mul(o0, k.i64(plane)), b.add(b.mul(oy, k.i64(plan.ow)), ox))
+                        # only the last tile column reaches past the image's right edge
+                        inside = b.icmp_signed("<", ox, k.i64(plan.ow)) \
+                            if s >= plan.ow % m > 0 else None
+                        with _maybe(k, inside):
+                            line = _combine(b, at[r], [half[xi][s] for xi in range(alpha)])
+                            if shift is not None:
+                                line = b.fadd(line, shift)
+                            if residual is not None:
+                                skip: ir.Value = ir.Constant(vt, None)
+                                for lane in range(valid):
+                                    src = b.gep(residual, [b.add(pixel, k.i64(lane * plane))],
+                                                source_etype=F32)
+                                    skip = b.insert_element(skip, b.load(src, typ=F32), I32(lane))
+                                line = b.fadd(line, skip)
+                            if epilogue.activation is not None:
+                                line = apply_activation(b, epilogue.activation, epilogue.params,
+                                                        line)
+                            for lane in range(valid):
+                                dst = b.gep(y, [b.add(pixel, k.i64(lane * plane))],
+                                            source_etype=F32)
+                                b.store(b.extract_element(line, I32(lane)), dst)
+
+    full_end = groups[1] if not tail else k.minimum("int64", groups[1], k.i64(count - 1))
+    with k.loop(full_end, start=groups[0], name="og") as g:
+        channels(b.mul(g, k.i64(lanes)), lanes)
+    if tail:
+        with k.if_then(b.icmp_signed("==", groups[1], k.i64(count))):
+            channels(k.i64((count - 1) * lanes), tail)
+
+
+@contextmanager
+def _maybe(k: Emitter, cond: ir.Value | None) -> Iterator[None]:
+    if cond is None:
+        yield
+    else:
+        with k.if_then(cond):
+            yield
+
+
+def output_groups(k: Emitter, plan: _Plan) -> int:
+    return _ceil(plan.out_c, _lanes(k))
 
 
 # -- vector helpers ---------------------------------------------------------------------------
