@@ -35,8 +35,6 @@ is made.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 from llvmlite import ir
@@ -46,7 +44,7 @@ from cuvil.compiler.codegen.emitter import I1, I32, PTR, Emitter, masked_intrins
 from cuvil.compiler.codegen.gemm_kernel import PACK_COLS, Epilogue, Layout, emit_gemm, isa_of
 from cuvil.compiler.ir import Dim, Node
 from cuvil.compiler.ops import UNCHECKED
-from cuvil.compiler.ops._window import Window, window
+from cuvil.compiler.ops._window import Window, clamp, window
 from cuvil.compiler.ops.gemm import RESIDUAL_SLOT, node_epilogue
 
 F32 = ir.FloatType()
@@ -69,6 +67,9 @@ BLOCK_BYTES = 2 << 20
 SPLIT_BELOW = 4
 #: blocks of fewer tiles run their products transposed (`transposed_products`)
 TRANSPOSE_BELOW = 64
+#: the transposed products' transforms work on groups of this many channels (vectors of the
+#: target's width inside): V^T's and prod^T's rows are padded to whole groups
+GROUP = 16
 #: bytes of staged rows a thread may keep on its stack
 MAX_STACK_STAGE = 32 << 10
 #: lanes a transform handles at once is the target's vector width; buffers are padded for
@@ -161,21 +162,29 @@ class _Plan:
         self.block_tiles = tiles = self.block_rows * self.tiles_w
         self.transposed = transposed_products(tiles, self.out_c)
         if self.transposed:
-            # V^T[p, tile, c] and prod^T[p, tile, o]; the output transform reads whole
-            # vectors of channels, past the last one too
-            self.ld = _ceil(self.out_c, MAX_LANES) * MAX_LANES
-            self.v_floats = self.points * tiles * self.c
+            # V^T[p, tile, c] and prod^T[p, tile, o], channels padded to whole groups; the
+            # block's input staged channels-last (sh x sw pixels, padding included), and its
+            # output too (oh_blk x ow_blk), in the same place
+            self.cp = _ceil(self.c, GROUP) * GROUP
+            self.ld = _ceil(self.out_c, GROUP) * GROUP
+            self.v_floats = self.points * tiles * self.cp
             self.prod_floats = self.points * tiles * self.ld
+            self.sh, self.sw = self.block_rows * m + alpha - m, self.tiles_w * m + alpha - m
+            self.yw = self.tiles_w * m
+            self.stage_floats = max(self.sh * self.sw * self.cp,
+                                    self.block_rows * m * self.yw * self.ld)
         else:
             # V[p, c, tile] and prod[p, o, tile]: vector reads past the last tile stay inside
             self.ld = _ceil(tiles + MAX_LANES, 16) * 16
             self.v_floats = self.points * self.c * self.ld
             self.prod_floats = self.points * self.out_c * self.ld
-        self.stage_floats = 2 * alpha * self.row  # the staged rows, then their column pass
-        # few blocks would leave threads idle: split each step over the threads instead (its
-        # input transform stages rows on the stack: small images only)
-        self.split = self.blocks < SPLIT_BELOW and self.stage_floats * 4 <= MAX_STACK_STAGE
-        in_block = self.v_floats + self.prod_floats + (0 if self.split else self.stage_floats)
+            self.stage_floats = 2 * alpha * self.row  # the staged rows, their column pass
+        # few blocks would leave threads idle: split each step over the threads instead (the
+        # untransposed input transform stages rows on the stack: small images only)
+        self.split = self.blocks < SPLIT_BELOW and (
+            self.transposed or self.stage_floats * 4 <= MAX_STACK_STAGE)
+        on_stack = self.split and not self.transposed
+        in_block = self.v_floats + self.prod_floats + (0 if on_stack else self.stage_floats)
         self.block_floats = _ceil(in_block, 16) * 16
 
     @property
@@ -280,13 +289,17 @@ def _blocks_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value]) ->
     with k.parallel_loop(plan.blocks, cost=cost, name="wblock", carry=carry) as t:
         x_c, y_c, r_c, bias_c, u_c, scratch = k.carried
         blk = _Block(k, plan, scratch, t)
-        _input_transform(k, plan, x_c, blk, blk.stage, (k.i64(0), k.i64(plan.c)))
+        bias, residual = bias_c if has_bias else None, r_c if has_residual else None
+        if plan.transposed:
+            with k.loop(plan.cp // GROUP, name="cg") as g:
+                _input_group(k, plan, x_c, blk, g)
+        else:
+            _input_transform(k, plan, x_c, blk, blk.stage, (k.i64(0), k.i64(plan.c)))
         with k.loop(plan.points, name="pt") as p:
             _point_gemm(k, plan, u_c, blk, p)
         if plan.transposed:
-            _output_transform_t(k, plan, blk, y_c, bias_c if has_bias else None,
-                                r_c if has_residual else None, node_epilogue(node),
-                                (k.i64(0), k.i64(output_groups(k, plan))))
+            with k.loop(plan.ld // GROUP, name="og") as g:
+                _output_group(k, plan, blk, y_c, bias, residual, node_epilogue(node), g)
         else:
             _output_transform(k, plan, blk, y_c, bias_c if has_bias else None,
                               r_c if has_residual else None, node_epilogue(node),
@@ -295,35 +308,43 @@ def _blocks_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value]) ->
 
 def _split_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value]) -> None:
     """One image of few blocks, each step spread over the threads on its own: the input
-    transform by (block, channel), the products by (block, point), the output transform by
-    (block, output channel). Costs two more hand-overs between threads than `_blocks_image`,
-    and V and the products move between the threads' caches."""
+    transform by (block, channel or group of channels), the products by (block, point), the
+    output transform by (block, output channel or group). Costs two more hand-overs between
+    threads than `_blocks_image`, and V and the products move between the threads' caches."""
     has_bias, has_residual = node.input(2) is not None, node.input(RESIDUAL_SLOT) is not None
     tiles = plan.block_rows * plan.tiles_w
     c, out_c = plan.c, plan.out_c
-    with k.parallel_loop(plan.blocks * c, cost=tiles * plan.points * 4, name="win",
-                         carry=carry) as i:
+    # the transposed products' transforms take a group of channels at once
+    in_parts = plan.cp // GROUP if plan.transposed else c
+    with k.parallel_loop(plan.blocks * in_parts, cost=tiles * plan.points * 4 * c // in_parts,
+                         name="win", carry=carry) as i:
         x_c, _, _, _, _, scratch = k.carried
-        blk = _Block(k, plan, scratch, k.b.udiv(i, k.i64(c)))
-        with k.b.goto_block(k.function.entry_basic_block):
-            stage = k.b.alloca(F32, size=k.i64(plan.stage_floats), name="stage")
-        ch = k.b.urem(i, k.i64(c))
-        _input_transform(k, plan, x_c, blk, stage, (ch, k.b.add(ch, k.i64(1))))
+        blk = _Block(k, plan, scratch, k.b.udiv(i, k.i64(in_parts)))
+        part = k.b.urem(i, k.i64(in_parts))
+        if plan.transposed:
+            _input_group(k, plan, x_c, blk, part)
+        else:
+            with k.b.goto_block(k.function.entry_basic_block):
+                stage = k.b.alloca(F32, size=k.i64(plan.stage_floats), name="stage")
+            _input_transform(k, plan, x_c, blk, stage, (part, k.b.add(part, k.i64(1))))
     with k.parallel_loop(plan.blocks * plan.points, cost=tiles * c * out_c, name="wgemm",
                          carry=carry) as i:
         _, _, _, _, u_c, scratch = k.carried
         blk = _Block(k, plan, scratch, k.b.udiv(i, k.i64(plan.points)))
         _point_gemm(k, plan, u_c, blk, k.b.urem(i, k.i64(plan.points)))
-    # the transposed products' transform takes a vector of output channels at once
-    groups = output_groups(k, plan) if plan.transposed else out_c
-    transform = _output_transform_t if plan.transposed else _output_transform
-    with k.parallel_loop(plan.blocks * groups, cost=tiles * plan.points * 4 * out_c // groups,
-                         name="wout", carry=carry) as i:
+    out_parts = plan.ld // GROUP if plan.transposed else out_c
+    with k.parallel_loop(plan.blocks * out_parts,
+                         cost=tiles * plan.points * 4 * out_c // out_parts, name="wout",
+                         carry=carry) as i:
         _, y_c, r_c, bias_c, _, scratch = k.carried
-        blk = _Block(k, plan, scratch, k.b.udiv(i, k.i64(groups)))
-        o = k.b.urem(i, k.i64(groups))
-        transform(k, plan, blk, y_c, bias_c if has_bias else None,
-                  r_c if has_residual else None, node_epilogue(node), (o, k.b.add(o, k.i64(1))))
+        blk = _Block(k, plan, scratch, k.b.udiv(i, k.i64(out_parts)))
+        part = k.b.urem(i, k.i64(out_parts))
+        bias, residual = bias_c if has_bias else None, r_c if has_residual else None
+        if plan.transposed:
+            _output_group(k, plan, blk, y_c, bias, residual, node_epilogue(node), part)
+        else:
+            _output_transform(k, plan, blk, y_c, bias, residual, node_epilogue(node),
+                              (part, k.b.add(part, k.i64(1))))
 
 
 def _point_gemm(k: Emitter, plan: _Plan, u: ir.Value, blk: _Block, p: ir.Value) -> None:
@@ -333,8 +354,8 @@ def _point_gemm(k: Emitter, plan: _Plan, u: ir.Value, blk: _Block, p: ir.Value) 
     if plan.transposed:
         tiles = plan.block_tiles
         emit_gemm(k, blk.tiles, k.i64(plan.out_c), k.i64(plan.c),
-                  b.gep(blk.v, [b.mul(p, k.i64(tiles * plan.c))], source_etype=F32),
-                  k.i64(plan.c),
+                  b.gep(blk.v, [b.mul(p, k.i64(tiles * plan.cp))], source_etype=F32),
+                  k.i64(plan.cp),
                   b.gep(u, [b.mul(p, k.i64(plan.out_c * plan.c))], source_etype=F32),
                   k.i64(plan.out_c),
                   b.gep(blk.prod, [b.mul(p, k.i64(tiles * plan.ld))], source_etype=F32),
@@ -434,18 +455,9 @@ def _input_transform(k: Emitter, plan: _Plan, x: ir.Value, blk: _Block, stage: i
                                       _indices([lane * m + s for lane in range(lanes)]))
                      for s in range(alpha)]
                 for nu in range(alpha):
-                    vec = _combine(b, bt[nu], d)
-                    point = xi * alpha + nu
-                    if plan.transposed:  # V^T[p, tile, c]: a lane per row
-                        at = b.add(b.mul(t, k.i64(plan.c)), c)
-                        base = b.gep(v, [b.add(k.i64(point * plan.block_tiles * plan.c), at)],
-                                     source_etype=F32)
-                        for lane in range(valid):
-                            b.store(b.extract_element(vec, I32(lane)),
-                                    b.gep(base, [k.i64(lane * plan.c)], source_etype=F32))
-                    else:
-                        off = b.add(b.add(k.i64(point * plan.c * plan.ld), c_off), t)
-                        _store(k, vec, b.gep(v, [off], source_etype=F32), _mask(lanes, valid))
+                    off = b.add(b.add(k.i64((xi * alpha + nu) * plan.c * plan.ld), c_off), t)
+                    _store(k, _combine(b, bt[nu], d), b.gep(v, [off], source_etype=F32),
+                           _mask(lanes, valid))
 
         with k.loop(groups - 1, name="tg") as g:
             group(g, lanes)
@@ -509,83 +521,111 @@ def _output_transform(k: Emitter, plan: _Plan, blk: _Block, y: ir.Value,
         group(k.i64(groups - 1), _mask(width, plan.ow - (groups - 1) * width))
 
 
-def _output_transform_t(k: Emitter, plan: _Plan, blk: _Block, y: ir.Value,
-                        bias: ir.Value | None, residual: ir.Value | None, epilogue: Epilogue,
-                        groups: tuple[ir.Value, ir.Value]) -> None:
-    """The output transform of transposed products (prod^T[p, tile, o]), on vectors of output
-    channels `groups` (of `_lanes` each): per tile, Y[o, pixel] = act(A^T m A + bias +
-    residual), each lane stored to its channel's plane (the image's last columns and rows
-    skipped)."""
+def _input_group(k: Emitter, plan: _Plan, x: ir.Value, blk: _Block, g: ir.Value) -> None:
+    """V^T[p, tile, c] for the block's tiles and the GROUP channels from g * GROUP, on vectors
+    of channels: the block's input rows are first staged channels-last with their zero padding
+    (channels past C are zeros too), then each tile's alpha x alpha pixels are transformed
+    (B^T d B, down the columns then across) and stored as whole vectors."""
     b = k.b
-    at, _, _ = transforms(plan.m)
-    alpha, m = plan.alpha, plan.m
+    _, _, bt = transforms(plan.m)
+    alpha, m, cp, sw = plan.alpha, plan.m, plan.cp, plan.sw
     lanes = _lanes(k)
     vt = ir.VectorType(F32, lanes)
-    count, tail = _ceil(plan.out_c, lanes), plan.out_c % lanes
-    plane = plan.oh * plan.ow
-    prod, first = blk.prod, blk.first
+    stage, c0 = blk.stage, b.mul(g, k.i64(GROUP))
+    top = b.sub(b.mul(blk.first, k.i64(m)), k.i64(plan.pad_top))
+    with k.loop(GROUP, name="cc") as cc, \
+            k.loop(b.add(b.mul(blk.rows, k.i64(m)), k.i64(alpha - m)), name="sy") as sy:
+        c = b.add(c0, cc)
+        y = b.add(top, sy)
+        row_in = b.and_(b.icmp_signed("<", c, k.i64(plan.c)),
+                        b.and_(b.icmp_signed(">=", y, k.i64(0)),
+                               b.icmp_signed("<", y, k.i64(plan.h))))
+        # out-of-image reads are clamped to a pixel of the image and replaced by zero
+        src_row = b.add(b.mul(k.minimum("int64", c, k.i64(plan.c - 1)), k.i64(plan.h * plan.w)),
+                        b.mul(clamp(k, y, k.i64(0), k.i64(plan.h - 1)), k.i64(plan.w)))
+        with k.loop(sw, name="sx") as sx:
+            xx = b.sub(sx, k.i64(plan.pad_left))
+            inside = b.and_(row_in, b.and_(b.icmp_signed(">=", xx, k.i64(0)),
+                                           b.icmp_signed("<", xx, k.i64(plan.w))))
+            src = b.gep(x, [b.add(src_row, clamp(k, xx, k.i64(0), k.i64(plan.w - 1)))],
+                        source_etype=F32)
+            val = b.select(inside, b.load(src, typ=F32), ir.Constant(F32, 0.0))
+            b.store(val, b.gep(stage, [b.add(b.mul(b.add(b.mul(sy, k.i64(sw)), sx), k.i64(cp)),
+                                             c)], source_etype=F32))
+    with k.loop(blk.rows, name="ti") as ti, k.loop(plan.tiles_w, name="tj") as tj, \
+            k.loop(GROUP // lanes, name="cv") as cv:
+        c = b.add(c0, b.mul(cv, k.i64(lanes)))
+        corner = b.add(b.mul(b.mul(ti, k.i64(m)), k.i64(sw)), b.mul(tj, k.i64(m)))
+        d = [[b.load(b.gep(stage, [b.add(b.mul(b.add(corner, k.i64(r * sw + col)), k.i64(cp)),
+                                         c)], source_etype=F32), typ=vt, align=4)
+              for col in range(alpha)] for r in range(alpha)]
+        tmp = [[_combine(b, bt[xi], [d[r][col] for r in range(alpha)]) for col in range(alpha)]
+               for xi in range(alpha)]
+        t = b.add(b.mul(ti, k.i64(plan.tiles_w)), tj)
+        at_t = b.add(b.mul(t, k.i64(cp)), c)
+        for xi in range(alpha):
+            for nu in range(alpha):
+                off = b.add(k.i64((xi * alpha + nu) * plan.block_tiles * cp), at_t)
+                b.store(_combine(b, bt[nu], tmp[xi]), b.gep(blk.v, [off], source_etype=F32),
+                        align=4)
 
-    def channels(o0: ir.Value, valid: int) -> None:
+
+def _output_group(k: Emitter, plan: _Plan, blk: _Block, y: ir.Value, bias: ir.Value | None,
+                  residual: ir.Value | None, epilogue: Epilogue, g: ir.Value) -> None:
+    """Y for the GROUP output channels from g * GROUP from the transposed products
+    (prod^T[p, tile, o]): each tile's A^T m A on vectors of channels (with the bias, and the
+    activation when no residual comes after it) into the block's output staged
+    channels-last, then copied to Y's planes (adding the residual, then the activation)."""
+    b = k.b
+    at, _, _ = transforms(plan.m)
+    alpha, m, ld, yw = plan.alpha, plan.m, plan.ld, plan.yw
+    lanes = _lanes(k)
+    vt = ir.VectorType(F32, lanes)
+    stage, o0 = blk.stage, b.mul(g, k.i64(GROUP))
+    iota = ir.Constant(ir.VectorType(I32, lanes), list(range(lanes)))
+    with k.loop(blk.rows, name="ti") as ti, k.loop(plan.tiles_w, name="tj") as tj, \
+            k.loop(GROUP // lanes, name="ov") as ov:
+        o = b.add(o0, b.mul(ov, k.i64(lanes)))
+        t = b.add(b.mul(ti, k.i64(plan.tiles_w)), tj)
+        at_t = b.add(b.mul(t, k.i64(ld)), o)
+        half = []  # half[xi][s] = sum_nu prod[(xi, nu)] A[nu, s]
+        for xi in range(alpha):
+            vals = [b.load(b.gep(blk.prod, [b.add(k.i64((xi * alpha + nu) * plan.block_tiles * ld),
+                                                  at_t)], source_etype=F32), typ=vt, align=4)
+                    for nu in range(alpha)]
+            half.append([_combine(b, at[s], vals) for s in range(m)])
         shift = None
-        if bias is not None:
-            shift = _load(k, vt, b.gep(bias, [o0], source_etype=F32), _mask(lanes, valid))
-        with k.loop(blk.rows, name="to") as i, k.loop(plan.tiles_w, name="tj") as tj:
-            t = b.add(b.mul(i, k.i64(plan.tiles_w)), tj)
-            at_t = b.add(b.mul(t, k.i64(plan.ld)), o0)
-            half = []  # half[xi][s] = sum_nu prod[(xi, nu)] A[nu, s]
-            for xi in range(alpha):
-                vals = []
-                for nu in range(alpha):
-                    off = b.add(k.i64((xi * alpha + nu) * plan.block_tiles * plan.ld), at_t)
-                    vals.append(b.load(b.gep(prod, [off], source_etype=F32), typ=vt, align=4))
-                half.append([_combine(b, at[s], vals) for s in range(m)])
-            for r in range(m):
-                oy = b.add(b.mul(b.add(first, i), k.i64(m)), k.i64(r))
-                with k.if_then(b.icmp_signed("<", oy, k.i64(plan.oh))):
-                    for s in range(m):
-                        ox = b.add(b.mul(tj, k.i64(m)), k.i64(s))
-                        pixel = b.add(b.mul(o0, k.i64(plane)), b.add(b.mul(oy, k.i64(plan.ow)), ox))
-                        # only the last tile column reaches past the image's right edge
-                        inside = b.icmp_signed("<", ox, k.i64(plan.ow)) \
-                            if s >= plan.ow % m > 0 else None
-                        with _maybe(k, inside):
-                            line = _combine(b, at[r], [half[xi][s] for xi in range(alpha)])
-                            if shift is not None:
-                                line = b.fadd(line, shift)
-                            if residual is not None:
-                                skip: ir.Value = ir.Constant(vt, None)
-                                for lane in range(valid):
-                                    src = b.gep(residual, [b.add(pixel, k.i64(lane * plane))],
-                                                source_etype=F32)
-                                    skip = b.insert_element(skip, b.load(src, typ=F32), I32(lane))
-                                line = b.fadd(line, skip)
-                            if epilogue.activation is not None:
-                                line = apply_activation(b, epilogue.activation, epilogue.params,
-                                                        line)
-                            for lane in range(valid):
-                                dst = b.gep(y, [b.add(pixel, k.i64(lane * plane))],
-                                            source_etype=F32)
-                                b.store(b.extract_element(line, I32(lane)), dst)
-
-    full_end = groups[1] if not tail else k.minimum("int64", groups[1], k.i64(count - 1))
-    with k.loop(full_end, start=groups[0], name="og") as g:
-        channels(b.mul(g, k.i64(lanes)), lanes)
-    if tail:
-        with k.if_then(b.icmp_signed("==", groups[1], k.i64(count))):
-            channels(k.i64((count - 1) * lanes), tail)
-
-
-@contextmanager
-def _maybe(k: Emitter, cond: ir.Value | None) -> Iterator[None]:
-    if cond is None:
-        yield
-    else:
-        with k.if_then(cond):
-            yield
-
-
-def output_groups(k: Emitter, plan: _Plan) -> int:
-    return _ceil(plan.out_c, _lanes(k))
+        if bias is not None:  # channels past out_c read nothing
+            left = b.trunc(b.sub(k.i64(plan.out_c), o), I32)
+            valid = b.icmp_signed("<", iota, splat(b, left, lanes))
+            shift = b.call(masked_intrinsic(k.module, "load", vt),
+                           [b.gep(bias, [o], source_etype=F32), ir.Constant(I32, 4), valid,
+                            ir.Constant(vt, None)])
+        corner = b.add(b.mul(b.mul(ti, k.i64(m)), k.i64(yw)), b.mul(tj, k.i64(m)))
+        for r in range(m):
+            for s_ in range(m):
+                line = _combine(b, at[r], [half[xi][s_] for xi in range(alpha)])
+                if shift is not None:
+                    line = b.fadd(line, shift)
+                if residual is None and epilogue.activation is not None:
+                    line = apply_activation(b, epilogue.activation, epilogue.params, line)
+                pix = b.add(corner, k.i64(r * yw + s_))
+                b.store(line, b.gep(stage, [b.add(b.mul(pix, k.i64(ld)), o)], source_etype=F32),
+                        align=4)
+    plane = plan.oh * plan.ow
+    row0 = b.mul(blk.first, k.i64(m))
+    rows = k.minimum("int64", b.mul(blk.rows, k.i64(m)), b.sub(k.i64(plan.oh), row0))
+    with k.loop(k.minimum("int64", k.i64(GROUP), b.sub(k.i64(plan.out_c), o0)), name="oc") as oc, \
+            k.loop(rows, name="oy") as oy, k.loop(plan.ow, name="ox") as ox:
+        o = b.add(o0, oc)
+        val = b.load(b.gep(stage, [b.add(b.mul(b.add(b.mul(oy, k.i64(yw)), ox), k.i64(ld)), o)],
+                           source_etype=F32), typ=F32)
+        dst = b.add(b.mul(o, k.i64(plane)), b.add(b.mul(b.add(row0, oy), k.i64(plan.ow)), ox))
+        if residual is not None:
+            val = b.fadd(val, b.load(b.gep(residual, [dst], source_etype=F32), typ=F32))
+            if epilogue.activation is not None:
+                val = apply_activation(b, epilogue.activation, epilogue.params, val)
+        b.store(val, b.gep(y, [dst], source_etype=F32))
 
 
 # -- vector helpers ---------------------------------------------------------------------------
