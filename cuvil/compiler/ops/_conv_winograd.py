@@ -533,25 +533,39 @@ def _input_group(k: Emitter, plan: _Plan, x: ir.Value, blk: _Block, g: ir.Value)
     vt = ir.VectorType(F32, lanes)
     stage, c0 = blk.stage, b.mul(g, k.i64(GROUP))
     top = b.sub(b.mul(blk.first, k.i64(m)), k.i64(plan.pad_top))
-    with k.loop(GROUP, name="cc") as cc, \
+    zero = ir.Constant(vt, None)
+    with k.loop(GROUP // lanes, name="cv") as cv, \
             k.loop(b.add(b.mul(blk.rows, k.i64(m)), k.i64(alpha - m)), name="sy") as sy:
-        c = b.add(c0, cc)
+        c = b.add(c0, b.mul(cv, k.i64(lanes)))
         y = b.add(top, sy)
-        row_in = b.and_(b.icmp_signed("<", c, k.i64(plan.c)),
-                        b.and_(b.icmp_signed(">=", y, k.i64(0)),
-                               b.icmp_signed("<", y, k.i64(plan.h))))
-        # out-of-image reads are clamped to a pixel of the image and replaced by zero
-        src_row = b.add(b.mul(k.minimum("int64", c, k.i64(plan.c - 1)), k.i64(plan.h * plan.w)),
-                        b.mul(clamp(k, y, k.i64(0), k.i64(plan.h - 1)), k.i64(plan.w)))
-        with k.loop(sw, name="sx") as sx:
-            xx = b.sub(sx, k.i64(plan.pad_left))
-            inside = b.and_(row_in, b.and_(b.icmp_signed(">=", xx, k.i64(0)),
-                                           b.icmp_signed("<", xx, k.i64(plan.w))))
-            src = b.gep(x, [b.add(src_row, clamp(k, xx, k.i64(0), k.i64(plan.w - 1)))],
-                        source_etype=F32)
-            val = b.select(inside, b.load(src, typ=F32), ir.Constant(F32, 0.0))
-            b.store(val, b.gep(stage, [b.add(b.mul(b.add(b.mul(sy, k.i64(sw)), sx), k.i64(cp)),
-                                             c)], source_etype=F32))
+        dst = b.gep(stage, [b.add(b.mul(b.mul(sy, k.i64(sw)), k.i64(cp)), c)], source_etype=F32)
+
+        def put(sx: int, vec: ir.Value) -> None:
+            b.store(vec, b.gep(dst, [k.i64(sx * cp)], source_etype=F32), align=4)
+
+        for sx in (*range(plan.pad_left), *range(plan.pad_left + plan.w, sw)):
+            put(sx, zero)
+        inside = b.and_(b.icmp_signed(">=", y, k.i64(0)), b.icmp_signed("<", y, k.i64(plan.h)))
+        with b.if_else(inside) as (row, padding):
+            with row:
+                # lanes channels x lanes pixels at a time, transposed in registers
+                for x0 in range(0, plan.w, lanes):
+                    valid = min(lanes, plan.w - x0)
+                    rows = []
+                    for i in range(lanes):
+                        ch = b.add(c, k.i64(i))
+                        # channels past C read channel C - 1's row and keep zeros
+                        src = b.gep(x, [b.add(b.mul(k.minimum("int64", ch, k.i64(plan.c - 1)),
+                                                    k.i64(plan.h * plan.w)),
+                                              b.add(b.mul(y, k.i64(plan.w)), k.i64(x0)))],
+                                    source_etype=F32)
+                        rows.append(b.select(b.icmp_signed("<", ch, k.i64(plan.c)),
+                                             _load(k, vt, src, _mask(lanes, valid)), zero))
+                    for j, col in enumerate(_transpose(b, rows)[:valid]):
+                        put(plan.pad_left + x0 + j, col)
+            with padding:
+                for sx in range(plan.pad_left, plan.pad_left + plan.w):
+                    put(sx, zero)
     with k.loop(blk.rows, name="ti") as ti, k.loop(plan.tiles_w, name="tj") as tj, \
             k.loop(GROUP // lanes, name="cv") as cv:
         c = b.add(c0, b.mul(cv, k.i64(lanes)))
@@ -615,17 +629,47 @@ def _output_group(k: Emitter, plan: _Plan, blk: _Block, y: ir.Value, bias: ir.Va
     plane = plan.oh * plan.ow
     row0 = b.mul(blk.first, k.i64(m))
     rows = k.minimum("int64", b.mul(blk.rows, k.i64(m)), b.sub(k.i64(plan.oh), row0))
-    with k.loop(k.minimum("int64", k.i64(GROUP), b.sub(k.i64(plan.out_c), o0)), name="oc") as oc, \
-            k.loop(rows, name="oy") as oy, k.loop(plan.ow, name="ox") as ox:
-        o = b.add(o0, oc)
-        val = b.load(b.gep(stage, [b.add(b.mul(b.add(b.mul(oy, k.i64(yw)), ox), k.i64(ld)), o)],
-                           source_etype=F32), typ=F32)
-        dst = b.add(b.mul(o, k.i64(plane)), b.add(b.mul(b.add(row0, oy), k.i64(plan.ow)), ox))
-        if residual is not None:
-            val = b.fadd(val, b.load(b.gep(residual, [dst], source_etype=F32), typ=F32))
-            if epilogue.activation is not None:
-                val = apply_activation(b, epilogue.activation, epilogue.params, val)
-        b.store(val, b.gep(y, [dst], source_etype=F32))
+    with k.loop(GROUP // lanes, name="ov") as ov, k.loop(rows, name="oy") as oy:
+        o = b.add(o0, b.mul(ov, k.i64(lanes)))
+        src = b.gep(stage, [b.add(b.mul(b.mul(oy, k.i64(yw)), k.i64(ld)), o)], source_etype=F32)
+        for x0 in range(0, plan.ow, lanes):
+            valid = min(lanes, plan.ow - x0)
+            mask = _mask(lanes, valid)
+            pixels = [b.load(b.gep(src, [k.i64((x0 + j) * ld)], source_etype=F32), typ=vt,
+                             align=4) if j < valid else ir.Constant(vt, ir.Undefined)
+                      for j in range(lanes)]
+            for i, line in enumerate(_transpose(b, pixels)):  # line i: channel o + i
+                def store(line: ir.Value = line, i: int = i) -> None:
+                    off = b.add(b.mul(b.add(o, k.i64(i)), k.i64(plane)),
+                                b.add(b.mul(b.add(row0, oy), k.i64(plan.ow)), k.i64(x0)))
+                    dst = b.gep(y, [off], source_etype=F32)
+                    if residual is not None:
+                        skip = b.gep(residual, [off], source_etype=F32)
+                        line = b.fadd(line, _load(k, vt, skip, mask))
+                        if epilogue.activation is not None:
+                            line = apply_activation(b, epilogue.activation, epilogue.params,
+                                                    line)
+                    _store(k, line, dst, mask)
+
+                if plan.out_c % GROUP:  # the last group's channels past out_c
+                    with k.if_then(b.icmp_signed("<", b.add(o, k.i64(i)), k.i64(plan.out_c))):
+                        store()
+                else:
+                    store()
+
+
+def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
+    """The columns of a square matrix held as vectors of its rows (as many rows as lanes, a
+    power of two): log2(lanes) rounds of interleaving the first half of the rows with the
+    second half."""
+    n = len(rows)
+    half = n // 2
+    lo = _indices([x for j in range(half) for x in (j, n + j)])
+    hi = _indices([x for j in range(half, n) for x in (j, n + j)])
+    for _ in range(n.bit_length() - 1):
+        rows = [b.shuffle_vector(rows[i], rows[i + half], idx)
+                for i in range(half) for idx in (lo, hi)]
+    return rows
 
 
 # -- vector helpers ---------------------------------------------------------------------------
