@@ -51,12 +51,18 @@ F32 = ir.FloatType()
 
 #: attribute the `winograd_weights` pass sets on a Conv that runs as Winograd F(m x m, 3 x 3): m
 WINOGRAD_TILE = "cuvil.winograd_tile"
-#: output tile edge used (see the module docstring on accuracy)
-TILE = 4
+#: output tile edges `winograd_tile` chooses from (see the module docstring on accuracy)
+TILES = (2, 4)
+#: `winograd_cost`'s constants: multiply-adds per transformed element, per float of U that
+#: streams from memory, and the floats of U the caches keep from one call to the next
+TRANSFORM = 16
+STREAM = 16
+CACHED = 1 << 20
 #: interpolation points of F(m x m, 3 x 3) (alpha - 1 of them; the last point is infinity)
 POINTS = {2: (0, 1, -1), 4: (0, 1, -1, 2, -2), 6: (0, 1, -1, 2, -2, 0.5, -0.5)}
-#: below these the transforms cost more than the multiplies they save (measured on
-#: ResNet-50's layers, benchmarks/conv_layers.py)
+#: below these the transforms cost more than the multiplies they save, and the products'
+#: rows or columns are too few for the kernel's tiles (measured on ResNet-50's layers,
+#: benchmarks/conv_layers.py)
 MIN_CHANNELS = 16
 MIN_TILES = 16
 #: bytes of V and of the products per block: larger blocks give the GEMMs more columns
@@ -107,7 +113,7 @@ def winograd_tile(node: Node) -> int | None:
 
     It must be 2-D float32 with a constant 3x3 weight, unit strides and dilations, one group,
     a static image (the batch may be symbolic) and enough channels and tiles to pay back the
-    transforms."""
+    transforms; m is the tile `winograd_cost` finds cheapest, if cheaper than im2col."""
     x, w = node.input(0), node.input(1)
     if (node.op_type != "Conv" or node.domain or x is None or w is None or w.const is None
             or WINOGRAD_TILE in node.attrs or x.type.dtype.name != "float32"
@@ -119,11 +125,34 @@ def winograd_tile(node: Node) -> int | None:
     if win.strides != (1, 1) or win.dilations != (1, 1) \
             or not all(isinstance(d, int) for d in (*win.out, *win.pads_begin)):
         return None
-    m_out, c_in = w.type.shape[:2]
-    tiles = _ceil(int(win.out[0]), TILE) * _ceil(int(win.out[1]), TILE)
-    if min(m_out, c_in) < MIN_CHANNELS or tiles < MIN_TILES:
+    m_out, c_in = (int(d) for d in w.type.shape[:2])
+    if min(m_out, c_in) < MIN_CHANNELS:
         return None
-    return TILE
+    oh, ow = (int(d) for d in win.out)
+    costs = {m: winograd_cost(m, c_in, m_out, oh, ow) for m in TILES
+             if _ceil(oh, m) * _ceil(ow, m) >= MIN_TILES}
+    if not costs or min(costs.values()) >= 9 * oh * ow * c_in * m_out:  # im2col's
+        return None
+    return min(costs, key=lambda m: costs[m])
+
+
+def winograd_cost(m: int, c: int, out_c: int, oh: int, ow: int) -> float:
+    """The cost rule that chooses between im2col and Winograd F(m x m, 3 x 3), per image, in
+    multiply-adds (im2col's are 9 oh ow C M; its packed weights stay cached):
+
+        alpha^2 T (C M + TRANSFORM (C + M)) + STREAM max(0, alpha^2 C M - CACHED)
+
+    for T tiles: the point products, the transforms (per element of V and of the products),
+    and U's floats beyond what the caches keep, which stream from memory at every call (each
+    is used only T times: 37 MB of U for a 512-channel layer, 16 at 7x7). F(2x2) makes more
+    products than F(4x4) but a U 2.25x smaller. The constants are fitted to layers of
+    ResNet-50, VGG-19, SqueezeNet and Inception v2 at 7x7 to 28x28 (benchmarks/conv_layers.py
+    --small, one thread of a server core with 2 MB of L2)."""
+    alpha = m + 2
+    tiles = _ceil(oh, m) * _ceil(ow, m)
+    u_floats = alpha * alpha * c * out_c
+    return (alpha * alpha * tiles * (c * out_c + TRANSFORM * (c + out_c))
+            + STREAM * max(0, u_floats - CACHED))
 
 
 def transposed_products(tiles: int, out_c: int) -> bool:
