@@ -65,9 +65,10 @@ POINTS = {2: (0, 1, -1), 4: (0, 1, -1, 2, -2), 6: (0, 1, -1, 2, -2, 0.5, -0.5)}
 #: benchmarks/conv_layers.py)
 MIN_CHANNELS = 16
 MIN_TILES = 16
-#: bytes of V and of the products per block: larger blocks give the GEMMs more columns
-#: (measured best from 2 MB on; about a server core's L2)
-BLOCK_BYTES = 2 << 20
+#: bytes of V and of the products per block: larger blocks give the GEMMs more columns, and
+#: each block reads all of U (37 MB for 512 channels): 8 MB blocks took VGG-19's 512-channel
+#: 28x28 layers from 1.36 to 0.64 of onnxruntime's time, its 56x56 ones from 0.75 to 0.62
+BLOCK_BYTES = 8 << 20
 #: images of fewer blocks spread each step over the threads, not the blocks (2 threads and
 #: 2 or 3 blocks leave a thread idle part of the time)
 SPLIT_BELOW = 4
@@ -140,27 +141,30 @@ def winograd_cost(m: int, c: int, out_c: int, oh: int, ow: int) -> float:
     """The cost rule that chooses between im2col and Winograd F(m x m, 3 x 3), per image, in
     multiply-adds (im2col's are 9 oh ow C M; its packed weights stay cached):
 
-        alpha^2 T (C M + TRANSFORM (C + M)) + STREAM max(0, alpha^2 C M - CACHED)
+        alpha^2 T (C M + TRANSFORM (C + M)) + STREAM max(0, alpha^2 C M - CACHED) blocks
 
     for T tiles: the point products, the transforms (per element of V and of the products),
-    and U's floats beyond what the caches keep, which stream from memory at every call (each
-    is used only T times: 37 MB of U for a 512-channel layer, 16 at 7x7). F(2x2) makes more
+    and U's floats beyond what the caches keep, which stream from memory at every call and
+    for every block of tiles (see `_Plan`; each is used only T times: 37 MB of U for a 512-channel layer, 16 at 7x7). F(2x2) makes more
     products than F(4x4) but a U 2.25x smaller. The constants are fitted to layers of
     ResNet-50, VGG-19, SqueezeNet and Inception v2 at 7x7 to 28x28 (benchmarks/conv_layers.py
     --small, one thread of a server core with 2 MB of L2)."""
     alpha = m + 2
     tiles = _ceil(oh, m) * _ceil(ow, m)
     u_floats = alpha * alpha * c * out_c
+    blocks = _ceil(tiles * alpha * alpha * (c + out_c) * 4, BLOCK_BYTES)  # each reads U
     return (alpha * alpha * tiles * (c * out_c + TRANSFORM * (c + out_c))
-            + STREAM * max(0, u_floats - CACHED))
+            + STREAM * max(0, u_floats - CACHED) * blocks)
 
 
-def transposed_products(tiles: int, out_c: int) -> bool:
+def transposed_products(tiles: int, blocks: int, out_c: int) -> bool:
     """Whether a block's per-point products run transposed, prod^T [tiles, M] = V^T [tiles, C]
     @ U^T [C, M]: with the tiles as columns, fewer than `TRANSPOSE_BELOW` of them leave most
     of the kernel's 32-column tile masked off (13x13 and 14x14 images have 16 tiles, 7x7
-    ones 4 or 16); the output channels fill it instead."""
-    return tiles < TRANSPOSE_BELOW and out_c >= tiles
+    ones 4 or 16); the output channels fill it instead. Only for images of one block: with
+    more (56x56 images of 256 channels have blocks of 28 tiles), U's reads repeat per block
+    and the untransposed products were faster (0.68 vs 0.81 of onnxruntime's time)."""
+    return tiles < TRANSPOSE_BELOW and blocks == 1 and out_c >= tiles
 
 
 def _ceil(a: int, b: int) -> int:
@@ -189,7 +193,7 @@ class _Plan:
         self.block_rows = min(self.tiles_h, rows)
         self.blocks = _ceil(self.tiles_h, self.block_rows)
         self.block_tiles = tiles = self.block_rows * self.tiles_w
-        self.transposed = transposed_products(tiles, self.out_c)
+        self.transposed = transposed_products(tiles, self.blocks, self.out_c)
         if self.transposed:
             # V^T[p, tile, c] and prod^T[p, tile, o], channels padded to whole groups; the
             # block's input staged channels-last (sh x sw pixels, padding included), and its
