@@ -3,8 +3,9 @@ tiles), pads 0 / 1 / asymmetric / auto_pad, bias or none, batch 2 and a symbolic
 images of one block, of a few (each step split over the threads) and of many (the blocks
 spread over the threads), tile rows wider than a vector, a fused residual and Relu, 1 and 2
 threads; small images' transposed products (tiles as rows) at F(4x4) and F(2x2), channel
-counts off the transforms' groups of 16, and the cost rule's choices; the weights derived at the first run (first calls from several threads at once, in
-the library with CPU variants too); that the library keeps the 3x3 weights, not U; and that
+counts off the transforms' groups of 16, and the cost rule's choices; the weights derived at
+the first run (first calls from several threads at once, in the library with CPU variants
+too); that the library keeps the 3x3 weights, not U; and that
 these convolutions do take the Winograd path (the compiled graph and the profile say so).
 """
 

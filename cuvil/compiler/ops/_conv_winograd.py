@@ -21,20 +21,30 @@ in its own part of the scratch memory:
 3. transforms the products back (A^T m A) and writes Y with the node's epilogue (bias,
    residual, activation) applied on the way.
 
+Small images (one block of fewer than `TRANSPOSE_BELOW` tiles: 13x13 and 14x14 have 16 at
+F(4x4), 49 at F(2x2)) run the products transposed, prod^T[p] [tiles, M] = V^T[p] [tiles, C]
+@ U^T[p] [C, M], so that the output channels fill the kernel's 32 columns; U^T is derived
+straight into the kernel's packed-B panels. Their transforms then work on vectors of
+channels (`_input_group`, `_output_group`): the input and the output are staged
+channels-last through in-register transposes.
+
 An image of fewer blocks than `SPLIT_BELOW` (a 14x14 layer has one) would leave threads idle:
-there each step is spread over the threads on its own instead, by (block, input channel),
-(block, point) and (block, output channel).
+there each step is spread over the threads on its own instead, by (block, input channel or
+group of them), (block, point) and (block, output channel or group).
 
 The transform matrices come from the Toom-Cook construction at the points `POINTS` (the
 usual 0, +-1, +-2, ... of Lavin & Gray), solved for B^T so that the identity holds exactly.
 Rounding grows with m (the points' powers grow): F(4x4) keeps cuvil within the conformance
-tolerances on ResNet/VGG; `winograd_tile` is where that choice and the one of which convs pay
-is made.
+tolerances on ResNet/VGG. `winograd_tile` chooses F(2x2), F(4x4) or im2col per layer by one
+cost rule (`winograd_cost`): F(2x2) rounds less and has a smaller U, which pays where U
+streams from memory (512 channels at 14x14 and 7x7) or tiles are few.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 from llvmlite import ir
@@ -44,7 +54,7 @@ from cuvil.compiler.codegen.emitter import I1, I32, PTR, Emitter, masked_intrins
 from cuvil.compiler.codegen.gemm_kernel import PACK_COLS, Epilogue, Layout, emit_gemm, isa_of
 from cuvil.compiler.ir import Dim, Node
 from cuvil.compiler.ops import UNCHECKED
-from cuvil.compiler.ops._window import Window, clamp, window
+from cuvil.compiler.ops._window import Window, window
 from cuvil.compiler.ops.gemm import RESIDUAL_SLOT, node_epilogue
 
 F32 = ir.FloatType()
@@ -145,8 +155,9 @@ def winograd_cost(m: int, c: int, out_c: int, oh: int, ow: int) -> float:
 
     for T tiles: the point products, the transforms (per element of V and of the products),
     and U's floats beyond what the caches keep, which stream from memory at every call and
-    for every block of tiles (see `_Plan`; each is used only T times: 37 MB of U for a 512-channel layer, 16 at 7x7). F(2x2) makes more
-    products than F(4x4) but a U 2.25x smaller. The constants are fitted to layers of
+    for every block of tiles (see `_Plan`), each used only T times: U is 37 MB for a layer
+    of 512 channels at F(4x4), 16 MB at F(2x2), which makes more products than F(4x4) but a
+    U 2.25x smaller. The constants are fitted to layers of
     ResNet-50, VGG-19, SqueezeNet and Inception v2 at 7x7 to 28x28 (benchmarks/conv_layers.py
     --small, one thread of a server core with 2 MB of L2)."""
     alpha = m + 2
@@ -672,23 +683,28 @@ def _output_group(k: Emitter, plan: _Plan, blk: _Block, y: ir.Value, bias: ir.Va
                              align=4) if j < valid else ir.Constant(vt, ir.Undefined)
                       for j in range(lanes)]
             for i, line in enumerate(_transpose(b, pixels)):  # line i: channel o + i
-                def store(line: ir.Value = line, i: int = i) -> None:
-                    off = b.add(b.mul(b.add(o, k.i64(i)), k.i64(plane)),
-                                b.add(b.mul(b.add(row0, oy), k.i64(plan.ow)), k.i64(x0)))
-                    dst = b.gep(y, [off], source_etype=F32)
+                off = b.add(b.mul(b.add(o, k.i64(i)), k.i64(plane)),
+                            b.add(b.mul(b.add(row0, oy), k.i64(plan.ow)), k.i64(x0)))
+                # the last group's channels past out_c are not stored
+                with _unless(k, None if plan.out_c % GROUP == 0 else
+                             b.icmp_signed(">=", b.add(o, k.i64(i)), k.i64(plan.out_c))):
                     if residual is not None:
                         skip = b.gep(residual, [off], source_etype=F32)
                         line = b.fadd(line, _load(k, vt, skip, mask))
                         if epilogue.activation is not None:
                             line = apply_activation(b, epilogue.activation, epilogue.params,
                                                     line)
-                    _store(k, line, dst, mask)
+                    _store(k, line, b.gep(y, [off], source_etype=F32), mask)
 
-                if plan.out_c % GROUP:  # the last group's channels past out_c
-                    with k.if_then(b.icmp_signed("<", b.add(o, k.i64(i)), k.i64(plan.out_c))):
-                        store()
-                else:
-                    store()
+
+@contextmanager
+def _unless(k: Emitter, skip: ir.Value | None) -> Iterator[None]:
+    """The body, run only where `skip` is false (always when it is None)."""
+    if skip is None:
+        yield
+    else:
+        with k.if_then(k.b.not_(skip)):
+            yield
 
 
 def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
