@@ -32,6 +32,7 @@ TOL = {"rtol": 1e-4, "atol": 2e-4}
 
 #: (input channels, output channels, height, width, Conv attributes, bias)
 LAYERS = [
+    (48, 40, 13, 11, {"pads": [1, 1, 1, 1]}, True),  # F(2x2), not transposed (42 tiles, 40 o)
     (17, 20, 19, 23, {"pads": [1, 1, 1, 1]}, True),
     (16, 16, 21, 18, {}, False),  # no padding
     (16, 24, 17, 22, {"pads": [2, 0, 1, 3]}, True),  # asymmetric
@@ -102,6 +103,8 @@ def _plans(model) -> list[_Plan]:
 def test_layers_cover_both_ways_of_threading(small_blocks) -> None:
     plans = _plans(_layers_model(1))
     assert [(p.blocks, p.split) for p in plans[-3:]] == [(1, True), (2, True), (4, False)]
+    assert (plans[0].m, plans[0].transposed) == (2, False)
+    assert all((p.m, p.transposed) == (4, False) for p in plans[1:])
 
 
 @pytest.mark.parametrize("batch", [1, 2])
