@@ -1,32 +1,44 @@
-"""Single Conv + ReLU layers (ResNet-50's shapes) through cuvil and onnxruntime in one run.
+"""Single Conv + ReLU layers through cuvil and onnxruntime in one run.
 
 Where whole-model figures (`suite.py`) say "slower", this says which layer shape is: it
-reports each layer's median latency, GFLOP/s and the ratio cuvil / onnxruntime (< 1: cuvil
-is faster). CUVIL_NUM_THREADS=1 runs both on one thread (onnxruntime's intra-op threads
-follow it), which takes the thread pools out of the comparison.
+reports each layer's median time per call, GFLOP/s and the ratio cuvil / onnxruntime (< 1:
+cuvil is faster), and which path cuvil took (winograd F(m) or im2col). At one thread
+(`CUVIL_NUM_THREADS=1`, the default here) both run on the calling thread and are timed in
+its CPU time (`time.thread_time`), so other processes on the core do not count; at more
+threads, in wall time, with a pause after onnxruntime's calls (its workers spin ~50 ms after
+a run and would take a core from cuvil's next ones). The engines alternate in rounds.
 
-    python benchmarks/conv_layers.py
-    CUVIL_NUM_THREADS=1 python benchmarks/conv_layers.py
+    python benchmarks/conv_layers.py                 # every layer below
+    python benchmarks/conv_layers.py --small         # the 3x3 layers at 14x14 and below
+    CUVIL_NUM_THREADS=2 python benchmarks/conv_layers.py --small
 
 Figures vary with the machine and its load; they belong in notes, not in tests.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
+
+os.environ.setdefault("CUVIL_NUM_THREADS", "1")
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 import cuvil
 
-#: (in channels, out channels, kernel, input size, stride)
+#: (in channels, out channels, kernel, input size, stride): ResNet-50's, then the 3x3 layers
+#: of small feature maps (SqueezeNet's at 13x13, ResNet-50's, VGG-19's and Inception v2's at
+#: 14x14 and 7x7)
 LAYERS = [(3, 64, 7, 224, 2), (64, 64, 3, 56, 1), (64, 256, 1, 56, 1), (128, 128, 3, 28, 1),
           (256, 256, 3, 14, 1), (1024, 256, 1, 14, 1), (512, 512, 3, 7, 1)]
+SMALL = [(64, 256, 3, 13, 1), (48, 192, 3, 13, 1), (256, 256, 3, 14, 1), (512, 512, 3, 14, 1),
+         (96, 128, 3, 14, 1), (160, 192, 3, 14, 1), (512, 512, 3, 7, 1), (192, 320, 3, 7, 1),
+         (224, 224, 3, 7, 1), (64, 96, 3, 28, 1), (128, 128, 3, 28, 1)]
 
 
-def conv_relu(cin: int, cout: int, k: int, size: int, stride: int):
+def conv_relu(cin: int, cout: int, k: int, size: int, stride: int, batch: int = 1):
     rng = np.random.default_rng(0)
     out = (size + 2 * (k // 2) - k) // stride + 1
     w = numpy_helper.from_array(rng.standard_normal((cout, cin, k, k)).astype(np.float32) * 0.1, "w")
@@ -34,38 +46,60 @@ def conv_relu(cin: int, cout: int, k: int, size: int, stride: int):
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[k // 2] * 4, strides=[stride] * 2),
              helper.make_node("Relu", ["c"], ["y"])]
     graph = helper.make_graph(
-        nodes, "layer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, size, size])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, out, out])], [w, b])
+        nodes, "layer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, cin, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, cout, out, out])], [w, b])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), out
 
 
-def median_ms(fn, *args, repeat: int = 20) -> float:
-    fn(*args)
+def timed(fn, *args, calls: int, cpu: bool) -> list[float]:
+    clock = time.thread_time if cpu else time.perf_counter
     times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
+    for _ in range(calls):
+        t = clock()
         fn(*args)
-        times.append(time.perf_counter() - t)
-    return float(np.median(times) * 1000)
+        times.append(clock() - t)
+    return times
+
+
+def path_of(compiled, x: np.ndarray) -> str:
+    ops = [n.op for n in compiled.profile({"x": x}, runs=1).nodes]
+    return ops[0].split("+")[0].removeprefix("Conv").strip("()") or "im2col"
 
 
 def main() -> int:
     import onnxruntime as ort
 
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--small", action="store_true", help="only the small 3x3 layers")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    threads = int(os.environ["CUVIL_NUM_THREADS"])
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = int(os.environ.get("CUVIL_NUM_THREADS") or 0)
-    print(f"{'layer':<28} {'cuvil ms':>9} {'GF/s':>5} {'ort ms':>8} {'GF/s':>5} {'ratio':>6}")
-    for cin, cout, k, size, stride in LAYERS:
-        model, out = conv_relu(cin, cout, k, size, stride)
+    opts.intra_op_num_threads = threads
+    cpu = threads == 1
+    print(f"{threads} thread(s), batch {args.batch}, {'CPU' if cpu else 'wall'} time")
+    print(f"{'layer':<26} {'path':<10} {'cuvil ms':>9} {'GF/s':>5} {'ort ms':>8} {'GF/s':>5} "
+          f"{'ratio':>6} {'max err':>8}")
+    for cin, cout, k, size, stride in SMALL if args.small else LAYERS:
+        model, out = conv_relu(cin, cout, k, size, stride, args.batch)
         compiled = cuvil.compile(model)
         sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        x = np.random.default_rng(1).standard_normal((1, cin, size, size)).astype(np.float32)
-        ours = median_ms(compiled, x)
-        theirs = median_ms(sess.run, None, {"x": x})
-        gflop = 2 * cin * cout * k * k * out * out / 1e9
+        x = np.random.default_rng(1).standard_normal((args.batch, cin, size, size)).astype(np.float32)
+        ref = sess.run(None, {"x": x})[0]
+        err = float(np.abs(compiled(x) - ref).max() / np.abs(ref).max())
+        gflop = 2 * cin * cout * k * k * out * out * args.batch / 1e9
+        calls = max(3, int(2 / gflop))  # about 20 ms per engine and round at 100 GFLOP/s
+        ours, theirs = [], []
+        for _ in range(args.rounds):
+            ours += timed(compiled, x, calls=calls, cpu=cpu)
+            theirs += timed(sess.run, None, {"x": x}, calls=calls, cpu=cpu)
+            time.sleep(0.1)  # onnxruntime's spinning workers
+        ours_ms, theirs_ms = float(np.median(ours) * 1e3), float(np.median(theirs) * 1e3)
         name = f"{cin}->{cout} {k}x{k}/{stride} at {size}x{size}"
-        print(f"{name:<28} {ours:9.2f} {gflop / ours * 1e3:5.0f} {theirs:8.2f} "
-              f"{gflop / theirs * 1e3:5.0f} {ours / theirs:6.2f}")
+        print(f"{name:<26} {path_of(compiled, x):<10} {ours_ms:9.3f} {gflop / ours_ms * 1e3:5.0f} "
+              f"{theirs_ms:8.3f} {gflop / theirs_ms * 1e3:5.0f} {ours_ms / theirs_ms:6.2f} "
+              f"{err:8.1e}", flush=True)
     return 0
 
 

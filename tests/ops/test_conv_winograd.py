@@ -2,8 +2,10 @@
 tiles), pads 0 / 1 / asymmetric / auto_pad, bias or none, batch 2 and a symbolic batch,
 images of one block, of a few (each step split over the threads) and of many (the blocks
 spread over the threads), tile rows wider than a vector, a fused residual and Relu, 1 and 2
-threads; the weights derived at the first run (first calls from several threads at once, in
-the library with CPU variants too); that the library keeps the 3x3 weights, not U; and that
+threads; small images' transposed products (tiles as rows) at F(4x4) and F(2x2), channel
+counts off the transforms' groups of 16, and the cost rule's choices; the weights derived at
+the first run (first calls from several threads at once, in the library with CPU variants
+too); that the library keeps the 3x3 weights, not U; and that
 these convolutions do take the Winograd path (the compiled graph and the profile say so).
 """
 
@@ -19,7 +21,7 @@ from oracle import assert_matches_ort, make_model, run_ort
 import cuvil
 from cuvil.compiler.driver import compile_in_process, compile_model
 from cuvil.compiler.frontend import import_model
-from cuvil.compiler.ops import UNCHECKED
+from cuvil.compiler.ops import UNCHECKED, _conv_winograd
 from cuvil.compiler.ops._conv_winograd import WINOGRAD_TILE, _Plan
 from cuvil.compiler.ops.conv import conv_window
 from cuvil.compiler.passes import run_passes
@@ -30,6 +32,7 @@ TOL = {"rtol": 1e-4, "atol": 2e-4}
 
 #: (input channels, output channels, height, width, Conv attributes, bias)
 LAYERS = [
+    (48, 40, 13, 11, {"pads": [1, 1, 1, 1]}, True),  # F(2x2), not transposed (42 tiles, 40 o)
     (17, 20, 19, 23, {"pads": [1, 1, 1, 1]}, True),
     (16, 16, 21, 18, {}, False),  # no padding
     (16, 24, 17, 22, {"pads": [2, 0, 1, 3]}, True),  # asymmetric
@@ -41,14 +44,32 @@ LAYERS = [
 ]
 
 
+#: small images, whose products run transposed: (C, M, height, width, attributes, bias,
+#: tile the cost rule picks)
+SMALL = [
+    (64, 256, 13, 13, {"pads": [1, 1, 1, 1]}, True, 4),  # SqueezeNet's
+    (48, 56, 13, 11, {"pads": [1, 1, 1, 1]}, False, 2),  # channels off the groups of 16
+    (24, 72, 12, 14, {"pads": [2, 0, 1, 1]}, True, 4),  # asymmetric, no right padding
+    (256, 256, 14, 14, {"pads": [1, 1, 1, 1]}, True, 2),  # ResNet-50's at 14x14
+    (96, 80, 7, 7, {"pads": [1, 1, 1, 1]}, True, 2),
+    (36, 50, 9, 8, {"auto_pad": "SAME_UPPER"}, False, 2),
+]
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """2 MB blocks: the images of `LAYERS` then make one, two and four of them."""
+    monkeypatch.setattr(_conv_winograd, "BLOCK_BYTES", 2 << 20)
+
+
 def _weights(rng: np.random.Generator, m: int, c: int) -> np.ndarray:
     return (rng.standard_normal((m, c, 3, 3)) * np.sqrt(2 / (9 * c))).astype(np.float32)
 
 
-def _layers_model(batch: int | str):
+def _layers_model(batch: int | str, layers: list | None = None):
     rng = np.random.default_rng(0)
     nodes, inputs, outputs, consts = [], {}, {}, {}
-    for i, (c, m, h, w, attrs, bias) in enumerate(LAYERS):
+    for i, (c, m, h, w, attrs, bias, *_) in enumerate(LAYERS if layers is None else layers):
         consts[f"w{i}"] = _weights(rng, m, c)
         ins = [f"x{i}", f"w{i}"]
         if bias:
@@ -79,25 +100,59 @@ def _plans(model) -> list[_Plan]:
     return [_Plan(n, conv_window(n, UNCHECKED)) for n in graph.nodes if WINOGRAD_TILE in n.attrs]
 
 
-def test_layers_cover_both_ways_of_threading() -> None:
+def test_layers_cover_both_ways_of_threading(small_blocks) -> None:
     plans = _plans(_layers_model(1))
     assert [(p.blocks, p.split) for p in plans[-3:]] == [(1, True), (2, True), (4, False)]
+    assert (plans[0].m, plans[0].transposed) == (2, False)
+    assert all((p.m, p.transposed) == (4, False) for p in plans[1:])
 
 
 @pytest.mark.parametrize("batch", [1, 2])
-def test_layers_match_onnxruntime(batch: int) -> None:
+def test_layers_match_onnxruntime(batch: int, small_blocks) -> None:
     model = _layers_model(batch)
     assert _winograd_convs(model) == [True] * len(LAYERS)
     assert_matches_ort(model, _feeds(model, batch), **TOL)
 
 
-def test_symbolic_batch_and_threads() -> None:
+def test_symbolic_batch_and_threads(small_blocks) -> None:
     model = _layers_model("n")
     assert _winograd_convs(model) == [True] * len(LAYERS)
     compiled = cuvil.compile(model)
     for threads, batch in ((2, 1), (1, 3), (2, 2)):
         compiled.num_threads = threads
         assert_matches_ort(model, _feeds(model, batch, seed=batch), compiled=compiled, **TOL)
+
+
+def test_small_images_take_transposed_products() -> None:
+    plans = _plans(_layers_model(1, SMALL))
+    assert [(p.m, p.transposed, p.blocks, p.split) for p in plans] == \
+        [(tile, True, 1, True) for *_, tile in SMALL]
+
+
+def test_small_images_match_onnxruntime() -> None:
+    model = _layers_model("n", SMALL)
+    compiled = cuvil.compile(model)
+    for threads, batch in ((1, 1), (2, 1), (1, 2), (2, 3)):
+        compiled.num_threads = threads
+        assert_matches_ort(model, _feeds(model, batch, seed=batch), compiled=compiled, **TOL)
+
+
+def test_small_images_with_residual_and_relu() -> None:
+    """Conv -> Add(skip) -> Relu on a 14x14 image (transposed products): the residual is
+    added and the activation applied when the output is copied out of its channels-last
+    staging, after the transform."""
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "x"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    model = make_model(nodes, {"x": (np.float32, ["n", 72, 14, 14])}, {"y": np.float32},
+                       {"w": _weights(rng, 72, 72), "b": rng.standard_normal(72).astype(np.float32)})
+    (plan,) = _plans(model)
+    assert plan.transposed and plan.m == 4
+    compiled = cuvil.compile(model)
+    for threads, batch in ((1, 1), (2, 2)):
+        compiled.num_threads = threads
+        assert_matches_ort(model, _feeds(model, batch), compiled=compiled, **TOL)
 
 
 def _big_model():
@@ -137,14 +192,15 @@ def test_first_calls_from_threads_at_once(cpu: str | None) -> None:
 
 
 def test_library_keeps_the_3x3_weights(tmp_path) -> None:
-    """The weights blob holds the kernels as given; U (4x their size) is not in the file."""
+    """The weights blob holds the kernels as given; U (16/9 of their size for F(2x2)) is not
+    in the file."""
     model = _big_model()
     plan = plan_memory(run_passes(import_model(model, None, "m")))
     kernels = 2 * 256 * 256 * 9 * 4
     assert kernels <= len(plan.weights) < kernels + 4096
-    assert plan.derived_size == 2 * 36 * 256 * 256 * 4
+    assert plan.derived_size == 2 * 16 * 256 * 256 * 4  # F(2x2): 4x4 points
     library = compile_model(model, "big", tmp_path).library
-    assert library.stat().st_size < plan.derived_size / 2
+    assert library.stat().st_size < kernels + plan.derived_size / 2
 
 
 def test_profile_names_the_path() -> None:
@@ -177,12 +233,14 @@ def test_fused_residual_and_relu() -> None:
     {"c": 32, "attrs": {"pads": [1, 1, 1, 1], "strides": [2, 2]}},
     {"c": 32, "attrs": {"pads": [2, 2, 2, 2], "dilations": [2, 2]}},
     {"c": 32, "attrs": {"pads": [1, 1, 1, 1], "group": 2}},
-    {"c": 32, "size": 7, "attrs": {"pads": [1, 1, 1, 1]}},  # 4 tiles
+    {"c": 32, "size": 7, "attrs": {"pads": [1, 1, 1, 1]}},  # F(4x4): 4 tiles; F(2x2): dearer
+    # 512 channels at 7x7: U (16 MB for F(2x2)) would stream from memory at every call
+    {"c": 512, "m": 512, "size": 7, "attrs": {"pads": [1, 1, 1, 1]}},
 ])
 def test_other_convs_keep_im2col(case: dict) -> None:
     c, size, attrs = case["c"], case.get("size", 20), case["attrs"]
     rng = np.random.default_rng(3)
-    w = _weights(rng, 32, c // attrs.get("group", 1))
+    w = _weights(rng, case.get("m", 32), c // attrs.get("group", 1))
     model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], **attrs)],
                        {"x": (np.float32, [1, c, size, size])}, {"y": np.float32}, {"w": w})
     assert _winograd_convs(model) == [False]

@@ -21,27 +21,37 @@ in its own part of the scratch memory:
 3. transforms the products back (A^T m A) and writes Y with the node's epilogue (bias,
    residual, activation) applied on the way.
 
+Small images (one block of fewer than `TRANSPOSE_BELOW` tiles: 13x13 and 14x14 have 16 at
+F(4x4), 49 at F(2x2)) run the products transposed, prod^T[p] [tiles, M] = V^T[p] [tiles, C]
+@ U^T[p] [C, M], so that the output channels fill the kernel's 32 columns; U^T is derived
+straight into the kernel's packed-B panels. Their transforms then work on vectors of
+channels (`_input_group`, `_output_group`): the input and the output are staged
+channels-last through in-register transposes.
+
 An image of fewer blocks than `SPLIT_BELOW` (a 14x14 layer has one) would leave threads idle:
-there each step is spread over the threads on its own instead, by (block, input channel),
-(block, point) and (block, output channel).
+there each step is spread over the threads on its own instead, by (block, input channel or
+group of them), (block, point) and (block, output channel or group).
 
 The transform matrices come from the Toom-Cook construction at the points `POINTS` (the
 usual 0, +-1, +-2, ... of Lavin & Gray), solved for B^T so that the identity holds exactly.
 Rounding grows with m (the points' powers grow): F(4x4) keeps cuvil within the conformance
-tolerances on ResNet/VGG; `winograd_tile` is where that choice and the one of which convs pay
-is made.
+tolerances on ResNet/VGG. `winograd_tile` chooses F(2x2), F(4x4) or im2col per layer by one
+cost rule (`winograd_cost`): F(2x2) rounds less and has a smaller U, which pays where U
+streams from memory (512 channels at 14x14 and 7x7) or tiles are few.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.emitter import I1, I32, PTR, Emitter, masked_intrinsic, splat
-from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_gemm, isa_of
+from cuvil.compiler.codegen.gemm_kernel import PACK_COLS, Epilogue, Layout, emit_gemm, isa_of
 from cuvil.compiler.ir import Dim, Node
 from cuvil.compiler.ops import UNCHECKED
 from cuvil.compiler.ops._window import Window, window
@@ -51,20 +61,32 @@ F32 = ir.FloatType()
 
 #: attribute the `winograd_weights` pass sets on a Conv that runs as Winograd F(m x m, 3 x 3): m
 WINOGRAD_TILE = "cuvil.winograd_tile"
-#: output tile edge used (see the module docstring on accuracy)
-TILE = 4
+#: output tile edges `winograd_tile` chooses from (see the module docstring on accuracy)
+TILES = (2, 4)
+#: `winograd_cost`'s constants: multiply-adds per transformed element, per float of U that
+#: streams from memory, and the floats of U the caches keep from one call to the next
+TRANSFORM = 16
+STREAM = 16
+CACHED = 1 << 20
 #: interpolation points of F(m x m, 3 x 3) (alpha - 1 of them; the last point is infinity)
 POINTS = {2: (0, 1, -1), 4: (0, 1, -1, 2, -2), 6: (0, 1, -1, 2, -2, 0.5, -0.5)}
-#: below these the transforms cost more than the multiplies they save (measured on
-#: ResNet-50's layers, benchmarks/conv_layers.py)
+#: below these the transforms cost more than the multiplies they save, and the products'
+#: rows or columns are too few for the kernel's tiles (measured on ResNet-50's layers,
+#: benchmarks/conv_layers.py)
 MIN_CHANNELS = 16
 MIN_TILES = 16
-#: bytes of V and of the products per block: larger blocks give the GEMMs more columns
-#: (measured best from 2 MB on; about a server core's L2)
-BLOCK_BYTES = 2 << 20
+#: bytes of V and of the products per block: larger blocks give the GEMMs more columns, and
+#: each block reads all of U (37 MB for 512 channels): 8 MB blocks took VGG-19's 512-channel
+#: 28x28 layers from 1.36 to 0.64 of onnxruntime's time, its 56x56 ones from 0.75 to 0.62
+BLOCK_BYTES = 8 << 20
 #: images of fewer blocks spread each step over the threads, not the blocks (2 threads and
 #: 2 or 3 blocks leave a thread idle part of the time)
 SPLIT_BELOW = 4
+#: blocks of fewer tiles run their products transposed (`transposed_products`)
+TRANSPOSE_BELOW = 64
+#: the transposed products' transforms work on groups of this many channels (vectors of the
+#: target's width inside): V^T's and prod^T's rows are padded to whole groups
+GROUP = 16
 #: bytes of staged rows a thread may keep on its stack
 MAX_STACK_STAGE = 32 << 10
 #: lanes a transform handles at once is the target's vector width; buffers are padded for
@@ -102,7 +124,7 @@ def winograd_tile(node: Node) -> int | None:
 
     It must be 2-D float32 with a constant 3x3 weight, unit strides and dilations, one group,
     a static image (the batch may be symbolic) and enough channels and tiles to pay back the
-    transforms."""
+    transforms; m is the tile `winograd_cost` finds cheapest, if cheaper than im2col."""
     x, w = node.input(0), node.input(1)
     if (node.op_type != "Conv" or node.domain or x is None or w is None or w.const is None
             or WINOGRAD_TILE in node.attrs or x.type.dtype.name != "float32"
@@ -114,11 +136,46 @@ def winograd_tile(node: Node) -> int | None:
     if win.strides != (1, 1) or win.dilations != (1, 1) \
             or not all(isinstance(d, int) for d in (*win.out, *win.pads_begin)):
         return None
-    m_out, c_in = w.type.shape[:2]
-    tiles = _ceil(int(win.out[0]), TILE) * _ceil(int(win.out[1]), TILE)
-    if min(m_out, c_in) < MIN_CHANNELS or tiles < MIN_TILES:
+    m_out, c_in = (int(d) for d in w.type.shape[:2])
+    if min(m_out, c_in) < MIN_CHANNELS:
         return None
-    return TILE
+    oh, ow = (int(d) for d in win.out)
+    costs = {m: winograd_cost(m, c_in, m_out, oh, ow) for m in TILES
+             if _ceil(oh, m) * _ceil(ow, m) >= MIN_TILES}
+    if not costs or min(costs.values()) >= 9 * oh * ow * c_in * m_out:  # im2col's
+        return None
+    return min(costs, key=lambda m: costs[m])
+
+
+def winograd_cost(m: int, c: int, out_c: int, oh: int, ow: int) -> float:
+    """The cost rule that chooses between im2col and Winograd F(m x m, 3 x 3), per image, in
+    multiply-adds (im2col's are 9 oh ow C M; its packed weights stay cached):
+
+        alpha^2 T (C M + TRANSFORM (C + M)) + STREAM max(0, alpha^2 C M - CACHED) blocks
+
+    for T tiles: the point products, the transforms (per element of V and of the products),
+    and U's floats beyond what the caches keep, which stream from memory at every call and
+    for every block of tiles (see `_Plan`), each used only T times: U is 37 MB for a layer
+    of 512 channels at F(4x4), 16 MB at F(2x2), which makes more products than F(4x4) but a
+    U 2.25x smaller. The constants are fitted to layers of
+    ResNet-50, VGG-19, SqueezeNet and Inception v2 at 7x7 to 28x28 (benchmarks/conv_layers.py
+    --small, one thread of a server core with 2 MB of L2)."""
+    alpha = m + 2
+    tiles = _ceil(oh, m) * _ceil(ow, m)
+    u_floats = alpha * alpha * c * out_c
+    blocks = _ceil(tiles * alpha * alpha * (c + out_c) * 4, BLOCK_BYTES)  # each reads U
+    return (alpha * alpha * tiles * (c * out_c + TRANSFORM * (c + out_c))
+            + STREAM * max(0, u_floats - CACHED) * blocks)
+
+
+def transposed_products(tiles: int, blocks: int, out_c: int) -> bool:
+    """Whether a block's per-point products run transposed, prod^T [tiles, M] = V^T [tiles, C]
+    @ U^T [C, M]: with the tiles as columns, fewer than `TRANSPOSE_BELOW` of them leave most
+    of the kernel's 32-column tile masked off (13x13 and 14x14 images have 16 tiles, 7x7
+    ones 4 or 16); the output channels fill it instead. Only for images of one block: with
+    more (56x56 images of 256 channels have blocks of 28 tiles), U's reads repeat per block
+    and the untransposed products were faster (0.68 vs 0.81 of onnxruntime's time)."""
+    return tiles < TRANSPOSE_BELOW and blocks == 1 and out_c >= tiles
 
 
 def _ceil(a: int, b: int) -> int:
@@ -146,21 +203,43 @@ class _Plan:
         rows = _ceil(max(1, BLOCK_BYTES // per_tile), self.tiles_w)
         self.block_rows = min(self.tiles_h, rows)
         self.blocks = _ceil(self.tiles_h, self.block_rows)
-        tiles = self.block_rows * self.tiles_w
-        # tile columns of V and of the products: vector reads past the last tile stay inside
-        self.ld = _ceil(tiles + MAX_LANES, 16) * 16
-        self.v_floats = self.points * self.c * self.ld
-        self.prod_floats = self.points * self.out_c * self.ld
-        self.stage_floats = 2 * alpha * self.row  # the staged rows, then their column pass
-        # few blocks would leave threads idle: split each step over the threads instead (its
-        # input transform stages rows on the stack: small images only)
-        self.split = self.blocks < SPLIT_BELOW and self.stage_floats * 4 <= MAX_STACK_STAGE
-        in_block = self.v_floats + self.prod_floats + (0 if self.split else self.stage_floats)
+        self.block_tiles = tiles = self.block_rows * self.tiles_w
+        self.transposed = transposed_products(tiles, self.blocks, self.out_c)
+        if self.transposed:
+            # V^T[p, tile, c] and prod^T[p, tile, o], channels padded to whole groups; the
+            # block's input staged channels-last (sh x sw pixels, padding included), and its
+            # output too (oh_blk x ow_blk), in the same place
+            self.cp = _ceil(self.c, GROUP) * GROUP
+            self.ld = _ceil(self.out_c, GROUP) * GROUP
+            self.v_floats = self.points * tiles * self.cp
+            self.prod_floats = self.points * tiles * self.ld
+            self.sh, self.sw = self.block_rows * m + alpha - m, self.tiles_w * m + alpha - m
+            self.yw = self.tiles_w * m
+            self.stage_floats = max(self.sh * self.sw * self.cp,
+                                    self.block_rows * m * self.yw * self.ld)
+        else:
+            # V[p, c, tile] and prod[p, o, tile]: vector reads past the last tile stay inside
+            self.ld = _ceil(tiles + MAX_LANES, 16) * 16
+            self.v_floats = self.points * self.c * self.ld
+            self.prod_floats = self.points * self.out_c * self.ld
+            self.stage_floats = 2 * alpha * self.row  # the staged rows, their column pass
+        # few blocks would leave threads idle: split each step over the threads instead (the
+        # untransposed input transform stages rows on the stack: small images only)
+        self.split = self.blocks < SPLIT_BELOW and (
+            self.transposed or self.stage_floats * 4 <= MAX_STACK_STAGE)
+        on_stack = self.split and not self.transposed
+        in_block = self.v_floats + self.prod_floats + (0 if on_stack else self.stage_floats)
         self.block_floats = _ceil(in_block, 16) * 16
 
     @property
     def scratch_bytes(self) -> int:
         return self.blocks * self.block_floats * 4
+
+
+def _plan_of(node: Node) -> _Plan:
+    x = node.inputs[0]
+    assert x is not None
+    return _Plan(node, window(node, UNCHECKED, x.type.shape[2:], (3, 3)))
 
 
 def scratch_bytes(node: Node, win: Window) -> Dim:
@@ -183,14 +262,22 @@ def lower_weight_transform(node: Node, k: Emitter) -> None:
     m_out, c_in = int(w_val.type.shape[0]), int(w_val.type.shape[1])
     alpha = int(node.attrs[WINOGRAD_TILE]) + 2
     _, g, _ = transforms(alpha - 2)
+    transposed = _plan_of(node).transposed
     f64 = ir.DoubleType()
     with k.parallel_loop(m_out, cost=c_in * 4 * alpha * alpha, name="wt",
                          carry=[k.derived]) as o:
         (u,) = k.carried
         w = k.buffers[w_val]
         b = k.b
+        if transposed:
+            # U^T[p] [C, M] as the kernel's pre-packed B (`pack_b`): panels of PACK_COLS
+            # output channels, each c-major
+            base = b.mul(b.udiv(o, k.i64(PACK_COLS)), k.i64(PACK_COLS))
+            width = k.minimum("int64", b.sub(k.i64(m_out), base), k.i64(PACK_COLS))
+            o_at = b.add(b.mul(base, k.i64(c_in)), b.sub(o, base))
         with k.loop(c_in, name="c") as c:
             pair = b.add(b.mul(o, k.i64(c_in)), c)
+            at = b.add(o_at, b.mul(c, width)) if transposed else pair
             taps = [b.fpext(b.load(b.gep(w, [b.add(b.mul(pair, k.i64(9)), k.i64(i))],
                                          source_etype=F32), typ=F32), f64) for i in range(9)]
             # t = G w: t[a][l] = sum_j G[a, j] w[j, l]; then U[a][b] = sum_l t[a][l] G[b, l]
@@ -198,7 +285,7 @@ def lower_weight_transform(node: Node, k: Emitter) -> None:
                  for a in range(alpha)]
             for a in range(alpha):
                 for bb in range(alpha):
-                    off = b.add(k.i64((a * alpha + bb) * m_out * c_in), pair)
+                    off = b.add(k.i64((a * alpha + bb) * m_out * c_in), at)
                     b.store(b.fptrunc(_combine(b, g[bb], t[a]), F32),
                             b.gep(u, [off], source_etype=F32))
 
@@ -246,48 +333,78 @@ def _blocks_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value]) ->
     with k.parallel_loop(plan.blocks, cost=cost, name="wblock", carry=carry) as t:
         x_c, y_c, r_c, bias_c, u_c, scratch = k.carried
         blk = _Block(k, plan, scratch, t)
-        _input_transform(k, plan, x_c, blk, blk.stage, (k.i64(0), k.i64(plan.c)))
+        bias, residual = bias_c if has_bias else None, r_c if has_residual else None
+        if plan.transposed:
+            with k.loop(plan.cp // GROUP, name="cg") as g:
+                _input_group(k, plan, x_c, blk, g)
+        else:
+            _input_transform(k, plan, x_c, blk, blk.stage, (k.i64(0), k.i64(plan.c)))
         with k.loop(plan.points, name="pt") as p:
             _point_gemm(k, plan, u_c, blk, p)
-        _output_transform(k, plan, blk, y_c, bias_c if has_bias else None,
-                          r_c if has_residual else None, node_epilogue(node),
-                          (k.i64(0), k.i64(plan.out_c)))
+        if plan.transposed:
+            with k.loop(plan.ld // GROUP, name="og") as g:
+                _output_group(k, plan, blk, y_c, bias, residual, node_epilogue(node), g)
+        else:
+            _output_transform(k, plan, blk, y_c, bias_c if has_bias else None,
+                              r_c if has_residual else None, node_epilogue(node),
+                              (k.i64(0), k.i64(plan.out_c)))
 
 
 def _split_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value]) -> None:
     """One image of few blocks, each step spread over the threads on its own: the input
-    transform by (block, channel), the products by (block, point), the output transform by
-    (block, output channel). Costs two more hand-overs between threads than `_blocks_image`,
-    and V and the products move between the threads' caches."""
+    transform by (block, channel or group of channels), the products by (block, point), the
+    output transform by (block, output channel or group). Costs two more hand-overs between
+    threads than `_blocks_image`, and V and the products move between the threads' caches."""
     has_bias, has_residual = node.input(2) is not None, node.input(RESIDUAL_SLOT) is not None
     tiles = plan.block_rows * plan.tiles_w
     c, out_c = plan.c, plan.out_c
-    with k.parallel_loop(plan.blocks * c, cost=tiles * plan.points * 4, name="win",
-                         carry=carry) as i:
+    # the transposed products' transforms take a group of channels at once
+    in_parts = plan.cp // GROUP if plan.transposed else c
+    with k.parallel_loop(plan.blocks * in_parts, cost=tiles * plan.points * 4 * c // in_parts,
+                         name="win", carry=carry) as i:
         x_c, _, _, _, _, scratch = k.carried
-        blk = _Block(k, plan, scratch, k.b.udiv(i, k.i64(c)))
-        with k.b.goto_block(k.function.entry_basic_block):
-            stage = k.b.alloca(F32, size=k.i64(plan.stage_floats), name="stage")
-        ch = k.b.urem(i, k.i64(c))
-        _input_transform(k, plan, x_c, blk, stage, (ch, k.b.add(ch, k.i64(1))))
+        blk = _Block(k, plan, scratch, k.b.udiv(i, k.i64(in_parts)))
+        part = k.b.urem(i, k.i64(in_parts))
+        if plan.transposed:
+            _input_group(k, plan, x_c, blk, part)
+        else:
+            with k.b.goto_block(k.function.entry_basic_block):
+                stage = k.b.alloca(F32, size=k.i64(plan.stage_floats), name="stage")
+            _input_transform(k, plan, x_c, blk, stage, (part, k.b.add(part, k.i64(1))))
     with k.parallel_loop(plan.blocks * plan.points, cost=tiles * c * out_c, name="wgemm",
                          carry=carry) as i:
         _, _, _, _, u_c, scratch = k.carried
         blk = _Block(k, plan, scratch, k.b.udiv(i, k.i64(plan.points)))
         _point_gemm(k, plan, u_c, blk, k.b.urem(i, k.i64(plan.points)))
-    with k.parallel_loop(plan.blocks * out_c, cost=tiles * plan.points * 4, name="wout",
+    out_parts = plan.ld // GROUP if plan.transposed else out_c
+    with k.parallel_loop(plan.blocks * out_parts,
+                         cost=tiles * plan.points * 4 * out_c // out_parts, name="wout",
                          carry=carry) as i:
         _, y_c, r_c, bias_c, _, scratch = k.carried
-        blk = _Block(k, plan, scratch, k.b.udiv(i, k.i64(out_c)))
-        o = k.b.urem(i, k.i64(out_c))
-        _output_transform(k, plan, blk, y_c, bias_c if has_bias else None,
-                          r_c if has_residual else None, node_epilogue(node),
-                          (o, k.b.add(o, k.i64(1))))
+        blk = _Block(k, plan, scratch, k.b.udiv(i, k.i64(out_parts)))
+        part = k.b.urem(i, k.i64(out_parts))
+        bias, residual = bias_c if has_bias else None, r_c if has_residual else None
+        if plan.transposed:
+            _output_group(k, plan, blk, y_c, bias, residual, node_epilogue(node), part)
+        else:
+            _output_transform(k, plan, blk, y_c, bias, residual, node_epilogue(node),
+                              (part, k.b.add(part, k.i64(1))))
 
 
 def _point_gemm(k: Emitter, plan: _Plan, u: ir.Value, blk: _Block, p: ir.Value) -> None:
-    """The block's products at point p: prod[p] [M, tiles] = U[p] [M, C] @ V[p] [C, tiles]."""
+    """The block's products at point p: prod[p] [M, tiles] = U[p] [M, C] @ V[p] [C, tiles],
+    or transposed, prod^T[p] [tiles, M] = V^T[p] [tiles, C] @ U^T[p] [C, M] (U^T pre-packed)."""
     b = k.b
+    if plan.transposed:
+        tiles = plan.block_tiles
+        emit_gemm(k, blk.tiles, k.i64(plan.out_c), k.i64(plan.c),
+                  b.gep(blk.v, [b.mul(p, k.i64(tiles * plan.cp))], source_etype=F32),
+                  k.i64(plan.cp),
+                  b.gep(u, [b.mul(p, k.i64(plan.out_c * plan.c))], source_etype=F32),
+                  k.i64(plan.out_c),
+                  b.gep(blk.prod, [b.mul(p, k.i64(tiles * plan.ld))], source_etype=F32),
+                  k.i64(plan.ld), layout=Layout(packed_b=True))
+        return
     emit_gemm(k, k.i64(plan.out_c), blk.tiles, k.i64(plan.c),
               b.gep(u, [b.mul(p, k.i64(plan.out_c * plan.c))], source_etype=F32), k.i64(plan.c),
               b.gep(blk.v, [b.mul(p, k.i64(plan.c * plan.ld))], source_etype=F32), k.i64(plan.ld),
@@ -370,9 +487,10 @@ def _input_transform(k: Emitter, plan: _Plan, x: ir.Value, blk: _Block, stage: i
         tile0 = b.mul(i, k.i64(plan.tiles_w))
         c_off = b.mul(c, k.i64(plan.ld))
 
-        def group(g: ir.Value, mask: ir.Value | None) -> None:
+        def group(g: ir.Value, valid: int) -> None:
             # lane l of d[s] is tmp[xi, (g*lanes + l)*m + s]: one wide load, then shuffles
             span = lanes * m + alpha - m
+            t = b.add(tile0, b.mul(g, k.i64(lanes)))
             for xi in range(alpha):
                 src = b.gep(tmp, [b.add(k.i64(xi * row), b.mul(g, k.i64(lanes * m)))],
                             source_etype=F32)
@@ -381,13 +499,13 @@ def _input_transform(k: Emitter, plan: _Plan, x: ir.Value, blk: _Block, stage: i
                                       _indices([lane * m + s for lane in range(lanes)]))
                      for s in range(alpha)]
                 for nu in range(alpha):
-                    off = b.add(b.add(k.i64((xi * alpha + nu) * plan.c * plan.ld), c_off),
-                                b.add(tile0, b.mul(g, k.i64(lanes))))
-                    _store(k, _combine(b, bt[nu], d), b.gep(v, [off], source_etype=F32), mask)
+                    off = b.add(b.add(k.i64((xi * alpha + nu) * plan.c * plan.ld), c_off), t)
+                    _store(k, _combine(b, bt[nu], d), b.gep(v, [off], source_etype=F32),
+                           _mask(lanes, valid))
 
         with k.loop(groups - 1, name="tg") as g:
-            group(g, None)
-        group(k.i64(groups - 1), _mask(lanes, tail))
+            group(g, lanes)
+        group(k.i64(groups - 1), tail)
 
 
 def _output_transform(k: Emitter, plan: _Plan, blk: _Block, y: ir.Value,
@@ -445,6 +563,162 @@ def _output_transform(k: Emitter, plan: _Plan, blk: _Block, y: ir.Value,
         with k.loop(groups - 1, name="og") as g:
             group(g, None)
         group(k.i64(groups - 1), _mask(width, plan.ow - (groups - 1) * width))
+
+
+def _input_group(k: Emitter, plan: _Plan, x: ir.Value, blk: _Block, g: ir.Value) -> None:
+    """V^T[p, tile, c] for the block's tiles and the GROUP channels from g * GROUP, on vectors
+    of channels: the block's input rows are first staged channels-last with their zero padding
+    (channels past C are zeros too), then each tile's alpha x alpha pixels are transformed
+    (B^T d B, down the columns then across) and stored as whole vectors."""
+    b = k.b
+    _, _, bt = transforms(plan.m)
+    alpha, m, cp, sw = plan.alpha, plan.m, plan.cp, plan.sw
+    lanes = _lanes(k)
+    vt = ir.VectorType(F32, lanes)
+    stage, c0 = blk.stage, b.mul(g, k.i64(GROUP))
+    top = b.sub(b.mul(blk.first, k.i64(m)), k.i64(plan.pad_top))
+    zero = ir.Constant(vt, None)
+    with k.loop(GROUP // lanes, name="cv") as cv, \
+            k.loop(b.add(b.mul(blk.rows, k.i64(m)), k.i64(alpha - m)), name="sy") as sy:
+        c = b.add(c0, b.mul(cv, k.i64(lanes)))
+        y = b.add(top, sy)
+        dst = b.gep(stage, [b.add(b.mul(b.mul(sy, k.i64(sw)), k.i64(cp)), c)], source_etype=F32)
+
+        def put(sx: int, vec: ir.Value) -> None:
+            b.store(vec, b.gep(dst, [k.i64(sx * cp)], source_etype=F32), align=4)
+
+        for sx in (*range(plan.pad_left), *range(plan.pad_left + plan.w, sw)):
+            put(sx, zero)
+        inside = b.and_(b.icmp_signed(">=", y, k.i64(0)), b.icmp_signed("<", y, k.i64(plan.h)))
+        with b.if_else(inside) as (row, padding):
+            with row:
+                # lanes channels x lanes pixels at a time, transposed in registers
+                for x0 in range(0, plan.w, lanes):
+                    valid = min(lanes, plan.w - x0)
+                    rows = []
+                    for i in range(lanes):
+                        ch = b.add(c, k.i64(i))
+                        # channels past C read channel C - 1's row and keep zeros
+                        src = b.gep(x, [b.add(b.mul(k.minimum("int64", ch, k.i64(plan.c - 1)),
+                                                    k.i64(plan.h * plan.w)),
+                                              b.add(b.mul(y, k.i64(plan.w)), k.i64(x0)))],
+                                    source_etype=F32)
+                        rows.append(b.select(b.icmp_signed("<", ch, k.i64(plan.c)),
+                                             _load(k, vt, src, _mask(lanes, valid)), zero))
+                    for j, col in enumerate(_transpose(b, rows)[:valid]):
+                        put(plan.pad_left + x0 + j, col)
+            with padding:
+                for sx in range(plan.pad_left, plan.pad_left + plan.w):
+                    put(sx, zero)
+    with k.loop(blk.rows, name="ti") as ti, k.loop(plan.tiles_w, name="tj") as tj, \
+            k.loop(GROUP // lanes, name="cv") as cv:
+        c = b.add(c0, b.mul(cv, k.i64(lanes)))
+        corner = b.add(b.mul(b.mul(ti, k.i64(m)), k.i64(sw)), b.mul(tj, k.i64(m)))
+        d = [[b.load(b.gep(stage, [b.add(b.mul(b.add(corner, k.i64(r * sw + col)), k.i64(cp)),
+                                         c)], source_etype=F32), typ=vt, align=4)
+              for col in range(alpha)] for r in range(alpha)]
+        tmp = [[_combine(b, bt[xi], [d[r][col] for r in range(alpha)]) for col in range(alpha)]
+               for xi in range(alpha)]
+        t = b.add(b.mul(ti, k.i64(plan.tiles_w)), tj)
+        at_t = b.add(b.mul(t, k.i64(cp)), c)
+        for xi in range(alpha):
+            for nu in range(alpha):
+                off = b.add(k.i64((xi * alpha + nu) * plan.block_tiles * cp), at_t)
+                b.store(_combine(b, bt[nu], tmp[xi]), b.gep(blk.v, [off], source_etype=F32),
+                        align=4)
+
+
+def _output_group(k: Emitter, plan: _Plan, blk: _Block, y: ir.Value, bias: ir.Value | None,
+                  residual: ir.Value | None, epilogue: Epilogue, g: ir.Value) -> None:
+    """Y for the GROUP output channels from g * GROUP from the transposed products
+    (prod^T[p, tile, o]): each tile's A^T m A on vectors of channels (with the bias, and the
+    activation when no residual comes after it) into the block's output staged
+    channels-last, then copied to Y's planes (adding the residual, then the activation)."""
+    b = k.b
+    at, _, _ = transforms(plan.m)
+    alpha, m, ld, yw = plan.alpha, plan.m, plan.ld, plan.yw
+    lanes = _lanes(k)
+    vt = ir.VectorType(F32, lanes)
+    stage, o0 = blk.stage, b.mul(g, k.i64(GROUP))
+    iota = ir.Constant(ir.VectorType(I32, lanes), list(range(lanes)))
+    with k.loop(blk.rows, name="ti") as ti, k.loop(plan.tiles_w, name="tj") as tj, \
+            k.loop(GROUP // lanes, name="ov") as ov:
+        o = b.add(o0, b.mul(ov, k.i64(lanes)))
+        t = b.add(b.mul(ti, k.i64(plan.tiles_w)), tj)
+        at_t = b.add(b.mul(t, k.i64(ld)), o)
+        half = []  # half[xi][s] = sum_nu prod[(xi, nu)] A[nu, s]
+        for xi in range(alpha):
+            vals = [b.load(b.gep(blk.prod, [b.add(k.i64((xi * alpha + nu) * plan.block_tiles * ld),
+                                                  at_t)], source_etype=F32), typ=vt, align=4)
+                    for nu in range(alpha)]
+            half.append([_combine(b, at[s], vals) for s in range(m)])
+        shift = None
+        if bias is not None:  # channels past out_c read nothing
+            left = b.trunc(b.sub(k.i64(plan.out_c), o), I32)
+            valid = b.icmp_signed("<", iota, splat(b, left, lanes))
+            shift = b.call(masked_intrinsic(k.module, "load", vt),
+                           [b.gep(bias, [o], source_etype=F32), ir.Constant(I32, 4), valid,
+                            ir.Constant(vt, None)])
+        corner = b.add(b.mul(b.mul(ti, k.i64(m)), k.i64(yw)), b.mul(tj, k.i64(m)))
+        for r in range(m):
+            for s_ in range(m):
+                line = _combine(b, at[r], [half[xi][s_] for xi in range(alpha)])
+                if shift is not None:
+                    line = b.fadd(line, shift)
+                if residual is None and epilogue.activation is not None:
+                    line = apply_activation(b, epilogue.activation, epilogue.params, line)
+                pix = b.add(corner, k.i64(r * yw + s_))
+                b.store(line, b.gep(stage, [b.add(b.mul(pix, k.i64(ld)), o)], source_etype=F32),
+                        align=4)
+    plane = plan.oh * plan.ow
+    row0 = b.mul(blk.first, k.i64(m))
+    rows = k.minimum("int64", b.mul(blk.rows, k.i64(m)), b.sub(k.i64(plan.oh), row0))
+    with k.loop(GROUP // lanes, name="ov") as ov, k.loop(rows, name="oy") as oy:
+        o = b.add(o0, b.mul(ov, k.i64(lanes)))
+        src = b.gep(stage, [b.add(b.mul(b.mul(oy, k.i64(yw)), k.i64(ld)), o)], source_etype=F32)
+        for x0 in range(0, plan.ow, lanes):
+            valid = min(lanes, plan.ow - x0)
+            mask = _mask(lanes, valid)
+            pixels = [b.load(b.gep(src, [k.i64((x0 + j) * ld)], source_etype=F32), typ=vt,
+                             align=4) if j < valid else ir.Constant(vt, ir.Undefined)
+                      for j in range(lanes)]
+            for i, line in enumerate(_transpose(b, pixels)):  # line i: channel o + i
+                off = b.add(b.mul(b.add(o, k.i64(i)), k.i64(plane)),
+                            b.add(b.mul(b.add(row0, oy), k.i64(plan.ow)), k.i64(x0)))
+                # the last group's channels past out_c are not stored
+                with _unless(k, None if plan.out_c % GROUP == 0 else
+                             b.icmp_signed(">=", b.add(o, k.i64(i)), k.i64(plan.out_c))):
+                    if residual is not None:
+                        skip = b.gep(residual, [off], source_etype=F32)
+                        line = b.fadd(line, _load(k, vt, skip, mask))
+                        if epilogue.activation is not None:
+                            line = apply_activation(b, epilogue.activation, epilogue.params,
+                                                    line)
+                    _store(k, line, b.gep(y, [off], source_etype=F32), mask)
+
+
+@contextmanager
+def _unless(k: Emitter, skip: ir.Value | None) -> Iterator[None]:
+    """The body, run only where `skip` is false (always when it is None)."""
+    if skip is None:
+        yield
+    else:
+        with k.if_then(k.b.not_(skip)):
+            yield
+
+
+def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
+    """The columns of a square matrix held as vectors of its rows (as many rows as lanes, a
+    power of two): log2(lanes) rounds of interleaving the first half of the rows with the
+    second half."""
+    n = len(rows)
+    half = n // 2
+    lo = _indices([x for j in range(half) for x in (j, n + j)])
+    hi = _indices([x for j in range(half, n) for x in (j, n + j)])
+    for _ in range(n.bit_length() - 1):
+        rows = [b.shuffle_vector(rows[i], rows[i + half], idx)
+                for i in range(half) for idx in (lo, hi)]
+    return rows
 
 
 # -- vector helpers ---------------------------------------------------------------------------
