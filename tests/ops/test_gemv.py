@@ -107,3 +107,35 @@ def test_weight_made_by_constant_of_shape_is_computed_once():
     for m in (1, 3, 6, 1):
         assert_matches_ort(model, {"a": rng.standard_normal([m, kk]).astype(np.float32)},
                            compiled=compiled, rtol=1e-4, atol=1e-3)
+
+
+def test_squeeze_excite_convs_run_as_gemm():
+    """A squeeze-excite block (pool to 1x1, 1x1 conv + Relu, 1x1 conv + HardSigmoid, scale):
+    its convs of 1x1 maps become Gemm (passes/fully_connected_convs.py) with the activations
+    still fused; a padded 1x1 conv of a 1x1 map (its output is 3x3) stays a conv."""
+    from cuvil.compiler.frontend import import_model
+    from cuvil.compiler.passes import run_passes
+
+    rng = np.random.default_rng(15)
+    c, mid = 72, 24
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"]),
+             helper.make_node("Conv", ["p", "w1", "b1"], ["s0"]),
+             helper.make_node("Relu", ["s0"], ["s1"]),
+             helper.make_node("Conv", ["s1", "w2", "b2"], ["s2"], strides=[2, 2]),
+             helper.make_node("HardSigmoid", ["s2"], ["s"], alpha=1 / 6, beta=0.5),
+             helper.make_node("Mul", ["x", "s"], ["y"]),
+             helper.make_node("Conv", ["p", "w3"], ["z"], pads=[1, 1, 1, 1])]
+    model = make_model(nodes, {"x": ("float32", ["m", c, 5, 5])}, {"y": "float32", "z": "float32"},
+                       {"w1": rng.standard_normal([mid, c, 1, 1]).astype(np.float32),
+                        "b1": rng.standard_normal(mid).astype(np.float32),
+                        "w2": rng.standard_normal([c, mid, 1, 1]).astype(np.float32),
+                        "b2": rng.standard_normal(c).astype(np.float32),
+                        "w3": rng.standard_normal([4, c, 1, 1]).astype(np.float32)})
+    graph = run_passes(import_model(model, None, "se"))
+    ops = sorted(f"{n.op_type}+{n.attrs.get('cuvil.fused_activation')}" for n in graph.nodes
+                 if n.op_type in ("Conv", "Gemm"))
+    assert ops == ["Conv+None", "Gemm+HardSigmoid", "Gemm+Relu"], ops
+    compiled = cuvil.compile(model)
+    for m in (1, 3, 8):
+        assert_matches_ort(model, {"x": rng.standard_normal([m, c, 5, 5]).astype(np.float32)},
+                           compiled=compiled, **TOL)
