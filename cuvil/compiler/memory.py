@@ -10,9 +10,9 @@ from cuvil.compiler.ir import Dim, Node, Value
 
 @dataclass(frozen=True)
 class Storage:
-    kind: str  # "input" | "output" | "weights" | "workspace"
+    kind: str  # "input" | "output" | "weights" | "workspace" | "derived"
     index: int = 0  # input/output position
-    offset: Dim = 0  # byte offset in the weights blob or the workspace
+    offset: Dim = 0  # byte offset in the weights blob, the workspace or the derived buffer
 
 
 @dataclass
@@ -30,3 +30,7 @@ class MemoryPlan:
     #: (`Op.derived_bytes`), in the library's one buffer of them (codegen/derived.py)
     derived: dict[Node, int] = field(default_factory=dict)
     derived_size: int = 0
+    #: nodes computed from constants alone, too large to fold into the library (the light
+    #: ONNX models' ConstantOfShape weights): run once, at the first run, their outputs kept in
+    #: the derived buffer (Storage kind "derived") instead of recomputed by every run
+    hoisted: list[Node] = field(default_factory=list)

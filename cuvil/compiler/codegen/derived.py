@@ -1,6 +1,7 @@
 """Weights derived from the model's constants at run time (Winograd's transformed conv weights,
-4x the 3x3 kernels they come from): computed once per process, at the first run, so that a
-library carries only the constants.
+4x the 3x3 kernels they come from), and the outputs of nodes computed from constants alone that
+are too large to fold (`MemoryPlan.hoisted`): computed once per process, at the first run, so
+that a library carries only the constants.
 
 A library's derived weights live in one zero-initialised global (`derived` of
 `module.symbol_names`), which the linker puts in .bss: it takes no file space, and memory only
@@ -54,8 +55,11 @@ class DerivedWeights:
         self._offsets = plan.derived
 
     def pointer(self, b: ir.IRBuilder, node: Node) -> ir.Value:
-        return b.gep(self.buffer, [ir.Constant(ir.IntType(64), self._offsets[node])],
-                     source_etype=I8, inbounds=True)
+        return self.at(b, self._offsets[node])
+
+    def at(self, b: ir.IRBuilder, offset: int) -> ir.Value:
+        return b.gep(self.buffer, [ir.Constant(ir.IntType(64), offset)], source_etype=I8,
+                     inbounds=True)
 
 
 def hide_derived(ir_text: str, names: dict[str, str]) -> str:
@@ -74,24 +78,37 @@ def _fill_function(module: ir.Module, graph: Graph, plan: MemoryPlan, buffer: ir
                        module.get_unique_name("derive_weights"))
     fill.linkage = "internal"
     fb = ir.IRBuilder(fill.append_basic_block("entry"))
+    hoisted = set(plan.hoisted)
     for index, node in enumerate(graph.nodes):
-        if node not in plan.derived:
+        if node not in plan.derived and node not in hoisted:
             continue
-        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]),
+        # a hoisted node's lowering may leave with a status (`fail_if`): its function returns
+        # one like every node's, which the fill ignores (its inputs are constants it accepts)
+        ret = I32 if node in hoisted else ir.VoidType()
+        fn = ir.Function(module, ir.FunctionType(ret, [PTR]),
                          module.get_unique_name(f"derive{index}_{node.op_type}"))
         fn.linkage = "internal"
         fn.attributes.add("noinline")
         k = Emitter(module, fn, fn.args[0], symbols, {})
-        for v in node.inputs:
+        for v in [*node.inputs, *node.outputs]:
             s = plan.storage.get(v) if v is not None else None
-            if v is not None and s is not None and s.kind == "weights":
-                assert weights is not None
-                k.buffers[v] = k.b.gep(weights, [k.dim(s.offset)], source_etype=I8, inbounds=True)
-        k.derived = k.b.gep(buffer, [k.i64(plan.derived[node])], source_etype=I8, inbounds=True)
+            if v is None or s is None:
+                continue
+            base = weights if s.kind == "weights" else buffer if s.kind == "derived" else None
+            if base is not None:
+                p = k.b.gep(base, [k.dim(s.offset)], source_etype=I8, inbounds=True)
+                p.type = PTR  # an untyped pointer, as node functions' arguments are
+                k.buffers[v] = p
         op = lookup(node.domain, node.op_type, node.opset)
         assert op is not None
-        op.lower_derived(node, k)
-        k.b.ret_void()
+        if node in hoisted:
+            op.lower(node, k)
+            k.b.ret(ir.Constant(I32, 0))
+        else:
+            k.derived = k.b.gep(buffer, [k.i64(plan.derived[node])], source_etype=I8,
+                                inbounds=True)
+            op.lower_derived(node, k)
+            k.b.ret_void()
         fb.call(fn, [fill.args[0]])
     fb.ret_void()
     return fill

@@ -107,7 +107,7 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
         k.b.ret(k.dim(plan.workspace_size))
 
     derived = (DerivedWeights(module, graph, plan, names, weights, symbols, primary=primary)
-               if plan.derived else None)
+               if plan.derived_size else None)
     shared = _SharedFunctions()
     node_fns = [_node_function(module, graph, plan, i, symbols, shared)
                 for i in range(len(graph.nodes))]
@@ -155,6 +155,9 @@ def _run_function(module: ir.Module, name: str, graph: Graph, plan: MemoryPlan,
             table = inputs if s.kind == "input" else outputs
             slot = k.b.gep(table, [k.i64(s.index)], source_etype=PTR, inbounds=True)
             return k.b.load(slot, typ=PTR)
+        if s.kind == "derived":
+            assert derived is not None
+            return derived.at(k.b, s.offset)
         base = weights if s.kind == "weights" else workspace
         return k.b.gep(base, [k.dim(s.offset)], source_etype=I8, inbounds=True)
 
@@ -230,7 +233,7 @@ def _buffers(node: Node) -> list[Value]:
 def _node_function(module: ir.Module, graph: Graph, plan: MemoryPlan, index: int,
                    symbols: list[str], shared: _SharedFunctions) -> ir.Function | None:
     node = graph.nodes[index]
-    if node in plan.elided:
+    if node in plan.elided or node in plan.hoisted:  # hoisted: run by derived.py, once
         return None
     bufs = _buffers(node)
     scratch = node in plan.scratch

@@ -1,12 +1,16 @@
 """Matrix products: Gemm and MatMul (with numpy batch broadcasting).
 
-float32 and float64 use `emit_matmul` (rows of the output updated in place) unless the right
-operand is stored transposed (`prefers_dot`); float16 sums each output element in a float32
-register (`emit_matmul_dot`) and rounds it once.
+float32 products with contiguous rows run on the shared kernels: at most MAX_ROWS rows of A on
+the matrix-vector one (codegen/gemv_kernel.py: batch-1 Linear layers are bound by reading the
+weight), more on the tiled GEMM (codegen/gemm_kernel.py); a symbolic row count picks one at
+run time. Otherwise float32 and float64 use `emit_matmul` (rows of the output updated in
+place) unless the right operand is stored transposed (`prefers_dot`); float16 sums each output
+element in a float32 register (`emit_matmul_dot`) and rounds it once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from llvmlite import ir
@@ -21,6 +25,7 @@ from cuvil.compiler.codegen.gemm_kernel import (
     emit_gemm,
     emit_parallel_gemm,
 )
+from cuvil.compiler.codegen.gemv_kernel import MAX_ROWS, emit_parallel_gemv
 from cuvil.compiler.ir import Dim, Node, TensorType, Value
 from cuvil.compiler.ops import (
     FLOATS,
@@ -154,6 +159,34 @@ def uses_kernel(a: View, b: View, y: View) -> bool:
             and _unit(y.strides[1]))
 
 
+def gemv_layout(a: View, b: View, y: View, layout: Layout = ROW_MAJOR) -> str | None:
+    """How the matrix-vector kernel (codegen/gemv_kernel.py) would read b, when it can: float32
+    with rows of a and y contiguous, and b packed, row-major or a transposed row-major matrix."""
+    if y.dtype.name != "float32" or not (_unit(a.strides[1]) and _unit(y.strides[1])):
+        return None
+    if layout.packed_b:
+        return "packed"
+    if _unit(b.strides[1]):
+        return "rows"
+    return "transposed" if _unit(b.strides[0]) else None
+
+
+def few_rows_or(k: Emitter, m: ir.Value, few: Callable[[], None],
+                many: Callable[[], None]) -> None:
+    """few() when 1 <= m <= MAX_ROWS, else many(): decided at compile time when m is a
+    constant, at run time otherwise (a symbolic batch that is 1 in one call, 8 in another)."""
+    if isinstance(m, ir.Constant):
+        (few if 1 <= int(m.constant) <= MAX_ROWS else many)()
+        return
+    b = k.b
+    cond = b.and_(b.icmp_signed(">=", m, k.i64(1)), b.icmp_signed("<=", m, k.i64(MAX_ROWS)))
+    with b.if_else(cond) as (then, otherwise):
+        with then:
+            few()
+        with otherwise:
+            many()
+
+
 def emit_kernel_matmul(k: Emitter, a: View, b: View, y: View, *, accumulate: bool = False,
                        bias: ir.Value | None = None, residual: ir.Value | None = None,
                        epilogue: Epilogue = PLAIN, layout: Layout = ROW_MAJOR) -> None:
@@ -204,13 +237,39 @@ class Gemm(Op):
         return [y]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        a_val, b_val, c_val = required_input(node, 0), required_input(node, 1), node.input(2)
-        y_val = node.outputs[0]
-        a, b, y = k.view(a_val), k.view(b_val), k.view(y_val)
+        a_val, b_val = required_input(node, 0), required_input(node, 1)
+        a, b, y = k.view(a_val), k.view(b_val), k.view(node.outputs[0])
         if attr(node, "transA"):
             a = _transposed(a)
         if attr(node, "transB"):
             b = _transposed(b)
+        gemv = gemv_layout(a, b, y, weight_layout(node, "b"))
+        if gemv is None:
+            self._lower_general(node, k, a, b, y)
+            return
+        few_rows_or(k, a.dims[0], lambda: self._lower_gemv(node, k, a, b, y, gemv),
+                    lambda: self._lower_general(node, k, a, b, y))
+
+    def _lower_gemv(self, node: Node, k: Emitter, a: View, b: View, y: View,
+                    layout: str) -> None:
+        """At most MAX_ROWS rows: the matrix-vector kernel, alpha, C and the activation fused."""
+        c_val, y_val, r_val = node.input(2), node.outputs[0], node.input(RESIDUAL_SLOT)
+        beta = float(attr(node, "beta"))
+        accumulate = c_val is not None and beta != 0.0
+        bias_kind = _bias_kind(c_val, y_val.type.shape) if accumulate and beta == 1.0 else None
+        if accumulate and bias_kind is None:
+            _fill_scaled(k, c_val, y, y_val.type.shape, beta)
+        ldb = b.strides[1] if layout == "transposed" else b.strides[0]
+        emit_parallel_gemv(
+            k, a.dims[0], b.dims[1], a.dims[1], a.ptr, a.strides[0], b.ptr, ldb, y.ptr,
+            y.strides[0], layout=layout, accumulate=accumulate and bias_kind is None,
+            bias=k.buffers[c_val] if bias_kind is not None and c_val is not None else None,
+            residual=k.buffers[r_val] if r_val is not None else None,
+            epilogue=replace(node_epilogue(node), bias=bias_kind or "none"),
+            alpha=float(attr(node, "alpha")))
+
+    def _lower_general(self, node: Node, k: Emitter, a: View, b: View, y: View) -> None:
+        c_val, y_val = node.input(2), node.outputs[0]
         alpha = float(attr(node, "alpha"))
         beta = float(attr(node, "beta"))
         accumulate = c_val is not None and beta != 0.0
@@ -362,10 +421,16 @@ def _lower_one_gemm(node: Node, k: Emitter) -> None:
         rows = rows * d
     epilogue, bias = _matmul_epilogue(node, k)
     _zero_if_empty(k, node.outputs[0], kk)
-    emit_parallel_gemm(k, k.dim(rows), k.dim(n), k.dim(kk), k.buffers[a_val], k.dim(kk),
-                       k.buffers[b_val], k.dim(n), k.buffers[node.outputs[0]], k.dim(n),
-                       bias=bias, residual=k.buffers[r_val] if r_val is not None else None,
-                       epilogue=epilogue, layout=weight_layout(node, "b"))
+    layout = weight_layout(node, "b")
+    args = (k.dim(rows), k.dim(n), k.dim(kk), k.buffers[a_val], k.dim(kk), k.buffers[b_val],
+            k.dim(n), k.buffers[node.outputs[0]], k.dim(n))
+    residual = k.buffers[r_val] if r_val is not None else None
+    few_rows_or(k, args[0],
+                lambda: emit_parallel_gemv(k, *args, layout="packed" if layout.packed_b
+                                           else "rows", bias=bias, residual=residual,
+                                           epilogue=epilogue),
+                lambda: emit_parallel_gemm(k, *args, bias=bias, residual=residual,
+                                           epilogue=epilogue, layout=layout))
 
 
 def _lower_batched_kernel(node: Node, k: Emitter) -> None:

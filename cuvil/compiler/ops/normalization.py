@@ -376,30 +376,34 @@ class LRN(_Float):
         beta = float(attr(node, "beta"))
         bias = float(attr(node, "bias"))
         before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
-        x = k.contiguous(k.buffers[x_val], x_val.type.dtype, dims3)
-        y = k.contiguous(k.buffers[node.outputs[0]], x_val.type.dtype, dims3)
-        b = k.b
-        tile = stack_array(k, comp, tile_width(dims3[2]), "sq")
-        channels = x.dims[1]
-        with k.loop(x.dims[0], name="n") as n, k.loop(channels, name="c") as c, \
-                tiles(k, dims3[2]) as (t, cnt):
-            lo = b.sub(c, k.i64(before))
-            lo = b.select(b.icmp_signed("<", lo, k.i64(0)), k.i64(0), lo)
-            hi = b.add(c, k.i64(after + 1))
-            hi = b.select(b.icmp_signed(">", hi, channels), channels, hi)
-            with k.loop(cnt, name="j0") as j:
-                k.store(tile, [j], k.const(comp, 0.0))
-            with k.loop(hi, start=lo, name="cc") as cc, k.loop(cnt, name="j1") as j:
-                v = k.convert(k.load(x, [n, cc, b.add(t, j)]), x.dtype, comp)
-                k.store(tile, [j], k.fmul_add(v, v, k.load(tile, [j])))
-            with k.loop(cnt, name="j2") as j:
-                base = b.fadd(k.const(comp, bias),
-                              b.fmul(k.const(comp, alpha / size), k.load(tile, [j])))
-                # base^-beta as exp(-beta * log(base)), both vectorizable (libm pow is not)
-                scale = vexp(k, b.fmul(k.const(comp, -beta), vecmath.log(b, base)))
-                idx = [n, c, b.add(t, j)]
-                v = b.fmul(k.convert(k.load(x, idx), x.dtype, comp), scale)
-                k.store(y, idx, k.convert(v, comp, y.dtype))
+        # one task per (image, channel): each reads its `size` neighbouring channels
+        count = dims3[0] * dims3[1]
+        with k.parallel_loop(count, cost=(size + 16) * dims3[2], name="lrn") as nc:
+            x = k.contiguous(k.buffers[x_val], x_val.type.dtype, dims3)
+            y = k.contiguous(k.buffers[node.outputs[0]], x_val.type.dtype, dims3)
+            b = k.b
+            tile = stack_array(k, comp, tile_width(dims3[2]), "sq")
+            channels = x.dims[1]
+            n = b.sdiv(nc, channels)
+            c = b.sub(nc, b.mul(n, channels))
+            with tiles(k, dims3[2]) as (t, cnt):
+                lo = b.sub(c, k.i64(before))
+                lo = b.select(b.icmp_signed("<", lo, k.i64(0)), k.i64(0), lo)
+                hi = b.add(c, k.i64(after + 1))
+                hi = b.select(b.icmp_signed(">", hi, channels), channels, hi)
+                with k.loop(cnt, name="j0") as j:
+                    k.store(tile, [j], k.const(comp, 0.0))
+                with k.loop(hi, start=lo, name="cc") as cc, k.loop(cnt, name="j1") as j:
+                    v = k.convert(k.load(x, [n, cc, b.add(t, j)]), x.dtype, comp)
+                    k.store(tile, [j], k.fmul_add(v, v, k.load(tile, [j])))
+                with k.loop(cnt, name="j2") as j:
+                    base = b.fadd(k.const(comp, bias),
+                                  b.fmul(k.const(comp, alpha / size), k.load(tile, [j])))
+                    # base^-beta as exp(-beta * log(base)), both vectorizable (libm pow is not)
+                    scale = vexp(k, b.fmul(k.const(comp, -beta), vecmath.log(b, base)))
+                    idx = [n, c, b.add(t, j)]
+                    v = b.fmul(k.convert(k.load(x, idx), x.dtype, comp), scale)
+                    k.store(y, idx, k.convert(v, comp, y.dtype))
 
 
 # -- BatchNormalization --------------------------------------------------------------------

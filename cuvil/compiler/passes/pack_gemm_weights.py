@@ -7,7 +7,8 @@
 - Constant weights of float32 Conv ([M, C/group, kernel...], the A of each group's product
   W[M/group, K] @ X'): stored as `pack_a` panels per group, so each step of the kernel's K
   loop reads a tile's rows as consecutive floats. Not those of Winograd and depthwise
-  convolutions, whose kernels read ONNX's layout.
+  convolutions, whose kernels read ONNX's layout, nor of convs over 1x1 maps (made Gemm by
+  passes/fully_connected_convs.py, which packs them itself).
 
 Packed constants keep their shape (the layouts only reorder elements); the node's
 `PACKED_WEIGHTS` attribute tells the lowering (ops/gemm.py, ops/_conv_gemm.py) how to read
@@ -22,6 +23,7 @@ from cuvil.compiler.codegen.gemm_kernel import pack_a, pack_b
 from cuvil.compiler.ir import Graph, Node
 from cuvil.compiler.ops.conv import WINOGRAD_TILE, uses_direct_depthwise, winograd_tile
 from cuvil.compiler.ops.gemm import PACKED_WEIGHTS, on_one_gemm
+from cuvil.compiler.passes.fully_connected_convs import is_fully_connected
 
 
 def pack_gemm_weights(graph: Graph) -> Graph:
@@ -52,9 +54,10 @@ def pack_gemm_weights(graph: Graph) -> Graph:
 
 
 def runs_off_the_gemm_kernel(conv: Node) -> bool:
-    """Winograd and depthwise convolutions read their weights in ONNX's layout."""
+    """Winograd and depthwise convolutions read their weights in ONNX's layout; so do convs
+    of 1x1 maps, which become Gemm later (passes/fully_connected_convs.py)."""
     return (WINOGRAD_TILE in conv.attrs or winograd_tile(conv) is not None
-            or uses_direct_depthwise(conv))
+            or uses_direct_depthwise(conv) or is_fully_connected(conv))
 
 
 def _gemm_on_kernel(node: Node) -> bool:

@@ -1,5 +1,6 @@
 """Decide where every value lives: caller buffers, the weights blob, or the workspace; and
-where the weights derived at run time go in their buffer (`Op.derived_bytes`).
+where the weights derived at run time go in their buffer (`Op.derived_bytes`), with the
+outputs of the nodes computed once from constants alone (`HOISTED_OPS`).
 
 Intermediate values get offsets in one workspace whose size is an expression of the
 symbolic input dims. A block is reused by a later value once its last reader has run and
@@ -11,12 +12,15 @@ from __future__ import annotations
 
 import sympy
 
-from cuvil.compiler.ir import Dim, Graph, Value, simplify_dim
+from cuvil.compiler.ir import Dim, Graph, Node, Value, simplify_dim
 from cuvil.compiler.memory import MemoryPlan, Storage
 from cuvil.compiler.ops import lookup
 from cuvil.compiler.ops.control import PLANS, SubgraphOp, planning_graph
 
 ALIGN = 64
+#: ops that make large tensors from small constants (the frontend folds smaller results into
+#: the library): with constant inputs, run once at the first run instead of by every run
+HOISTED_OPS = {"ConstantOfShape", "EyeLike", "Expand", "Tile"}
 
 
 def _aligned(size: Dim) -> Dim:
@@ -31,7 +35,8 @@ def _fits(block: Dim, need: Dim) -> bool:
     return bool(sympy.sympify(block - need).is_nonnegative)
 
 
-def plan_memory(graph: Graph) -> MemoryPlan:
+def plan_memory(graph: Graph, *, body: bool = False) -> MemoryPlan:
+    """The plan of a model (`body`: of an If/Loop/Scan body, which has no derived buffer)."""
     _plan_bodies(graph)
     plan = MemoryPlan()
     for i, inp in enumerate(graph.inputs):
@@ -48,6 +53,11 @@ def plan_memory(graph: Graph) -> MemoryPlan:
         if derived:
             plan.derived[node] = plan.derived_size
             plan.derived_size += -(-derived // ALIGN) * ALIGN
+        elif not body and _hoistable(plan, graph, node):
+            plan.hoisted.append(node)
+            for v in node.outputs:
+                plan.storage[v] = Storage("derived", offset=plan.derived_size)
+                plan.derived_size += -(-max(int(v.type.nbytes), 1) // ALIGN) * ALIGN
 
     for i, v in enumerate(graph.outputs):
         if v in plan.storage or v.producer is None:
@@ -117,8 +127,20 @@ def _plan_bodies(graph: Graph) -> None:
     for node in graph.nodes:
         op = lookup(node.domain, node.op_type, node.opset)
         if isinstance(op, SubgraphOp):
-            plans = {attr: plan_memory(planning_graph(node.attrs[attr])) for attr in op.graph_attrs}
+            plans = {attr: plan_memory(planning_graph(node.attrs[attr]), body=True)
+                     for attr in op.graph_attrs}
             node.attrs = {**node.attrs, PLANS: plans}
+
+
+def _hoistable(plan: MemoryPlan, graph: Graph, node: Node) -> bool:
+    """A node of HOISTED_OPS whose inputs are constants (or hoisted) and whose outputs have
+    static shapes and are not the model's outputs."""
+    inputs_fixed = all(v is None or v.is_const or
+                       (v in plan.storage and plan.storage[v].kind == "derived")
+                       for v in node.inputs)
+    return (node.op_type in HOISTED_OPS and node.domain in ("", "ai.onnx") and inputs_fixed
+            and all(isinstance(v.type.nbytes, int) and v not in graph.outputs
+                    for v in node.outputs))
 
 
 def _add_weight(plan: MemoryPlan, v: Value) -> None:

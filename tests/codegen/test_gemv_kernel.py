@@ -1,0 +1,100 @@
+"""The matrix-vector kernel against numpy, compiled for each x86 instruction set it targets
+(SSE, AVX2, AVX-512: vector widths 4, 8, 16 and accumulator budgets 8 and 16): every row count,
+each layout of B, column counts around its blocks, panels and masked tails, K around its
+interleaved parts, the epilogues, alpha and accumulate; columns split over the pool's threads."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+from llvmlite import ir
+
+from cuvil.compiler.codegen.emitter import I32, I64, PTR, Emitter
+from cuvil.compiler.codegen.gemm_kernel import Epilogue, pack_b
+from cuvil.compiler.codegen.gemv_kernel import LAYOUTS, emit_parallel_gemv
+from cuvil.compiler.codegen.module import emit_object, hide_declarations
+from cuvil.compiler.driver import RUNTIME_SOURCE
+
+EPILOGUES = [Epilogue(), Epilogue("col", activation="Relu"), Epilogue("row", residual=True),
+             Epilogue("none", residual=True, activation="Tanh")]
+ACTIVATIONS = {None: lambda y: y, "Relu": lambda y: np.maximum(y, 0), "Tanh": np.tanh}
+ALPHAS = (1.0, -0.5)
+FEATURES = {"sse": "", "avx2": "+avx,+avx2,+fma",
+            "avx512": "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl"}
+
+
+def build(tmp: Path, features: str) -> ctypes.CDLL:
+    """gemv_<e>_<layout>_<alpha index>(dims[M, N, K, acc], A, B, C, bias, residual)."""
+    from cuvil.toolchains import get_target, target_machine, zig
+
+    target = get_target(None)
+    arch = target.arches[0]
+    cpu = "x86-64-v4" if "+avx512f" in features else "x86-64-v3" if features else "x86-64-v2"
+    tm = target_machine(arch, cpu=cpu, features=features)
+    module = ir.Module("g")
+    module.triple = arch.llvm_triple
+    module.data_layout = str(tm.target_data)
+    module.cuvil_features = features
+    for (e, ep), layout, (ai, alpha) in itertools.product(enumerate(EPILOGUES), LAYOUTS,
+                                                         enumerate(ALPHAS)):
+        fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 6), f"gemv_{e}_{layout}_{ai}")
+        k = Emitter(module, fn, fn.args[0], [], {})
+        m, n, kk, acc = (k.b.load(k.b.gep(fn.args[0], [k.i64(i)], source_etype=I64), typ=I64)
+                         for i in range(4))
+        a, b, c, bias, residual = fn.args[1:]
+        ldb = kk if layout == "transposed" else n
+        for flag in (0, 1):
+            with k.if_then(k.b.icmp_signed("==", acc, k.i64(flag))):
+                emit_parallel_gemv(k, m, n, kk, a, kk, b, ldb, c, n, layout=layout,
+                                   accumulate=bool(flag), bias=bias,
+                                   residual=residual if ep.residual else None, epilogue=ep,
+                                   alpha=alpha)
+        k.b.ret(ir.Constant(I32, 0))
+    obj = tmp / "g.o"
+    obj.write_bytes(emit_object(hide_declarations(str(module), "-"), tm))
+    rt = zig.compile_c(RUNTIME_SOURCE, tmp / "rt.o", arch)
+    return ctypes.CDLL(str(zig.link_library(target, [obj, rt], tmp / "_g.so",
+                                            libs=("m", "pthread"))))
+
+
+@pytest.fixture(scope="module", params=sorted(FEATURES))
+def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    if request.param != "sse":
+        import llvmlite.binding as llvm
+
+        flag = "+avx512f" if request.param == "avx512" else "+avx2"
+        if flag not in llvm.get_host_cpu_features().flatten().split(","):
+            pytest.skip(f"this CPU has no {request.param.upper()}")
+    return build(tmp_path_factory.mktemp(request.param), FEATURES[request.param])
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (17, 16), (31, 33), (70, 64), (130, 7),
+                                   (1000, 301), (2049, 40)])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("e", "alpha", "accumulate"),
+                         [(0, 0, False), (1, 1, False), (2, 0, True), (3, 1, True)])
+def test_gemv_matches_numpy(lib: ctypes.CDLL, rows: int, shape, layout: str, e: int,
+                            alpha: int, accumulate: bool) -> None:
+    n, kk = shape
+    rng = np.random.default_rng(rows * 7919 + n * 31 + kk)
+    a = rng.standard_normal((rows, kk)).astype(np.float32)
+    b = rng.standard_normal((kk, n)).astype(np.float32)
+    c = rng.standard_normal((rows, n)).astype(np.float32)
+    bias = rng.standard_normal(max(rows, n)).astype(np.float32)
+    residual = rng.standard_normal((rows, n)).astype(np.float32)
+    ep = EPILOGUES[e]
+    want = ALPHAS[alpha] * (a.astype(np.float64) @ b) + (c if accumulate else 0)
+    want += bias[:rows, None] if ep.bias == "row" else bias[None, :n] if ep.bias == "col" else 0
+    want = ACTIVATIONS[ep.activation](want + (residual if ep.residual else 0))
+    b_in = {"packed": pack_b(b), "rows": b, "transposed": np.ascontiguousarray(b.T)}[layout]
+    fn = getattr(lib, f"gemv_{e}_{layout}_{alpha}")
+    fn.argtypes = [ctypes.c_void_p] * 6
+    dims = (ctypes.c_int64 * 4)(rows, n, kk, int(accumulate))
+    fn(dims, a.ctypes.data, b_in.ctypes.data, c.ctypes.data, bias.ctypes.data,
+       residual.ctypes.data)
+    np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4 * np.sqrt(kk))
