@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from cuvil.compiler.codegen.gemm_kernel import pack_b
-from cuvil.compiler.ir import Graph, Node, TensorType
+from cuvil.compiler.ir import Graph, Node, TensorType, Value
 from cuvil.compiler.ops.gemm import (
     ACTIVATION_PARAMS,
     FUSED_ACTIVATION,
@@ -60,7 +60,8 @@ def _as_gemm(graph: Graph, conv: Node) -> None:
     product = graph.value(f"{out.name}_rows", TensorType(out.type.dtype, (n, m)))
     attrs = {key: conv.attrs[key] for key in (FUSED_ACTIVATION, ACTIVATION_PARAMS)
              if key in conv.attrs}
-    graph.insert_before(conv, Node("Gemm", [rows, panels] + ([bias] if bias is not None else []),
+    operands: list[Value | None] = [rows, panels, bias] if bias is not None else [rows, panels]
+    graph.insert_before(conv, Node("Gemm", operands,
                                    [product], {**attrs, PACKED_WEIGHTS: 1}, name=conv.name,
                                    opset=GEMM_OPSET))
     shape = graph.constant(np.array([0, m] + [1] * (x.type.rank - 2), np.int64),
