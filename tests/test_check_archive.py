@@ -328,3 +328,27 @@ def test_a_library_of_constant_weights_is_not_taken_for_a_bomb(tmp_path: Path) -
             archive.writestr(name, payload)
         archive.writestr(f"{DIST_INFO}/RECORD", record(files, "sha256"))
     assert read_wheel(wheel).members["tiny/_tiny.so"].size == len(data)
+
+
+def test_a_library_of_one_constant_passes_but_the_same_bytes_elsewhere_are_a_bomb(tmp_path: Path) -> None:
+    # light_bvlc_alexnet's library: 88 MiB of one repeated float inflate from 179 KiB (about
+    # 1000 times, deflate's ceiling); only the size limits bound a native library
+    data = np.full((32 << 20) // 4, 0.01, np.float32).tobytes()
+    assert len(data) / len(zlib.compress(data, 9)) > 900
+    library = _wheel_with(tmp_path / "library", "tiny/_tiny.so", data)
+    assert read_wheel(library).members["tiny/_tiny.so"].size == len(data)
+    with pytest.raises(CheckError, match=r"claims 32\.0 MiB, more than the per-member limit of 16\.0 MiB"):
+        read_wheel(library, ArchiveLimits(max_member_size=16 << 20))
+    with pytest.raises(CheckError, match="likely zip bomb"):
+        read_wheel(_wheel_with(tmp_path / "data", "tiny/weights.bin", data))
+
+
+def _wheel_with(folder: Path, name: str, data: bytes) -> Path:
+    files = {**GOOD_FILES, name: data}
+    folder.mkdir()
+    wheel = folder / WHEEL_NAME
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        for member, payload in files.items():
+            archive.writestr(member, payload)
+        archive.writestr(f"{DIST_INFO}/RECORD", record(files, "sha256"))
+    return wheel

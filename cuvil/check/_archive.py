@@ -51,6 +51,8 @@ _HEAD = 8  # bytes kept of every member: enough for the ELF and Mach-O magic num
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate"}
 _WEAK_HASHES = {"md5", "sha1"}
+#: members that are native libraries (exempt from the compression-ratio rule)
+NATIVE_SUFFIXES = (".so", ".dylib", ".dll", ".pyd")
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,10 @@ class ArchiveLimits:
     """What a wheel may hold. The defaults leave room for model wheels with a few hundred MB of
     weights (one library of up to 1 GiB, 2 GiB in all) and refuse zip bombs early: a member
     that inflates to more than `max_ratio` times its compressed size once past `ratio_floor`
-    bytes (trained weights and machine code compress 1-4 times, constant-filled ones ~100
-    times; a bomb of zeros about 1000 times)."""
+    bytes (trained weights and machine code compress 1-4 times; a bomb of zeros about 1000
+    times). Native libraries are exempt from the ratio: a model whose weights are all one
+    constant (the onnx package's light models) compresses as well as a bomb of zeros, up to
+    deflate's ceiling of about 1032 times, so only the size limits bound them."""
 
     max_members: int = 10_000
     max_member_size: int = 1 << 30
@@ -317,7 +321,8 @@ def _hash_member(
             head.extend(chunk[: _HEAD - len(head)])
 
     sinks = [h.update for h in hashes.values()] + [keep_head]
-    size = _stream(path, archive, info, limits, limits.max_member_size, sinks)
+    size = _stream(path, archive, info, limits, limits.max_member_size, sinks,
+                   ratio=not info.filename.endswith(NATIVE_SUFFIXES))
     digests = {a: _b64(h.digest()) for a, h in hashes.items()}
     return Member(info.filename, size, digests, bytes(head))
 
@@ -329,9 +334,10 @@ def _stream(
     limits: ArchiveLimits,
     max_size: int,
     sinks: list[Any],
+    ratio: bool = True,
 ) -> int:
-    """Decompress the member chunk by chunk into `sinks`, counting its bytes against the limits;
-    return its size, which must equal the header's."""
+    """Decompress the member chunk by chunk into `sinks`, counting its bytes against the limits
+    (the compression ratio too, if `ratio`); return its size, which must equal the header's."""
     where = f"{path}: member {info.filename!r}"
     # the compressed size bounds the ratio; it is a header field too, so at most the file's size
     compressed = max(1, min(info.compress_size, path.stat().st_size))
@@ -342,7 +348,7 @@ def _stream(
                 count += len(chunk)
                 if count > max_size:
                     raise CheckError(f"{where} holds more than the limit of {_size(max_size)}")
-                if count > limits.ratio_floor and count > limits.max_ratio * compressed:
+                if ratio and count > limits.ratio_floor and count > limits.max_ratio * compressed:
                     raise CheckError(
                         f"{where} inflates to more than {limits.max_ratio} times its compressed size "
                         f"({_size(count)} from {_size(compressed)} so far): refused as a likely zip bomb"
