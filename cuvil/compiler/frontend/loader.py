@@ -193,12 +193,17 @@ def check_and_upgrade(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
         raise ModelError(f"{label}: the ONNX checker rejects the model: {exc}") from None
     opset = default_opset(model)
     newest = onnx.defs.onnx_opset_version()
-    if opset > newest:
-        raise ModelError(
-            f"{label}: the model imports opset {opset} of the default domain, newer than any "
-            f"this onnx {onnx.__version__} defines (up to {newest}); re-export it with an opset "
-            f"<= {newest}, or upgrade onnx"
-        )
+    # every import is checked, not only the one in effect: onnxruntime refuses a model that
+    # lists an unreleased opset anywhere
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx") and imp.version > newest:
+            raise ModelError(
+                f"{label}: the model imports opset {imp.version} of the default domain, newer "
+                f"than any this onnx {onnx.__version__} defines (up to {newest}); re-export it "
+                f"with an opset <= {newest}, or upgrade onnx"
+                + (" (it also imports the default domain more than once: keep one import)"
+                   if _default_imports(model) > 1 else "")
+            )
     if opset < MIN_OPSET:
         model = _per_channel_prelu_slopes(model)
         try:
@@ -242,7 +247,11 @@ def _per_channel_prelu_slopes(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def default_opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return int(imp.version)
-    return 1
+    """The default domain's opset; of several imports of it the last holds, as in onnxruntime
+    (and in the importer's per-domain table)."""
+    versions = [int(imp.version) for imp in model.opset_import if imp.domain in ("", "ai.onnx")]
+    return versions[-1] if versions else 1
+
+
+def _default_imports(model: onnx.ModelProto) -> int:
+    return sum(imp.domain in ("", "ai.onnx") for imp in model.opset_import)
