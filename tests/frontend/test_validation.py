@@ -52,6 +52,11 @@ def model_of(nodes: list[onnx.NodeProto], inits: dict[str, np.ndarray] | None = 
     return model
 
 
+def with_import(model: onnx.ModelProto, domain: str, version: int) -> onnx.ModelProto:
+    model.opset_import.append(helper.make_opsetid(domain, version))
+    return model
+
+
 def if_model(then_type: int = TensorProto.FLOAT, known: bool = False) -> onnx.ModelProto:
     """An If whose then_branch declares `then_type` for the float it computes; its condition is
     a constant (the importer inlines the branch) or computed from x at run time."""
@@ -111,6 +116,9 @@ CASES = {
     "two default-domain imports, the first unreleased": (
         model_of([helper.make_node("Relu", ["x"], ["y"])], opsets=(99, 17)),
         ["opset 99", "more than once"]),
+    "an ai.onnx.ml opset newer than onnx knows": (
+        with_import(model_of([helper.make_node("Relu", ["x"], ["y"])]), "ai.onnx.ml", 99),
+        ["domain 'ai.onnx.ml'", "opset 99", "up to"]),
     "Concat input with the empty name": (variadic_model("Concat"),
                                          ["node 'y' (Concat)", "empty name as input 1",
                                           "'inputs'", "cannot be left out"]),
