@@ -5,8 +5,8 @@ process, which the compile driver uses: LLVM's new pass manager, as llvmlite dri
 ~80-200 KB per pipeline run that nothing frees (building the pipeline alone keeps ~25 KB), so a
 process compiling model after model grew by ~0.5 MB a compile. A worker serves one compile at
 a time, exits after `MAX_JOBS` jobs (taking what LLVM kept with it) or `IDLE_SECONDS` without
-work, and at the latest when its parent does (its stdin closes). Starting one costs ~0.2 s,
-once per process while compiles keep coming.
+work, and at the latest when its parent does (its stdin closes). Starting one costs a fraction
+of a second (0.8 s on a loaded 2-core host), once per process while compiles keep coming.
 
 This module imports only the standard library and llvmlite, so a worker starts quickly.
 """
