@@ -8,7 +8,8 @@ a time, exits after `MAX_JOBS` jobs (taking what LLVM kept with it) or `IDLE_SEC
 work, and at the latest when its parent does (its stdin closes). Starting one costs a fraction
 of a second (0.8 s on a loaded 2-core host), once per process while compiles keep coming.
 
-This module imports only the standard library and llvmlite, so a worker starts quickly.
+This module imports only the standard library and llvmlite, and a worker loads only it and
+cuvil.toolchains (not the compiler, onnx or numpy), so that it starts quickly.
 """
 
 from __future__ import annotations
