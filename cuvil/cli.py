@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from cuvil.errors import ConfigError, CuvilError
+from cuvil.errors import CheckError, ConfigError, CuvilError
 
 __all__ = ["main"]
 
@@ -762,6 +762,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except CheckError as exc:  # a wheel that fails validation, as `cuvil check` reports it: 1
+        _say(f"cuvil: error: {exc}")
+        return 1
     except CuvilError as exc:
         _say(f"cuvil: error: {exc}")
         return 2

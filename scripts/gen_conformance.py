@@ -75,7 +75,8 @@ def profile(cases: list[runner.Case], n: int) -> dict[str, Any]:
         "passes": ("passes/__init__.py", "run_passes"),
         "memory plan": ("plan_memory.py", "plan_memory"),
         "LLVM IR building (llvmlite.ir)": ("module.py", "build_module"),
-        "LLVM O3 + object emission": ("module.py", "emit_object"),
+        "LLVM O3 + object emission (a worker process)": ("toolchains/llvm.py",
+                                                         "emit_object_isolated"),
         "sympy (its own functions' time)": ("sympy", None),
         "library loading (ctypes)": ("_loader.py", "__init__"),
     }

@@ -118,7 +118,8 @@ def archive_failure(report: CheckReport) -> str:
 
 
 def assert_refused(wheel: Path, capsys: pytest.CaptureFixture[str], *words: str) -> None:
-    """`cuvil check` and `cuvil publish --dry-run` exit 1 naming the wheel, and `words`."""
+    """`cuvil check` and `cuvil publish --dry-run` exit 1 naming the wheel, and `words`;
+    `cuvil inspect` exits 1 too, with the same reason."""
     code = cli.main(["check", str(wheel)])
     out, err = capsys.readouterr()
     assert code == 1 and "FAIL archive" in out and "Traceback" not in out + err, out + err
@@ -127,6 +128,11 @@ def assert_refused(wheel: Path, capsys: pytest.CaptureFixture[str], *words: str)
     code = cli.main(["publish", "--dry-run", str(wheel)])
     out, err = capsys.readouterr()
     assert code == 1 and "refusing to upload" in err and "would run" not in out
+    code = cli.main(["inspect", str(wheel)])
+    out, err = capsys.readouterr()
+    assert code == 1 and err.startswith("cuvil: error: ") and "Traceback" not in out + err, err
+    for word in (str(wheel), *words):
+        assert word in err, err
 
 
 # ------------------------------------------------------------------------------- zip bomb

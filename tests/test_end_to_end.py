@@ -201,6 +201,22 @@ def test_editable_install_imports_and_runs(tmp_path: Path, held_out: dict[str, n
                                atol=1e-6)
 
 
+def test_the_editable_test_venv_sees_the_packages_of_an_outer_venv(tmp_path: Path) -> None:
+    # the README's test command run inside a venv: the test's own venv must see that venv's
+    # packages (cuvil installed there), not only the base interpreter's
+    outer = tmp_path / "outer"
+    run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(outer)])
+    outer_python = str(outer / "bin" / "python")
+    purelib = run([outer_python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"])
+    Path(purelib.stdout.strip(), "only_in_outer.py").write_text("WHERE = 'outer'\n")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_end_to_end as t; "
+            "from pathlib import Path; print(t.make_venv(Path(sys.argv[2]), "
+            "system_site_packages=True))")
+    inner = run([outer_python, "-c", code, str(Path(__file__).parent), str(tmp_path / "inner")])
+    found = run([inner.stdout.strip(), "-c", "import only_in_outer; print(only_in_outer.WHERE)"])
+    assert found.stdout.strip() == "outer"
+
+
 def test_failed_build_names_the_problem_and_leaves_no_wheel(tmp_path: Path) -> None:
     import onnx
     from onnx import helper

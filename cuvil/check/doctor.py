@@ -307,6 +307,8 @@ def _runs_here(folder: Path, manifest: dict[str, Any], found: Diagnosis) -> None
 
 
 def _fix_for(message: str) -> str:
+    if "needs CPU features this machine lacks" in message:
+        return "rebuild for a lower CPU (-C cpu=x86-64 on x86_64), or run on a machine with them"
     if "ABI checksum" in message:
         return "reinstall the package from one wheel: its libraries and manifest come from different builds"
     if "GLIBC" in message:

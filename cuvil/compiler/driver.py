@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from cuvil.compiler.codegen.dispatch import render_cpu_check, render_dispatcher
-from cuvil.compiler.codegen.module import build_module, emit_object, symbol_names
+from cuvil.compiler.codegen.module import build_module, symbol_names
 from cuvil.compiler.frontend import import_model
 from cuvil.compiler.ir import MAX_TENSOR_BYTES, Graph, Node, Value, dim_str
 from cuvil.compiler.ops import lookup
@@ -164,7 +164,8 @@ def _compile_arch(graph: Graph, plan: Any, sig: dict[str, Any], arch: Any, workd
     """Object files of the model's code for one arch: one copy for a named cpu, else the
     baseline plus each CPU variant of the toolchain file; and the CPU check, with (on x86)
     a dispatcher that runs the best copy the CPU supports, compiled for the plain arch."""
-    from cuvil.toolchains import host_cpu, target_machine, zig
+    from cuvil.toolchains import host_cpu, machine_options, target_machine, zig
+    from cuvil.toolchains.llvm import emit_object_isolated
 
     say = log or (lambda _msg: None)
     name = sig["name"]
@@ -178,16 +179,19 @@ def _compile_arch(graph: Graph, plan: Any, sig: dict[str, Any], arch: Any, workd
     objects = []
     for index, (level_cpu, features, _) in enumerate(levels):
         # the baseline takes the toolchain's features (or the host's, for "native")
-        tm = target_machine(arch, cpu=level_cpu, features=features if index else None,
-                            opt_level=opt_level)
+        machine = machine_options(arch, cpu=level_cpu, features=features if index else None,
+                                  opt_level=opt_level)
+        data_layout = str(target_machine(arch, cpu=level_cpu, features=features if index else None,
+                                         opt_level=opt_level).target_data)
         say(f"cuvil: {name}: generating code for {arch.llvm_triple} (cpu {level_cpu})")
         start = time.perf_counter()
         obj = workdir / f"{name}.{arch.name}.{index}.o"
-        obj.write_bytes(emit_object(build_module(graph, plan, name, sig["checksum"],
-                                                 arch.llvm_triple, str(tm.target_data),
-                                                 features=features,
-                                                 variant=index if dispatched else None),
-                                    tm, opt_level))
+        # LLVM's optimizer runs in a worker process: it keeps memory nothing frees
+        obj.write_bytes(emit_object_isolated(build_module(graph, plan, name, sig["checksum"],
+                                                          arch.llvm_triple, data_layout,
+                                                          features=features,
+                                                          variant=index if dispatched else None),
+                                             machine))
         say(f"cuvil: {name}: wrote {obj.name} (LLVM -O{opt_level}) in "
             f"{time.perf_counter() - start:.2f} s")
         objects.append(obj)

@@ -7,7 +7,6 @@ import os
 import platform
 import re
 import sys
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache, lru_cache
@@ -481,35 +480,18 @@ def _parse_variant(raw: dict[str, Any], path: Path, where: str) -> Variant:
 
 # ---------------------------------------------------------------------------------- LLVM
 
-_llvm_lock = threading.Lock()
-_llvm_ready = False
-
-
-def _init_llvm() -> Any:
-    global _llvm_ready
-    import llvmlite.binding as llvm
-
-    if not _llvm_ready:
-        with _llvm_lock:
-            if not _llvm_ready:
-                llvm.initialize_all_targets()
-                llvm.initialize_all_asmprinters()
-                _llvm_ready = True
-    return llvm
-
-
-def target_machine(
+def machine_options(
     arch: Arch,
     cpu: str | None = None,
     features: str | None = None,
     opt_level: int = 3,
-) -> Any:
-    """An llvmlite TargetMachine for `arch` (position-independent code).
+) -> dict[str, Any]:
+    """What `target_machine` builds, as plain data (`llvm.create_target_machine`'s arguments),
+    so that a worker process can build the same machine.
 
     `cpu`/`features` override the toolchain file's baseline; cpu="native" uses this machine's
     CPU and features, which is only allowed when `arch` is the host's.
     """
-    llvm = _init_llvm()
     cpu = arch.cpu if cpu is None else cpu
     if cpu == "native":
         host = _host_os_arch()
@@ -524,10 +506,20 @@ def target_machine(
     features = arch.features if features is None else features
     if not 0 <= opt_level <= 3:
         raise ToolchainError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
+    return {"triple": arch.llvm_triple, "cpu": cpu, "features": features, "opt_level": opt_level}
+
+
+def target_machine(
+    arch: Arch,
+    cpu: str | None = None,
+    features: str | None = None,
+    opt_level: int = 3,
+) -> Any:
+    """An llvmlite TargetMachine for `arch` (position-independent code); see `machine_options`."""
+    from cuvil.toolchains.llvm import create_target_machine
+
+    options = machine_options(arch, cpu, features, opt_level)
     try:
-        target = llvm.Target.from_triple(arch.llvm_triple)
+        return create_target_machine(**options)
     except RuntimeError as exc:
         raise ToolchainError(f"LLVM does not know the triple {arch.llvm_triple!r}: {exc}") from None
-    return target.create_target_machine(
-        cpu=cpu, features=features, opt=opt_level, reloc="pic", codemodel="default"
-    )

@@ -14,8 +14,9 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I32, I64, PTR, Emitter
 from cuvil.compiler.codegen.gemm_kernel import Epilogue, Layout, emit_parallel_gemm, pack_a, pack_b
-from cuvil.compiler.codegen.module import emit_object, hide_declarations
+from cuvil.compiler.codegen.module import hide_declarations
 from cuvil.compiler.driver import RUNTIME_SOURCE
+from cuvil.toolchains.llvm import emit_object
 
 EPILOGUES = [Epilogue(), Epilogue("row"), Epilogue("col", activation="Relu"),
              Epilogue("none", activation="Relu"), Epilogue("row", residual=True, activation="Relu"),

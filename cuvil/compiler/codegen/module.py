@@ -25,7 +25,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 
@@ -381,15 +380,3 @@ def _distinct(plan: MemoryPlan, bufs: list[Value]) -> bool:
     """True when no two buffers of the node can share memory (so `noalias` is truthful)."""
     places = [plan.storage[v] for v in bufs]
     return len(set(places)) == len(places)
-
-
-def emit_object(ir_text: str, target_machine: llvm.TargetMachine, opt_level: int = 3) -> bytes:
-    """Optimize the module for the target machine and return its object code."""
-    mod = llvm.parse_assembly(ir_text)
-    mod.verify()
-    pto = llvm.PipelineTuningOptions(speed_level=opt_level)
-    pto.loop_vectorization = opt_level >= 2
-    pto.slp_vectorization = opt_level >= 2
-    pb = llvm.create_pass_builder(target_machine, pto)
-    pb.getModulePassManager().run(mod, pb)
-    return target_machine.emit_object(mod)

@@ -163,12 +163,7 @@ def import_model(source: str | Path | onnx.ModelProto,
         if vi.name not in scope:
             raise ModelError(f"{label}: graph output {vi.name!r} is not produced by any node")
         v = scope[vi.name]
-        declared = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
-        if declared and element_dtype(declared, f"{label}: output {vi.name!r}") != v.type.dtype:
-            raise ModelError(
-                f"{label}: output {vi.name!r} is declared {onnx.TensorProto.DataType.Name(declared)} "
-                f"but the graph computes {v.type.dtype} there (onnxruntime refuses such a model "
-                "too); fix the declaration or re-export the model")
+        _check_declared_dtype(vi, v, f"{label}: output {vi.name!r}")
         graph.outputs.append(v)
     _check_symbols_known(graph, label)
     _check_sizes(graph, label)
@@ -335,6 +330,8 @@ class _Importer:
         outputs = [self._lookup(inner, vo.name, name) for vo in proto.output]
         if any(v is _UNKNOWN for v in outputs):
             return None
+        for vo, v in zip(proto.output, outputs):
+            _check_declared_dtype(vo, v, f"{self.label}: output {vo.name!r} of subgraph {name!r}")
         body.outputs = outputs
         return body
 
@@ -373,13 +370,18 @@ class _Importer:
             self.nodes(branch.node, inner, graph)
         finally:
             self.prefix = outer_prefix
-        if len(branch.output) < len([o for o in pn.output if o]):
-            raise ModelError(f"{self.label}: If node {node_label!r} has {len(pn.output)} outputs "
-                             f"but its {attr} produces {len(branch.output)}")
+        for name in ("then_branch", "else_branch"):  # as onnxruntime, whichever is taken
+            other = _graph_attr(pn, name)
+            if other is not None and len(other.output) != len(pn.output):
+                raise ModelError(f"{self.label}: If node {node_label!r} has {len(pn.output)} "
+                                 f"outputs but its {name} produces {len(other.output)}; give "
+                                 "the node one output per branch output")
         for out_name, bo in zip(pn.output, branch.output):
+            v = self._lookup(inner, bo.name, f"If {node_label!r} {attr}")
+            _check_declared_dtype(bo, v, f"{self.label}: output {bo.name!r} of the {attr} of If "
+                                         f"node {node_label!r}")
             if out_name:
-                self._bind(out_name, self._lookup(inner, bo.name, f"If {node_label!r} {attr}"),
-                           scope, graph, node_label)
+                self._bind(out_name, v, scope, graph, node_label)
 
     def _expand(self, pn: onnx.NodeProto, node: Node, node_label: str, scope: Scope,
                 graph: Graph, body: onnx.FunctionProto | None = None) -> bool:
@@ -486,9 +488,11 @@ class _Importer:
         names_in = [vi.name for vi in body.input]
         names_out = [vo.name for vo in body.output]
         n = len(pn.input) - 2
-        if len(names_in) != n + 2 or len(names_out) < n + 1:
+        if len(names_in) != n + 2 or len(names_out) != len(pn.output) + 1 or len(pn.output) < n:
             raise ModelError(f"{self.label}: {node.describe()}: the body has {len(names_in)} inputs "
-                             f"and {len(names_out)} outputs for {n} loop-carried values")
+                             f"and {len(names_out)} outputs for {n} loop-carried values and "
+                             f"{len(pn.output)} node outputs; it needs 2 + N inputs and one "
+                             "output more than the node (its condition)")
         k = len(names_out) - 1 - n
         carried: list[Value] = [v for v in node.inputs[2:2 + n] if v is not None]
         if len(carried) != n:
@@ -517,6 +521,9 @@ class _Importer:
             if any(v is _UNKNOWN for v in outs):
                 self._unknown(pn, scope)
                 return
+            for vo, v in zip(body.output, outs):
+                _check_declared_dtype(vo, v, f"{self.label}: output {vo.name!r} of the body of "
+                                             f"{node.describe()}")
             go = known_flag(outs[0])
             if go is None:
                 raise UnsupportedOpError(
@@ -565,6 +572,40 @@ class _Importer:
         scope[out_name] = work[out_name]
 
 
+def _check_declared_dtype(vi: onnx.ValueInfoProto, v: Value, what: str) -> None:
+    """Refuse an output declared with another element type than the graph computes there,
+    as onnxruntime does (no declared type, or an untyped value, passes)."""
+    declared = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+    if not declared or v is _UNKNOWN or v.type is _UNTYPED:
+        return
+    if element_dtype(declared, what) != v.type.dtype:
+        raise ModelError(
+            f"{what} is declared {onnx.TensorProto.DataType.Name(declared)} but the graph "
+            f"computes {v.type.dtype} there (onnxruntime refuses such a model too); fix the "
+            "declaration or re-export the model")
+
+
+def _check_variadic_names(pn: onnx.NodeProto, opset: int, label: str, node_label: str) -> None:
+    """Refuse an empty name (an omitted input) among a standard op's variadic inputs: only
+    optional inputs may be omitted, and onnxruntime fails such a node (Concat, Sum, Max...)."""
+    if pn.domain not in ("", "ai.onnx") or "" not in pn.input:
+        return
+    try:
+        schema = onnx.defs.get_schema(pn.op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return  # not a standard op at this opset: reported as unsupported
+    formal = list(schema.inputs)
+    if not formal or formal[-1].option != onnx.defs.OpSchema.FormalParameterOption.Variadic:
+        return
+    first = len(formal) - 1
+    for position, name in enumerate(pn.input[first:], start=first):
+        if not name:
+            raise ModelError(
+                f"{label}: node {node_label!r} ({pn.op_type}) has an empty name as input "
+                f"{position}, one of its {formal[-1].name!r} inputs, which cannot be left out; "
+                "name the tensor it should read, or drop the entry")
+
+
 def _opsets(imports: Sequence[onnx.OperatorSetIdProto]) -> dict[str, int]:
     """Opset version per domain, the default domain spelled ""."""
     return {("" if i.domain == "ai.onnx" else i.domain): int(i.version) for i in imports}
@@ -598,6 +639,8 @@ def _add_known_values(graph: Graph, node: Node, pn: onnx.NodeProto,
 
 def _make_node(pn: onnx.NodeProto, values: Mapping[str, Value], opsets: dict[str, int], label: str,
                node_label: str) -> Node:
+    _check_variadic_names(pn, opsets.get(pn.domain if pn.domain != "ai.onnx" else "", 0), label,
+                          node_label)
     inputs: list[Value | None] = []
     for name in pn.input:
         if not name:

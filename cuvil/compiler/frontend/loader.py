@@ -192,13 +192,20 @@ def check_and_upgrade(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
     except Exception as exc:
         raise ModelError(f"{label}: the ONNX checker rejects the model: {exc}") from None
     opset = default_opset(model)
-    newest = onnx.defs.onnx_opset_version()
-    if opset > newest:
-        raise ModelError(
-            f"{label}: the model imports opset {opset} of the default domain, newer than any "
-            f"this onnx {onnx.__version__} defines (up to {newest}); re-export it with an opset "
-            f"<= {newest}, or upgrade onnx"
-        )
+    newest = _newest_opsets()
+    # every import is checked, not only the one in effect, and of every domain onnx defines,
+    # used or not: onnxruntime refuses a model that lists an unreleased opset anywhere
+    for imp in model.opset_import:
+        domain = "" if imp.domain == "ai.onnx" else imp.domain
+        if domain in newest and imp.version > newest[domain]:
+            what = f"domain {imp.domain!r}" if domain else "the default domain"
+            raise ModelError(
+                f"{label}: the model imports opset {imp.version} of {what}, newer than any "
+                f"this onnx {onnx.__version__} defines (up to {newest[domain]}); re-export it "
+                f"with an opset <= {newest[domain]}, or upgrade onnx"
+                + (" (it also imports the default domain more than once: keep one import)"
+                   if not domain and _default_imports(model) > 1 else "")
+            )
     if opset < MIN_OPSET:
         model = _per_channel_prelu_slopes(model)
         try:
@@ -241,8 +248,20 @@ def _per_channel_prelu_slopes(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _newest_opsets() -> dict[str, int]:
+    """The newest opset onnx defines per domain ("" the default one)."""
+    try:
+        return {d: int(hi) for d, (_, hi) in onnx.defs.C.schema_version_map().items()}
+    except AttributeError:  # an onnx without the map: the default domain only
+        return {"": onnx.defs.onnx_opset_version()}
+
+
 def default_opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return int(imp.version)
-    return 1
+    """The default domain's opset; of several imports of it the last holds, as in onnxruntime
+    (and in the importer's per-domain table)."""
+    versions = [int(imp.version) for imp in model.opset_import if imp.domain in ("", "ai.onnx")]
+    return versions[-1] if versions else 1
+
+
+def _default_imports(model: onnx.ModelProto) -> int:
+    return sum(imp.domain in ("", "ai.onnx") for imp in model.opset_import)
