@@ -290,9 +290,8 @@ class _GemmWriter:
                         with k.loop(count, name="q") as q:
                             tile(q, i, height)
                     self.row_tiles(group)
-                with panels_first:
-                    with k.loop(count, name="q") as q:
-                        self.row_tiles(lambda i, height: tile(q, i, height))
+                with panels_first, k.loop(count, name="q") as q:
+                    self.row_tiles(lambda i, height: tile(q, i, height))
 
     def b_panel(self, j: ir.Value) -> tuple[ir.Value, ir.Value]:
         """Where columns j.. of this K block start in a pre-packed B, and its row stride:

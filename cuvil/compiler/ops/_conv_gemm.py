@@ -148,7 +148,7 @@ def _grouped(k: Emitter, win: Window, in_shape: tuple[Dim, ...], sizes: tuple[in
             if pointwise:
                 b_ptr, ldb = bb.gep(x_g, [col0], source_etype=F32), p_c
             else:
-                # the slot of this call's first task serves all its tasks (`_slot`)
+                # the slot of this call's first task serves all its tasks (see `_chunked`)
                 first_t = k.task_first
                 slot_g, slot_chunk = bb.sdiv(first_t, chunks_c), bb.srem(first_t, chunks_c)
                 slice_ = bb.mul(bb.add(bb.mul(slot_g, p_c), bb.mul(bb.mul(slot_chunk, rpc),
@@ -171,8 +171,9 @@ def _chunked(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, mg: in
              rows_per_chunk: ir.Value, chunks: ir.Value, inner: ir.Value, p: ir.Value,
              epilogue: Epilogue, layout: Layout) -> None:
     """Y = W @ X' by chunks of output rows spread over the threads: each unfolds its chunk of
-    X' (K x ~CHUNK_COLUMNS floats, its own part of the scratch) and multiplies it while it is
-    still in its cache. Unfolding X' whole would run on one thread before the product."""
+    X' (K x ~CHUNK_COLUMNS floats, into its thread's slot of the scratch) and multiplies it
+    while it is still in its cache. Unfolding X' whole would run on one thread before the
+    product."""
     b = k.b
     x, w, y, bias, residual, cols = ptrs
     null = ir.Constant(PTR, None)
