@@ -1,4 +1,5 @@
-"""Single Conv + ReLU layers through cuvil and onnxruntime in one run.
+"""Single Conv + ReLU layers (ResNet-50's, SqueezeNet's and other small maps' shapes)
+through cuvil and onnxruntime in one run.
 
 Where whole-model figures (`suite.py`) say "slower", this says which layer shape is: it
 reports each layer's median time per call, GFLOP/s and the ratio cuvil / onnxruntime (< 1:
@@ -28,22 +29,27 @@ from onnx import TensorProto, helper, numpy_helper
 
 import cuvil
 
-#: (in channels, out channels, kernel, input size, stride): ResNet-50's, then the 3x3 layers
-#: of small feature maps (SqueezeNet's at 13x13, ResNet-50's, VGG-19's and Inception v2's at
-#: 14x14 and 7x7)
+#: (in channels, out channels, kernel, input size, stride[, pads]; pads default to kernel // 2):
+#: ResNet-50's, its strided 3x3s, its 1x1s at 7x7 (N = 49 positions), SqueezeNet's stem, its
+#: last 1x1 and a squeeze layer; then (--small) the 3x3 layers of small feature maps
+#: (SqueezeNet's at 13x13, ResNet-50's, VGG-19's and Inception v2's at 14x14 and 7x7)
 LAYERS = [(3, 64, 7, 224, 2), (64, 64, 3, 56, 1), (64, 256, 1, 56, 1), (128, 128, 3, 28, 1),
-          (256, 256, 3, 14, 1), (1024, 256, 1, 14, 1), (512, 512, 3, 7, 1)]
+          (256, 256, 3, 14, 1), (1024, 256, 1, 14, 1), (512, 512, 3, 7, 1),
+          (128, 128, 3, 56, 2), (256, 256, 3, 28, 2), (512, 512, 3, 14, 2), (2048, 512, 1, 7, 1),
+          (512, 2048, 1, 7, 1), (3, 64, 3, 224, 2, 0), (512, 1000, 1, 13, 1), (128, 16, 1, 55, 1)]
 SMALL = [(64, 256, 3, 13, 1), (48, 192, 3, 13, 1), (256, 256, 3, 14, 1), (512, 512, 3, 14, 1),
          (96, 128, 3, 14, 1), (160, 192, 3, 14, 1), (512, 512, 3, 7, 1), (192, 320, 3, 7, 1),
          (224, 224, 3, 7, 1), (64, 96, 3, 28, 1), (128, 128, 3, 28, 1)]
 
 
-def conv_relu(cin: int, cout: int, k: int, size: int, stride: int, batch: int = 1):
+def conv_relu(cin: int, cout: int, k: int, size: int, stride: int, pad: int | None = None,
+              batch: int = 1):
     rng = np.random.default_rng(0)
-    out = (size + 2 * (k // 2) - k) // stride + 1
+    pad = k // 2 if pad is None else pad
+    out = (size + 2 * pad - k) // stride + 1
     w = numpy_helper.from_array(rng.standard_normal((cout, cin, k, k)).astype(np.float32) * 0.1, "w")
     b = numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b")
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[k // 2] * 4, strides=[stride] * 2),
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[pad] * 4, strides=[stride] * 2),
              helper.make_node("Relu", ["c"], ["y"])]
     graph = helper.make_graph(
         nodes, "layer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, cin, size, size])],
@@ -81,8 +87,8 @@ def main() -> int:
     print(f"{threads} thread(s), batch {args.batch}, {'CPU' if cpu else 'wall'} time")
     print(f"{'layer':<26} {'path':<10} {'cuvil ms':>9} {'GF/s':>5} {'ort ms':>8} {'GF/s':>5} "
           f"{'ratio':>6} {'max err':>8}")
-    for cin, cout, k, size, stride in SMALL if args.small else LAYERS:
-        model, out = conv_relu(cin, cout, k, size, stride, args.batch)
+    for cin, cout, k, size, stride, *pad in SMALL if args.small else LAYERS:
+        model, out = conv_relu(cin, cout, k, size, stride, *pad, batch=args.batch)
         compiled = cuvil.compile(model)
         sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         x = np.random.default_rng(1).standard_normal((args.batch, cin, size, size)).astype(np.float32)
@@ -96,7 +102,7 @@ def main() -> int:
             theirs += timed(sess.run, None, {"x": x}, calls=calls, cpu=cpu)
             time.sleep(0.1)  # onnxruntime's spinning workers
         ours_ms, theirs_ms = float(np.median(ours) * 1e3), float(np.median(theirs) * 1e3)
-        name = f"{cin}->{cout} {k}x{k}/{stride} at {size}x{size}"
+        name = f"{cin}->{cout} {k}x{k}/{stride}{'' if not pad else f' p{pad[0]}'} at {size}x{size}"
         print(f"{name:<26} {path_of(compiled, x):<10} {ours_ms:9.3f} {gflop / ours_ms * 1e3:5.0f} "
               f"{theirs_ms:8.3f} {gflop / theirs_ms * 1e3:5.0f} {ours_ms / theirs_ms:6.2f} "
               f"{err:8.1e}", flush=True)

@@ -145,6 +145,35 @@ def test_large_outputs_unfold_by_chunks_of_rows():
     check_cases(cases, sizes=({"h": 45, "w": 37}, {"h": 5, "w": 4}))
 
 
+def test_gemm_path_unfolding_and_panels():
+    # strided unfolding in vectors (strides 2 to 4: rows with and without room for a last
+    # vector) and element by element (5); enough output channels that the kernel copies B into
+    # panels: N = 49 and 196 positions (row tiles outside, a partial panel), over 256 (panels
+    # outside), pointwise (B is X, rows H*W apart), grouped pointwise (a group's columns are
+    # part of X's rows), and K over several blocks; a symbolic batch run at two sizes
+    rng = np.random.default_rng(12)
+
+    def case(x: list, w: tuple, **attrs) -> Case:
+        return Case("Conv", ["x", "w", "b"], attrs, feeds={"x": ("float32", ["n", *x])},
+                    consts={"w": rng.standard_normal(w).astype(np.float32) * 0.3,
+                            "b": rng.standard_normal(w[0]).astype(np.float32)})
+
+    cases = [
+        case([5, 37, 41], (16, 5, 3, 3), strides=[2, 2], pads=[1, 1, 1, 1]),
+        case([3, 50, 70], (13, 3, 5, 5), strides=[3, 3], pads=[2, 1, 0, 2]),
+        case([2, 60, 90], (12, 2, 3, 3), strides=[4, 4], dilations=[2, 2]),
+        case([3, 40, 40], (8, 3, 5, 5), strides=[5, 5], pads=[1, 2, 1, 2]),
+        case([3, 224], (14, 3, 7), strides=[2], pads=[3, 3]),
+        case([40, 7, 7], (50, 40, 1, 1)),
+        case([24, 14, 14], (30, 24, 1, 1)),
+        case([20, 23, 19], (26, 20, 1, 1)),
+        case([8, 30, 30], (28, 4, 1, 1), group=2),
+        case([16, 14, 14], (24, 16, 3, 3), strides=[2, 2], pads=[1, 1, 1, 1]),
+        case([300, 7, 7], (20, 300, 1, 1)),
+    ]
+    check_cases(cases, sizes=({"n": 1}, {"n": 2}), atol=1e-4)
+
+
 def test_conv_symbolic_batch_and_spatial_dims():
     rng = np.random.default_rng(7)
     cases = [conv_case(rng, r, symbolic=True) for r in (1, 1, 2, 2, 2, 3)]

@@ -130,6 +130,8 @@ class Emitter:
         self.buffers = buffers
         #: inside `parallel_loop(carry=...)`: the body's copies of the carried values
         self.carried: list[ir.Value] = []
+        #: inside a `parallel_loop` body, the first iteration this call of it runs (else None)
+        self.task_first: ir.Value | None = None
         #: the node's scratch memory (`Op.scratch_bytes`), 64-byte aligned; None if it has none
         self.scratch: ir.Value | None = None
         #: the node's weights derived at run time (`Op.derived_bytes`), 64-byte aligned
@@ -301,7 +303,7 @@ class Emitter:
         cost_v = self.dim(cost)
         carry = list(carry)
         outer = (self.function, self.b, self.buffers, self._symbol_values, self._dims_ptr,
-                 self.carried)
+                 self.carried, self.task_first)
         values = list(self.buffers)
         body = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]),
                            self.module.get_unique_name(f"{self.function.name}.{name}"))
@@ -321,13 +323,16 @@ class Emitter:
         for j, c in enumerate(carry):
             raw = slot(1 + len(values) + j)
             self.carried.append(self.b.ptrtoint(raw, I64) if c.type == I64 else raw)
+        # one call of the body runs iterations begin..end-1 one after another on one thread:
+        # they may share a scratch slot (the first one's), which then stays in its cache
+        self.task_first = begin
         try:
             with self.loop(end, start=begin, name=name) as i:
                 yield i
             self.b.ret_void()
         finally:
             (self.function, self.b, self.buffers, self._symbol_values, self._dims_ptr,
-             self.carried) = outer
+             self.carried, self.task_first) = outer
         # pack the body's captures (dims and buffers) and hand it to the runtime
         with self.b.goto_entry_block():
             if self.b.block.terminator is not None:

@@ -197,30 +197,31 @@ class _GemmWriter:
          self.acc, self.bias, self.residual) = fn.args
         #: lanes of the last, partial vector panel (None elsewhere)
         self.mask: ir.Value | None = None
+        #: per vector of a tile row, the lanes of C it writes (None: the whole vector), for
+        #: panels copied with zeros past N (`packed_groups`): their B is read whole
+        self.c_masks: list[ir.Value] | None = None
 
     def write(self) -> None:
-        """C in blocks of KC along K. Within a block, when N is small (`NARROW`), row tiles
-        outside and column panels inside: a tile's rows of A, read from memory once, serve
-        every column from L1 while the block of B (KC x N) stays in L2 — weights of late
-        ResNet layers (N = 49 or 196 positions) are too big to be re-read per panel. For wider
-        products, column panels of NR outside (each packed once, then in L1), row tiles
-        inside. Either way the fewer than NR columns left make one panel, its last vector
-        masked. Unless B is pre-packed, a full panel of B is first copied into a contiguous
-        stack buffer when there are enough rows to reuse it: B's rows are ldb apart, so
-        reading the panel in place touches a new cache line (often a new page) per step."""
+        """C in blocks of KC along K. Unless B is pre-packed, each block of B is first copied,
+        PANELS panels of NR columns at a time (the last one partial, its lanes past N zero),
+        into a contiguous stack buffer when there are enough rows to reuse it: B's rows are
+        ldb apart (a 1x1 convolution reads X, whose rows are H*W floats apart: a new page per
+        step), and N = 49 or 196 positions leave them unaligned. Within a group of panels,
+        when N is small (`NARROW`), row tiles outside and panels inside: a tile's rows of A,
+        read once, serve every panel from L1 — weights of late ResNet layers are too big to be
+        re-read per panel. For wider products, panels outside (each then in L1), row tiles
+        inside. The fewer than NR columns left make one panel, its last vector masked."""
         k, isa = self.k, self.isa
         b = k.b
         nr = isa.nr
         packed_b = self.layout.packed_b
+        n_full = b.mul(b.udiv(self.n, k.i64(nr)), k.i64(nr))
+        narrow = b.icmp_signed("<=", self.n, k.i64(NARROW))
         if not packed_b:
             panel = b.alloca(ir.ArrayType(F32, KC * nr * PANELS), name="panels")
             panel.align = 64
             panel.type = PTR  # used as an untyped pointer, like every other buffer here
             pack = b.icmp_signed(">=", self.m, k.i64(PACK_MIN_ROWS))
-        n_full = b.mul(b.udiv(self.n, k.i64(nr)), k.i64(nr))
-        narrow = b.icmp_signed("<=", self.n, k.i64(NARROW))
-        if not packed_b:
-            narrow = b.and_(narrow, b.icmp_signed("<=", self.ldb, k.i64(NARROW)))
         with k.loop(self.kk, step=KC, name="k0") as k0:
             kc = k.minimum("int64", b.sub(self.kk, k0), k.i64(KC))
             # earlier blocks' sums are in C; the epilogue runs once, after the last block
@@ -228,30 +229,69 @@ class _GemmWriter:
             self.last = b.icmp_signed("==", b.add(k0, kc), self.kk)
             self.kc, self.k0 = kc, k0
             self.b_blk = b.gep(self.bm, [b.mul(k0, self.ldb)], source_etype=F32)
+            if packed_b:
+                self.unpacked_block(n_full, narrow)
+            else:
+                with b.if_else(pack) as (packing, in_place):
+                    with packing:
+                        self.packed_groups(panel, narrow)
+                    with in_place:  # at most a few row tiles: B's block is read that often
+                        self.row_tiles(lambda i, height: self.columns(n_full, i, height))
+        b.ret_void()
+
+    def unpacked_block(self, n_full: ir.Value, narrow: ir.Value) -> None:
+        """This block of K of a pre-packed B, in the order `write` says."""
+        k, isa = self.k, self.isa
+        b = k.b
+        with b.if_else(narrow) as (rows_first, panels_first):
+            with rows_first:
+                self.row_tiles(lambda i, height: self.columns(n_full, i, height))
+            with panels_first:
+                with k.loop(n_full, step=isa.nr, name="j") as j:
+                    self.rows(*self.b_src(j), j, isa.nv)
+                src, ld = self.b_src(n_full)
+                self.remainder(b.sub(self.n, n_full),
+                               lambda nv: self.rows(src, ld, n_full, nv))
+
+    def packed_groups(self, panel: ir.Value, narrow: ir.Value) -> None:
+        """This block of K, B copied PANELS panels at a time into `panel` (panel q at
+        q * KC * NR floats, rows NR apart, zeros past N), then multiplied in the order `write`
+        says. A panel's tile stores only the columns of C it has (masks computed per panel, B read
+        whole): full and partial panels share tile shapes, one per height and vector count."""
+        k, isa = self.k, self.isa
+        b = k.b
+        nr = isa.nr
+        with k.loop(self.n, step=nr * PANELS, name="jb") as jb:
+            cols = k.minimum("int64", b.sub(self.n, jb), k.i64(nr * PANELS))
+            full = b.udiv(cols, k.i64(nr))
+            rem = b.sub(cols, b.mul(full, k.i64(nr)))
+            self.pack(b.gep(self.b_blk, [jb], source_etype=F32), panel, full, rem)
+            count = b.add(full, b.zext(b.icmp_signed(">", rem, k.i64(0)), I64))
+
+            def tile(q: ir.Value, i: ir.Value, height: int) -> None:
+                j = b.add(jb, b.mul(q, k.i64(nr)))
+                left = b.sub(self.n, j)
+                src = b.gep(panel, [b.mul(q, k.i64(KC * nr))], source_etype=F32)
+                # as many vectors as the panel's columns need (a partial panel of 4 columns
+                # would otherwise cost a full tile's multiply-adds)
+                for nv in range(isa.nv, 0, -1):
+                    fits = b.icmp_signed(">", left, k.i64((nv - 1) * isa.vector))
+                    if nv < isa.nv:
+                        fits = b.and_(fits, b.icmp_signed("<=", left, k.i64(nv * isa.vector)))
+                    with k.if_then(fits):
+                        self.c_masks = [self.lanes_below(b.sub(left, k.i64(v * isa.vector)))
+                                        for v in range(nv)]
+                        self.tile(src, k.i64(nr), i, j, height, nv)
+                        self.c_masks = None
+
             with b.if_else(narrow) as (rows_first, panels_first):
                 with rows_first:
-                    self.row_tiles(lambda i, height: self.columns(n_full, i, height))
-                with panels_first:
-                    if packed_b:
-                        with k.loop(n_full, step=nr, name="j") as j:
-                            self.rows(*self.b_src(j), j, isa.nv)
-                    else:
-                        with k.loop(n_full, step=nr * PANELS, name="jb") as jb:
-                            count = b.udiv(k.minimum("int64", b.sub(n_full, jb),
-                                                     k.i64(nr * PANELS)), k.i64(nr))
-                            with k.if_then(pack):
-                                self.pack(b.gep(self.b_blk, [jb], source_etype=F32), panel, kc,
-                                          count)
-                            with k.loop(count, name="q") as q:
-                                j = b.add(jb, b.mul(q, k.i64(nr)))
-                                packed = b.gep(panel, [b.mul(q, k.i64(KC * nr))],
-                                               source_etype=F32)
-                                src = b.select(pack, packed,
-                                               b.gep(self.b_blk, [j], source_etype=F32))
-                                ld = b.select(pack, k.i64(nr), self.ldb)
-                                self.rows(src, ld, j, isa.nv)
-                    self.remainder(n_full, lambda src, ld, nv: self.rows(src, ld, n_full, nv))
-        b.ret_void()
+                    def group(i: ir.Value, height: int) -> None:
+                        with k.loop(count, name="q") as q:
+                            tile(q, i, height)
+                    self.row_tiles(group)
+                with panels_first, k.loop(count, name="q") as q:
+                    self.row_tiles(lambda i, height: tile(q, i, height))
 
     def b_panel(self, j: ir.Value) -> tuple[ir.Value, ir.Value]:
         """Where columns j.. of this K block start in a pre-packed B, and its row stride:
@@ -269,30 +309,34 @@ class _GemmWriter:
             return self.b_panel(j)
         return self.k.b.gep(self.b_blk, [j], source_etype=F32), self.ldb
 
-    def remainder(self, n_full: ir.Value,
-                  run: Callable[[ir.Value, ir.Value, int], None]) -> None:
-        """run(B's columns n_full.., their stride, nv) for the fewer than NR columns left: one
-        panel of as many vectors as they need, the last one's lanes past N masked off (one
-        pass over A, not one per vector)."""
+    def remainder(self, rem: ir.Value, run: Callable[[int], None]) -> None:
+        """run(nv) for a panel of the `rem` < NR columns left (none if rem is 0): as many
+        vectors as they need, the last one's lanes past them masked off (one pass over A, not
+        one per vector)."""
         k, isa = self.k, self.isa
         b = k.b
-        rem = b.sub(self.n, n_full)
-        src, ld = self.b_src(n_full)
-        lanes = ir.Constant(ir.VectorType(I64, isa.vector), list(range(isa.vector)))
         for nv in range(1, isa.nv + 1):
             lo, hi = (nv - 1) * isa.vector, nv * isa.vector
             with k.if_then(b.and_(b.icmp_signed(">", rem, k.i64(lo)),
                                   b.icmp_signed("<=", rem, k.i64(hi)))):
-                self.mask = b.icmp_signed("<", lanes, splat(b, b.sub(rem, k.i64(lo)), isa.vector))
-                run(src, ld, nv)
+                self.mask = self.lanes_below(b.sub(rem, k.i64(lo)))
+                run(nv)
                 self.mask = None
+
+    def lanes_below(self, count: ir.Value) -> ir.Value:
+        """The mask of a vector's lanes numbered below `count` (any i64)."""
+        width = self.isa.vector
+        lanes = ir.Constant(ir.VectorType(I64, width), list(range(width)))
+        return self.k.b.icmp_signed("<", lanes, splat(self.k.b, count, width))
 
     def columns(self, n_full: ir.Value, i0: ir.Value, height: int) -> None:
         """Every column panel of the row tile at i0 (B read in place)."""
         k, isa = self.k, self.isa
         with k.loop(n_full, step=isa.nr, name="jc") as j:
             self.tile(*self.b_src(j), i0, j, height, isa.nv)
-        self.remainder(n_full, lambda src, ld, nv: self.tile(src, ld, i0, n_full, height, nv))
+        src, ld = self.b_src(n_full)
+        self.remainder(k.b.sub(self.n, n_full),
+                       lambda nv: self.tile(src, ld, i0, n_full, height, nv))
 
     def row_tiles(self, body: Callable[[ir.Value, int], None]) -> None:
         """body(i0, height) for every row tile: full MR-row tiles, then the fewer than MR rows
@@ -324,19 +368,32 @@ class _GemmWriter:
         off = b.add(b.add(b.mul(base, self.lda), b.mul(self.k0, height)), b.sub(i0, base))
         return b.gep(self.a, [off], source_etype=F32), height, 1
 
-    def pack(self, src: ir.Value, panels: ir.Value, kc: ir.Value, count: ir.Value) -> None:
-        """panels[q, p, :] = src[p * ldb + q * NR : ... + NR] for p < kc and q < count (panel q
-        at q * KC * NR floats): row by row, so each row of B is read in one run."""
+    def pack(self, src: ir.Value, panels: ir.Value, full: ir.Value, rem: ir.Value) -> None:
+        """panels[q, p, :] = src[p * ldb + q * NR : ... + NR] for p < kc, for the `full` panels
+        and, when rem > 0, one more of rem columns (lanes past them zero; the loads masked, so
+        they never read past B): row by row, so each row of B is read in one run."""
         k, isa = self.k, self.isa
         b = k.b
         vt = ir.VectorType(F32, isa.vector)
-        with k.loop(kc, name="pk") as p, k.loop(count, name="pq") as q:
-            row = b.gep(src, [b.add(b.mul(p, self.ldb), b.mul(q, k.i64(isa.nr)))], source_etype=F32)
-            out = b.gep(panels, [b.add(b.mul(q, k.i64(KC * isa.nr)), b.mul(p, k.i64(isa.nr)))],
-                        source_etype=F32)
-            for v in range(isa.nv):
-                x = b.load(b.gep(row, [k.i64(v * isa.vector)], source_etype=F32), typ=vt, align=4)
-                b.store(x, b.gep(out, [k.i64(v * isa.vector)], source_etype=F32), align=32)
+        masks = [self.lanes_below(b.sub(rem, k.i64(v * isa.vector))) for v in range(isa.nv)]
+        with k.loop(self.kc, name="pk") as p:
+            row = b.gep(src, [b.mul(p, self.ldb)], source_etype=F32)
+            out_row = b.gep(panels, [b.mul(p, k.i64(isa.nr))], source_etype=F32)
+
+            def copy(q: ir.Value, masked: bool) -> None:
+                at = b.gep(row, [b.mul(q, k.i64(isa.nr))], source_etype=F32)
+                out = b.gep(out_row, [b.mul(q, k.i64(KC * isa.nr))], source_etype=F32)
+                for v in range(isa.nv):
+                    ptr = b.gep(at, [k.i64(v * isa.vector)], source_etype=F32)
+                    x = (b.call(masked_intrinsic(k.module, "load", vt),
+                                [ptr, _ALIGN, masks[v], ir.Constant(vt, None)]) if masked
+                         else b.load(ptr, typ=vt, align=4))
+                    b.store(x, b.gep(out, [k.i64(v * isa.vector)], source_etype=F32), align=32)
+
+            with k.loop(full, name="pq") as q:
+                copy(q, False)
+            with k.if_then(b.icmp_signed(">", rem, k.i64(0))):
+                copy(full, True)
 
     def rows(self, bsrc: ir.Value, ldb: ir.Value, j: ir.Value, nv: int) -> None:
         """All row tiles of the column panel at j (B's panel at bsrc, rows ldb apart)."""
@@ -366,7 +423,8 @@ class _GemmWriter:
         start = k.function.append_basic_block("kk.start")
         b.cbranch(self.load_c, load, start)
         b.position_at_end(load)
-        loaded = [self.vload(c_ptr(r, v), v == nv - 1) for r in range(rows) for v in range(nv)]
+        loaded = [self.vload(c_ptr(r, v), self.c_mask(v, nv)) for r in range(rows)
+                  for v in range(nv)]
         b.branch(start)
         b.position_at_end(start)
         init = []
@@ -394,7 +452,7 @@ class _GemmWriter:
         b.cbranch(b.icmp_signed("<", p, self.kc), body, done)
         b.position_at_end(body)
         bvals = [self.vload(b.gep(b_cur, [k.i64(v * width)], source_etype=F32, inbounds=True),
-                            v == nv - 1) for v in range(nv)]
+                            self.mask if v == nv - 1 else None) for v in range(nv)]
         fma = fmuladd_intrinsic(k.module, vt)
         new = []
         for r in range(rows):
@@ -413,7 +471,7 @@ class _GemmWriter:
         if self.epilogue == PLAIN:
             for r in range(rows):
                 for v in range(nv):
-                    self.vstore(accs[r * nv + v], c_ptr(r, v), v == nv - 1)
+                    self.vstore(accs[r * nv + v], c_ptr(r, v), self.c_mask(v, nv))
             return
         # the epilogue only after the last block of K (earlier blocks store partial sums)
         with b.if_else(self.last) as (last, partial):
@@ -422,39 +480,45 @@ class _GemmWriter:
                     for v in range(nv):
                         res = c_ptr(r, v, self.residual) if self.epilogue.residual else None
                         out = self.finish(accs[r * nv + v], b.add(i0, k.i64(r)),
-                                          b.add(j0, k.i64(v * width)), res, v == nv - 1)
-                        self.vstore(out, c_ptr(r, v), v == nv - 1)
+                                          b.add(j0, k.i64(v * width)), res, self.c_mask(v, nv))
+                        self.vstore(out, c_ptr(r, v), self.c_mask(v, nv))
             with partial:
                 for r in range(rows):
                     for v in range(nv):
-                        self.vstore(accs[r * nv + v], c_ptr(r, v), v == nv - 1)
+                        self.vstore(accs[r * nv + v], c_ptr(r, v), self.c_mask(v, nv))
 
-    def vload(self, p: ir.Value, last: bool) -> ir.Value:
-        """One vector at p; masked when it is the `last` of a tile whose panel has a mask."""
+    def c_mask(self, v: int, nv: int) -> ir.Value | None:
+        """The lanes of vector v (of nv) of a tile row that C has (None: all of them)."""
+        if self.c_masks is not None:
+            return self.c_masks[v]
+        return self.mask if v == nv - 1 else None
+
+    def vload(self, p: ir.Value, mask: ir.Value | None) -> ir.Value:
+        """One vector at p, only the lanes of `mask` (None: all) read."""
         b, vt = self.k.b, ir.VectorType(F32, self.isa.vector)
-        if self.mask is None or not last:
+        if mask is None:
             return b.load(p, typ=vt, align=4)
         return b.call(masked_intrinsic(self.k.module, "load", vt),
-                      [p, _ALIGN, self.mask, ir.Constant(vt, None)])
+                      [p, _ALIGN, mask, ir.Constant(vt, None)])
 
-    def vstore(self, x: ir.Value, p: ir.Value, last: bool) -> None:
+    def vstore(self, x: ir.Value, p: ir.Value, mask: ir.Value | None) -> None:
         b = self.k.b
-        if self.mask is None or not last:
+        if mask is None:
             b.store(x, p, align=4)
         else:
-            b.call(masked_intrinsic(self.k.module, "store", x.type), [x, p, _ALIGN, self.mask])
+            b.call(masked_intrinsic(self.k.module, "store", x.type), [x, p, _ALIGN, mask])
 
     def finish(self, acc: ir.Value, row: ir.Value, col: ir.Value, residual: ir.Value | None,
-               last: bool) -> ir.Value:
+               mask: ir.Value | None) -> ir.Value:
         b, ep = self.k.b, self.epilogue
         if ep.bias == "row":
             bias = b.load(b.gep(self.bias, [row], source_etype=F32, inbounds=True), typ=F32)
             acc = b.fadd(acc, splat(b, bias, self.isa.vector))
         elif ep.bias == "col":
             acc = b.fadd(acc, self.vload(b.gep(self.bias, [col], source_etype=F32, inbounds=True),
-                                         last))
+                                         mask))
         if residual is not None:
-            acc = b.fadd(acc, self.vload(residual, last))
+            acc = b.fadd(acc, self.vload(residual, mask))
         if ep.activation is not None:
             acc = apply_activation(b, ep.activation, ep.params, acc)
         return acc

@@ -148,7 +148,11 @@ def _grouped(k: Emitter, win: Window, in_shape: tuple[Dim, ...], sizes: tuple[in
             if pointwise:
                 b_ptr, ldb = bb.gep(x_g, [col0], source_etype=F32), p_c
             else:
-                slice_ = bb.mul(bb.add(bb.mul(g, p_c), col0), k.i64(kk))
+                # the slot of this call's first task serves all its tasks (see `_chunked`)
+                first_t = k.task_first
+                slot_g, slot_chunk = bb.sdiv(first_t, chunks_c), bb.srem(first_t, chunks_c)
+                slice_ = bb.mul(bb.add(bb.mul(slot_g, p_c), bb.mul(bb.mul(slot_chunk, rpc),
+                                                                   inner_c)), k.i64(kk))
                 b_ptr, ldb = bb.gep(cols_c, [slice_], source_etype=F32), width
                 _im2col(k, x_g, in_shape, win, b_ptr, cg, (first, count))
             y_g = bb.add(bb.mul(bb.mul(g, k.i64(mg)), p_c), col0)
@@ -167,8 +171,9 @@ def _chunked(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, mg: in
              rows_per_chunk: ir.Value, chunks: ir.Value, inner: ir.Value, p: ir.Value,
              epilogue: Epilogue, layout: Layout) -> None:
     """Y = W @ X' by chunks of output rows spread over the threads: each unfolds its chunk of
-    X' (K x ~CHUNK_COLUMNS floats, its own part of the scratch) and multiplies it while it is
-    still in its cache. Unfolding X' whole would run on one thread before the product."""
+    X' (K x ~CHUNK_COLUMNS floats, into its thread's slot of the scratch) and multiplies it
+    while it is still in its cache. Unfolding X' whole would run on one thread before the
+    product."""
     b = k.b
     x, w, y, bias, residual, cols = ptrs
     null = ir.Constant(PTR, None)
@@ -182,7 +187,10 @@ def _chunked(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, mg: in
         count = k.minimum("int64", bb.sub(k.dim(win.out[0]), first), rpc)
         width = bb.mul(count, inner_c)
         col0 = bb.mul(first, inner_c)
-        chunk = bb.gep(cols_c, [bb.mul(col0, k.i64(kk))], source_etype=F32)
+        # every chunk of this call reuses its first chunk's part of the scratch: the same few
+        # hundred KB stay in cache, where fresh parts of X' (MBs for a stem) came from memory
+        slot = bb.mul(bb.mul(k.task_first, rpc), inner_c)
+        chunk = bb.gep(cols_c, [bb.mul(slot, k.i64(kk))], source_etype=F32)
         _im2col(k, x_c, in_shape, win, chunk, cg, (first, count))
         emit_gemm(k, k.i64(mg), width, k.i64(kk), w_c, k.i64(kk), chunk, width,
                   bb.gep(y_c, [col0], source_etype=F32), p_c,
@@ -252,9 +260,9 @@ def _im2col(k: Emitter, x: ir.Value, in_shape: tuple[Dim, ...], win: Window, col
                           k.element_ptr(xv, k.offset(xv, [c, *in_idx, b.add(lo, start)])),
                           b.sub(hi, lo))
             else:
-                with k.loop(hi, start=lo, name="cp") as o:
-                    i = b.add(b.mul(o, k.i64(s)), start)
-                    k.store(cv, [*row, o], k.load(xv, [c, *in_idx, i]))
+                src_row = k.element_ptr(xv, k.offset(xv, [c, *in_idx, k.i64(0)]))
+                _copy_strided(k, k.element_ptr(cv, k.offset(cv, [*row, k.i64(0)])), src_row,
+                              (start, s, size), lo, hi)
             with k.loop(out, start=hi, name="z1") as o:
                 k.store(cv, [*row, o], zero)
 
@@ -273,6 +281,41 @@ def _copy_run(k: Emitter, dst: ir.Value, src: ir.Value, count: ir.Value) -> None
         b.store(x, b.gep(dst, [o], source_etype=F32), align=4)
     with k.loop(count, start=whole, name="cps") as o:
         b.store(b.load(b.gep(src, [o], source_etype=F32), typ=F32),
+                b.gep(dst, [o], source_etype=F32))
+
+
+#: input strides whose unfolding runs in vectors (one load of stride x lanes floats, then a
+#: shuffle); wider strides copy element by element
+MAX_VECTOR_STRIDE = 4
+
+
+def _copy_strided(k: Emitter, dst: ir.Value, src: ir.Value, axis: tuple[ir.Value, int, ir.Value],
+                  lo: ir.Value, hi: ir.Value) -> None:
+    """dst[o] = src[o * stride + start] for lo <= o < hi, where src is one input row of `size`
+    floats: in vectors where the stride x lanes floats a vector reads lie inside the row (one
+    wide load, every stride-th lane kept: a permute on AVX-512, ld2/ld3/ld4 on NEON), then
+    one by one. The element-by-element loop took a third to a half of strided convolutions."""
+    b = k.b
+    start, stride, size = axis
+    width = isa_of(k.module).vector
+    lo_v = lo
+    if stride <= MAX_VECTOR_STRIDE:
+        wide = ir.VectorType(F32, width * stride)
+        keep = ir.Constant(ir.VectorType(ir.IntType(32), width),
+                           [i * stride for i in range(width)])
+        # a vector may start at o when o * stride + start + stride * width <= size
+        last_start = k.floordiv(b.sub(b.sub(size, start), k.i64(stride * width)), k.i64(stride))
+        vectors = k.minimum("int64", k.floordiv(b.sub(hi, lo), k.i64(width)),
+                            b.add(k.floordiv(b.sub(last_start, lo), k.i64(width)), k.i64(1)))
+        lo_v = b.add(lo, b.mul(k.maximum("int64", vectors, k.i64(0)), k.i64(width)))
+        with k.loop(lo_v, start=lo, step=width, name="cpw") as o:
+            i = b.add(b.mul(o, k.i64(stride)), start)
+            x = b.load(b.gep(src, [i], source_etype=F32), typ=wide, align=4)
+            b.store(b.shuffle_vector(x, ir.Constant(wide, None), keep),
+                    b.gep(dst, [o], source_etype=F32), align=4)
+    with k.loop(hi, start=lo_v, name="cp") as o:
+        i = b.add(b.mul(o, k.i64(stride)), start)
+        b.store(b.load(b.gep(src, [i], source_etype=F32), typ=F32),
                 b.gep(dst, [o], source_etype=F32))
 
 
