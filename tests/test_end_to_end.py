@@ -117,8 +117,10 @@ def predict_in_fresh_venv(venv_python: str, workdir: Path, x: np.ndarray) -> np.
         import digits
         x = np.load(sys.argv[1])
         out = digits.classifier(x)
-        run = digits.classifier.run({"image": x[:3]})["probabilities"]
-        np.testing.assert_array_equal(run, out[:3])
+        # the same batch: batches of up to 4 rows take the matrix-vector kernel, whose sums
+        # may differ from the tiled kernel's in the last bit
+        run = digits.classifier.run({"image": x})["probabilities"]
+        np.testing.assert_array_equal(run, out)
         info = [(t.name, t.dtype.name, list(t.shape)) for t in digits.classifier.inputs]
         info += [(t.name, t.dtype.name, list(t.shape)) for t in digits.classifier.outputs]
         np.save(sys.argv[2], out)

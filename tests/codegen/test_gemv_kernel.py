@@ -16,8 +16,9 @@ from llvmlite import ir
 from cuvil.compiler.codegen.emitter import I32, I64, PTR, Emitter
 from cuvil.compiler.codegen.gemm_kernel import Epilogue, pack_b
 from cuvil.compiler.codegen.gemv_kernel import LAYOUTS, emit_parallel_gemv
-from cuvil.compiler.codegen.module import emit_object, hide_declarations
+from cuvil.compiler.codegen.module import hide_declarations
 from cuvil.compiler.driver import RUNTIME_SOURCE
+from cuvil.toolchains.llvm import emit_object
 
 EPILOGUES = [Epilogue(), Epilogue("col", activation="Relu"), Epilogue("row", residual=True),
              Epilogue("none", residual=True, activation="Tanh")]
