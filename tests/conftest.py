@@ -5,7 +5,8 @@ workers inherit the variable).
 Every test gets a compile cache of its own in its tmp folder (CUVIL_CACHE_DIR, inherited by
 the builds it starts in subprocesses; and the default folder, for projects loaded with an
 environment of their own), so tests never write to the user's cache nor see each other's
-entries."""
+entries. Builds made outside a test's own scope (module- and session-scoped fixtures, set up
+before the per-test cache exists) run with the cache off (CUVIL_CACHE=0), as before it existed."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("CUVIL_VERIFY_IR", "1")
+os.environ["CUVIL_CACHE"] = "0"  # outside a test's own cache: see _private_compile_cache
 
 
 @pytest.fixture(autouse=True)
@@ -26,5 +28,6 @@ def _private_compile_cache(tmp_path_factory: pytest.TempPathFactory,
 
     folder = tmp_path_factory.mktemp("compile-cache")
     monkeypatch.setenv("CUVIL_CACHE_DIR", str(folder))
+    monkeypatch.delenv("CUVIL_CACHE")
     monkeypatch.setattr(compile_cache, "default_cache_dir", lambda: folder)
     return folder
