@@ -10,13 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kernel_library import FEATURES, cpu_of, host_module, link, skip_unless_host_has
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I32, I64, PTR, Emitter
 from cuvil.compiler.codegen.gemm_kernel import Epilogue, Layout, emit_parallel_gemm, pack_a, pack_b
 from cuvil.compiler.codegen.module import hide_declarations
-from cuvil.compiler.driver import RUNTIME_SOURCE
-from cuvil.toolchains.llvm import emit_object
 
 EPILOGUES = [Epilogue(), Epilogue("row"), Epilogue("col", activation="Relu"),
              Epilogue("none", activation="Relu"), Epilogue("row", residual=True, activation="Relu"),
@@ -24,27 +23,12 @@ EPILOGUES = [Epilogue(), Epilogue("row"), Epilogue("col", activation="Relu"),
 ACTIVATIONS = {None: lambda y: y, "Relu": lambda y: np.maximum(y, 0), "Tanh": np.tanh}
 #: the operand layouts: row-major, A packed (conv weights), B packed (Linear weights), both
 LAYOUTS = [Layout(), Layout(packed_a=True), Layout(packed_b=True), Layout(True, True)]
-FEATURES = {"sse": "", "avx2": "+avx,+avx2,+fma",
-            "avx512": "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl"}
-
-
-def cpu_of(features: str) -> str:
-    return ("x86-64-v4" if "+avx512f" in features else "x86-64-v3" if features
-            else "x86-64-v2")
 
 
 def build(tmp: Path, features: str) -> ctypes.CDLL:
     """A library exporting gemm_<i>_<l>(dims[M,N,K,acc], A, B, C, bias, residual) for each
     epilogue i and layout l."""
-    from cuvil.toolchains import get_target, target_machine, zig
-
-    target = get_target(None)
-    arch = target.arches[0]
-    tm = target_machine(arch, cpu=cpu_of(features), features=features)
-    module = ir.Module("g")
-    module.triple = arch.llvm_triple
-    module.data_layout = str(tm.target_data)
-    module.cuvil_features = features
+    module, tm = host_module(features)
     for (e, ep), (li, layout) in itertools.product(enumerate(EPILOGUES), enumerate(LAYOUTS)):
         fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 6), f"gemm_{e}_{li}")
         k = Emitter(module, fn, fn.args[0], [], {})
@@ -58,21 +42,12 @@ def build(tmp: Path, features: str) -> ctypes.CDLL:
                                    bias=bias, residual=residual if ep.residual else None,
                                    epilogue=ep, layout=layout)
         k.b.ret(ir.Constant(I32, 0))
-    obj = tmp / "g.o"
-    obj.write_bytes(emit_object(hide_declarations(str(module), "-"), tm))
-    rt = zig.compile_c(RUNTIME_SOURCE, tmp / "rt.o", arch)
-    return ctypes.CDLL(str(zig.link_library(target, [obj, rt], tmp / "_g.so",
-                                            libs=("m", "pthread"))))
+    return link(tmp, module, tm)
 
 
 @pytest.fixture(scope="module", params=sorted(FEATURES))
 def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    if request.param != "sse":
-        import llvmlite.binding as llvm
-
-        flag = "+avx512f" if request.param == "avx512" else "+avx2"
-        if flag not in llvm.get_host_cpu_features().flatten().split(","):
-            pytest.skip(f"this CPU has no {request.param.upper()}")
+    skip_unless_host_has(request.param)
     return build(tmp_path_factory.mktemp(request.param), FEATURES[request.param])
 
 

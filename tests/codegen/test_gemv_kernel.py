@@ -11,35 +11,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kernel_library import FEATURES, host_module, link, skip_unless_host_has
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I32, I64, PTR, Emitter
 from cuvil.compiler.codegen.gemm_kernel import Epilogue, pack_b
 from cuvil.compiler.codegen.gemv_kernel import LAYOUTS, emit_parallel_gemv
-from cuvil.compiler.codegen.module import hide_declarations
-from cuvil.compiler.driver import RUNTIME_SOURCE
-from cuvil.toolchains.llvm import emit_object
 
 EPILOGUES = [Epilogue(), Epilogue("col", activation="Relu"), Epilogue("row", residual=True),
              Epilogue("none", residual=True, activation="Tanh")]
 ACTIVATIONS = {None: lambda y: y, "Relu": lambda y: np.maximum(y, 0), "Tanh": np.tanh}
 ALPHAS = (1.0, -0.5)
-FEATURES = {"sse": "", "avx2": "+avx,+avx2,+fma",
-            "avx512": "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512cd,+avx512dq,+avx512vl"}
 
 
 def build(tmp: Path, features: str) -> ctypes.CDLL:
     """gemv_<e>_<layout>_<alpha index>(dims[M, N, K, acc], A, B, C, bias, residual)."""
-    from cuvil.toolchains import get_target, target_machine, zig
-
-    target = get_target(None)
-    arch = target.arches[0]
-    cpu = "x86-64-v4" if "+avx512f" in features else "x86-64-v3" if features else "x86-64-v2"
-    tm = target_machine(arch, cpu=cpu, features=features)
-    module = ir.Module("g")
-    module.triple = arch.llvm_triple
-    module.data_layout = str(tm.target_data)
-    module.cuvil_features = features
+    module, tm = host_module(features)
     for (e, ep), layout, (ai, alpha) in itertools.product(enumerate(EPILOGUES), LAYOUTS,
                                                          enumerate(ALPHAS)):
         fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 6), f"gemv_{e}_{layout}_{ai}")
@@ -55,21 +42,12 @@ def build(tmp: Path, features: str) -> ctypes.CDLL:
                                    residual=residual if ep.residual else None, epilogue=ep,
                                    alpha=alpha)
         k.b.ret(ir.Constant(I32, 0))
-    obj = tmp / "g.o"
-    obj.write_bytes(emit_object(hide_declarations(str(module), "-"), tm))
-    rt = zig.compile_c(RUNTIME_SOURCE, tmp / "rt.o", arch)
-    return ctypes.CDLL(str(zig.link_library(target, [obj, rt], tmp / "_g.so",
-                                            libs=("m", "pthread"))))
+    return link(tmp, module, tm)
 
 
 @pytest.fixture(scope="module", params=sorted(FEATURES))
 def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    if request.param != "sse":
-        import llvmlite.binding as llvm
-
-        flag = "+avx512f" if request.param == "avx512" else "+avx2"
-        if flag not in llvm.get_host_cpu_features().flatten().split(","):
-            pytest.skip(f"this CPU has no {request.param.upper()}")
+    skip_unless_host_has(request.param)
     return build(tmp_path_factory.mktemp(request.param), FEATURES[request.param])
 
 
