@@ -292,6 +292,18 @@ defaults:
 jobs:
 """
 
+# the steps of a test job that fetch its target's wheel and the reference outputs
+_DOWNLOAD_WHEEL_AND_REFERENCE = """      - uses: actions/download-artifact@v4
+        with:
+          name: wheel-${{ matrix.target }}
+          path: dist
+      - uses: actions/download-artifact@v4
+        with:
+          name: reference
+          path: tests
+"""
+
+
 _SETUP = """\
       - uses: actions/checkout@v4
       - uses: actions/setup-python@v5
@@ -386,15 +398,7 @@ def _cuvil_workflow(p: Project) -> str:
       matrix:
         include:
 {_matrix_rows(native, "          ")}    steps:
-{_SETUP}      - uses: actions/download-artifact@v4
-        with:
-          name: wheel-${{{{ matrix.target }}}}
-          path: dist
-      - uses: actions/download-artifact@v4
-        with:
-          name: reference
-          path: tests
-      - run: python -m pip install dist/*.whl pytest
+{_SETUP}{_DOWNLOAD_WHEEL_AND_REFERENCE}      - run: python -m pip install dist/*.whl pytest
       - run: python -m pip install onnxruntime || echo "no onnxruntime wheel, tests use reference.npz"
       - run: python -m pytest tests
 """
@@ -412,15 +416,7 @@ def _cuvil_workflow(p: Project) -> str:
         include:
 {_matrix_rows(musl_rows, "          ")}    steps:
       - uses: actions/checkout@v4
-      - uses: actions/download-artifact@v4
-        with:
-          name: wheel-${{{{ matrix.target }}}}
-          path: dist
-      - uses: actions/download-artifact@v4
-        with:
-          name: reference
-          path: tests
-      - run: >-
+{_DOWNLOAD_WHEEL_AND_REFERENCE}      - run: >-
           docker run --rm -v "$PWD:/project" -w /project python:3.12-alpine
           sh -c "python -m pip install dist/*.whl pytest && python -m pytest tests"
 """
