@@ -14,9 +14,29 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from cuvil.compiler.ir import Node
-from cuvil.compiler.ops import attr
+from cuvil.compiler.ir import Node, TensorType
+from cuvil.compiler.ops import InferContext, Op, attr
 from cuvil.errors import ModelError, UnsupportedOpError
+
+ML = "ai.onnx.ml"
+
+
+class Expanded(Op):
+    """An ai.onnx.ml op compiled as standard ops; it has no lowering of its own."""
+
+    domain = ML
+    dtypes = ("float32", "float64", "int64", "int32")
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        raise AssertionError("expanded by the importer")
+
+
+def rows_2d(b: Body, x: str, node: Node) -> str:
+    """X as [N, C] (a [C] input is one row)."""
+    v = node.inputs[0]
+    if v is not None and v.type.rank == 1:
+        return b.op("Unsqueeze", x, b.const([0], np.int64))
+    return x
 
 #: the default-domain opset the bodies are written for
 BODY_OPSET = 17

@@ -13,8 +13,7 @@ import onnx
 
 from cuvil.compiler.ir import Node
 from cuvil.compiler.ops import attr, register
-from cuvil.compiler.ops._ml_graph import Body, floats, ints
-from cuvil.compiler.ops.ml_linear import _Expanded
+from cuvil.compiler.ops._ml_graph import Body, Expanded, floats, ints
 from cuvil.errors import ModelError, UnsupportedOpError
 
 
@@ -30,7 +29,7 @@ def _no_strings(node: Node, *names: str) -> None:
 
 
 @register
-class OneHotEncoder(_Expanded):
+class OneHotEncoder(Expanded):
     """[..] -> [.., categories] floats: 1 where the value (truncated to int64, as onnxruntime
     reads floats) equals the category; an unknown value gives a row of zeros."""
 
@@ -51,7 +50,7 @@ class OneHotEncoder(_Expanded):
 
 
 @register
-class LabelEncoder(_Expanded):
+class LabelEncoder(Expanded):
     """Maps each key to its value, anything else to the default (integer and float maps)."""
 
     op_type = "LabelEncoder"
@@ -94,7 +93,7 @@ class LabelEncoder(_Expanded):
 
 
 @register
-class ArrayFeatureExtractor(_Expanded):
+class ArrayFeatureExtractor(Expanded):
     """X[..., indices]; a [C] input gives [1, len(indices)] as in onnxruntime."""
 
     op_type = "ArrayFeatureExtractor"
@@ -112,7 +111,7 @@ class ArrayFeatureExtractor(_Expanded):
 
 
 @register
-class FeatureVectorizer(_Expanded):
+class FeatureVectorizer(Expanded):
     """The inputs' columns side by side as floats: [N, sum(inputdimensions)]."""
 
     op_type = "FeatureVectorizer"
@@ -136,7 +135,7 @@ class FeatureVectorizer(_Expanded):
 
 
 @register
-class ZipMap(_Expanded):
+class ZipMap(Expanded):
     """Refused: its output is a sequence of maps, which a cuvil library cannot return."""
 
     op_type = "ZipMap"

@@ -12,38 +12,20 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from cuvil.compiler.ir import Node, TensorType
-from cuvil.compiler.ops import InferContext, Op, register
+from cuvil.compiler.ir import Node
+from cuvil.compiler.ops import register
 from cuvil.compiler.ops._ml_graph import (
     Body,
+    Expanded,
     floats,
     ints,
     matrix_input,
     no_string_labels,
     post_transform,
+    rows_2d,
     text,
 )
 from cuvil.errors import ModelError, UnsupportedOpError
-
-ML = "ai.onnx.ml"
-
-
-class _Expanded(Op):
-    """An ai.onnx.ml op compiled as standard ops; it has no lowering of its own."""
-
-    domain = ML
-    dtypes = ("float32", "float64", "int64", "int32")
-
-    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        raise AssertionError("expanded by the importer")
-
-
-def _rows_2d(b: Body, x: str, node: Node) -> str:
-    """X as [N, C] (a [C] input is one row)."""
-    v = node.inputs[0]
-    if v is not None and v.type.rank == 1:
-        return b.op("Unsqueeze", x, b.const([0], np.int64))
-    return x
 
 
 def _weights(node: Node, features: int, what: str) -> np.ndarray:
@@ -64,7 +46,7 @@ def _intercepts(node: Node, rows: int) -> np.ndarray:
 
 
 @register
-class LinearClassifier(_Expanded):
+class LinearClassifier(Expanded):
     op_type = "LinearClassifier"
 
     def expand(self, node: Node) -> onnx.FunctionProto:
@@ -75,7 +57,7 @@ class LinearClassifier(_Expanded):
         labels = ints(node, "classlabels_ints")
         how = text(node, "post_transform", "NONE")
         b = Body(node)
-        x = _rows_2d(b, b.as_float(0), node)
+        x = rows_2d(b, b.as_float(0), node)
         scores = b.op("Gemm", x, b.const(w), b.const(_intercepts(node, targets)), transB=1)
         if targets == 1:
             positive, negative = (labels[1], labels[0]) if len(labels) == 2 else (1, 0)
@@ -96,7 +78,7 @@ class LinearClassifier(_Expanded):
 
 
 @register
-class LinearRegressor(_Expanded):
+class LinearRegressor(Expanded):
     op_type = "LinearRegressor"
 
     def expand(self, node: Node) -> onnx.FunctionProto:
@@ -107,7 +89,7 @@ class LinearRegressor(_Expanded):
             raise ModelError(f"{node.describe()}: targets is {targets} but the coefficients make "
                              f"{w.shape[0]} rows of {features} features")
         b = Body(node)
-        x = _rows_2d(b, b.as_float(0), node)
+        x = rows_2d(b, b.as_float(0), node)
         y = b.op("Gemm", x, b.const(w), b.const(_intercepts(node, targets)), transB=1)
         return b.finish(post_transform(b, y, text(node, "post_transform", "NONE")))
 
@@ -120,7 +102,7 @@ def _per_feature(node: Node, values: list[float], features: int, name: str) -> l
 
 
 @register
-class Scaler(_Expanded):
+class Scaler(Expanded):
     op_type = "Scaler"
 
     def expand(self, node: Node) -> onnx.FunctionProto:
@@ -133,7 +115,7 @@ class Scaler(_Expanded):
 
 
 @register
-class Normalizer(_Expanded):
+class Normalizer(Expanded):
     """Each row divided by its max, L1 or L2 norm (onnxruntime's MAX takes the largest value,
     not the largest magnitude); a row whose norm is 0 stays as it is."""
 
@@ -158,7 +140,7 @@ class Normalizer(_Expanded):
 
 
 @register
-class Binarizer(_Expanded):
+class Binarizer(Expanded):
     op_type = "Binarizer"
 
     def expand(self, node: Node) -> onnx.FunctionProto:
@@ -172,7 +154,7 @@ class Binarizer(_Expanded):
 
 
 @register
-class Imputer(_Expanded):
+class Imputer(Expanded):
     """Replaces `replaced_value_float` (NaN: every NaN) or `replaced_value_int64` by the
     imputed value of the element's column."""
 

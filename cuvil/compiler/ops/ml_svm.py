@@ -27,14 +27,15 @@ from cuvil.compiler.ir import Node
 from cuvil.compiler.ops import register
 from cuvil.compiler.ops._ml_graph import (
     Body,
+    Expanded,
     floats,
     ints,
     matrix_input,
     no_string_labels,
     post_transform,
+    rows_2d,
     text,
 )
-from cuvil.compiler.ops.ml_linear import _Expanded, _rows_2d
 from cuvil.errors import ModelError, UnsupportedOpError
 
 KERNELS = ("LINEAR", "POLY", "RBF", "SIGMOID")
@@ -170,7 +171,7 @@ def _sweep(node: Node, k: int, q: str, diag: str) -> onnx.GraphProto:
 
 
 @register
-class SVMClassifier(_Expanded):
+class SVMClassifier(Expanded):
     op_type = "SVMClassifier"
 
     def expand(self, node: Node) -> onnx.FunctionProto:
@@ -193,7 +194,7 @@ class SVMClassifier(_Expanded):
             raise ModelError(f"{node.describe()}: {len(prob_a)} prob_a but {len(prob_b)} prob_b")
         per_class = ints(node, "vectors_per_class")
         b = Body(node)
-        x = _rows_2d(b, b.as_float(0), node)
+        x = rows_2d(b, b.as_float(0), node)
         label_table = b.const(labels, np.int64)
         if not per_class:
             return self._linear(node, b, x, coef, rho, features, labels, how, bool(prob_a))
@@ -260,7 +261,7 @@ class SVMClassifier(_Expanded):
 
 
 @register
-class SVMRegressor(_Expanded):
+class SVMRegressor(Expanded):
     """One output column: sum of coefficient x kernel over the support vectors plus rho[0]
     (or x @ coefficients + rho[0] with n_supports 0); a one-class SVM gives 1 / -1 by sign."""
 
@@ -275,7 +276,7 @@ class SVMRegressor(_Expanded):
         if not rho:
             raise ModelError(f"{node.describe()}: rho is required")
         b = Body(node)
-        x = _rows_2d(b, b.as_float(0), node)
+        x = rows_2d(b, b.as_float(0), node)
         if vectors > 0:
             if coef.size != vectors:
                 raise ModelError(f"{node.describe()}: {coef.size} coefficients for n_supports "

@@ -32,11 +32,10 @@ from onnx import helper, numpy_helper
 from cuvil.compiler.codegen.emitter import I8, I32, I64, Emitter, llvm_type
 from cuvil.compiler.ir import Node, TensorType, simplify_dim
 from cuvil.compiler.ops import InferContext, Op, attr, register
-from cuvil.compiler.ops._ml_graph import Body, ints, no_string_labels, post_transform, text
+from cuvil.compiler.ops._ml_graph import Body, Expanded, ints, no_string_labels, post_transform, text
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError, UnsupportedOpError
 
-ML = "ai.onnx.ml"
 #: node comparisons, numbered as opset 5 numbers them
 MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ")
 _PREDICATES = ("<=", "<", ">=", ">", "==", "!=")
@@ -211,16 +210,8 @@ def _regression_output(b: Body, node: Node, raw: str, targets: int, base: list[f
     return post_transform(b, raw, how)
 
 
-class _Expanded(Op):
-    domain = ML
-    dtypes = ("float32", "float64", "int64", "int32")
-
-    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        raise AssertionError("expanded by the importer")
-
-
 @register
-class TreeEnsembleRegressor(_Expanded):
+class TreeEnsembleRegressor(Expanded):
     op_type = "TreeEnsembleRegressor"
 
     def expand(self, node: Node) -> onnx.FunctionProto:
@@ -238,7 +229,7 @@ class TreeEnsembleRegressor(_Expanded):
 
 
 @register
-class TreeEnsemble(_Expanded):
+class TreeEnsemble(Expanded):
     op_type = "TreeEnsemble"
     since = 5
 
@@ -258,7 +249,7 @@ class TreeEnsemble(_Expanded):
 
 
 @register
-class TreeEnsembleClassifier(_Expanded):
+class TreeEnsembleClassifier(Expanded):
     """Labels and scores as onnxruntime computes them, its two-class conventions included:
     with weights for one class only the score s becomes [1 - s, s] (all weights positive, a
     label for s > 0.5) or, under LOGISTIC, [logistic(-s), logistic(s)] (a label for s > 0)."""
