@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from cuvil.compiler.codegen.dispatch import render_cpu_check, render_dispatcher
+from cuvil.compiler.codegen.dispatch import render_dispatcher
 from cuvil.compiler.codegen.module import build_module, symbol_names
 from cuvil.compiler.frontend import import_model
 from cuvil.compiler.ir import MAX_TENSOR_BYTES, Graph, Node, Value, dim_str
@@ -162,8 +162,8 @@ def compile_model(
 def _compile_arch(graph: Graph, plan: Any, sig: dict[str, Any], arch: Any, workdir: Path, *,
                   cpu: str | None, opt_level: int, log: Log | None) -> list[Path]:
     """Object files of the model's code for one arch: one copy for a named cpu, else the
-    baseline plus each CPU variant of the toolchain file; and the CPU check, with (on x86)
-    a dispatcher that runs the best copy the CPU supports, compiled for the plain arch."""
+    baseline plus each CPU variant of the toolchain file; and the CPU check, with a
+    dispatcher that runs the best copy the CPU supports, compiled for the plain arch."""
     from cuvil.toolchains import host_cpu, machine_options, target_machine, zig
     from cuvil.toolchains.llvm import emit_object_isolated
 
@@ -175,7 +175,6 @@ def _compile_arch(graph: Graph, plan: Any, sig: dict[str, Any], arch: Any, workd
     # what the loader's and the header's CPU messages name, per slice of a universal2 library
     sig.setdefault("cpu", {})[arch.name] = {"baseline": cpu or arch.cpu,
                                             "requires": list(levels[0][2])}
-    dispatched = arch.is_x86  # other arches: one copy, for a baseline all their CPUs have
     objects = []
     for index, (level_cpu, features, _) in enumerate(levels):
         # the baseline takes the toolchain's features (or the host's, for "native")
@@ -190,14 +189,13 @@ def _compile_arch(graph: Graph, plan: Any, sig: dict[str, Any], arch: Any, workd
         obj.write_bytes(emit_object_isolated(build_module(graph, plan, name, sig["checksum"],
                                                           arch.llvm_triple, data_layout,
                                                           features=features,
-                                                          variant=index if dispatched else None),
+                                                          variant=index),
                                              machine))
         say(f"cuvil: {name}: wrote {obj.name} (LLVM -O{opt_level}) in "
             f"{time.perf_counter() - start:.2f} s")
         objects.append(obj)
     source = workdir / f"{name}.cpu_check.c"
-    source.write_text(render_dispatcher(name, [requires for _, _, requires in levels])
-                      if dispatched else render_cpu_check(name))
+    source.write_text(render_dispatcher(name, [requires for _, _, requires in levels], arch.is_x86))
     objects.append(zig.compile_c(source, workdir / f"{name}.{arch.name}.cpu_check.o",
                                  arch.plain, log=log))
     return objects
