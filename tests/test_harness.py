@@ -30,6 +30,7 @@ import subprocess
 import sys
 import textwrap
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from oracle import run_ort
 
-from cuvil.toolchains import Arch, get_target, list_targets, zig
+from cuvil.toolchains import Arch, bundled_toolchain_dir, get_target, list_targets, zig
 
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"),
@@ -176,6 +177,20 @@ def arm_a76(tmp_path_factory: pytest.TempPathFactory) -> Built:
 
 
 @pytest.fixture(scope="module")
+def arm_dotprod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
+    # aarch64-linux with a second copy of the model code for CPUs with the dot product
+    root = tmp_path_factory.mktemp("aarch64_dotprod")
+    text = (bundled_toolchain_dir() / "aarch64-linux.toml").read_text()
+    text = text.replace('name = "aarch64-linux"', 'name = "aarch64-linux-dotprod"', 1)
+    text += '\n[[arch.variant]]\ncpu = "generic"\nfeatures = "+neon,+dotprod"\nrequires = ["dotprod"]\n'
+    (root / "toolchains").mkdir()
+    (root / "toolchains" / "aarch64-linux-dotprod.toml").write_text(text)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("CUVIL_TOOLCHAIN_PATH", str(root / "toolchains"))
+        yield Built(root, "aarch64-linux-dotprod")
+
+
+@pytest.fixture(scope="module")
 def musl_x86(tmp_path_factory: pytest.TempPathFactory) -> Built:
     return Built(tmp_path_factory.mktemp("x86_64_musl"), "x86_64-linux-musl")
 
@@ -287,6 +302,15 @@ def test_aarch64_pinned_cpu_is_checked(arm_a76: Built, feeds: tuple[Path, np.nda
     assert proc.returncode == 3, f"exit {proc.returncode}: {proc.stderr}"
     assert set(proc.stderr.split("lacks ", 1)[1].split(";", 1)[0].split()) == lacks
     assert "run() returned -1" in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.parametrize(("model", "copy"), [("cortex-a72", 0), ("max", 1)])
+def test_aarch64_variant_runs_where_the_cpu_has_its_flags(arm_dotprod: Built,
+                                                          feeds: tuple[Path, np.ndarray],
+                                                          model: str, copy: int) -> None:
+    qemu = _tool("qemu-aarch64-static")
+    proc = _run(arm_dotprod, feeds, qemu, "-L", str(AARCH64_SYSROOT), "-cpu", model)
+    assert _outputs(proc, feeds[1]) == copy
 
 
 def test_python_import_below_the_baseline_raises_import_error(tmp_path: Path) -> None:
