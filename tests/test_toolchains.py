@@ -9,6 +9,7 @@ import shlex
 import shutil
 import struct
 import subprocess
+import sysconfig
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -179,6 +180,19 @@ def test_unknown_target_suggests_a_name():
 
 
 # -------------------------------------------------------------------------- host
+
+
+@pytest.mark.parametrize(("machine", "interpreter", "want"), [
+    ("ARM64", "win-amd64", "x86_64-windows"),  # an x64 Python emulated on Windows on Arm
+    ("AMD64", "win-arm64", "aarch64-windows"),
+    ("AMD64", "win-amd64", "x86_64-windows"),
+])
+def test_windows_host_target_follows_the_interpreter(monkeypatch, machine, interpreter, want):
+    # the library must load into this Python: its arch, not the machine's, picks the target
+    monkeypatch.setattr(platform, "system", lambda: "Windows")
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    monkeypatch.setattr(sysconfig, "get_platform", lambda: interpreter)
+    assert host_target_name() == want
 
 
 def test_host_target_matches_this_machine():

@@ -7,6 +7,7 @@ import os
 import platform
 import re
 import sys
+import sysconfig
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache, lru_cache
@@ -240,7 +241,12 @@ def _triple_os(triple: str) -> str:
 def _host_os_arch() -> tuple[str, str] | None:
     system = platform.system()
     host_os = {"Linux": "linux", "Darwin": "macos", "Windows": "windows"}.get(system)
-    host_arch = _MACHINES.get(platform.machine().lower())
+    machine = platform.machine()
+    if host_os == "windows":
+        # the interpreter's arch, which the library must match: an x64 Python on Windows on
+        # Arm runs emulated, and the machine may report either arch depending on the process
+        machine = sysconfig.get_platform().rsplit("-", 1)[-1]  # win-amd64, win-arm64
+    host_arch = _MACHINES.get(machine.lower())
     if host_os is None or host_arch is None:
         return None
     return host_os, host_arch
