@@ -127,14 +127,17 @@ def bert_model(layers: int = 2, hidden: int = 32, heads: int = 4, vocab: int = 1
     return model
 
 
-def optimized_bert(path: str, heads: int, hidden: int, **options: bool) -> onnx.ModelProto:
-    """The model at `path` after onnxruntime's transformer optimizer (its Python fusions only,
-    opt_level 0); `options` set FusionOptions fields (use_multi_head_attention...)."""
+def optimized_bert(source: str, target: str, heads: int, hidden: int, **options: object) -> onnx.ModelProto:
+    """Write to `target` the model at `source` after onnxruntime's transformer optimizer (its
+    Python fusions only, opt_level 0), as its save_model_to_file writes it (which adds the
+    com.microsoft opset import); `options` set FusionOptions fields. Returns the saved model."""
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
     fusion = FusionOptions("bert")
     for key, value in options.items():
         setattr(fusion, key, value)
-    return optimize_model(path, model_type="bert", num_heads=heads, hidden_size=hidden,
-                          optimization_options=fusion, opt_level=0).model
+    optimized = optimize_model(source, model_type="bert", num_heads=heads, hidden_size=hidden,
+                               optimization_options=fusion, opt_level=0)
+    optimized.save_model_to_file(target)
+    return onnx.load(target)

@@ -252,7 +252,7 @@ class SkipSimplifiedLayerNormalization(Contrib):
         self.check_dtypes(node)
         b = Body(node)
         s = _skip_sum(b, node, 3)
-        square_mean = b.op("ReduceMean", b.op("Mul", s, s), axes=[-1], keepdims=1)
+        square_mean = b.op("ReduceMean", b.op("Mul", s, s), _ints(b, -1), keepdims=1)
         eps = float(attr(node, "epsilon", LAYER_NORM_EPSILON))
         inv = b.op("Reciprocal", b.op("Sqrt", b.op("Add", square_mean, b.const(eps))))
         y = b.op("Mul", b.op("Mul", s, inv), b.inputs[2])
@@ -336,8 +336,8 @@ def _mask_bias(b: Body, node: Node, slot: int, batch: Dim, heads: _Heads, filter
                unidirectional: bool) -> str | None:
     """The additive mask over the scores ([b, 1, s or 1, t]): `filter_value` where the mask
     hides a key (raw masks: value <= 0; key lengths: from the end on; end and start positions:
-    outside [start, end)), plus `filter_value` again above the diagonal when unidirectional,
-    as onnxruntime's CPU kernels add them."""
+    outside [start, end)); when unidirectional, the keys after each query's position are
+    removed outright (the float's lowest value), as onnxruntime's CPU kernels do."""
     total = _dim(b, heads.k, 2)
     keys = b.op("Range", b.const(0, np.int64), total, b.const(1, np.int64))  # [t]
     bias = None
@@ -360,17 +360,15 @@ def _mask_bias(b: Body, node: Node, slot: int, batch: Dim, heads: _Heads, filter
                     "cuvil compiles key lengths (batch) and end/start positions (2 * batch); the "
                     "3 * batch + 2 form (packed sequences) is not compiled")
             keep = b.op("Unsqueeze", keep, _ints(b, 1, 2))  # [b, 1, 1, t]
-        elif m.type.rank in (2, 3, 4):
+        elif m.type.rank in (2, 3):
             keep = b.op("Greater", x, b.const(0, m.type.dtype))
-            if m.type.rank == 4:  # [b, 1, max, max]: the top-left [s, t] corner
-                rows = _dim(b, heads.q, 2)
-                ends = b.op("Concat", b.op("Unsqueeze", rows, _ints(b, 0)),
-                            b.op("Unsqueeze", total, _ints(b, 0)), axis=0)
-                keep = b.op("Slice", keep, _ints(b, 0, 0), ends, _ints(b, 2, 3))
-            else:
-                keep = b.op("Unsqueeze", keep, _ints(b, 1) if m.type.rank == 3 else _ints(b, 1, 2))
+            keep = b.op("Unsqueeze", keep, _ints(b, 1) if m.type.rank == 3 else _ints(b, 1, 2))
+        elif m.type.rank == 4:
+            raise UnsupportedOpError(f"{node.describe()}: a 4-D mask ({m.type}, Megatron's form) is not "
+                                     "compiled by cuvil, nor run by onnxruntime's CPU kernel; give "
+                                     "a [batch, total] or [batch, sequence, total] mask")
         else:
-            raise ModelError(f"{node.describe()}: the mask is {m.type}; onnxruntime takes 1-D to 4-D "
+            raise ModelError(f"{node.describe()}: the mask is {m.type}; onnxruntime takes 1-D to 3-D "
                              "masks")
         bias = b.op("Where", keep, b.const(0.0), b.const(filter_value))
     if unidirectional:  # key j > query i + past length, i.e. j - i > t - s
@@ -378,7 +376,7 @@ def _mask_bias(b: Body, node: Node, slot: int, batch: Dim, heads: _Heads, filter
         queries = b.op("Unsqueeze", b.op("Range", b.const(0, np.int64), rows, b.const(1, np.int64)),
                        _ints(b, 1))
         above = b.op("Greater", b.op("Sub", keys, queries), b.op("Sub", total, rows))
-        causal = b.op("Where", above, b.const(filter_value), b.const(0.0))
+        causal = b.op("Where", above, b.const(np.finfo(np.float32).min), b.const(0.0))
         bias = causal if bias is None else b.op("Add", bias, causal)
     return bias
 
@@ -416,7 +414,7 @@ def _divisible(node: Node, size: int, heads: int, what: str) -> None:
 @register
 class Attention(Contrib):
     """Self-attention with the Q, K, V projections merged into one weight [in, q + k + v]:
-    optional bias, mask_index (raw 2-D, 3-D or 4-D masks, key lengths, end/start positions),
+    optional bias, mask_index (raw 2-D or 3-D masks, key lengths, end/start positions),
     past state ([2, b, n, p, h]) with the present as second output, attention_bias, scale,
     unidirectional (causal) and mask_filter_value."""
 
@@ -469,6 +467,8 @@ class Attention(Contrib):
                           float(attr(node, "mask_filter_value", MASK_FILTER_VALUE)),
                           bool(attr(node, "unidirectional", 0)))
         out = _attend(b, h, scale, mask, b.inputs[5] if node.input(5) is not None else None)
+        if len(set(sizes)) != 1:  # no present: K and V heads of two sizes do not stack
+            return _finish(b, out)
         present = b.op("Concat", *(b.op("Unsqueeze", t, _ints(b, 0)) for t in (h.k, h.v)), axis=0)
         return _finish(b, out, present)
 
