@@ -27,7 +27,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
 MAX_POSITIONS = 512
-TYPE_VOCAB = 2
 
 
 class _Builder:
@@ -72,13 +71,13 @@ class _Builder:
 
 def bert_model(layers: int = 2, hidden: int = 32, heads: int = 4, vocab: int = 1000,
                with_mask: bool = True, gelu: Sequence[str] = ("erf", "tanh"),
-               seed: int = 0) -> onnx.ModelProto:
+               token_types: int = 2, seed: int = 0) -> onnx.ModelProto:
     """Inputs input_ids, token_type_ids (and attention_mask) [batch, seq] int64; output
     `encoded` [batch, seq, hidden]. Layer i uses the GELU form gelu[i % len(gelu)]."""
     b = _Builder(seed)
     head = hidden // heads
     word = b.op("Gather", b.weight(vocab, hidden, scale=0.5), "input_ids")
-    kind = b.op("Gather", b.weight(TYPE_VOCAB, hidden, scale=0.5), "token_type_ids")
+    kind = b.op("Gather", b.weight(token_types, hidden, scale=0.5), "token_type_ids")
     seq_len = b.op("Unsqueeze", b.op("Gather", b.op("Shape", "input_ids"), b.const(np.array(1, np.int64))),
                    b.ints(0))
     positions = b.op("Slice", b.const(np.arange(MAX_POSITIONS, dtype=np.int64)[None]),
@@ -106,8 +105,8 @@ def bert_model(layers: int = 2, hidden: int = 32, heads: int = 4, vocab: int = 1
 
         h = b.linear(x, hidden, 4 * hidden)
         if gelu[i % len(gelu)] == "erf":  # 0.5 * x * (1 + erf(x / sqrt 2)), as BERT writes it
-            g = b.op("Mul", b.op("Mul", h, b.op("Add", b.op("Erf", b.op("Div", h, b.scalar(1.4142135381698608))),
-                                                 b.scalar(1.0))), b.scalar(0.5))
+            erf = b.op("Erf", b.op("Div", h, b.scalar(1.4142135381698608)))
+            g = b.op("Mul", b.op("Mul", h, b.op("Add", erf, b.scalar(1.0))), b.scalar(0.5))
         else:  # 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))), as GPT-2 writes it
             cube = b.op("Mul", b.scalar(0.044715), b.op("Pow", h, b.scalar(3.0)))
             inner = b.op("Mul", b.op("Add", h, cube), b.scalar(0.7978845834732056))

@@ -28,7 +28,7 @@ import cuvil
 from cuvil.errors import CuvilError
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "data"))
-from make_bert import bert_model, optimized_bert  # noqa: E402 - tests/data is put on the path above
+from make_bert import bert_model, optimized_bert
 
 MS = "com.microsoft"
 HIDDEN, HEADS = 32, 4
@@ -66,7 +66,7 @@ def test_bert_optimized_by_onnxruntime(tmp_path: Path, with_mask: bool, options:
     assert dict(ops) == fused, f"onnxruntime's optimizer fused {dict(ops)}"
 
     compiled = cuvil.compile(path)
-    assert [i.shape for i in compiled.inputs][0] == ("batch", "seq")
+    assert compiled.inputs[0].shape == ("batch", "seq")
     rng = np.random.default_rng(1)
     for batch, seq in [(1, 7), (3, 16)]:
         feeds = _bert_feeds(rng, batch, seq, with_mask)
@@ -201,12 +201,14 @@ def multihead_cases() -> list[Case]:
     return [
         Case("MultiHeadAttention", ["q", "k", "v", "bias", "m"], {"num_heads": N, "scale": 0.5},
              {"q": q, "k": k, "v": v, "m": i32([2, 3])}, {"bias": f32(3 * D)}, label="cross, lengths"),
-        Case("MultiHeadAttention", ["q", "k", "v", "", "m", "ab"], {"num_heads": N, "mask_filter_value": -2.0},
+        Case("MultiHeadAttention", ["q", "k", "v", "", "m", "ab"],
+             {"num_heads": N, "mask_filter_value": -2.0},
              {"q": q, "k": f32(B, N, L, D // N), "v": f32(B, N, L, D // N),
               "m": i32([[1, 0, 1], [0, 1, 1]]), "ab": f32(B, 1, S, L)}, label="[b, n, t, h] key and value"),
         Case("MultiHeadAttention", ["q", "k", "v", "", "m", "", "pk", "pv"],
              {"num_heads": N, "unidirectional": 1, "mask_filter_value": -2.0},
-             {"q": q, "k": f32(B, S, D), "v": f32(B, S, D), "m": rng.integers(0, 2, (B, 4 + S)).astype(np.int32),
+             {"q": q, "k": f32(B, S, D), "v": f32(B, S, D),
+              "m": rng.integers(0, 2, (B, 4 + S)).astype(np.int32),
               "pk": f32(B, N, 4, D // N), "pv": f32(B, N, 4, D // N)},
              outputs=[("y", np.float32), ("present_k", np.float32), ("present_v", np.float32)],
              label="past, present, causal"),

@@ -266,8 +266,10 @@ class EmbedLayerNormalization(Contrib):
     output is the sum before the normalization."""
 
     op_type = "EmbedLayerNormalization"
+    dtypes = ("int32",)  # of the word ids
 
     def expand(self, node: Node) -> onnx.FunctionProto:
+        self.check_dtypes(node)
         ids = required_input(node, 0)
         for i in (2, 3, 5, 6):
             required_input(node, i)
@@ -289,8 +291,9 @@ class EmbedLayerNormalization(Contrib):
             s = b.op("Add", s, b.op("Gather", x[4], x[1], axis=0))
         y = b.op("LayerNormalization", s, x[5], x[6], axis=-1,
                  epsilon=float(attr(node, "epsilon", LAYER_NORM_EPSILON)))
-        if node.input(7) is not None:
-            ones = b.cast(b.op("Equal", x[7], b.const(1, node.inputs[7].type.dtype)), np.int32)
+        mask = node.input(7)
+        if mask is not None:
+            ones = b.cast(b.op("Equal", x[7], b.const(1, mask.type.dtype)), np.int32)
             mask_index = b.op("ReduceSum", ones, _ints(b, 1), keepdims=0)
         else:
             batch = b.op("Slice", b.op("Shape", x[0]), _ints(b, 0), _ints(b, 1))
