@@ -1,14 +1,16 @@
 """The int8 GEMM kernel against numpy's int64 arithmetic reduced to int32 (MatMulInteger's
-definition): every kernel kind the host can run (VNNI, AVX-VNNI, the vpmaddwd paths, the
-generic widening one), odd sizes, K not a multiple of 4, every signedness of A and B, zero
-points at their extremes, per-column b_zero; B packed at compile time or at run time; the
-float32 and requantizing epilogues. The AArch64 kernels are compiled and their instructions
-checked (no AArch64 CPU here)."""
+definition): every x86 kernel kind the host can run (VNNI, AVX-VNNI, the vpmaddwd paths), odd
+sizes, K not a multiple of 4, every signedness of A and B, zero points at their extremes,
+per-column b_zero; B packed at compile time or at run time; the float32 and requantizing
+epilogues. The AArch64 kernels (widening NEON, SDOT) are compiled, their instructions checked,
+and run under qemu where it is installed."""
 
 from __future__ import annotations
 
 import ctypes
-import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -27,20 +29,21 @@ from cuvil.compiler.codegen.int8_gemm_kernel import (
     packed_b_size,
 )
 from cuvil.compiler.codegen.module import hide_declarations
-from cuvil.toolchains import get_target, target_machine
+from cuvil.compiler.driver import RUNTIME_SOURCE
+from cuvil.toolchains import get_target, target_machine, zig
+from cuvil.toolchains.llvm import emit_object
 
 AVX512 = FEATURES["avx512"]
-#: name -> (LLVM features, pinned kernel kind, host flag needed, the kind it must select).
+#: name -> (LLVM features, host flag needed, the kind it must select).
 #: The VNNI kinds are built with their feature named (one kernel per function); "gated" is the
 #: v4 copy's kernel, VNNI behind the CPUID test (the AVX-512BW one on a CPU without it).
 KINDS = {
-    "sse": ("", None, None, "madd128"),
-    "generic": ("", "generic", None, "generic"),
-    "avx2": (FEATURES["avx2"] + ",-avxvnni", None, "avx2", "madd256"),
-    "avxvnni": (FEATURES["avx2"] + ",+avxvnni", None, "avxvnni", "avxvnni"),
-    "avx512": (AVX512 + ",-avx512vnni", None, "avx512bw", "madd512"),
-    "vnni512": (AVX512 + ",+avx512vnni", None, "avx512vnni", "vnni512"),
-    "gated": (AVX512, None, "avx512bw", "vnni512"),
+    "sse": ("", None, "madd128"),
+    "avx2": (FEATURES["avx2"] + ",-avxvnni", "avx2", "madd256"),
+    "avxvnni": (FEATURES["avx2"] + ",+avxvnni", "avxvnni", "avxvnni"),
+    "avx512": (AVX512 + ",-avx512vnni", "avx512bw", "madd512"),
+    "vnni512": (AVX512 + ",+avx512vnni", "avx512vnni", "vnni512"),
+    "gated": (AVX512, "avx512bw", "vnni512"),
 }
 #: the epilogues, tested on vectors of 4 and 16 lanes
 EPILOGUES = {"f32": QEpilogue("float32", "float32"), "u8": QEpilogue("uint8", "int32"),
@@ -102,12 +105,10 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> tuple[ctypes.CDLL, set[str]
     """One library holding every kind the host can run (one link for all)."""
     flags = _host_flags()
     modules, built = [], set()
-    for name, (features, pinned, needs, kind) in KINDS.items():
+    for name, (features, needs, kind) in KINDS.items():
         if needs is not None and needs not in flags:
             continue
         module, tm = host_module(features)
-        if pinned is not None:
-            module.cuvil_int8_kind = pinned
         assert int8_isa_of(module).kind == kind
         _emit(module, name, name in EPILOGUE_KINDS, only_packed=name == "gated")
         modules.append((module, tm))
@@ -235,18 +236,82 @@ def test_epilogues(lib, kind: str, epilogue: str) -> None:
         np.testing.assert_array_equal(out, want)
 
 
-@pytest.mark.parametrize(("features", "instruction"),
-                         [("+neon", r"\bsmlal2?\b"), ("+neon,+dotprod", r"\bsdot\b")])
-def test_aarch64_kernels_compile(features: str, instruction: str) -> None:
-    # no AArch64 CPU here: the NEON and SDOT kernels must at least compile, with the
-    # instructions they are written for
+#: the AArch64 kinds (no such CPU here: they run under qemu when it is installed)
+ARM_KINDS = {"neon": "+neon", "sdot": "+neon,+dotprod"}
+#: (mask, value) of the A64 encoding each must use (Arm ARM): SMLAL(2) Vd.4S, Vn.4H, Vm.4H and
+#: SDOT Vd.4S, Vn.16B, Vm.16B
+ARM_OPCODES = {"neon": (0xBFE0FC00, 0x0E608000), "sdot": (0xFFE0FC00, 0x4E809400)}
+ARM_HARNESS = Path(__file__).parents[1] / "harness" / "run_int8_gemm.c"
+AARCH64_SYSROOT = Path("/usr/aarch64-linux-gnu")
+
+
+def _arm_names() -> list[str]:
+    """The functions of one kind in the order the harness (run_int8_gemm.c) numbers them."""
+    return ([f"packed_{a}{r}" for a in (0, 1) for r in (0, 1)]
+            + [f"runtime_{a}{b}{z}" for a in (0, 1) for b in (0, 1) for z in (0, 1)])
+
+
+@pytest.fixture(scope="module")
+def arm(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, bytes], Path]:
+    """Each AArch64 kind's object code, and the harness program linked with them."""
+    tmp = tmp_path_factory.mktemp("int8_arm")
     arch = get_target("aarch64-linux").arches[0]
-    tm = target_machine(arch, cpu="generic", features=features)
-    module = ir.Module("g")
-    module.triple = arch.llvm_triple
-    module.data_layout = str(tm.target_data)
-    module.cuvil_features = features
-    _emit(module, "arm", False, only_packed=True)
-    asm = tm.emit_assembly(llvm.parse_assembly(hide_declarations(str(module), "-")))
-    assert re.search(instruction, asm), instruction
-    assert "cuvil_cpuid_bit" not in asm
+    objects = {}
+    for name, features in ARM_KINDS.items():
+        tm = target_machine(arch, cpu="generic", features=features)
+        module = ir.Module(name)
+        module.triple = arch.llvm_triple
+        module.data_layout = str(tm.target_data)
+        module.cuvil_features = features
+        assert int8_isa_of(module).kind == ("sdot" if name == "sdot" else "generic")
+        _emit(module, name, False)
+        objects[name] = emit_object(hide_declarations(str(module), "-"), tm)
+        (tmp / f"{name}.o").write_bytes(objects[name])
+    runtime = zig.compile_c(RUNTIME_SOURCE, tmp / "rt.o", arch)
+    program = tmp / "run_int8_gemm"
+    proc = subprocess.run([*zig.zig_command(), "cc", "-target", arch.zig_target, "-O2",
+                           "-std=c99", "-Wall", "-Werror", str(ARM_HARNESS),
+                           *(str(tmp / f"{name}.o") for name in ARM_KINDS), str(runtime),
+                           "-lpthread", "-o", str(program)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return objects, program
+
+
+@pytest.mark.parametrize("kind", list(ARM_KINDS))
+def test_aarch64_kernels_use_their_instructions(arm, kind: str) -> None:
+    words = np.frombuffer(arm[0][kind][: len(arm[0][kind]) // 4 * 4], "<u4")
+    mask, value = ARM_OPCODES[kind]
+    assert np.count_nonzero(words & mask == value) >= 8, f"no {kind} multiply-adds"
+
+
+def test_aarch64_kernels_under_qemu(arm) -> None:
+    qemu = shutil.which("qemu-aarch64-static")
+    if qemu is None or not (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").is_file():
+        pytest.skip("needs qemu-user-static and libc6-arm64-cross (tests/test_harness.py)")
+    rng = np.random.default_rng(15)
+    names = _arm_names()
+    records, wanted = [], []
+    for index, kind in enumerate(ARM_KINDS):
+        for (m, n, kk) in [(1, 1, 1), (3, 17, 5), (17, 63, 100), (100, 3, 63), (13, 70, 64)]:
+            for case, (a_signed, b_signed) in enumerate(SIGNS * 2):
+                a, b, a_zero, b_zero = _operands(rng, m, n, kk, a_signed, b_signed, case)
+                packed = pack_b_int8(b, b_zero)
+                if case < 4:
+                    name, operand = f"packed_{int(a_signed)}{int(packed.row_sums)}", packed.data
+                else:
+                    name = f"runtime_{int(a_signed)}{int(b_signed)}{int(b_zero.size > 1)}"
+                    operand = b
+                head = [index * len(names) + names.index(name), m, n, kk, a_zero, 0, a.nbytes,
+                        operand.nbytes, b_zero.nbytes, 4 * m * n, packed_b_size(kk, n)]
+                records.append(np.array(head, "<i8").tobytes() + a.tobytes()
+                               + operand.tobytes() + b_zero.tobytes())
+                wanted.append((kind, name, _reference(a, b, a_zero, b_zero)))
+    proc = subprocess.run([qemu, "-L", str(AARCH64_SYSROOT), "-cpu", "max", str(arm[1])],
+                          input=b"".join(records), capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    at = 0
+    for kind, name, want in wanted:
+        got = np.frombuffer(proc.stdout[at:at + want.nbytes], "<i4").reshape(want.shape)
+        at += want.nbytes
+        np.testing.assert_array_equal(got, want, err_msg=f"{kind} {name} {want.shape}")
+    assert at == len(proc.stdout)

@@ -191,11 +191,7 @@ def isa_named(kind: str, **extra: object) -> Int8Isa:
 
 
 def int8_isa_of(module: ir.Module) -> Int8Isa:
-    """The kernel for the module's target and features (see the module docstring);
-    `module.cuvil_int8_kind` pins one (tests: the generic kernel on x86)."""
-    pinned = getattr(module, "cuvil_int8_kind", None)
-    if pinned is not None:
-        return isa_named(pinned)
+    """The kernel for the module's target and features (see the module docstring)."""
     features = set(getattr(module, "cuvil_features", "").split(","))
     if module.triple.startswith(("aarch64", "arm64")):
         return isa_named("sdot" if "+dotprod" in features else "generic")
