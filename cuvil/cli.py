@@ -425,6 +425,7 @@ def _inspect_quantization(args: argparse.Namespace) -> int:
 
     path = Path(args.path)
     method, keep = args.calibration_method, tuple(args.keep_float)
+    jobs: list[tuple[Path, Mapping[str, Sequence[int | str]], QuantizeSettings, str]]
     if path.is_dir() or path.name == "pyproject.toml":
         if args.calibration or args.input:
             raise ConfigError(f"{path}: --calibration and --input are for a model file; a project "
@@ -444,11 +445,11 @@ def _inspect_quantization(args: argparse.Namespace) -> int:
         if not args.calibration:
             raise ConfigError(f"{path}: --quantization needs --calibration FILE.npz (or "
                               "module:function) for a model file")
-        inputs = dict(_parse_dims(text, "--input") for text in args.input)
-        jobs = [(path, inputs, QuantizeSettings(args.calibration, method or "minmax", keep,
+        pins = dict(_parse_dims(text, "--input") for text in args.input)
+        jobs = [(path, pins, QuantizeSettings(args.calibration, method or "minmax", keep,
                                                 (Path.cwd(),)), str(path))]
-    for index, (source, inputs, settings, label) in enumerate(jobs):
-        report = quantization_report(source, settings, inputs or None, label=label)
+    for index, (source, dims, settings, label) in enumerate(jobs):
+        report = quantization_report(source, settings, dims or None, label=label)
         print(("\n" if index else "") + report.table())
     return 0
 

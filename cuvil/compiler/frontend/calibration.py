@@ -81,7 +81,7 @@ def read_calibration(source: CalibrationSource, specs: Mapping[str, InputSpec], 
         return _read_npz(Path(source), specs)
     if isinstance(source, str):
         label = f"calibration entry point {source!r}"
-        feeds = _entry_point_feeds(source, label, search_path)
+        feeds: Iterable[Mapping[str, Any]] = _entry_point_feeds(source, label, search_path)
     else:
         label = "calibration data"
         feeds = source
@@ -140,6 +140,15 @@ def _read_npz(path: Path, specs: Mapping[str, InputSpec]) -> list[Feeds]:
             raise ConfigError(f"{label}: cannot read its arrays ({exc}); {fix} with numeric "
                               "arrays (object arrays need pickle, which cuvil does not load)") from None
     _check_names(arrays, specs, label)
+    for name, array in arrays.items():
+        spec = specs[name]
+        if array.ndim not in (len(spec.shape), len(spec.shape) + 1):
+            raise ConfigError(
+                f"{label}: input {name!r} has shape {list(array.shape)} (rank {array.ndim}), the "
+                f"model's input is {spec.text()} (rank {len(spec.shape)}); save samples along the "
+                f"first axis (rank {len(spec.shape)}) or whole feeds stacked on a new first axis "
+                f"(rank {len(spec.shape) + 1})")
+        _check_dtype(array, spec, label)
     rows = {name: len(a) if a.ndim else None for name, a in arrays.items()}
     if len(set(rows.values())) != 1 or None in rows.values():
         counts = ", ".join(f"{n}: {r if r is not None else 'a scalar'}" for n, r in rows.items())
@@ -150,15 +159,6 @@ def _read_npz(path: Path, specs: Mapping[str, InputSpec]) -> list[Feeds]:
         raise ConfigError(f"{label}: the arrays hold no samples (their first axis is 0); save "
                           "representative inputs, a few hundred samples are typical")
     stacked = {name: arrays[name].ndim == len(specs[name].shape) + 1 for name in arrays}
-    for name, array in arrays.items():
-        spec = specs[name]
-        if array.ndim not in (len(spec.shape), len(spec.shape) + 1):
-            raise ConfigError(
-                f"{label}: input {name!r} has shape {list(array.shape)} (rank {array.ndim}), the "
-                f"model's input is {spec.text()} (rank {len(spec.shape)}); save samples along the "
-                f"first axis (rank {len(spec.shape)}) or whole feeds stacked on a new first axis "
-                f"(rank {len(spec.shape) + 1})")
-        _check_dtype(array, spec, label)
     if len(set(stacked.values())) != 1:
         raise ConfigError(f"{label}: some arrays stack whole feeds (one rank more than their "
                           "input) and others do not; save all in one layout")

@@ -30,8 +30,13 @@ from cuvil.compiler.frontend.calibration import (
 from cuvil.compiler.frontend.loader import load_onnx
 from cuvil.errors import ConfigError, MissingDependencyError, ModelError
 
-__all__ = ["ONNXRUNTIME_REQUIREMENT", "Quantized", "QuantizeSettings",
-           "quantize_model", "quantize_with_reference"]
+__all__ = [
+    "ONNXRUNTIME_REQUIREMENT",
+    "QuantizeSettings",
+    "Quantized",
+    "quantize_model",
+    "quantize_with_reference",
+]
 
 #: what the build backend asks the frontend to install for a model with quantize = "int8"
 ONNXRUNTIME_REQUIREMENT = "onnxruntime>=1.17"
@@ -83,7 +88,7 @@ def quantize_with_reference(source: str | Path | onnx.ModelProto, settings: Quan
     say(f"cuvil: quantizing {label} to int8 on {len(feeds)} calibration feeds "
         f"({settings.method} ranges)")
 
-    class Reader(quantization.CalibrationDataReader):  # type: ignore[misc]
+    class Reader(quantization.CalibrationDataReader):  # type: ignore[name-defined]
         def __init__(self) -> None:
             self._feeds = iter(feeds)
 

@@ -47,13 +47,14 @@ class QuantizationReport:
 
     def table(self) -> str:
         width = max([len(e.node) for e in self.layers + self.outputs] + [10])
-        lines = [f"{self.label}: int8 against float on {self.samples} calibration samples "
-                 f"({self.feeds} feeds, {self.method} ranges)",
-                 f"  {'layer':<{width}}  {'op':<18} {'int8':<5} {'rel. error':>10} {'SNR dB':>8}"]
+        title = (f"{self.label}: int8 against float on {self.samples} calibration samples "
+                 f"({self.feeds} feeds, {self.method} ranges)")
+        header = f"{'rel. error':>10} {'SNR dB':>8}"
+        lines = [title, f"  {'layer':<{width}}  {'op':<18} {'int8':<5} {header}"]
         for e in self.layers:
             lines.append(f"  {e.node:<{width}}  {e.op_type:<18} {'yes' if e.int8 else 'no':<5} "
                          f"{e.relative_error:>10.4f} {e.snr_db:>8.1f}")
-        lines.append(f"  {'output':<{width}}  {'':<18} {'':<5} {'rel. error':>10} {'SNR dB':>8}  top-1 agreement")
+        lines.append(f"  {'output':<{width}}  {'':<18} {'':<5} {header}  top-1 agreement")
         for e in self.outputs:
             agree = "" if e.top1_agreement is None else f"  {100 * e.top1_agreement:.2f}%"
             lines.append(f"  {e.node:<{width}}  {'':<18} {'':<5} {e.relative_error:>10.4f} "
