@@ -26,7 +26,7 @@ import onnx
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I32, Emitter, View
+from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import (
     UNCHECKED,
@@ -44,7 +44,7 @@ from cuvil.compiler.ops.elementwise import _round_half_even, emit_elementwise
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
 from cuvil.errors import ModelError, UnsupportedOpError
 
-__all__ = ["QLINEAR_BIAS_SLOT", "QUANT_DTYPES", "dequantize_array", "quant_layout"]
+__all__ = ["QLINEAR_BIAS_SLOT", "QUANT_DTYPES", "QuantLayout", "dequantize_array", "quant_layout"]
 
 #: element types of quantized tensors cuvil compiles
 QUANT_DTYPES = ("int8", "uint8", "int16", "uint16")
@@ -194,7 +194,7 @@ def _compute_dtype(*dtypes: np.dtype | None) -> np.dtype:
 class QuantizeLinear(Op):
     op_type = "QuantizeLinear"
     since = 10
-    dtypes = FLOAT_SCALES + ("int32",)
+    dtypes = (*FLOAT_SCALES, "int32")
 
     def out_dtype(self, node: Node) -> np.dtype:
         zero = node.input(2)
@@ -239,7 +239,7 @@ class QuantizeLinear(Op):
 class DequantizeLinear(Op):
     op_type = "DequantizeLinear"
     since = 10
-    dtypes = QUANT_DTYPES + ("int32",)
+    dtypes = (*QUANT_DTYPES, "int32")
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         x, scale, zero = required_input(node, 0), required_input(node, 1), node.input(2)

@@ -14,8 +14,8 @@ from cuvil.compiler.ir import Graph, IRError
 from cuvil.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from cuvil.compiler.passes.fold_batchnorm import fold_batchnorm
 from cuvil.compiler.passes.fully_connected_convs import fully_connected_convs
-from cuvil.compiler.passes.fuse_qdq import fuse_qdq
 from cuvil.compiler.passes.fuse_epilogue import fuse_epilogue
+from cuvil.compiler.passes.fuse_qdq import fuse_qdq
 from cuvil.compiler.passes.pack_gemm_weights import pack_gemm_weights
 from cuvil.compiler.passes.rewrite_bodies import rewrite_bodies
 from cuvil.compiler.passes.winograd_weights import winograd_weights

@@ -23,7 +23,12 @@ import numpy as np
 
 from cuvil.compiler.ir import Graph, Node, Value
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
-from cuvil.compiler.ops.quantize import QLINEAR_BIAS_SLOT, dequantize_array, quant_layout
+from cuvil.compiler.ops.quantize import (
+    QLINEAR_BIAS_SLOT,
+    QuantLayout,
+    dequantize_array,
+    quant_layout,
+)
 from cuvil.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from cuvil.compiler.passes.rewrite import Rule, apply_rules, const_operand, pattern, sole_reader
 
@@ -69,26 +74,34 @@ def _weights(dq: Node | None, axis: int) -> tuple[np.ndarray, np.ndarray, np.nda
     return q.const, np.asarray(scale.const), np.asarray(z)
 
 
+def _constant_dequantize(dq: Node | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None,
+                                                  QuantLayout] | None:
+    """(q, scale, zero, layout) of a DequantizeLinear whose inputs are all constants."""
+    if dq is None or dq.op_type != "DequantizeLinear" or dq.domain:
+        return None
+    x, scale, zero = dq.inputs[0], dq.input(1), dq.input(2)
+    if x is None or x.const is None or scale is None or scale.const is None \
+            or (zero is not None and zero.const is None):
+        return None
+    return (x.const, np.asarray(scale.const), zero.const if zero is not None else None,
+            quant_layout(dq, x, scale, zero))
+
+
 def _int32_bias(bias: Value | None, scale: np.ndarray, count: int) -> np.ndarray | None:
-    """The bias in int32 at `scale` (x_scale * w_scale): an int32 DequantizeLinear at that
-    scale gives its integers; a float bias is rounded to it. Zeros when there is no bias;
-    None when it has another shape or does not fit in int32."""
+    """The bias in int32 at `scale` (x_scale * w_scale per channel): an int32
+    DequantizeLinear at that scale gives its integers; a float bias is rounded to it. Zeros
+    when there is no bias; None when it has another size or does not fit in int32."""
     if bias is None:
         return np.zeros(count, np.int32)
-    dq = bias.producer
-    if (dq is not None and dq.op_type == "DequantizeLinear" and not dq.domain
-            and all(const_operand(v) is not None for v in dq.inputs)):
-        q, s = dq.inputs[0].const, dq.inputs[1].const  # type: ignore[union-attr]
-        z = dq.input(2)
-        if (q is not None and q.dtype == np.int32 and (z is None or not np.any(z.const))
-                and np.allclose(np.broadcast_to(s, (count,)), scale, rtol=1e-6, atol=0)):
-            return np.broadcast_to(q.reshape(-1), (count,)).astype(np.int32)
+    quantized = _constant_dequantize(bias.producer)
     value = const_operand(bias)
-    if value is None and dq is not None and all(const_operand(v) is not None for v in dq.inputs):
-        value = dequantize_array(dq.inputs[0].const, dq.inputs[1].const,  # type: ignore
-                                 dq.input(2).const if dq.input(2) is not None else None,  # type: ignore
-                                 quant_layout(dq, dq.inputs[0], dq.inputs[1], dq.input(2)),  # type: ignore
-                                 np.dtype("float32"))
+    if quantized is not None:
+        q, s, z, layout = quantized
+        if (q.dtype == np.int32 and q.size == count and (z is None or not np.any(z))
+                and np.allclose(np.broadcast_to(s.reshape(-1), (count,)), scale, rtol=1e-6,
+                                atol=0)):
+            return q.reshape(-1).astype(np.int32)
+        value = dequantize_array(q, s, z, layout, np.dtype("float32"))
     if value is None or value.size not in (1, count):
         return None
     rounded = np.rint(np.broadcast_to(value.reshape(-1), (count,)).astype(np.float64) / scale)
@@ -191,10 +204,13 @@ def _qlinear_matmul(graph: Graph, prod: Node, a_dq: Node, q: Node) -> Node | Non
 
 
 def _same_params(a: Node, b: Node) -> bool:
-    pa, pb = [const_operand(a.input(i)) for i in (1, 2)], [const_operand(b.input(i)) for i in (1, 2)]
-    return (all(p is not None and p.size == 1 for p in pa + pb)
-            and all(np.array_equal(x.reshape(-1), y.reshape(-1), equal_nan=False)  # type: ignore
-                    and x.dtype == y.dtype for x, y in zip(pa, pb)))  # type: ignore[union-attr]
+    """Both nodes have the same constant per-tensor scale and zero point."""
+    for i in (1, 2):
+        pa, pb = const_operand(a.input(i)), const_operand(b.input(i))
+        if pa is None or pb is None or pa.size != 1 or pa.dtype != pb.dtype \
+                or not np.array_equal(pa.reshape(-1), pb.reshape(-1)):
+            return False
+    return True
 
 
 def _fuse_mover(graph: Graph, q: Node) -> Node | None:
@@ -204,9 +220,12 @@ def _fuse_mover(graph: Graph, q: Node) -> Node | None:
     mover = x.producer
     dq = _dq(mover.input(0))
     if (mover.op_type not in MOVERS or mover.domain or len(mover.outputs) != 1 or dq is None
-            or not _same_params(dq, q) or dq.inputs[0].type.dtype != q.outputs[0].type.dtype):  # type: ignore[union-attr]
+            or not _same_params(dq, q)):
         return None
-    moved = Node(mover.op_type, [dq.inputs[0], *mover.inputs[1:]], [], dict(mover.attrs),
+    q_in = dq.inputs[0]
+    if q_in is None or q_in.type.dtype != q.outputs[0].type.dtype:
+        return None
+    moved = Node(mover.op_type, [q_in, *mover.inputs[1:]], [], dict(mover.attrs),
                  name=mover.name, opset=mover.opset)
     graph.replace_node(q, moved)
     graph.remove_nodes([mover])
