@@ -449,6 +449,20 @@ HIDDEN void cuvil_populate(void *p, int64_t bytes) {
 #endif
 }
 
+/* One bit of CPUID (reg 0-3: EAX, EBX, ECX, EDX), 0 where there is no such leaf or no CPUID.
+ * For kernels that use instructions beyond their copy's CPU level (the int8 GEMM's VNNI, not
+ * part of x86-64-v4): they ask once and keep the answer. LLVM IR has no CPUID, and inline
+ * assembly would need the target's assembler in the compiler, which llvmlite lacks. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+HIDDEN int32_t cuvil_cpuid_bit(int32_t leaf, int32_t subleaf, int32_t reg, int32_t bit) {
+    uint32_t r[4] = {0, 0, 0, 0};
+    if (__get_cpuid_max((uint32_t)leaf & 0x80000000u, 0) < (uint32_t)leaf) return 0;
+    __cpuid_count(leaf, subleaf, r[0], r[1], r[2], r[3]);
+    return (int32_t)((r[reg & 3] >> (bit & 31)) & 1u);
+}
+#endif
+
 #ifdef CUVIL_MODEL
 /* the library's exports, cuvil_<model>_* like the rest of its C ABI (see the header) */
 #define CUVIL_PASTE(a, b, c) a##b##c

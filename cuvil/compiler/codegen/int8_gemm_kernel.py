@@ -1,0 +1,799 @@
+"""An exact 8-bit integer matrix product with int32 results, MatMulInteger's arithmetic, shared
+by the quantized ops:
+
+    C[m, n] = sum_k (A[m, k] - a_zero) * (B[k, n] - b_zero[n])          (int32, wrapping)
+
+A is uint8 or int8, row-major with a row stride; a_zero is a run-time scalar (DynamicQuantizeLinear
+computes it per call). B is a constant weight packed at compile time (`pack_b_int8`), b_zero a
+scalar or one per column; a B computed at run time is packed by the kernel into scratch memory
+first (`emit_parallel_int8_gemm_runtime_b`: attention's products of two activations).
+
+Every path multiplies the same two byte representations: ua = A as uint8 (signed A xor 0x80,
+i.e. a + 128) and sb = B as int8 (unsigned B xor 0x80, i.e. b - 128), the form AVX-512 VNNI's
+vpdpbusd takes. With a = ua + ca (ca = -128 for int8 A, else 0) and b = sb + cb (cb = 128 for
+uint8 B, else 0), alpha = ca - a_zero and beta[n] = cb - b_zero[n]:
+
+    C = sum_k ua * sb + beta[n] * rowsum(ua)[m] + alpha * (colsum(sb)[n] + K * beta[n])
+
+colsum and beta come from the packing; the row sums of A are computed only when some beta is
+not 0 (`PackedB.row_sums`: uint8 weights whose zero point is not 128; the usual int8 symmetric
+and uint8-at-128 weights need none). All of it is int32 arithmetic modulo 2^32, so the result
+is bit-identical to the int64 sum reduced to int32, whatever the order of the additions.
+
+B is packed (`pack_b_int8`) in panels of PACK_COLS columns, N padded with zero columns to a whole
+panel, each panel k-major in groups of GROUP = 4 values of k: group g of a panel is 32 columns x
+4 bytes, column c's B[4g..4g+3, c] consecutive (K padded with zeros to a multiple of 4). One
+vector load then gives W columns' 4 values each, what a 4-way dot product instruction reads;
+every x86 level reads this one layout (the CPU variants of a library share one weights blob).
+After the panels come colsum and beta (int32, one per padded column).
+
+Instruction sets (`int8_isa_of`), each a register tile of MR rows x NV vectors of W columns whose
+int32 sums stay in registers over the whole of K:
+
+- "vnni512": AVX-512 VNNI vpdpbusd, 64 multiply-adds per instruction (12 x 32 tile);
+- "avxvnni": AVX-VNNI's VEX vpdpbusd on 8 lanes (6 x 16);
+- "madd512" / "madd256" / "madd128" (AVX-512BW, AVX2, SSE2): bytes widened to int16 exactly
+  and multiplied with vpmaddwd, each product pair summed into its own int32 lane ("pairs",
+  combined at the end); vpmaddubsw is not used: it saturates;
+- "sdot": AArch64 SDOT (dotprod), on ua xor 0x80 (= ua - 128, plus 128 * colsum(sb));
+- "generic": widening multiply-accumulate in plain LLVM vectors (NEON's smlal on AArch64
+  without dotprod, and any other target), products summed in groups of 4 at the end.
+
+VNNI is not part of x86-64-v4 nor AVX-VNNI of v3, so the library has no copy that could assume
+them. Rather than a fourth and fifth copy of every model's code (compile time, library size and
+the dispatcher's table, all for one kernel), the v4 copy holds both the vnni512 and the
+madd512 kernel, the v3 copy avxvnni and madd256, and the kernel's entry tests the CPUID bit
+once (the runtime's cuvil_cpuid_bit, its answer cached in an internal global like the
+dispatcher's level), see `_cpuid_gate`. The VNNI
+kernel itself is compiled with the extra feature as a function attribute. A module whose
+features name the flag ("+avx512vnni", e.g. cpu="native" here) calls it directly; one that
+excludes it ("-avx512vnni") never does.
+
+The epilogue (`QEpilogue`) turns a finished tile into the output while it is in registers:
+int32 as is, float32 = (acc) * a_scale * scale[n] + bias[n], or uint8/int8 =
+saturate(round_half_even((acc + bias[n]) * a_scale * scale[n]) + c_zero) (QLinearMatMul/Conv).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+
+from cuvil.compiler.codegen.emitter import I8, I32, I64, PTR, Emitter, splat
+
+I16 = ir.IntType(16)
+F32 = ir.FloatType()
+#: columns per panel of a packed B and values of k per group (what one 4-way dot reads)
+PACK_COLS = 32
+GROUP = 4
+#: a block of columns of B (x K bytes) is walked by every row tile before the next: it stays in L2
+BLOCK_BYTES = 512 * 1024
+#: parallel split, as the float kernel's: blocks per thread, fewest tiles per block
+BLOCKS_PER_THREAD = 4
+MIN_ROW_TILES = 4
+MIN_COLUMN_TILES = 2
+
+
+# ------------------------------------------------------------------------------ packing
+
+
+@dataclass(frozen=True)
+class PackedB:
+    """A constant B packed for the kernel: `data` is the whole blob (panels, colsum, beta)."""
+
+    data: np.ndarray  # uint8, packed_b_size(k, n) bytes
+    k: int
+    n: int
+    #: whether the kernel must compute row sums of A (some column's beta is not 0)
+    row_sums: bool
+
+
+def padded(k: int, n: int) -> tuple[int, int]:
+    """K rounded up to whole groups, N to whole panels."""
+    return -(-k // GROUP) * GROUP, -(-n // PACK_COLS) * PACK_COLS
+
+
+def packed_b_size(k: int, n: int) -> int:
+    """Bytes of a packed B[K, N] (also the scratch the run-time-B product needs)."""
+    kp, np_ = padded(k, n)
+    return kp * np_ + 8 * np_
+
+
+def pack_b_int8(b: np.ndarray, b_zero: int | np.ndarray = 0) -> PackedB:
+    """B[K, N] (uint8 or int8) with its zero point (a scalar, or one per column) packed as the
+    module docstring says."""
+    b = np.asarray(b)
+    if b.ndim != 2 or b.dtype not in (np.uint8, np.int8):
+        raise ValueError(f"pack_b_int8 takes a 2-D uint8 or int8 matrix, not {b.dtype} {b.shape}")
+    k, n = b.shape
+    zero = np.asarray(b_zero).astype(np.int64).reshape(-1)
+    if zero.size not in (1, n):
+        raise ValueError(f"b_zero has {zero.size} values for {n} columns")
+    unsigned = b.dtype == np.uint8
+    sb = b.astype(np.int64) - (128 if unsigned else 0)
+    kp, np_ = padded(k, n)
+    full = np.zeros((kp, np_), np.int8)
+    full[:k, :n] = sb
+    # [group, j, panel, column] -> [panel, group, column, j]
+    panels = full.reshape(kp // GROUP, GROUP, np_ // PACK_COLS, PACK_COLS).transpose(2, 0, 3, 1)
+    colsum = np.zeros(np_, np.int64)
+    colsum[:n] = sb.sum(axis=0)
+    beta = np.zeros(np_, np.int64)
+    beta[:n] = (128 if unsigned else 0) - np.broadcast_to(zero, (n,))
+    data = np.concatenate([np.ascontiguousarray(panels).reshape(-1).view(np.uint8),
+                           colsum.astype(np.int32).view(np.uint8),
+                           beta.astype(np.int32).view(np.uint8)])
+    return PackedB(data, k, n, bool(np.any(beta != 0)))
+
+
+# ------------------------------------------------------------------------------ interface
+
+
+@dataclass(frozen=True)
+class QEpilogue:
+    """What a finished tile becomes: output "int32" (the sums), "float32"
+    (acc * a_scale * scale[n] + bias[n]) or "uint8"/"int8" (saturate(round((acc + bias[n]) *
+    a_scale * scale[n]) + c_zero), round half to even). `bias`: "none", "int32" (added to the
+    sums before scaling: QLinearConv's B) or "float32" (added after: float32 output only).
+    scale and bias are float32/int32 arrays of N; a_scale (float32) and c_zero (int32) are
+    run-time scalars."""
+
+    output: str = "int32"
+    bias: str = "none"
+
+    def __post_init__(self) -> None:
+        assert self.output in ("int32", "float32", "uint8", "int8"), self.output
+        assert self.bias in ("none", "int32", "float32"), self.bias
+        assert self.bias != "float32" or self.output == "float32", self
+
+    @property
+    def suffix(self) -> str:
+        return f"{self.output}_{self.bias}"
+
+
+INT32 = QEpilogue()
+
+
+@dataclass(frozen=True)
+class Int8Isa:
+    kind: str  # see the module docstring
+    vector: int  # int32 lanes (= columns) per vector
+    mr: int  # rows per tile
+    nv: int  # vectors per tile row
+    #: the CPUID test (leaf, subleaf, register, bit) under which `kind` runs, else `fallback`
+    gate: tuple[int, int, int, int] | None = None
+    fallback: str | None = None
+    #: extra LLVM target features the kind's function needs
+    features: str = ""
+
+    @property
+    def nr(self) -> int:
+        return self.vector * self.nv
+
+
+_SHAPES = {"vnni512": (16, 12, 2), "avxvnni": (8, 6, 2), "madd512": (16, 6, 2),
+           "madd256": (8, 6, 1), "madd128": (4, 6, 1), "sdot": (4, 12, 2), "generic": (4, 4, 1)}
+#: kinds whose vector holds int16 pairs of sums (two accumulators per vector), or 4W products
+_PAIRS = ("madd512", "madd256", "madd128")
+#: CPUID leaf 7 bits (X86_CPU_FLAGS): AVX512_VNNI is ECX bit 11 of subleaf 0, AVX-VNNI EAX bit 4
+#: of subleaf 1 (an invalid subleaf reads as zeros). Their register state is the AVX-512 or
+#: AVX state the dispatcher already checked to run the copy.
+_VNNI512_BIT = (7, 0, 2, 11)
+_AVXVNNI_BIT = (7, 1, 0, 4)
+
+
+def isa_named(kind: str, **extra: object) -> Int8Isa:
+    vector, mr, nv = _SHAPES[kind]
+    return Int8Isa(kind, vector, mr, nv, **extra)  # type: ignore[arg-type]
+
+
+def int8_isa_of(module: ir.Module) -> Int8Isa:
+    """The kernel for the module's target and features (see the module docstring)."""
+    features = set(getattr(module, "cuvil_features", "").split(","))
+    if module.triple.startswith(("aarch64", "arm64")):
+        return isa_named("sdot" if "+dotprod" in features else "generic")
+    if not module.triple.startswith(("x86_64", "i686", "i386")):
+        return isa_named("generic")
+    if "+avx512bw" in features:
+        if "+avx512vnni" in features:
+            return isa_named("vnni512")
+        if "-avx512vnni" in features:
+            return isa_named("madd512")
+        return isa_named("vnni512", gate=_VNNI512_BIT, fallback="madd512",
+                         features="+avx512vnni")
+    if "+avx2" in features:
+        if "+avxvnni" in features:
+            return isa_named("avxvnni")
+        if "-avxvnni" in features:
+            return isa_named("madd256")
+        return isa_named("avxvnni", gate=_AVXVNNI_BIT, fallback="madd256", features="+avxvnni")
+    return isa_named("madd128")
+
+
+def int8_gemm_function(module: ir.Module, a_signed: bool, row_sums: bool,
+                       epilogue: QEpilogue = INT32) -> ir.Function:
+    """`void qgemm(M, N, K, A, lda, a_zero, B, colsum, beta, C, ldc, scale, a_scale, bias,
+    c_zero)`: C[M, N] (row stride ldc, elements of the epilogue's output type) from A[M, K]
+    (row stride lda, bytes) and a packed B whose panels start at B and whose colsum and beta
+    (int32) at colsum and beta. M, N, K, lda, ldc are i64, a_zero and c_zero i32, a_scale
+    float; scale and bias (N values) are read only when the epilogue uses them."""
+    isa = int8_isa_of(module)
+    key = f"{int(a_signed)}{int(row_sums)}.{epilogue.suffix}"
+    name = f"cuvil.qgemm.{key}"
+    try:
+        return module.get_global(name)
+    except KeyError:
+        pass
+
+    def define(fn_name: str, kind_isa: Int8Isa) -> ir.Function:
+        fn = ir.Function(module, _QGEMM_TYPE, fn_name)
+        fn.linkage = "internal"
+        fn.attributes.add("noinline")
+        for i in (3, 6, 9):
+            fn.args[i].add_attribute("noalias")
+        if kind_isa.features:
+            features = ",".join(f for f in (getattr(module, "cuvil_features", ""),
+                                            kind_isa.features) if f)
+            # llvmlite knows no string attributes: this one is written as it is
+            set.add(fn.attributes, f'"target-features"="{features}"')
+        _Writer(module, fn, kind_isa, a_signed, row_sums, epilogue).write()
+        return fn
+
+    if isa.gate is None:
+        return define(name, isa)
+    assert isa.fallback is not None
+    fast = define(f"{name}.{isa.kind}", isa)
+    slow = define(f"{name}.{isa.fallback}", isa_named(isa.fallback))
+    fn = ir.Function(module, _QGEMM_TYPE, name)
+    fn.linkage = "internal"
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    has = _cpuid_gate(module, b, isa.gate)
+    with b.if_else(has) as (yes, no):
+        with yes:
+            b.call(fast, fn.args)
+        with no:
+            b.call(slow, fn.args)
+    b.ret_void()
+    return fn
+
+
+_QGEMM_TYPE = ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, I32, PTR, PTR, PTR, PTR,
+                                              I64, PTR, F32, PTR, I32])
+
+
+#: the runtime's CPUID query (cuvil/runtime/threadpool.c)
+CPUID_BIT = "cuvil_cpuid_bit"
+
+
+def _cpuid_gate(module: ir.Module, b: ir.IRBuilder, bit: tuple[int, int, int, int]) -> ir.Value:
+    """Whether the CPU has the CPUID `bit`, read once per library and kept in an internal
+    global (1 yes, 2 no, 0 not read yet): CPUID traps to the hypervisor on virtual machines,
+    too slow for every product. Threads racing on the first read store the same value."""
+    name = "cuvil.cpuid." + ".".join(map(str, bit))
+    try:
+        cache = module.get_global(name)
+    except KeyError:
+        cache = ir.GlobalVariable(module, I32, name)
+        cache.linkage = "internal"
+        cache.initializer = ir.Constant(I32, 0)
+    known = b.load_atomic(cache, "monotonic", 4)
+    slot = b.alloca(I32)
+    b.store(known, slot)
+    with b.if_then(b.icmp_signed("==", known, ir.Constant(I32, 0)), likely=False):
+        try:
+            query = module.get_global(CPUID_BIT)
+        except KeyError:
+            query = ir.Function(module, ir.FunctionType(I32, [I32] * 4), CPUID_BIT)
+        has = b.call(query, [ir.Constant(I32, x) for x in bit])
+        fresh = b.select(b.icmp_signed("!=", has, ir.Constant(I32, 0)), ir.Constant(I32, 1),
+                         ir.Constant(I32, 2))
+        b.store_atomic(fresh, cache, "monotonic", 4)
+        b.store(fresh, slot)
+    return b.icmp_signed("==", b.load(slot), ir.Constant(I32, 1))
+
+
+def _intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+    try:
+        return module.get_global(name)
+    except KeyError:
+        return ir.Function(module, ir.FunctionType(ret, args), name)
+
+
+def _suffix(vt: ir.VectorType) -> str:
+    e = vt.element
+    return f"v{vt.count}{'f32' if e == F32 else f'i{e.width}'}"
+
+
+def _masked(module: ir.Module, op: str, vt: ir.VectorType) -> ir.Function:
+    mask = ir.VectorType(ir.IntType(1), vt.count)
+    if op == "load":
+        return _intrinsic(module, f"llvm.masked.load.{_suffix(vt)}.p0", vt, [PTR, I32, mask, vt])
+    return _intrinsic(module, f"llvm.masked.store.{_suffix(vt)}.p0", ir.VoidType(),
+                      [vt, PTR, I32, mask])
+
+
+_ALIGN1 = ir.Constant(I32, 1)
+
+
+class _Writer:
+    def __init__(self, module: ir.Module, fn: ir.Function, isa: Int8Isa, a_signed: bool,
+                 row_sums: bool, epilogue: QEpilogue) -> None:
+        self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {})
+        self.module = module
+        self.isa, self.row_sums, self.epilogue = isa, row_sums, epilogue
+        (self.m, self.n, self.kk, self.a, self.lda, self.a_zero, self.bp, self.colsum,
+         self.beta, self.c, self.ldc, self.scale, self.a_scale, self.bias,
+         self.c_zero) = fn.args
+        w = isa.vector
+        self.w = w
+        self.vi32 = ir.VectorType(I32, w)
+        # the xor that turns A's bytes into the multiplied form: ua (signed A: a ^ 0x80), and
+        # for SDOT sa = ua ^ 0x80
+        flip = (0x80 if a_signed else 0) ^ (0x80 if isa.kind == "sdot" else 0)
+        self.a_xor = flip
+        self.ua_xor = 0x80 if a_signed else 0
+        self.ca = -128 if a_signed else 0
+        self.out_type = {"int32": I32, "float32": F32, "uint8": I8, "int8": I8}[epilogue.output]
+
+    # -- helpers -------------------------------------------------------------------------
+    def i32(self, v: int) -> ir.Constant:
+        return ir.Constant(I32, v)
+
+    def slots(self, count: int, ty: ir.Type) -> list[ir.Value]:
+        """Zeroed stack slots (registers after mem2reg: loops carry them as phis)."""
+        b = self.k.b
+        with b.goto_entry_block():
+            out = [b.alloca(ty) for _ in range(count)]
+        for s in out:
+            b.store(ir.Constant(ty, None), s)
+        return out
+
+    def lanes_below(self, count: ir.Value, width: int) -> ir.Value:
+        lanes = ir.Constant(ir.VectorType(I64, width), list(range(width)))
+        return self.k.b.icmp_signed("<", lanes, splat(self.k.b, count, width))
+
+    def vload(self, p: ir.Value, vt: ir.VectorType, mask: ir.Value | None,
+              passthru: ir.Constant | None = None) -> ir.Value:
+        b = self.k.b
+        if mask is None:
+            return b.load(p, typ=vt, align=1)
+        return b.call(_masked(self.module, "load", vt),
+                      [p, _ALIGN1, mask, passthru or ir.Constant(vt, None)])
+
+    def vstore(self, x: ir.Value, p: ir.Value, mask: ir.Value | None) -> None:
+        b = self.k.b
+        if mask is None:
+            b.store(x, p, align=1)
+        else:
+            b.call(_masked(self.module, "store", x.type), [x, p, _ALIGN1, mask])
+
+    def byte_splat(self, value: int, count: int) -> ir.Constant:
+        return ir.Constant(ir.VectorType(I8, count), [value] * count)
+
+    # -- structure -----------------------------------------------------------------------
+    def write(self) -> None:
+        """Columns in blocks of BLOCK_BYTES of B; in each, every row tile (its row sums first,
+        when needed) walks the block's column tiles."""
+        k = self.k
+        b = k.b
+        kp = b.and_(b.add(self.kk, k.i64(GROUP - 1)), k.i64(-GROUP))
+        self.kp = kp
+        self.groups = b.udiv(self.kk, k.i64(GROUP))
+        self.tail = b.sub(self.kk, b.mul(self.groups, k.i64(GROUP)))
+        self.alpha = b.sub(self.i32(self.ca), self.a_zero)
+        k32 = b.trunc(self.kk, I32)
+        self.k32 = k32
+        cols = b.udiv(k.i64(BLOCK_BYTES), k.maximum("int64", kp, k.i64(1)))
+        block = k.maximum("int64", b.mul(b.udiv(cols, k.i64(PACK_COLS)), k.i64(PACK_COLS)),
+                          k.i64(PACK_COLS))
+        count = b.udiv(b.add(self.n, b.sub(block, k.i64(1))), block)
+        with k.loop(count, name="jb") as t:
+            jb = b.mul(t, block)
+            jend = k.minimum("int64", self.n, b.add(jb, block))
+
+            def row_tile(i0: ir.Value, height: int) -> None:
+                sums = self.row_sums_of(i0, height) if self.row_sums else None
+                self.columns(jb, jend, i0, height, sums)
+
+            self.row_tiles(row_tile)
+        b.ret_void()
+
+    def row_tiles(self, body: Callable[[ir.Value, int], None]) -> None:
+        """body(i0, height): whole MR-row tiles, then tiles of halving heights for the rest."""
+        k, mr = self.k, self.isa.mr
+        b = k.b
+        m_full = b.mul(b.udiv(self.m, k.i64(mr)), k.i64(mr))
+        with k.loop(m_full, step=mr, name="i") as i:
+            body(i, mr)
+        start = m_full
+        height = 1
+        heights: list[int] = []
+        while height < mr:
+            heights.insert(0, height)
+            height *= 2
+        for h in heights:
+            fits = b.icmp_signed(">=", b.sub(self.m, start), k.i64(h))
+            with k.if_then(fits):
+                body(start, h)
+            start = b.add(start, b.select(fits, k.i64(h), k.i64(0)))
+
+    def columns(self, jb: ir.Value, jend: ir.Value, i0: ir.Value, height: int,
+                sums: list[ir.Value] | None) -> None:
+        """The column tiles of [jb, jend) for the rows at i0: whole NR tiles, then one of as
+        many vectors as the columns left need, its stores masked."""
+        k, isa = self.k, self.isa
+        b = k.b
+        span = b.sub(jend, jb)
+        full = b.add(jb, b.mul(b.udiv(span, k.i64(isa.nr)), k.i64(isa.nr)))
+        with k.loop(full, start=jb, step=isa.nr, name="j") as j:
+            self.tile(i0, j, height, isa.nv, None, sums)
+        rem = b.sub(jend, full)
+        for nv in range(1, isa.nv + 1):
+            lo, hi = (nv - 1) * self.w, nv * self.w
+            with k.if_then(b.and_(b.icmp_signed(">", rem, k.i64(lo)),
+                                  b.icmp_signed("<=", rem, k.i64(hi)))):
+                self.tile(i0, full, height, nv, rem, sums)
+
+    def row_sums_of(self, i0: ir.Value, height: int) -> list[ir.Value]:
+        """sum_k ua[i0 + r, k] (int32) for each row r of the tile, 16 bytes at a time."""
+        k = self.k
+        b = k.b
+        width = 16
+        vb = ir.VectorType(I8, width)
+        vi = ir.VectorType(I32, width)
+        accs = self.slots(height, vi)
+        whole = b.mul(b.udiv(self.kk, k.i64(width)), k.i64(width))
+        flip = self.byte_splat(self.ua_xor, width)
+
+        def add(p: ir.Value, mask: ir.Value | None, r: int) -> None:
+            row = b.gep(self.a, [b.add(b.mul(b.add(i0, k.i64(r)), self.lda), p)],
+                        source_etype=I8)
+            # lanes past K read as the flip, which the xor turns into 0
+            x = b.xor(self.vload(row, vb, mask, flip), flip)
+            b.store(b.add(b.load(accs[r]), b.zext(x, vi)), accs[r])
+
+        with k.loop(whole, step=width, name="rs") as p:
+            for r in range(height):
+                add(p, None, r)
+        with k.if_then(b.icmp_signed("<", whole, self.kk)):
+            mask = self.lanes_below(b.sub(self.kk, whole), width)
+            for r in range(height):
+                add(whole, mask, r)
+        reduce = _intrinsic(self.module, "llvm.vector.reduce.add.v16i32", I32, [vi])
+        return [b.call(reduce, [b.load(acc)]) for acc in accs]
+
+    # -- one tile ------------------------------------------------------------------------
+    def tile(self, i0: ir.Value, j0: ir.Value, rows: int, nv: int, left: ir.Value | None,
+             sums: list[ir.Value] | None) -> None:
+        """C[i0:i0+rows, j0:j0+nv*W]; `left`: the columns from j0 to the end of the block (the
+        stores masked to them), None for a whole tile."""
+        k, isa = self.k, self.isa
+        b = k.b
+        kind = isa.kind
+        per_vec = 2 if kind in _PAIRS else 1
+        acc_t = ir.VectorType(I32, 4 * self.w) if kind == "generic" else self.vi32
+        accs = self.slots(rows * nv * per_vec, acc_t)
+        panel = b.udiv(j0, k.i64(PACK_COLS))
+        within = b.sub(j0, b.mul(panel, k.i64(PACK_COLS)))
+        b_base = b.gep(self.bp, [b.add(b.mul(panel, b.mul(self.kp, k.i64(PACK_COLS))),
+                                       b.mul(within, k.i64(GROUP)))], source_etype=I8)
+        a_rows = [b.gep(self.a, [b.mul(b.add(i0, k.i64(r)), self.lda)], source_etype=I8)
+                  for r in range(rows)]
+        a_mask_vt = ir.VectorType(I8, GROUP)
+
+        def step(g: ir.Value, tail_mask: ir.Value | None) -> None:
+            bsrc = b.gep(b_base, [b.mul(g, k.i64(PACK_COLS * GROUP))], source_etype=I8)
+            bvec = [self.vload(b.gep(bsrc, [k.i64(v * self.w * GROUP)], source_etype=I8),
+                            ir.VectorType(I8, self.w * GROUP), None) for v in range(nv)]
+            for r in range(rows):
+                at = b.gep(a_rows[r], [b.mul(g, k.i64(GROUP))], source_etype=I8)
+                if tail_mask is None:
+                    a4 = b.load(at, typ=I32, align=1)
+                else:
+                    a4 = b.bitcast(self.vload(at, a_mask_vt, tail_mask), I32)
+                if self.a_xor:
+                    a4 = b.xor(a4, self.i32(self.a_xor * 0x01010101))
+                for v in range(nv):
+                    at_acc = (r * nv + v) * per_vec
+                    self.multiply(accs[at_acc:at_acc + per_vec], a4, bvec[v])
+
+        with k.loop(self.groups, name="g") as g:
+            step(g, None)
+        with k.if_then(b.icmp_signed(">", self.tail, k.i64(0))):
+            step(self.groups, self.lanes_below(self.tail, GROUP))
+        self.finish(accs, per_vec, i0, j0, rows, nv, left, sums)
+
+    def multiply(self, accs: list[ir.Value], a4: ir.Value, bv: ir.Value) -> None:
+        """accs += ua . sb of this group of k for the W columns of `bv` (4W bytes)."""
+        b, kind, w = self.k.b, self.isa.kind, self.w
+        bytes_t = ir.VectorType(I8, 4 * w)
+        if kind in ("vnni512", "avxvnni", "sdot"):
+            a_vec = b.bitcast(splat(b, a4, w), bytes_t)
+            name = {"vnni512": "llvm.x86.avx512.vpdpbusd.512",
+                    "avxvnni": "llvm.x86.avx512.vpdpbusd.256",
+                    "sdot": f"llvm.aarch64.neon.sdot.v{w}i32.v{4 * w}i8"}[kind]
+            fn = _intrinsic(self.module, name, self.vi32, [self.vi32, bytes_t, bytes_t])
+            b.store(b.call(fn, [b.load(accs[0]), a_vec, bv]), accs[0])
+            return
+        if kind in _PAIRS:
+            # a0 a1 a2 a3 repeated, as int16; each half of B's bytes (W/2 columns) as int16
+            half = ir.VectorType(I8, 2 * w)
+            wide = ir.VectorType(I16, 2 * w)
+            a_vec = b.zext(b.bitcast(splat(b, a4, w // 2), half), wide)
+            name = {"madd512": "llvm.x86.avx512.pmaddw.d.512", "madd256": "llvm.x86.avx2.pmadd.wd",
+                    "madd128": "llvm.x86.sse2.pmadd.wd"}[kind]
+            fn = _intrinsic(self.module, name, self.vi32, [wide, wide])
+            for h in range(2):
+                idx = ir.Constant(ir.VectorType(I32, 2 * w), list(range(h * 2 * w, (h + 1) * 2 * w)))
+                part = b.sext(b.shuffle_vector(bv, ir.Constant(bytes_t, ir.Undefined), idx), wide)
+                b.store(b.add(b.load(accs[h]), b.call(fn, [part, a_vec])), accs[h])
+            return
+        # generic: 4W products, each into its own lane (int16 operands: smlal on AArch64)
+        wide = ir.VectorType(I16, 4 * w)
+        lanes = ir.VectorType(I32, 4 * w)
+        a_vec = b.zext(b.bitcast(splat(b, a4, w), bytes_t), wide)
+        prod = b.mul(b.sext(b.sext(bv, wide), lanes), b.sext(a_vec, lanes))
+        b.store(b.add(b.load(accs[0]), prod), accs[0])
+
+    def reduce(self, accs: list[ir.Value], per_vec: int) -> ir.Value:
+        """The W column sums of one vector's accumulators."""
+        b, w, kind = self.k.b, self.w, self.isa.kind
+        if kind in _PAIRS:
+            lo, hi = b.load(accs[0]), b.load(accs[1])
+
+            def pick(first: int) -> ir.Value:
+                idx = ir.Constant(ir.VectorType(I32, w), list(range(first, 2 * w, 2)))
+                return b.shuffle_vector(lo, hi, idx)
+
+            return b.add(pick(0), pick(1))
+        x = b.load(accs[0])
+        if kind != "generic":
+            return x
+        total = None
+        for j in range(GROUP):
+            idx = ir.Constant(ir.VectorType(I32, w), [GROUP * c + j for c in range(w)])
+            part = b.shuffle_vector(x, ir.Constant(x.type, ir.Undefined), idx)
+            total = part if total is None else b.add(total, part)
+        assert total is not None
+        return total
+
+    def finish(self, accs: list[ir.Value], per_vec: int, i0: ir.Value, j0: ir.Value, rows: int,
+               nv: int, left: ir.Value | None, sums: list[ir.Value] | None) -> None:
+        """The zero-point corrections, then the epilogue, and the stores."""
+        k, w = self.k, self.w
+        b = k.b
+        ep = self.epilogue
+        col_terms, betas, masks = [], [], []
+        for v in range(nv):
+            col = b.add(j0, k.i64(v * w))
+            colsum = self.vload(b.gep(self.colsum, [col], source_etype=I32), self.vi32, None)
+            beta = self.vload(b.gep(self.beta, [col], source_etype=I32), self.vi32, None)
+            term = b.mul(splat(b, self.alpha, w), b.add(colsum, b.mul(beta, splat(b, self.k32, w))))
+            if self.isa.kind == "sdot":  # sum ua.sb = sum (ua - 128).sb + 128 colsum
+                term = b.add(term, b.shl(colsum, splat(b, self.i32(7), w)))
+            col_terms.append(term)
+            betas.append(beta)
+            masks.append(None if left is None
+                         else self.lanes_below(b.sub(left, k.i64(v * w)), w))
+        scales = biases = None
+        if ep.output != "int32":
+            a_scale = splat(b, self.a_scale, w)
+            scales = [b.fmul(self.vload(b.gep(self.scale, [b.add(j0, k.i64(v * w))],
+                                              source_etype=F32),
+                                        ir.VectorType(F32, w), masks[v]), a_scale)
+                      for v in range(nv)]
+        if ep.bias != "none":
+            bt = ir.VectorType(I32 if ep.bias == "int32" else F32, w)
+            biases = [self.vload(b.gep(self.bias, [b.add(j0, k.i64(v * w))],
+                                       source_etype=bt.element), bt, masks[v])
+                      for v in range(nv)]
+        for r in range(rows):
+            for v in range(nv):
+                at = (r * nv + v) * per_vec
+                x = b.add(self.reduce(accs[at:at + per_vec], per_vec), col_terms[v])
+                if sums is not None:
+                    x = b.add(x, b.mul(betas[v], splat(b, sums[r], w)))
+                out = self.convert(x, scales[v] if scales else None,
+                                   biases[v] if biases else None)
+                row = b.add(i0, k.i64(r))
+                ptr = b.gep(self.c, [b.add(b.mul(row, self.ldc), b.add(j0, k.i64(v * w)))],
+                            source_etype=self.out_type)
+                self.vstore(out, ptr, masks[v])
+
+    def convert(self, x: ir.Value, scale: ir.Value | None, bias: ir.Value | None) -> ir.Value:
+        b, ep, w = self.k.b, self.epilogue, self.w
+        if ep.output == "int32":
+            return x
+        vf = ir.VectorType(F32, w)
+        if ep.bias == "int32":
+            assert bias is not None
+            x = b.add(x, bias)
+        y = b.fmul(b.sitofp(x, vf), scale)
+        if ep.output == "float32":
+            return b.fadd(y, bias) if ep.bias == "float32" else y
+        lo, hi = (0, 255) if ep.output == "uint8" else (-128, 127)
+        zero = b.sitofp(self.c_zero, F32)
+        y = self.k.intrinsic("llvm.roundeven", [y])
+        low = splat(b, b.fsub(ir.Constant(F32, float(lo)), zero), w)
+        high = splat(b, b.fsub(ir.Constant(F32, float(hi)), zero), w)
+        y = b.select(b.fcmp_ordered("<", y, low), low, y)
+        y = b.select(b.fcmp_ordered(">", y, high), high, y)
+        q = b.add(b.fptosi(y, self.vi32), splat(b, self.c_zero, w))
+        return b.trunc(q, ir.VectorType(I8, w))
+
+
+# ------------------------------------------------------------------------------ emitting
+
+
+def _b_parts(k: Emitter, b_packed: ir.Value, n: ir.Value, kk: ir.Value
+             ) -> tuple[ir.Value, ir.Value]:
+    """Where colsum and beta start in a packed B blob of K x N."""
+    b = k.b
+    kp = b.and_(b.add(kk, k.i64(GROUP - 1)), k.i64(-GROUP))
+    np_ = b.and_(b.add(n, k.i64(PACK_COLS - 1)), k.i64(-PACK_COLS))
+    colsum = b.gep(b_packed, [b.mul(kp, np_)], source_etype=I8)
+    return colsum, b.gep(colsum, [np_], source_etype=I32)
+
+
+def emit_int8_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,
+                   lda: ir.Value, a_zero: ir.Value, b_packed: ir.Value, c: ir.Value,
+                   ldc: ir.Value, *, a_signed: bool, row_sums: bool,
+                   epilogue: QEpilogue = INT32, scale: ir.Value | None = None,
+                   a_scale: ir.Value | None = None, bias: ir.Value | None = None,
+                   c_zero: ir.Value | None = None) -> None:
+    """C = the product of A and a packed B (`pack_b_int8` of the K x N matrix; `row_sums` is
+    its PackedB.row_sums), on the calling thread. a_zero, c_zero: i32 values; a_scale: a float."""
+    colsum, beta = _b_parts(k, b_packed, n, kk)
+    _call(k, m, n, kk, a, lda, a_zero, b_packed, colsum, beta, c, ldc, a_signed, row_sums,
+          epilogue, scale, a_scale, bias, c_zero)
+
+
+def _call(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,
+          a_zero: ir.Value, panels: ir.Value, colsum: ir.Value, beta: ir.Value, c: ir.Value,
+          ldc: ir.Value, a_signed: bool, row_sums: bool, epilogue: QEpilogue,
+          scale: ir.Value | None, a_scale: ir.Value | None, bias: ir.Value | None,
+          c_zero: ir.Value | None) -> None:
+    null = ir.Constant(PTR, None)
+    fn = int8_gemm_function(k.module, a_signed, row_sums, epilogue)
+    k.b.call(fn, [m, n, kk, a, lda, a_zero, panels, colsum, beta, c, ldc,
+                  scale if scale is not None else null,
+                  a_scale if a_scale is not None else ir.Constant(F32, 1.0),
+                  bias if bias is not None else null,
+                  c_zero if c_zero is not None else ir.Constant(I32, 0)])
+
+
+def _out_type(epilogue: QEpilogue) -> ir.Type:
+    return {"int32": I32, "float32": F32, "uint8": I8, "int8": I8}[epilogue.output]
+
+
+def emit_parallel_int8_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,
+                            lda: ir.Value, a_zero: ir.Value, b_packed: ir.Value, c: ir.Value,
+                            ldc: ir.Value, *, a_signed: bool, row_sums: bool,
+                            epilogue: QEpilogue = INT32, scale: ir.Value | None = None,
+                            a_scale: ir.Value | None = None, bias: ir.Value | None = None,
+                            c_zero: ir.Value | None = None) -> None:
+    """`emit_int8_gemm` split over the threads into blocks of rows (or of whole panels of
+    columns when M is the smaller side), as the float kernel's emit_parallel_gemm."""
+    colsum, beta = _b_parts(k, b_packed, n, kk)
+    _parallel(k, m, n, kk, a, lda, a_zero, b_packed, colsum, beta, c, ldc, a_signed, row_sums,
+              epilogue, scale, a_scale, bias, c_zero)
+
+
+def _parallel(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,
+              a_zero: ir.Value, panels: ir.Value, colsum: ir.Value, beta: ir.Value,
+              c: ir.Value, ldc: ir.Value, a_signed: bool, row_sums: bool, epilogue: QEpilogue,
+              scale: ir.Value | None, a_scale: ir.Value | None, bias: ir.Value | None,
+              c_zero: ir.Value | None) -> None:
+    isa = int8_isa_of(k.module)
+    b = k.b
+    null = ir.Constant(PTR, None)
+    by_rows = b.icmp_signed(">=", m, n)
+    extent = b.select(by_rows, m, n)
+    tile = b.select(by_rows, k.i64(isa.mr), k.i64(PACK_COLS))
+    tiles = k.floordiv(b.add(extent, b.sub(tile, k.i64(1))), tile)
+    threads = k.parallel_threads()
+    least = b.select(by_rows, k.i64(MIN_ROW_TILES), k.i64(MIN_COLUMN_TILES))
+    per_thread = k.floordiv(tiles, b.mul(threads, least))
+    per_thread = k.minimum("int64", k.maximum("int64", per_thread, k.i64(1)),
+                           k.i64(BLOCKS_PER_THREAD))
+    blocks = k.minimum("int64", b.mul(threads, per_thread), k.maximum("int64", tiles, k.i64(1)))
+    block_tiles = k.floordiv(b.add(tiles, b.sub(blocks, k.i64(1))), blocks)
+    block = b.mul(k.maximum("int64", block_tiles, k.i64(1)), tile)
+    count = k.floordiv(b.add(extent, b.sub(block, k.i64(1))), block)
+    other = b.select(by_rows, n, m)
+    a_scale_bits = b.zext(b.bitcast(a_scale if a_scale is not None else ir.Constant(F32, 1.0),
+                                    I32), I64)
+    carry = [m, n, kk, a, lda, b.sext(a_zero, I64), panels, colsum, beta, c, ldc,
+             scale if scale is not None else null, a_scale_bits,
+             bias if bias is not None else null,
+             b.sext(c_zero if c_zero is not None else ir.Constant(I32, 0), I64), block,
+             b.zext(by_rows, I64)]
+    out_t = _out_type(epilogue)
+    bias_t = F32 if epilogue.bias == "float32" else I32
+    with k.parallel_loop(count, cost=b.mul(b.mul(block, other), kk), name="qgemm",
+                         carry=carry) as t:
+        (m_, n_, kk_, a_, lda_, az_, panels_, colsum_, beta_, c_, ldc_, scale_, as_, bias_,
+         cz_, block_, rows_flag) = k.carried
+        bb = k.b
+        start = bb.mul(t, block_)
+        rows = bb.icmp_signed("!=", rows_flag, k.i64(0))
+        size = k.minimum("int64", bb.sub(bb.select(rows, m_, n_), start), block_)
+        col0 = bb.select(rows, k.i64(0), start)
+        kp = bb.and_(bb.add(kk_, k.i64(GROUP - 1)), k.i64(-GROUP))
+        _call(k, bb.select(rows, size, m_), bb.select(rows, n_, size), kk_,
+              bb.gep(a_, [bb.select(rows, bb.mul(start, lda_), k.i64(0))], source_etype=I8),
+              lda_, bb.trunc(az_, I32),
+              bb.gep(panels_, [bb.mul(col0, kp)], source_etype=I8),
+              bb.gep(colsum_, [col0], source_etype=I32), bb.gep(beta_, [col0], source_etype=I32),
+              bb.gep(c_, [bb.select(rows, bb.mul(start, ldc_), col0)], source_etype=out_t),
+              ldc_, a_signed, row_sums, epilogue,
+              bb.gep(scale_, [col0], source_etype=F32),
+              bb.bitcast(bb.trunc(as_, I32), F32),
+              bb.gep(bias_, [col0], source_etype=bias_t), bb.trunc(cz_, I32))
+
+
+def emit_parallel_int8_gemm_runtime_b(
+        k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,
+        a_zero: ir.Value, b_ptr: ir.Value, ldb: ir.Value, b_zero: ir.Value, scratch: ir.Value,
+        c: ir.Value, ldc: ir.Value, *, a_signed: bool, b_signed: bool,
+        b_zero_per_column: bool, epilogue: QEpilogue = INT32, scale: ir.Value | None = None,
+        a_scale: ir.Value | None = None, bias: ir.Value | None = None,
+        c_zero: ir.Value | None = None) -> None:
+    """The product with a B[K, N] computed at run time (row-major, row stride ldb, uint8 or
+    int8 by `b_signed`), its zero point read from `b_zero` (one value of B's type, or N of them
+    with `b_zero_per_column`): B is packed (one thread per panel) into `scratch`
+    (packed_b_size(K, N) bytes), then multiplied as a constant one would be."""
+    b = k.b
+    colsum, beta = _b_parts(k, scratch, n, kk)
+    panels = b.udiv(b.add(n, k.i64(PACK_COLS - 1)), k.i64(PACK_COLS))
+    with k.parallel_loop(panels, cost=b.mul(kk, k.i64(PACK_COLS)), name="qpack",
+                         carry=[n, kk, b_ptr, ldb, b_zero, scratch, colsum, beta]) as p:
+        _pack_panel(k, p, *k.carried, b_signed=b_signed, per_column=b_zero_per_column)
+    _parallel(k, m, n, kk, a, lda, a_zero, scratch, colsum, beta, c, ldc, a_signed, True,
+              epilogue, scale, a_scale, bias, c_zero)
+
+
+def _pack_panel(k: Emitter, p: ir.Value, n: ir.Value, kk: ir.Value, src: ir.Value,
+                ldb: ir.Value, b_zero: ir.Value, out: ir.Value, colsum: ir.Value,
+                beta: ir.Value, *, b_signed: bool, per_column: bool) -> None:
+    """Panel p of B as pack_b_int8 lays it out, with its columns' colsum and beta."""
+    b = k.b
+    kp = b.and_(b.add(kk, k.i64(GROUP - 1)), k.i64(-GROUP))
+    base = b.gep(out, [b.mul(p, b.mul(kp, k.i64(PACK_COLS)))], source_etype=I8)
+    flip = ir.Constant(I8, 0 if b_signed else 0x80)
+    ext = b.sext if b_signed else b.zext
+    last_k = b.sub(kk, k.i64(1))
+    with k.loop(k.i64(PACK_COLS), name="pc") as col:
+        j = b.add(b.mul(p, k.i64(PACK_COLS)), col)
+        inside = b.icmp_signed("<", j, n)
+        j_safe = b.select(inside, j, k.i64(0))
+        acc = _slot(k, I32)
+        with k.loop(kp, name="pk") as kr:
+            real = b.and_(inside, b.icmp_signed("<", kr, kk))
+            at = b.add(b.mul(k.minimum("int64", kr, last_k), ldb), j_safe)
+            raw = b.load(b.gep(src, [at], source_etype=I8), typ=I8)
+            sb = b.select(real, b.xor(raw, flip), ir.Constant(I8, 0))
+            group = b.udiv(kr, k.i64(GROUP))
+            dst = b.add(b.add(b.mul(group, k.i64(PACK_COLS * GROUP)), b.mul(col, k.i64(GROUP))),
+                        b.sub(kr, b.mul(group, k.i64(GROUP))))
+            b.store(sb, b.gep(base, [dst], source_etype=I8))
+            b.store(b.add(b.load(acc), b.sext(sb, I32)), acc)
+        zero = ext(b.load(b.gep(b_zero, [j_safe if per_column else k.i64(0)], source_etype=I8),
+                          typ=I8), I32)
+        at = b.add(b.mul(p, k.i64(PACK_COLS)), col)
+        b.store(b.select(inside, b.load(acc), ir.Constant(I32, 0)),
+                b.gep(colsum, [at], source_etype=I32))
+        b.store(b.select(inside, b.sub(ir.Constant(I32, 0 if b_signed else 128), zero),
+                         ir.Constant(I32, 0)), b.gep(beta, [at], source_etype=I32))
+
+
+def _slot(k: Emitter, ty: ir.Type) -> ir.Value:
+    """A zeroed stack slot made in the entry block (a register after mem2reg)."""
+    b = k.b
+    with b.goto_entry_block():
+        slot = b.alloca(ty)
+    b.store(ir.Constant(ty, None), slot)
+    return slot
