@@ -141,6 +141,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
             target=target.name,
             cpu=args.cpu,
             opt_level=args.opt_level,
+            quantize=args.quantize,
+            calibration=args.calibration,
+            calibration_method=args.calibration_method or "minmax",
+            keep_float=args.keep_float,
             log=log,
             library_file=output.name,
         )
@@ -667,6 +671,21 @@ def _parse_dim_value(text: str) -> tuple[str, int]:
 # ------------------------------------------------------------------------------ parser
 
 
+def _quantization_options(p: argparse.ArgumentParser, command: str) -> None:
+    """--calibration, --calibration-method, --keep-float (and --quantize for compile)."""
+    when = "with --quantize int8" if command == "compile" else "for --quantization"
+    if command == "compile":
+        p.add_argument("--quantize", choices=("none", "int8"), default="none",
+                       help="int8: post-training static quantization (docs/quantization.md)")
+    p.add_argument("--calibration", metavar="FILE.npz|module:function",
+                   help=f"representative inputs {when} (one array per model input)")
+    p.add_argument("--calibration-method", choices=("minmax", "percentile", "entropy"),
+                   help=f"how activation ranges are read {when} (default: minmax"
+                        + (")" if command == "compile" else ", or the project's)"))
+    p.add_argument("--keep-float", action="append", default=[], metavar="NODE_OR_OP",
+                   help=f"leave this node or op type in float {when} (repeatable)")
+
+
 def _parser() -> argparse.ArgumentParser:
     from cuvil import __version__
 
@@ -711,6 +730,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-O", dest="opt_level", type=int, choices=(0, 1, 2, 3), default=3, help="optimization level"
     )
+    _quantization_options(p, "compile")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("build", parents=[common], help="build the wheel(s) of a model project")
@@ -765,12 +785,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quantization", action="store_true",
                    help="quantize to int8 and print each layer's error against float on the "
                         "calibration data (a model with --calibration, or a project's int8 models)")
-    p.add_argument("--calibration", metavar="FILE.npz|module:function",
-                   help="calibration inputs for --quantization of a model file")
-    p.add_argument("--calibration-method", choices=("minmax", "percentile", "entropy"),
-                   help="activation ranges for --quantization (default: minmax, or the project's)")
-    p.add_argument("--keep-float", action="append", default=[], metavar="NODE_OR_OP",
-                   help="leave this node or op type in float for --quantization (repeatable)")
+    _quantization_options(p, "inspect")
     p.add_argument("--input", action="append", default=[], metavar="NAME=DIM,...",
                    help="pin or name an input's dims for --quantization of a model file")
     p.set_defaults(func=cmd_inspect)

@@ -126,8 +126,14 @@ def compile_model(
                 f'model {name}: quantize = "int8" needs calibration data: pass calibration= an '
                 '.npz file (one array per input), a "module:function" entry point or a list of '
                 "feed dicts")
-        source = quantize_model(source, QuantizeSettings(calibration, calibration_method,
-                                                         tuple(keep_float)), inputs, say)
+        # an entry point's module may lie in the current folder, as for `python -m`
+        settings = QuantizeSettings(calibration, calibration_method, tuple(keep_float),
+                                    search_path=(Path.cwd(),))
+        source = quantize_model(source, settings, inputs, say)
+    elif calibration is not None or tuple(keep_float):
+        raise ConfigError(f'model {name}: calibration data or keep-float given, but quantize is '
+                          f'{quantize or "none"!r}; pass quantize="int8" (--quantize int8), or '
+                          "leave them out")
     # a Target object: one the build backend adjusted (e.g. to MACOSX_DEPLOYMENT_TARGET)
     tgt = target if not isinstance(target, (str, type(None))) else get_target(target)
     workdir = Path(workdir)
