@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from cuvil.compiler.codegen.dispatch import render_dispatcher
 from cuvil.compiler.codegen.module import build_module, symbol_names
 from cuvil.compiler.frontend import import_model
+from cuvil.compiler.frontend.calibration import CalibrationSource
+from cuvil.compiler.frontend.quantize import QuantizeSettings, quantize_model
 from cuvil.compiler.ir import MAX_TENSOR_BYTES, Graph, Node, Value, dim_str
 from cuvil.compiler.ops import lookup
 from cuvil.compiler.ops.flops import node_flops
@@ -103,19 +105,35 @@ def compile_model(
     cpu: str | None = None,
     opt_level: int = 3,
     quantize: str | None = None,
+    calibration: CalibrationSource | None = None,
+    calibration_method: str = "minmax",
+    keep_float: Sequence[str] = (),
     log: Log | None = None,
     library_file: str | None = None,
 ) -> CompiledModel:
+    """`quantize="int8"` first turns the model into a QDQ model calibrated on `calibration`
+    (an .npz file, a "module:function" entry point or feed dicts; see frontend.quantize)."""
     from cuvil.toolchains import get_target, zig
 
     say = log or (lambda _msg: None)
     if not _NAME.match(name):
         raise ConfigError(f"model name {name!r} must be an identifier (it names C symbols)")
-    if quantize not in (None, "none"):
-        raise ConfigError(
-            f"model {name}: quantize = {quantize!r} is not supported by this cuvil version; "
-            "remove the key or set quantize = \"none\""
-        )
+    if quantize not in (None, "none", "int8"):
+        raise ConfigError(f'model {name}: quantize = {quantize!r} is not one of "none", "int8"')
+    if quantize == "int8":
+        if calibration is None:
+            raise ConfigError(
+                f'model {name}: quantize = "int8" needs calibration data: pass calibration= an '
+                '.npz file (one array per input), a "module:function" entry point or a list of '
+                "feed dicts")
+        # an entry point's module may lie in the current folder, as for `python -m`
+        settings = QuantizeSettings(calibration, calibration_method, tuple(keep_float),
+                                    search_path=(Path.cwd(),))
+        source = quantize_model(source, settings, inputs, say)
+    elif calibration is not None or tuple(keep_float):
+        raise ConfigError(f'model {name}: calibration data or keep-float given, but quantize is '
+                          f'{quantize or "none"!r}; pass quantize="int8" (--quantize int8), or '
+                          "leave them out")
     # a Target object: one the build backend adjusted (e.g. to MACOSX_DEPLOYMENT_TARGET)
     tgt = target if not isinstance(target, (str, type(None))) else get_target(target)
     workdir = Path(workdir)
@@ -208,6 +226,9 @@ def compile_in_process(
     quantize: str | None = None,
     name: str | None = None,
     cpu: str | None = "native",
+    calibration: CalibrationSource | None = None,
+    calibration_method: str = "minmax",
+    keep_float: Sequence[str] = (),
 ) -> Model:
     from cuvil.toolchains import get_target
 
@@ -225,7 +246,9 @@ def compile_in_process(
     tmp = tempfile.TemporaryDirectory(prefix="cuvil-")
     try:
         compiled = compile_model(model, name, Path(tmp.name), inputs=inputs, target=target,
-                                 cpu=cpu if tgt.is_host() else None, quantize=quantize)
+                                 cpu=cpu if tgt.is_host() else None, quantize=quantize,
+                                 calibration=calibration, calibration_method=calibration_method,
+                                 keep_float=keep_float)
     except BaseException:
         tmp.cleanup()
         raise

@@ -75,14 +75,6 @@ CATEGORIES: tuple[Category, ...] = (
         kinds=("sequence_type", "optional_type", "map_type", "sparse_tensor_type"),
     ),
     Category(
-        "quantized",
-        "Pre-quantized models",
-        "cuvil quantizes float models itself (quantize = \"int8\" with calibration data); "
-        "importing graphs that are already quantized (QDQ and integer ops) is not supported.",
-        ops=("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv",
-             "QLinearMatMul", "ConvInteger", "MatMulInteger"),
-    ),
-    Category(
         "dtype",
         "Element types without a numpy dtype",
         "cuvil's runtime exchanges numpy arrays, and numpy has no native 8-bit, 4-bit or 2-bit "

@@ -18,11 +18,17 @@ MAX_FOLDED_ELEMENTS = 1 << 24
 #: ops whose result is not a function of their inputs
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                     "Multinomial", "Bernoulli"}
+#: ops left as nodes on constants of these dtypes: passes/fuse_qdq.py reads quantized weights
+#: through them (and folds the ones it does not fuse into integer products)
+KEPT_FOR_PASSES = {"DequantizeLinear": ("int8", "uint8")}
 
 
 def fold_node(node: onnx.NodeProto, inputs: list[np.ndarray | None],
               opsets: dict[str, int], ir_version: int) -> list[np.ndarray] | None:
     """The outputs of `node` for constant `inputs`, or None when it cannot be folded."""
+    kept = KEPT_FOR_PASSES.get(node.op_type, ())
+    if inputs and inputs[0] is not None and inputs[0].dtype.name in kept:
+        return None
     if node.op_type in NONDETERMINISTIC or any(
         a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
     ):

@@ -364,6 +364,7 @@ def _import_families() -> None:
         ml_trees,
         normalization,
         pool,
+        quantize,
         recurrent,
         reduce,
         resize,

@@ -1,0 +1,636 @@
+"""Quantized tensors: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, and the
+integer products MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv.
+
+Quantization follows the ONNX spec: q = saturate(round_half_even(x / scale) + zero_point),
+x = (q - zero_point) * scale, with one scale (and zero point) per tensor, per slice along
+`axis`, or per block of `block_size` elements along it (opset 21). The element types are
+int8, uint8, int16 and uint16 (int32 for DequantizeLinear's input); int4, int2 and the
+8/6/4-bit floats have no numpy dtype and stay out of scope.
+
+The products sum (a - a_zero) * (b - b_zero) in int32, as onnxruntime does. QLinearMatMul
+and QLinearConv then requantize: y = saturate(round(float(acc + bias) * a_scale * b_scale /
+y_scale) + y_zero), with the multiplier formed in the scales' dtype (as the ONNX reference
+does) and the product in float64 (exact for every int32 sum). passes/fuse_qdq.py rewrites
+the DequantizeLinear -> Conv/MatMul/Gemm -> QuantizeLinear pattern of QDQ models into these
+two ops, with an int32 bias for MatMul (`QLINEAR_BIAS_SLOT`) and a fused Relu (a lower
+bound of y_zero on the result).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import sympy
+from llvmlite import ir
+
+from cuvil.compiler.codegen.emitter import Emitter, View
+from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
+from cuvil.compiler.ops import (
+    UNCHECKED,
+    InferContext,
+    Op,
+    attr,
+    broadcast_shapes,
+    normalize_axis,
+    register,
+    required_input,
+)
+from cuvil.compiler.ops._window import Window, entry_alloca, window
+from cuvil.compiler.ops.conv import _walk_taps
+from cuvil.compiler.ops.elementwise import _round_half_even, emit_elementwise
+from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
+from cuvil.errors import ModelError, UnsupportedOpError
+
+__all__ = ["QLINEAR_BIAS_SLOT", "QUANT_DTYPES", "QuantLayout", "dequantize_array", "quant_layout"]
+
+#: element types of quantized tensors cuvil compiles
+QUANT_DTYPES = ("int8", "uint8", "int16", "uint16")
+#: and of the integer products' operands
+PRODUCT_DTYPES = ("int8", "uint8")
+FLOAT_SCALES = ("float32", "float16", "float64")
+#: input slot of QLinearMatMul's int32 bias (one per output column) that passes/fuse_qdq.py
+#: adds; QLinearConv has one of its own there already (B)
+QLINEAR_BIAS_SLOT = 8
+
+
+def _dtype_of(node: Node, name: str) -> np.dtype | None:
+    """The element type an attribute (output_dtype, precision) names; None when unset."""
+    code = int(attr(node, name, 0) or 0)
+    if not code:
+        return None
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(code))
+    except Exception:
+        return None
+
+
+def _unsupported_type(node: Node, what: str, code: int | str) -> UnsupportedOpError:
+    name = onnx.TensorProto.DataType.Name(code) if isinstance(code, int) else code
+    return UnsupportedOpError(f"{node.describe()}: {what} is {name}; cuvil compiles quantized "
+                              f"tensors of {', '.join(QUANT_DTYPES)} only (int4, int2 and the "
+                              "8-, 6- and 4-bit floats have no numpy dtype)")
+
+
+# -- where each element finds its scale ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuantLayout:
+    """axis None: one scale for the tensor; else one per index along `axis`, or per block of
+    `block` indices along it (block > 0)."""
+
+    axis: int | None
+    block: int = 0
+
+
+def quant_layout(node: Node, x: Value, scale: Value, zero: Value | None) -> QuantLayout:
+    """The layout the scale's shape and the node's axis/block_size give; errors name the node."""
+    rank = x.type.rank
+    block = int(attr(node, "block_size", 0) or 0) if node.opset >= 21 else 0
+    shape = tuple(scale.type.shape)
+    if zero is not None and tuple(zero.type.shape) != shape:
+        raise ModelError(f"{node.describe()}: the zero point {zero.type} and the scale "
+                         f"{scale.type} must have the same shape")
+    if not block and (shape == () or shape == (1,)):
+        return QuantLayout(None)
+    axis = normalize_axis(node, int(attr(node, "axis", 1)), rank)
+    if block < 0:
+        raise ModelError(f"{node.describe()}: block_size {block} must be positive")
+    if not block:
+        if len(shape) != 1 or shape[0] != x.type.shape[axis]:
+            raise ModelError(f"{node.describe()}: a per-axis scale must be 1-D with one value "
+                             f"per index of axis {axis} of {x.type}; it is {scale.type}")
+        return QuantLayout(axis)
+    want = list(x.type.shape)
+    want[axis] = simplify_dim(sympy.ceiling(sympy.sympify(want[axis]) / block))
+    if list(shape) != want:
+        raise ModelError(f"{node.describe()}: a blocked scale (block_size {block}, axis {axis}) "
+                         f"of {x.type} must have shape {want}; it is {scale.type}")
+    return QuantLayout(axis, block)
+
+
+def dequantize_array(q: np.ndarray, scale: np.ndarray, zero: np.ndarray | None,
+                     layout: QuantLayout, dtype: np.dtype) -> np.ndarray:
+    """DequantizeLinear at compile time (weights the QDQ pass does not fuse)."""
+    s = np.asarray(scale, np.float32)
+    z = np.zeros_like(s) if zero is None else np.asarray(zero, np.float32)
+    if layout.axis is not None:
+        if layout.block:
+            s, z = (np.repeat(p, layout.block, axis=layout.axis) for p in (s, z))
+            s, z = (p.take(range(q.shape[layout.axis]), axis=layout.axis) for p in (s, z))
+        else:
+            shape = [1] * q.ndim
+            shape[layout.axis] = -1
+            s, z = s.reshape(shape), z.reshape(shape)
+    else:
+        s, z = s.reshape(()), z.reshape(())
+    return ((q.astype(np.float32) - z) * s).astype(dtype)
+
+
+def _shaped(k: Emitter, v: Value, rank: int, axis: int | None) -> Value:
+    """A per-tensor or per-axis parameter as a value that broadcasts against the tensor."""
+    shape: tuple[Dim, ...] = ()
+    if axis is not None:
+        dims: list[Dim] = [1] * rank
+        dims[axis] = v.type.shape[0]
+        shape = tuple(dims)
+    shaped = Value(v.name, TensorType(v.type.dtype, shape))
+    k.buffers[shaped] = k.buffers[v]
+    return shaped
+
+
+def _per_element(k: Emitter, out: Value, x: Value, params: Sequence[Value], layout: QuantLayout,
+                 fn: Callable[[Emitter, list[ir.Value]], ir.Value]) -> None:
+    """out[i] = fn([x[i], params' entries for i...])."""
+    if not layout.block:
+        shaped = [_shaped(k, p, x.type.rank, layout.axis) for p in params]
+        emit_elementwise(k, out, [x, *shaped], fn, cost=4)
+        return
+    assert layout.axis is not None
+    xv, yv = k.view(x), k.view(out)
+    pv = [k.view(p) for p in params]
+    with k.loops(xv.dims, name="q") as idx:
+        pidx = list(idx)
+        pidx[layout.axis] = k.b.sdiv(idx[layout.axis], k.i64(layout.block))
+        k.store(yv, idx, fn(k, [k.load(xv, idx), *(k.load(p, pidx) for p in pv)]))
+
+
+# -- the arithmetic --------------------------------------------------------------------------
+
+
+def _to_float(k: Emitter, v: ir.Value, src: np.dtype, ct: np.dtype) -> ir.Value:
+    return k.convert(v, src, ct)
+
+
+def saturate(k: Emitter, v: ir.Value, ct: np.dtype, dtype: np.dtype,
+             zero: ir.Value | None = None, low: ir.Value | None = None) -> ir.Value:
+    """round_half_even(v) + zero, clamped to dtype's range (and to >= `low`, an integer of
+    dtype: a fused Relu), as an integer of `dtype`. NaN becomes the range's minimum."""
+    r = _round_half_even(k, v)
+    if zero is not None:
+        r = k.b.fadd(r, k.convert(zero, dtype, ct))
+    info = np.iinfo(dtype)
+    lo = k.const(ct, float(info.min))
+    hi = k.const(ct, float(info.max))
+    if low is not None:
+        lo = k.convert(low, dtype, ct)
+    r = k.b.select(k.b.fcmp_unordered("<", r, lo), lo, r)
+    r = k.b.select(k.b.fcmp_ordered(">", r, hi), hi, r)
+    return k.convert(r, ct, dtype)
+
+
+def _compute_dtype(*dtypes: np.dtype | None) -> np.dtype:
+    return np.dtype("float64") if any(d is not None and d.name == "float64" for d in dtypes) \
+        else np.dtype("float32")
+
+
+# -- QuantizeLinear / DequantizeLinear -------------------------------------------------------
+
+
+@register
+class QuantizeLinear(Op):
+    op_type = "QuantizeLinear"
+    since = 10
+    dtypes = (*FLOAT_SCALES, "int32")
+
+    def out_dtype(self, node: Node) -> np.dtype:
+        zero = node.input(2)
+        wanted = int(attr(node, "output_dtype", 0) or 0) if node.opset >= 21 else 0
+        if zero is not None:
+            dtype = zero.type.dtype
+            if wanted and wanted != onnx.helper.np_dtype_to_tensor_dtype(dtype):
+                raise ModelError(f"{node.describe()}: output_dtype {wanted} differs from the zero "
+                                 f"point's dtype {dtype}")
+        elif wanted:
+            dtype = _dtype_of(node, "output_dtype")  # type: ignore[assignment]
+            if dtype is None or dtype.name not in QUANT_DTYPES:
+                raise _unsupported_type(node, "output_dtype", wanted)
+        else:
+            dtype = np.dtype("uint8")
+        if dtype.name not in QUANT_DTYPES:
+            raise _unsupported_type(node, "the zero point's dtype", dtype.name)
+        return dtype
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        self.check_dtypes(node)
+        x, scale, zero = required_input(node, 0), required_input(node, 1), node.input(2)
+        quant_layout(node, x, scale, zero)
+        return [TensorType(self.out_dtype(node), x.type.shape)]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        x, scale, zero = required_input(node, 0), required_input(node, 1), node.input(2)
+        layout = quant_layout(node, x, scale, zero)
+        dtype = node.outputs[0].type.dtype
+        ct = _compute_dtype(x.type.dtype, scale.type.dtype, _dtype_of(node, "precision"))
+
+        def fn(k: Emitter, v: list[ir.Value]) -> ir.Value:
+            q = k.b.fdiv(_to_float(k, v[0], x.type.dtype, ct),
+                         _to_float(k, v[1], scale.type.dtype, ct))
+            return saturate(k, q, ct, dtype, v[2] if zero is not None else None)
+
+        _per_element(k, node.outputs[0], x, [p for p in (scale, zero) if p is not None], layout,
+                     fn)
+
+
+@register
+class DequantizeLinear(Op):
+    op_type = "DequantizeLinear"
+    since = 10
+    dtypes = (*QUANT_DTYPES, "int32")
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        x, scale, zero = required_input(node, 0), required_input(node, 1), node.input(2)
+        if x.type.dtype.name not in self.dtypes:
+            raise _unsupported_type(node, f"input {x.name!r}", x.type.dtype.name)
+        if zero is not None and zero.type.dtype != x.type.dtype:
+            raise ModelError(f"{node.describe()}: the zero point is {zero.type.dtype}, the input "
+                             f"{x.type.dtype}; they must match")
+        quant_layout(node, x, scale, zero)
+        out = _dtype_of(node, "output_dtype") if node.opset >= 23 else None
+        out = out or scale.type.dtype
+        if out.name not in FLOAT_SCALES:
+            raise ModelError(f"{node.describe()}: the output dtype {out} must be a float")
+        return [TensorType(out, x.type.shape)]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        x, scale, zero = required_input(node, 0), required_input(node, 1), node.input(2)
+        layout = quant_layout(node, x, scale, zero)
+        out = node.outputs[0].type.dtype
+        ct = _compute_dtype(out, scale.type.dtype)
+
+        def fn(k: Emitter, v: list[ir.Value]) -> ir.Value:
+            d = _to_float(k, v[0], x.type.dtype, ct)
+            if zero is not None:
+                d = k.b.fsub(d, _to_float(k, v[2], x.type.dtype, ct))
+            y = k.b.fmul(d, _to_float(k, v[1], scale.type.dtype, ct))
+            return k.convert(y, ct, out)
+
+        _per_element(k, node.outputs[0], x, [p for p in (scale, zero) if p is not None], layout,
+                     fn)
+
+
+@register
+class DynamicQuantizeLinear(Op):
+    """uint8 with the scale and zero point that map [min(x, 0), max(x, 0)] onto [0, 255]."""
+
+    op_type = "DynamicQuantizeLinear"
+    since = 11
+    dtypes = ("float32",)
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        self.check_dtypes(node)
+        x = required_input(node, 0)
+        return [TensorType(np.dtype("uint8"), x.type.shape), TensorType(x.type.dtype, ()),
+                TensorType(np.dtype("uint8"), ())]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        x = required_input(node, 0)
+        y, y_scale, y_zero = node.outputs
+        f32 = np.dtype("float32")
+        b = k.b
+        flat = k.contiguous(k.buffers[x], f32, (x.type.numel,))
+        lo, hi = entry_alloca(k, k.const(f32, 0).type, "min"), entry_alloca(k, k.const(f32, 0).type,
+                                                                             "max")
+        b.store(k.const(f32, 0.0), lo)
+        b.store(k.const(f32, 0.0), hi)
+        with k.loop(flat.dims[0], name="mm") as i:
+            v = k.load(flat, [i])
+            b.store(k.fmin(b.load(lo), v), lo)
+            b.store(k.fmax(b.load(hi), v), hi)
+        mn, mx = b.load(lo), b.load(hi)
+        span = b.select(b.fcmp_ordered("==", mn, mx), k.const(f32, 1.0), b.fsub(mx, mn))
+        scale = b.fdiv(span, k.const(f32, 255.0))
+        zero = b.fsub(k.const(f32, 0.0), b.fdiv(mn, scale))
+        zero = saturate(k, zero, f32, np.dtype("uint8"))
+        b.store(scale, k.buffers[y_scale])
+        b.store(zero, k.buffers[y_zero])
+
+        def fn(k: Emitter, v: list[ir.Value]) -> ir.Value:
+            return saturate(k, k.b.fdiv(v[0], v[1]), f32, np.dtype("uint8"), v[2])
+
+        emit_elementwise(k, y, [x, y_scale, y_zero], fn, cost=4)
+
+
+# -- integer products ------------------------------------------------------------------------
+
+
+def _param(k: Emitter, v: Value | None, index: ir.Value, dtype: np.dtype) -> ir.Value | None:
+    """Entry `index` of a per-row/column parameter (element 0 of a per-tensor one), converted
+    to `dtype`; None when the parameter is absent."""
+    if v is None:
+        return None
+    view = k.contiguous(k.buffers[v], v.type.dtype, (v.type.numel,))
+    at = k.i64(0) if v.type.numel == 1 else index
+    return k.convert(k.load(view, [at]), v.type.dtype, dtype)
+
+
+def _check_param(node: Node, v: Value | None, count: Dim, what: str,
+                 dtypes: Sequence[str]) -> None:
+    """A scale or zero point: per tensor, or 1-D with `count` entries."""
+    if v is None:
+        return
+    if v.type.dtype.name not in dtypes:
+        raise ModelError(f"{node.describe()}: {what} {v.name!r} is {v.type.dtype}; expected "
+                         f"{' or '.join(dtypes)}")
+    shape = tuple(v.type.shape)
+    if shape not in ((), (1,)) and shape != (count,):
+        raise UnsupportedOpError(f"{node.describe()}: {what} {v.name!r} is {v.type}; cuvil "
+                                 f"compiles one per tensor or a 1-D one of {count}")
+
+
+def _check_operand(node: Node, v: Value, what: str) -> None:
+    if v.type.dtype.name not in PRODUCT_DTYPES:
+        raise UnsupportedOpError(f"{node.describe()}: {what} {v.name!r} is {v.type.dtype}; cuvil "
+                                 "compiles integer products of int8 and uint8")
+
+
+@dataclass(frozen=True)
+class Requantize:
+    """How an int32 sum becomes the output of a QLinear op: the scales (a's, b's per column
+    or channel, y's), y's zero point, whether a Relu is fused."""
+
+    a_scale: Value
+    b_scale: Value
+    y_scale: Value
+    y_zero: Value | None
+    relu: bool
+
+    def multiplier(self, k: Emitter, j: ir.Value) -> ir.Value:
+        """a_scale * b_scale[j] / y_scale in the scales' dtype, widened to float64."""
+        st = self.a_scale.type.dtype
+        a = _param(k, self.a_scale, j, st)
+        bs = _param(k, self.b_scale, j, st)
+        y = _param(k, self.y_scale, j, st)
+        assert a is not None and bs is not None and y is not None
+        return k.convert(k.b.fdiv(k.b.fmul(a, bs), y), st, "float64")
+
+    def store(self, k: Emitter, acc: ir.Value, j: ir.Value, dtype: np.dtype) -> ir.Value:
+        f64 = np.dtype("float64")
+        v = k.b.fmul(k.convert(acc, "int32", f64), self.multiplier(k, j))
+        zero = _param(k, self.y_zero, j, dtype)
+        low = zero if self.relu else None
+        if self.relu and zero is None:
+            low = k.const(dtype, 0)
+        return saturate(k, v, f64, dtype, zero, low)
+
+
+def _requantize(node: Node, a_scale: int, b_scale: int) -> Requantize:
+    return Requantize(required_input(node, a_scale), required_input(node, b_scale),
+                      required_input(node, 6), node.input(7),
+                      node.attrs.get(FUSED_ACTIVATION) == "relu")
+
+
+def _output_dtype(node: Node, a: Value) -> np.dtype:
+    y_zero = node.input(7)
+    return y_zero.type.dtype if y_zero is not None else a.type.dtype
+
+
+def _matmul_shape(node: Node, ctx: InferContext, a: Value, b: Value) -> tuple[Dim, ...]:
+    if a.type.rank < 2 or b.type.rank < 2:
+        raise UnsupportedOpError(f"{node.describe()}: cuvil compiles integer products of "
+                                 f"matrices (rank >= 2), not {a.type} x {b.type}")
+    ctx.dims_equal(node, a.type.shape[-1], b.type.shape[-2], "inner dims of A and B")
+    batch = broadcast_shapes(node, ctx, a.type.shape[:-2], b.type.shape[:-2])
+    return (*batch, a.type.shape[-2], b.type.shape[-1])
+
+
+def _batched(k: Emitter, v: View, batch: tuple[Dim, ...], idx: list[ir.Value]) -> View:
+    """The matrix of [..., R, C] view `v` at index `idx` of the broadcast batch dims."""
+    head = View(v.ptr, v.dtype, v.dims[:-2], v.strides[:-2], v.shape[:-2])
+    hb = k.broadcast_to(head, batch)
+    ptr = k.element_ptr(v, k.offset(hb, idx)) if idx else v.ptr
+    return View(ptr, v.dtype, v.dims[-2:], v.strides[-2:], v.shape[-2:])
+
+
+def emit_int_matmul(k: Emitter, a: View, b: View, a_zero: Value | None, b_zero: Value | None,
+                    acc_row: Callable[[ir.Value], View], finish: Callable[[ir.Value], None],
+                    bias: Value | None = None) -> None:
+    """For each row i of a[M, K] @ b[K, N]: acc_row(i)[N] (int32) = bias + sum_p (a[i, p] -
+    a_zero[i]) * (b[p, :] - b_zero[:]), then finish(i). The update runs along a row of b, so
+    it vectorizes."""
+    m, kk, n = a.dims[0], a.dims[1], b.dims[1]
+    i32 = np.dtype("int32")
+    with k.loop(m, name="m") as i:
+        acc = acc_row(i)
+        with k.loop(n, name="n0") as j:
+            init = _param(k, bias, j, i32) if bias is not None else k.const(i32, 0)
+            k.store(acc, [j], init)
+        az = _param(k, a_zero, i, i32)
+        with k.loop(kk, name="k") as p:
+            av = k.convert(k.load(a, [i, p]), a.dtype, i32)
+            if az is not None:
+                av = k.b.sub(av, az)
+            with k.loop(n, name="n") as j:
+                bv = k.convert(k.load(b, [p, j]), b.dtype, i32)
+                bz = _param(k, b_zero, j, i32)
+                if bz is not None:
+                    bv = k.b.sub(bv, bz)
+                k.store(acc, [j], k.b.add(k.load(acc, [j]), k.b.mul(av, bv)))
+        finish(i)
+
+
+def _lower_matmul(node: Node, k: Emitter, a_val: Value, b_val: Value, a_zero: Value | None,
+                  b_zero: Value | None, requant: Requantize | None,
+                  bias: Value | None = None) -> None:
+    """MatMulInteger (requant None: the sums go straight into y's rows) or QLinearMatMul (the
+    sums of a row in scratch, then requantized into y)."""
+    y_val = node.outputs[0]
+    batch = tuple(y_val.type.shape[:-2])
+    a, b, y = k.view(a_val), k.view(b_val), k.view(y_val)
+    n = y_val.type.shape[-1]
+    i32 = np.dtype("int32")
+    with k.loops([k.dim(d) for d in batch], name="batch") as idx:
+        am, bm, ym = (_batched(k, v, batch, idx) for v in (a, b, y))
+
+        def acc_row(i: ir.Value, ym: View = ym) -> View:
+            if requant is None:
+                return k.contiguous(k.element_ptr(ym, k.b.mul(i, ym.strides[0])), i32, (n,))
+            assert k.scratch is not None
+            return k.contiguous(k.scratch, i32, (n,))
+
+        def finish(i: ir.Value, ym: View = ym) -> None:
+            if requant is None:
+                return
+            acc = acc_row(i)
+            with k.loop(ym.dims[1], name="rq") as j:
+                k.store(ym, [i, j], requant.store(k, k.load(acc, [j]), j, ym.dtype))
+
+        emit_int_matmul(k, am, bm, a_zero, b_zero, acc_row, finish, bias)
+
+
+@register
+class MatMulInteger(Op):
+    op_type = "MatMulInteger"
+    since = 10
+    dtypes = PRODUCT_DTYPES
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        a, b = required_input(node, 0), required_input(node, 1)
+        _check_operand(node, a, "A")
+        _check_operand(node, b, "B")
+        out = _matmul_shape(node, ctx, a, b)
+        _check_param(node, node.input(2), a.type.shape[-2], "a_zero_point", (a.type.dtype.name,))
+        _check_param(node, node.input(3), b.type.shape[-1], "b_zero_point", (b.type.dtype.name,))
+        return [TensorType(np.dtype("int32"), out)]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        _lower_matmul(node, k, required_input(node, 0), required_input(node, 1), node.input(2),
+                      node.input(3), None)
+
+
+@register
+class QLinearMatMul(Op):
+    op_type = "QLinearMatMul"
+    since = 10
+    dtypes = PRODUCT_DTYPES
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        a, b = required_input(node, 0), required_input(node, 3)
+        _check_operand(node, a, "a")
+        _check_operand(node, b, "b")
+        out = _matmul_shape(node, ctx, a, b)
+        n = b.type.shape[-1]
+        scales = tuple({v.type.dtype.name for v in (node.input(1), node.input(4), node.input(6))
+                        if v is not None})
+        if len(scales) != 1 or scales[0] not in FLOAT_SCALES:
+            raise ModelError(f"{node.describe()}: the scales must be floats of one dtype")
+        for slot, count, what, dtype in ((1, 1, "a_scale", scales), (2, 1, "a_zero_point",
+                                          (a.type.dtype.name,)), (4, n, "b_scale", scales),
+                                         (5, n, "b_zero_point", (b.type.dtype.name,)),
+                                         (6, 1, "y_scale", scales), (7, 1, "y_zero_point",
+                                                                    PRODUCT_DTYPES)):
+            _check_param(node, node.input(slot), count, what, dtype)
+        _check_param(node, node.input(QLINEAR_BIAS_SLOT), n, "bias", ("int32",))
+        return [TensorType(_output_dtype(node, a), out)]
+
+    def scratch_bytes(self, node: Node) -> Dim:
+        return 4 * node.outputs[0].type.shape[-1]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        _lower_matmul(node, k, required_input(node, 0), required_input(node, 3), node.input(2),
+                      node.input(5), _requantize(node, 1, 4), node.input(QLINEAR_BIAS_SLOT))
+
+
+# -- integer convolutions --------------------------------------------------------------------
+
+
+def _conv_geometry(node: Node, ctx: InferContext, x: Value, w: Value) -> Window:
+    if x.type.rank < 3 or w.type.rank != x.type.rank:
+        raise ModelError(f"{node.describe()}: input {x.type} and weight {w.type} must both be "
+                         "N x C x spatial... of the same rank")
+    if not all(isinstance(d, int) for d in w.type.shape):
+        raise ModelError(f"{node.describe()}: the weight shape must be static, got {w.type}")
+    kernel = tuple(int(d) for d in w.type.shape[2:])
+    if "kernel_shape" in node.attrs and tuple(node.attrs["kernel_shape"]) != kernel:
+        raise ModelError(f"{node.describe()}: kernel_shape {list(node.attrs['kernel_shape'])} "
+                         f"does not match the weight's spatial shape {list(kernel)}")
+    return window(node, ctx, x.type.shape[2:], kernel)
+
+
+def _conv_infer(node: Node, ctx: InferContext, x: Value, w: Value) -> tuple[Dim, ...]:
+    _check_operand(node, x, "x")
+    _check_operand(node, w, "w")
+    group = int(attr(node, "group", 1))
+    m, cw = (int(d) for d in w.type.shape[:2])
+    if group < 1 or m % group:
+        raise ModelError(f"{node.describe()}: {m} output channels do not split into {group} "
+                         "groups")
+    ctx.dims_equal(node, x.type.shape[1], cw * group, "input channels vs weight channels x group")
+    win = _conv_geometry(node, ctx, x, w)
+    return (x.type.shape[0], m, *win.out)
+
+
+def _lower_conv(node: Node, k: Emitter, x_val: Value, w_val: Value, x_zero: Value | None,
+                w_zero: Value | None, requant: Requantize | None, bias: Value | None) -> None:
+    """Per image and output channel: the int32 sums of the output map (in y for ConvInteger,
+    else in scratch), tap by tap along rows (`_walk_taps`: the inner loop vectorizes), then
+    requantized into y. Padding reads nothing: a padded x equals x_zero, which adds 0."""
+    y_val = node.outputs[0]
+    win = _conv_geometry(node, UNCHECKED, x_val, w_val)
+    x, w, y = k.view(x_val), k.view(w_val), k.view(y_val)
+    group = int(attr(node, "group", 1))
+    m, cg = int(w_val.type.shape[0]), int(w_val.type.shape[1])
+    mg = m // group
+    spatial = tuple(y_val.type.shape[2:])
+    i32 = np.dtype("int32")
+    b = k.b
+    with k.loop(y.dims[0], name="n") as n, k.loop(m, name="m") as oc:
+        if requant is None:
+            base = k.element_ptr(y, k.offset(y, [n, oc, *[k.i64(0)] * len(spatial)]))
+        else:
+            assert k.scratch is not None
+            base = k.scratch
+        acc = k.contiguous(base, i32, spatial)
+        init = _param(k, bias, oc, i32) if bias is not None else k.const(i32, 0)
+        with k.loops(acc.dims, name="z") as o:
+            k.store(acc, o, init)
+        g = b.sdiv(oc, k.i64(mg))
+        xz = _param(k, x_zero, k.i64(0), i32)
+        wz = _param(k, w_zero, oc, i32)
+        with k.loop(cg, name="c") as c:
+            ic = b.add(b.mul(g, k.i64(cg)), c)
+            with k.loops(win.kernel, name="kpos") as kpos:
+                wv = k.convert(k.load(w, [oc, c, *kpos]), w.dtype, i32)
+                if wz is not None:
+                    wv = b.sub(wv, wz)
+
+                def tap(o: list[ir.Value], i: list[ir.Value], wv: ir.Value = wv,
+                        ic: ir.Value = ic) -> None:
+                    xv = k.convert(k.load(x, [n, ic, *i]), x.dtype, i32)
+                    if xz is not None:
+                        xv = b.sub(xv, xz)
+                    k.store(acc, o, b.add(k.load(acc, o), b.mul(wv, xv)))
+
+                _walk_taps(k, win, kpos, y.dims[2:], x.dims[2:], tap)
+        if requant is not None:
+            with k.loops(acc.dims, name="rq") as o:
+                k.store(y, [n, oc, *o], requant.store(k, k.load(acc, o), oc, y.dtype))
+
+
+@register
+class ConvInteger(Op):
+    op_type = "ConvInteger"
+    since = 10
+    dtypes = PRODUCT_DTYPES
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        x, w = required_input(node, 0), required_input(node, 1)
+        out = _conv_infer(node, ctx, x, w)
+        _check_param(node, node.input(2), 1, "x_zero_point", (x.type.dtype.name,))
+        _check_param(node, node.input(3), out[1], "w_zero_point", (w.type.dtype.name,))
+        return [TensorType(np.dtype("int32"), out)]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        _lower_conv(node, k, required_input(node, 0), required_input(node, 1), node.input(2),
+                    node.input(3), None, None)
+
+
+@register
+class QLinearConv(Op):
+    op_type = "QLinearConv"
+    since = 10
+    dtypes = PRODUCT_DTYPES
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        x, w = required_input(node, 0), required_input(node, 3)
+        out = _conv_infer(node, ctx, x, w)
+        m = out[1]
+        scales = ("float32",)
+        for slot, count, what, dtype in ((1, 1, "x_scale", scales), (2, 1, "x_zero_point",
+                                          (x.type.dtype.name,)), (4, m, "w_scale", scales),
+                                         (5, m, "w_zero_point", (w.type.dtype.name,)),
+                                         (6, 1, "y_scale", scales), (7, 1, "y_zero_point",
+                                                                    PRODUCT_DTYPES),
+                                         (8, m, "B", ("int32",))):
+            _check_param(node, node.input(slot), count, what, dtype)
+        return [TensorType(_output_dtype(node, x), out)]
+
+    def scratch_bytes(self, node: Node) -> Dim:
+        return 4 * numel(node.outputs[0].type.shape[2:])
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        _lower_conv(node, k, required_input(node, 0), required_input(node, 3), node.input(2),
+                    node.input(5), _requantize(node, 1, 4), node.input(8))

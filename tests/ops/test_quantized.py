@@ -1,0 +1,203 @@
+"""Pre-quantized ONNX models against onnxruntime: the quantization ops and the integer
+products one by one (odd sizes, zero points, per-channel scales, symbolic dims), then small
+float models quantized by onnxruntime's own tools (`quantize_static` in QDQ format with
+per-channel weights and int8 or uint8 activations, `quantize_dynamic`) compiled and run on
+the same inputs as onnxruntime runs the same quantized model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from batch_oracle import Case, check_cases
+from onnx import helper, numpy_helper
+
+import cuvil
+from cuvil.compiler.frontend import import_model
+from cuvil.compiler.passes import run_passes
+
+quantization = pytest.importorskip("onnxruntime.quantization")
+
+
+def _uint8(rng: np.random.Generator, dtype: str, shape: list[int]) -> np.ndarray:
+    return rng.integers(0, 256, size=shape).astype(np.uint8)
+
+
+def _int8(rng: np.random.Generator, dtype: str, shape: list[int]) -> np.ndarray:
+    return rng.integers(-128, 128, size=shape).astype(np.int8)
+
+
+def _floats(rng: np.random.Generator, dtype: str, shape: list[int]) -> np.ndarray:
+    return (rng.standard_normal(shape) * 3).astype(dtype)
+
+
+def _scalar(value: float | int, dtype: str) -> np.ndarray:
+    return np.array(value, dtype=dtype)
+
+
+def test_quantize_and_dequantize_per_tensor_and_per_axis():
+    rng = np.random.default_rng(0)
+    scales = (rng.random(5) * 0.1 + 0.01).astype(np.float32)
+    cases = [
+        Case("QuantizeLinear", ["x", "s", "z"], {}, feeds={"x": ("float32", ["m", 7])},
+             consts={"s": _scalar(0.05, "float32"), "z": _scalar(131, "uint8")}, data=_floats),
+        Case("QuantizeLinear", ["x", "s", "z"], {"axis": 1},
+             feeds={"x": ("float32", ["m", 5, 3])},
+             consts={"s": scales, "z": rng.integers(-9, 9, 5).astype(np.int8)}, data=_floats),
+        Case("DequantizeLinear", ["x", "s", "z"], {"axis": 0}, feeds={"x": ("int8", [5, "m"])},
+             consts={"s": scales, "z": rng.integers(-9, 9, 5).astype(np.int8)}, data=_int8),
+        Case("DequantizeLinear", ["x", "s"], {}, feeds={"x": ("uint8", ["m", 3])},
+             consts={"s": _scalar(0.2, "float32")}, data=_uint8),
+        Case("DynamicQuantizeLinear", ["x"], {}, feeds={"x": ("float32", ["m", 9])},
+             outputs=["y", "scale", "zero"], data=_floats),
+    ]
+    check_cases(cases, sizes=[{"m": 1}, {"m": 6}], opset=13)
+
+
+def test_integer_products_with_zero_points_and_per_channel_scales():
+    rng = np.random.default_rng(1)
+    k, n = 13, 7
+    cases = [
+        Case("MatMulInteger", ["a", "b", "az", "bz"], {}, feeds={"a": ("uint8", [2, "m", k])},
+             consts={"b": _int8(rng, "int8", [k, n]), "az": _scalar(117, "uint8"),
+                     "bz": rng.integers(-5, 5, n).astype(np.int8)}, data=_uint8),
+        Case("MatMulInteger", ["a", "b"], {}, feeds={"a": ("int8", ["m", k]),
+                                                   "b": ("int8", [k, n])}, data=_int8),
+        Case("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], {},
+             feeds={"a": ("uint8", ["m", k])},
+             consts={"as": _scalar(0.02, "float32"), "az": _scalar(128, "uint8"),
+                     "b": _uint8(rng, "uint8", [k, n]), "bs": _scalar(0.01, "float32"),
+                     "bz": _scalar(120, "uint8"), "ys": _scalar(0.05, "float32"),
+                     "yz": _scalar(100, "uint8")}, data=_uint8),
+        Case("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], {},
+             feeds={"a": ("int8", [3, "m", k])},
+             consts={"as": _scalar(0.03, "float32"), "az": _scalar(-3, "int8"),
+                     "b": _int8(rng, "int8", [k, n]),
+                     "bs": (rng.random(n) * 0.01 + 0.002).astype(np.float32),
+                     "bz": np.zeros(n, np.int8), "ys": _scalar(0.4, "float32"),
+                     "yz": _scalar(-7, "int8")}, data=_int8),
+        Case("ConvInteger", ["x", "w", "xz"], {"pads": [1, 0, 2, 1], "strides": [2, 1]},
+             feeds={"x": ("uint8", ["m", 3, 7, 6])},
+             consts={"w": _int8(rng, "int8", [4, 3, 3, 2]), "xz": _scalar(99, "uint8")},
+             data=_uint8),
+        Case("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
+             {"pads": [1, 1, 1, 1], "group": 2, "dilations": [1, 2]},
+             feeds={"x": ("uint8", ["m", 4, 6, 7])},
+             consts={"xs": _scalar(0.02, "float32"), "xz": _scalar(125, "uint8"),
+                     "w": _int8(rng, "int8", [6, 2, 3, 3]),
+                     "ws": (rng.random(6) * 0.01 + 0.002).astype(np.float32),
+                     "wz": np.zeros(6, np.int8), "ys": _scalar(0.03, "float32"),
+                     "yz": _scalar(130, "uint8"),
+                     "b": rng.integers(-2000, 2000, 6).astype(np.int32)}, data=_uint8),
+    ]
+    check_cases(cases, sizes=[{"m": 1}, {"m": 3}], opset=13)
+
+
+# -- models quantized by onnxruntime ----------------------------------------------------------
+
+
+def _he(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return (rng.standard_normal(shape) * np.sqrt(2 / np.prod(shape[1:]))).astype(np.float32)
+
+
+def _model(nodes: list, x_shape: list, inits: dict, out: str = "y") -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "float", [helper.make_tensor_value_info("x", 1, x_shape)],
+                              [helper.make_tensor_value_info(out, 1, None)],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _cnn(rng: np.random.Generator) -> onnx.ModelProto:
+    """Conv-Relu-MaxPool, Conv-Relu, global pooling, a Linear layer: a small classifier."""
+    bias = lambda c: (rng.standard_normal(c) * 0.1).astype(np.float32)  # noqa: E731
+    inits = {"w1": _he(rng, 8, 3, 3, 3), "b1": bias(8), "w2": _he(rng, 16, 8, 3, 3),
+             "b2": bias(16), "w3": _he(rng, 10, 16), "b3": bias(10)}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "w3", "b3"], ["y"], transB=1)]
+    return _model(nodes, ["N", 3, 12, 12], inits)
+
+
+def _mlp(rng: np.random.Generator) -> onnx.ModelProto:
+    inits = {"w1": _he(rng, 32, 24).T.copy(), "b1": np.full(32, 0.1, np.float32),
+             "w2": _he(rng, 10, 32).T.copy(), "b2": np.zeros(10, np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["o"]),
+             helper.make_node("Add", ["o", "b2"], ["y"])]
+    return _model(nodes, ["N", 24], inits)
+
+
+MODELS = {"cnn": (_cnn, [3, 12, 12]), "mlp": (_mlp, [24])}
+
+
+class _Random(quantization.CalibrationDataReader):
+    def __init__(self, shape: list[int], seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.batches = iter([{"x": rng.standard_normal([4, *shape]).astype(np.float32)}
+                             for _ in range(8)])
+
+    def get_next(self) -> dict | None:
+        return next(self.batches, None)
+
+
+def _quantized(tmp_path, kind: str, how: str) -> onnx.ModelProto:
+    make, shape = MODELS[kind]
+    src, dst = tmp_path / f"{kind}.onnx", tmp_path / f"{kind}_{how}.onnx"
+    onnx.save(make(np.random.default_rng(2)), src)
+    if how == "dynamic":
+        quantization.quantize_dynamic(str(src), str(dst), weight_type=quantization.QuantType.QInt8)
+    else:
+        activation = {"u8": quantization.QuantType.QUInt8, "s8": quantization.QuantType.QInt8}[how]
+        quantization.quantize_static(str(src), str(dst), _Random(shape, 3),
+                                     quant_format=quantization.QuantFormat.QDQ, per_channel=True,
+                                     activation_type=activation,
+                                     weight_type=quantization.QuantType.QInt8)
+    return onnx.load(str(dst))
+
+
+def _output_step(model: onnx.ModelProto) -> float | None:
+    """The scale of the DequantizeLinear that writes the output (QDQ models)."""
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "DequantizeLinear" and node.output[0] == "y":
+            return float(inits[node.input[1]])
+    return None
+
+
+@pytest.mark.parametrize(("kind", "how"), [("cnn", "u8"), ("cnn", "s8"), ("mlp", "s8"),
+                                           ("mlp", "dynamic"), ("cnn", "dynamic")])
+def test_onnxruntime_quantized_models_match_onnxruntime(tmp_path, kind, how):
+    import onnxruntime as ort
+
+    model = _quantized(tmp_path, kind, how)
+    ops = {n.op_type for n in run_passes(import_model(model)).nodes}
+    if how == "dynamic":
+        assert ops & {"MatMulInteger", "ConvInteger"}, ops
+    else:
+        # every product runs on integers: the QDQ pass fused them all
+        assert not ops & {"Conv", "MatMul", "Gemm"}, ops
+        assert ops & {"QLinearConv", "QLinearMatMul"}, ops
+    compiled = cuvil.compile(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(4)
+    step = _output_step(model)
+    for batch in (1, 7):
+        x = rng.standard_normal([batch, *MODELS[kind][1]]).astype(np.float32)
+        want = session.run(None, {"x": x})[0]
+        got = compiled(x)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        # one step of the output's quantization (QDQ); for dynamic models, where a float
+        # output follows integer sums, 1% of the output's range
+        tol = step if step is not None else 0.01 * float(np.ptp(want))
+        assert np.abs(got - want).max() <= tol * 1.001, (np.abs(got - want).max(), tol)
+        assert np.array_equal(got.argmax(-1), want.argmax(-1))
