@@ -568,3 +568,25 @@ def test_cmake_toolchain_builds_shared_library(tmp_path, built):
     assert exported == {"tiny_add"}
     if t.is_host():
         assert ctypes.CDLL(str(lib)).tiny_add(2, 3) == 5
+
+
+@pytest.mark.parametrize(("target", "cpu", "float_lanes", "int8_kind"), [
+    ("x86_64-linux", None, 4, "madd128"),
+    ("x86_64-linux", "x86-64-v3", 8, "avxvnni"),  # AVX-VNNI behind a run-time test
+    ("arm64-macos", None, 4, "sdot"),  # every Apple silicon CPU has the dot product
+    ("aarch64-linux", None, 4, "generic"),
+])
+def test_baseline_kernels_get_what_the_cpu_implies(target, cpu, float_lanes, int8_kind):
+    # a pinned or implied cpu's extensions (zig's cpu model) reach the kernels' tile choice
+    from llvmlite import ir
+
+    from cuvil.compiler.codegen.gemm_kernel import isa_of
+    from cuvil.compiler.codegen.int8_gemm_kernel import int8_isa_of
+    from cuvil.compiler.driver import baseline_features
+
+    arch = get_target(target).arches[0]
+    module = ir.Module()
+    module.triple = arch.llvm_triple
+    module.cuvil_features, _ = baseline_features(arch, cpu)
+    assert isa_of(module).vector == float_lanes
+    assert int8_isa_of(module).kind == int8_kind

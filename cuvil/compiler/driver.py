@@ -177,18 +177,29 @@ def compile_model(
     return CompiledModel(name, library, sig)
 
 
+def baseline_features(arch: Any, cpu: str | None) -> tuple[str, tuple[str, ...]]:
+    """The LLVM features the baseline copy's kernels are given, and the CPU flags it needs.
+    Kernels size their tiles from the features, so what the cpu implies is spelled out
+    (-C cpu=x86-64-v3 has AVX2, apple-m1 the dot product)."""
+    from cuvil.toolchains import host_cpu, zig
+
+    flags = zig.cpu_flags(replace(arch, cpu=cpu or arch.cpu))
+    given = host_cpu()[1] if cpu == "native" else arch.features
+    return ",".join(filter(None, [given, *(f"+{flag}" for flag in flags)])), flags
+
+
 def _compile_arch(graph: Graph, plan: Any, sig: dict[str, Any], arch: Any, workdir: Path, *,
                   cpu: str | None, opt_level: int, log: Log | None) -> list[Path]:
     """Object files of the model's code for one arch: one copy for a named cpu, else the
     baseline plus each CPU variant of the toolchain file; and the CPU check, with a
     dispatcher that runs the best copy the CPU supports, compiled for the plain arch."""
-    from cuvil.toolchains import host_cpu, machine_options, target_machine, zig
+    from cuvil.toolchains import machine_options, target_machine, zig
     from cuvil.toolchains.llvm import emit_object_isolated
 
     say = log or (lambda _msg: None)
     name = sig["name"]
-    base_features = host_cpu()[1] if cpu == "native" else arch.features
-    levels = [(cpu or arch.cpu, base_features, zig.cpu_flags(replace(arch, cpu=cpu or arch.cpu))),
+    base_features, base_flags = baseline_features(arch, cpu)
+    levels = [(cpu or arch.cpu, base_features, base_flags),
               *([] if cpu is not None else [(v.cpu, v.features, v.requires) for v in arch.variants])]
     # what the loader's and the header's CPU messages name, per slice of a universal2 library
     sig.setdefault("cpu", {})[arch.name] = {"baseline": cpu or arch.cpu,
