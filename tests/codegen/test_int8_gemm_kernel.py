@@ -237,7 +237,8 @@ def test_epilogues(lib, kind: str, epilogue: str) -> None:
 
 
 #: the AArch64 kinds (no such CPU here: they run under qemu when it is installed)
-ARM_KINDS = {"neon": "+neon", "sdot": "+neon,+dotprod"}
+ARM_KINDS = {"neon": "+neon,-dotprod", "sdot": "+neon,+dotprod",
+             "gated": "+neon"}  # SDOT when the OS says the CPU has it, else NEON
 #: (mask, value) of the A64 encoding each must use (Arm ARM): SMLAL(2) Vd.4S, Vn.4H, Vm.4H and
 #: SDOT Vd.4S, Vn.16B, Vm.16B
 ARM_OPCODES = {"neon": (0xBFE0FC00, 0x0E608000), "sdot": (0xFFE0FC00, 0x4E809400)}
@@ -263,7 +264,7 @@ def arm(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, bytes], Pat
         module.triple = arch.llvm_triple
         module.data_layout = str(tm.target_data)
         module.cuvil_features = features
-        assert int8_isa_of(module).kind == ("sdot" if name == "sdot" else "generic")
+        assert int8_isa_of(module).kind == ("generic" if name == "neon" else "sdot")
         _emit(module, name, False)
         objects[name] = emit_object(hide_declarations(str(module), "-"), tm)
         (tmp / f"{name}.o").write_bytes(objects[name])
@@ -280,11 +281,14 @@ def arm(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, bytes], Pat
 @pytest.mark.parametrize("kind", list(ARM_KINDS))
 def test_aarch64_kernels_use_their_instructions(arm, kind: str) -> None:
     words = np.frombuffer(arm[0][kind][: len(arm[0][kind]) // 4 * 4], "<u4")
-    mask, value = ARM_OPCODES[kind]
-    assert np.count_nonzero(words & mask == value) >= 8, f"no {kind} multiply-adds"
+    for used in ("neon", "sdot") if kind == "gated" else (kind,):
+        mask, value = ARM_OPCODES[used]
+        assert np.count_nonzero(words & mask == value) >= 8, f"no {used} multiply-adds in {kind}"
 
 
-def test_aarch64_kernels_under_qemu(arm) -> None:
+# qemu's max has the dot product (the gated kind takes SDOT), cortex-a72 not (it takes NEON)
+@pytest.mark.parametrize(("cpu", "kinds"), [("max", list(ARM_KINDS)), ("cortex-a72", ["neon", "gated"])])
+def test_aarch64_kernels_under_qemu(arm, cpu: str, kinds: list[str]) -> None:
     qemu = shutil.which("qemu-aarch64-static")
     if qemu is None or not (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").is_file():
         pytest.skip("needs qemu-user-static and libc6-arm64-cross (tests/test_harness.py)")
@@ -292,6 +296,8 @@ def test_aarch64_kernels_under_qemu(arm) -> None:
     names = _arm_names()
     records, wanted = [], []
     for index, kind in enumerate(ARM_KINDS):
+        if kind not in kinds:
+            continue
         for (m, n, kk) in [(1, 1, 1), (3, 17, 5), (17, 63, 100), (100, 3, 63), (13, 70, 64)]:
             for case, (a_signed, b_signed) in enumerate(SIGNS * 2):
                 a, b, a_zero, b_zero = _operands(rng, m, n, kk, a_signed, b_signed, case)
@@ -306,7 +312,7 @@ def test_aarch64_kernels_under_qemu(arm) -> None:
                 records.append(np.array(head, "<i8").tobytes() + a.tobytes()
                                + operand.tobytes() + b_zero.tobytes())
                 wanted.append((kind, name, _reference(a, b, a_zero, b_zero)))
-    proc = subprocess.run([qemu, "-L", str(AARCH64_SYSROOT), "-cpu", "max", str(arm[1])],
+    proc = subprocess.run([qemu, "-L", str(AARCH64_SYSROOT), "-cpu", cpu, str(arm[1])],
                           input=b"".join(records), capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     at = 0

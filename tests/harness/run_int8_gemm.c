@@ -18,8 +18,8 @@ typedef int32_t (*test_fn)(PARAMS);
         X(p##_runtime_100), X(p##_runtime_101), X(p##_runtime_110), X(p##_runtime_111)
 #define DECLARE(f) f(PARAMS)
 #define ITSELF(f) f
-int32_t NAMES(neon, DECLARE), NAMES(sdot, DECLARE);
-static const test_fn functions[] = {NAMES(neon, ITSELF), NAMES(sdot, ITSELF)};
+int32_t NAMES(neon, DECLARE), NAMES(sdot, DECLARE), NAMES(gated, DECLARE);
+static const test_fn functions[] = {NAMES(neon, ITSELF), NAMES(sdot, ITSELF), NAMES(gated, ITSELF)};
 
 static void *read_bytes(int64_t size) {
     void *p = calloc(1, (size_t)(size > 0 ? size : 1));

@@ -47,7 +47,10 @@ once (the runtime's cuvil_cpuid_bit, its answer cached in an internal global lik
 dispatcher's level), see `_cpuid_gate`. The VNNI
 kernel itself is compiled with the extra feature as a function attribute. A module whose
 features name the flag ("+avx512vnni", e.g. cpu="native" here) calls it directly; one that
-excludes it ("-avx512vnni") never does.
+excludes it ("-avx512vnni") never does. AArch64 does the same for SDOT: a baseline without
+dotprod (aarch64-linux's Armv8.0-A) holds the sdot and the generic kernel and asks the OS
+once (HWCAP_ASIMDDP from getauxval on Linux); "+dotprod" (apple-m1, a pinned cortex-a76)
+calls SDOT directly, "-dotprod" never.
 
 The epilogue (`QEpilogue`) turns a finished tile into the output while it is in registers:
 int32 as is, float32 = (acc) * a_scale * scale[n] + bias[n], or uint8/int8 =
@@ -183,6 +186,8 @@ _PAIRS = ("madd512", "madd256", "madd128")
 #: AVX state the dispatcher already checked to run the copy.
 _VNNI512_BIT = (7, 0, 2, 11)
 _AVXVNNI_BIT = (7, 1, 0, 4)
+#: AArch64: HWCAP_ASIMDDP, bit 20 of AT_HWCAP (the runtime reads it with getauxval)
+_DOTPROD_BIT = (1, 0, 0, 20)
 
 
 def isa_named(kind: str, **extra: object) -> Int8Isa:
@@ -194,7 +199,11 @@ def int8_isa_of(module: ir.Module) -> Int8Isa:
     """The kernel for the module's target and features (see the module docstring)."""
     features = set(getattr(module, "cuvil_features", "").split(","))
     if module.triple.startswith(("aarch64", "arm64")):
-        return isa_named("sdot" if "+dotprod" in features else "generic")
+        if "+dotprod" in features:
+            return isa_named("sdot")
+        if "-dotprod" in features:
+            return isa_named("generic")
+        return isa_named("sdot", gate=_DOTPROD_BIT, fallback="generic", features="+dotprod")
     if not module.triple.startswith(("x86_64", "i686", "i386")):
         return isa_named("generic")
     if "+avx512bw" in features:
