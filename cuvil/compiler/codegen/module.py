@@ -11,7 +11,9 @@ Exported (default visibility), for a model named m:
 `run_profiled` is `run` that also stores the monotonic clock around every node (see
 `_run_function`); `run` itself reads no clock, so profiling costs nothing when unused.
 
-`dims` holds the values of the symbolic input dims in the signature's order. Each node
+`dims` holds the values of the symbolic input dims in the signature's order, then one slot
+per data-dependent dim (`ir.DataDim`, the signature's "data_dims"), which `run` fills: the node
+that decides the dim stores it (`Emitter.set_dim`) before any later node reads it. Each node
 becomes an internal function returning a status (nodes that would get the same code share
 one: see `_SharedFunctions`); `run` calls them in order and stops at the
 first non-zero status s, returning ``(node_index << 8) | s`` (see `emitter.STATUS_*`).
@@ -83,7 +85,8 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
     module.triple = triple
     module.data_layout = data_layout
     module.cuvil_features = features  # read by kernels to size their register tiles
-    symbols = [s.name for s in graph.symbols]
+    # the data-dependent dims' slots follow the input dims': their producers store them there
+    symbols = [s.name for s in graph.symbols] + [d.symbol.name for d in graph.data_dims]
     primary = variant in (None, 0)
     hidden = []
 
