@@ -7,6 +7,11 @@ onnx's NonMaxSuppression node tests run in the conformance suite.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import zipfile
+
 import numpy as np
 import onnx
 import pytest
@@ -145,3 +150,42 @@ def test_corner_boxes_and_a_run_time_limit() -> None:
         feeds = {"boxes": boxes, "scores": RNG.random((batch, 2, 40)).astype(np.float32),
                  "limit": np.array([limit], np.int64), "iou": np.array([0.3], np.float32)}
         _check(model, compiled, feeds)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",
+                    reason="the wheel-building tests target x86_64 Linux")
+def test_the_head_through_a_built_wheel(tmp_path, monkeypatch) -> None:
+    """The generated package (its checksum, header and loader copy) returns the kept boxes in
+    their actual number, for the C ABI's bounded buffers."""
+    import cuvil.build_backend as backend
+
+    root = tmp_path / "project"
+    root.mkdir()
+    model = yolo_head()
+    onnx.save(model, str(root / "head.onnx"))
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "heads"\nversion = "0.1"\n\n[tool.cuvil]\npackage = "heads"\n\n'
+        '[tool.cuvil.models.yolo]\nsource = "head.onnx"\n')
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("CUVIL_CPU", "x86-64")  # one copy of the code: a quick compile
+    monkeypatch.setenv("CUVIL_CACHE", "0")
+    with zipfile.ZipFile(root / "dist" / backend.build_wheel(str(root / "dist"))) as archive:
+        archive.extractall(tmp_path / "site")
+        header = archive.read("heads/yolo.h").decode()
+    assert "#define CUVIL_YOLO_NUM_DATA_DIMS 1" in header
+    assert "int64_t *dims, void *workspace);" in header and "buffer for 15*batch x 3" in header
+    image = _images(2)
+    feeds = {"image": image, "iou": np.array([0.5], np.float32),
+             "score_min": np.array([0.3], np.float32)}
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    code = ("import sys, numpy as np, heads; f = dict(np.load(sys.argv[1])); "
+            "out = heads.yolo.run(f); np.savez(sys.argv[2], **out)")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "feeds.npz"),
+                           str(tmp_path / "got.npz")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert proc.returncode == 0, proc.stderr
+    got = np.load(tmp_path / "got.npz")
+    for name, want in zip(("selected", "detections", "scores"), run_ort(model, feeds)):
+        assert got[name].shape == want.shape, name
+        np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6, err_msg=name)
