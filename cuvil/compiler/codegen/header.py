@@ -69,8 +69,8 @@ def render_header(signature: Mapping[str, Any], library_file: str) -> str:
                 if symbols or data_dims else "unused (the model has no symbolic dims); pass NULL")
     data_doc = [
         " * Data-dependent dims: run() writes them into dims[] after the input dims, so dims",
-        f" * holds CUVIL_{name.upper()}_NUM_DIMS + CUVIL_{name.upper()}_NUM_DATA_DIMS values "
-        "(the caller sets the first ones):",
+        (f" * holds CUVIL_{name.upper()}_NUM_DIMS + CUVIL_{name.upper()}_NUM_DATA_DIMS values "
+         "(the caller sets the first ones):"),
         *(f" *   dims[{len(symbols) + j}] = {d['name']}: at most {d['bound']}, decided by "
           f"{d['node']}" for j, d in enumerate(data_dims)),
         " * The caller sizes each output buffer by its dims' bounds (\"buffer for\"); run()",

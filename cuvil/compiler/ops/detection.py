@@ -5,8 +5,8 @@ Its output, one (batch, class, box) row per kept box, has a data-dependent row c
 `max_output_boxes_per_class` computed at run time, of at most batch x classes x boxes. The
 thresholds and the box limit may be constants or run-time inputs.
 
-Per (batch, class), the boxes scoring above the threshold are heap-sorted by score (the lower
-box index first among equal scores), then taken in that order unless their IoU with a box
+Per (batch, class), the boxes scoring above the threshold go into a heap by score (the lower
+box index first among equal scores), popped while boxes are wanted: each is taken unless their IoU with a box
 already kept in the class exceeds the threshold, as onnxruntime and onnx's reference do.
 """
 
@@ -20,7 +20,7 @@ from cuvil.compiler.codegen.emitter import I64, Emitter
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, simplify_dim
 from cuvil.compiler.ops import InferContext, Op, attr, register, required_input
 from cuvil.compiler.ops.indexing import _break_if, _entry_alloca, _forever
-from cuvil.compiler.ops.selection import heapsort
+from cuvil.compiler.ops.selection import heap_pop, heapify
 from cuvil.errors import ModelError
 
 INT64 = np.dtype(np.int64)
@@ -76,13 +76,13 @@ class NonMaxSuppression(Op):
         return [TensorType(INT64, (ctx.data_dim(node, 0, 0, bound), 3))]
 
     def scratch_bytes(self, node: Node) -> Dim:
-        return simplify_dim(8 * required_input(node, 0).type.shape[1])  # a class's candidates
+        # a class's candidates (int64), and each box's corners and area (float32)
+        return simplify_dim(28 * required_input(node, 0).type.shape[1])
 
     def lower(self, node: Node, k: Emitter) -> None:
         boxes, scores, out = required_input(node, 0), required_input(node, 1), node.outputs[0]
         count_dim = boxes.type.shape[1]
-        if isinstance(self._max_boxes(node, count_dim), int) and \
-                self._max_boxes(node, count_dim) == 0:
+        if self._max_boxes(node, count_dim) == 0:
             return
         b = k.b
         nb, nc, ns = (k.dim(boxes.type.shape[0]), k.dim(scores.type.shape[1]), k.dim(count_dim))
@@ -97,6 +97,8 @@ class NonMaxSuppression(Op):
         bp, sp, y = k.buffers[boxes], k.buffers[scores], k.buffers[out]
         assert k.scratch is not None
         cand = k.scratch
+        corners = b.gep(k.scratch, [b.mul(ns, k.i64(8))], source_etype=ir.IntType(8),
+                        inbounds=True)
 
         def load(ptr: ir.Value, ty: ir.Type, off: ir.Value) -> ir.Value:
             return b.load(b.gep(ptr, [off], source_etype=ty, inbounds=True), typ=ty)
@@ -107,44 +109,53 @@ class NonMaxSuppression(Op):
         total = _entry_alloca(k, I64, "total")
         b.store(k.i64(0), total)
         m_slot = _entry_alloca(k, I64, "candidates")
-        p_slot = _entry_alloca(k, I64, "p")
-        ok_slot = _entry_alloca(k, ir.IntType(1), "ok")
-        with k.loop(nb, name="b") as bi, k.loop(nc, name="c") as ci:
-            row = b.mul(b.add(b.mul(bi, nc), ci), ns)  # scores[bi, ci, :]
-            b.store(k.i64(0), m_slot)
-            with k.loop(ns, name="s") as si:
-                keep = (b.fcmp_ordered(">", load(sp, F32, b.add(row, si)), threshold)
-                        if threshold is not None else ir.Constant(ir.IntType(1), 1))
-                with b.if_then(keep):
-                    m = b.load(m_slot)
-                    store(cand, I64, m, si)
-                    b.store(b.add(m, k.i64(1)), m_slot)
+        q_slot = _entry_alloca(k, I64, "q")
+        with k.loop(nb, name="b") as bi:
+            # each box's x_min, x_max, y_min, y_max and area, once per image
+            with k.loop(ns, name="corners") as si:
+                base = b.mul(b.add(b.mul(bi, ns), si), k.i64(4))
+                c = [load(bp, F32, b.add(base, k.i64(t))) for t in range(4)]
+                box = _corners(b, c, center)
+                area = b.fmul(b.fsub(box[1], box[0]), b.fsub(box[3], box[2]))
+                for t, v in enumerate((*box, area)):
+                    store(corners, F32, b.add(b.mul(si, k.i64(5)), k.i64(t)), v)
+            with k.loop(nc, name="c") as ci:
+                row = b.mul(b.add(b.mul(bi, nc), ci), ns)  # scores[bi, ci, :]
+                b.store(k.i64(0), m_slot)
+                with k.loop(ns, name="s") as si:
+                    keep = (b.fcmp_ordered(">", load(sp, F32, b.add(row, si)), threshold)
+                            if threshold is not None else ir.Constant(ir.IntType(1), 1))
+                    with b.if_then(keep):
+                        m = b.load(m_slot)
+                        store(cand, I64, m, si)
+                        b.store(b.add(m, k.i64(1)), m_slot)
 
-            def worse(i: ir.Value, j: ir.Value) -> ir.Value:
-                si_, sj = load(sp, F32, b.add(row, i)), load(sp, F32, b.add(row, j))
-                return b.or_(b.fcmp_ordered("<", si_, sj),
-                             b.and_(b.fcmp_ordered("==", si_, sj), b.icmp_signed(">", i, j)))
+                def better(i: ir.Value, j: ir.Value, row: ir.Value = row) -> ir.Value:
+                    si_, sj = load(sp, F32, b.add(row, i)), load(sp, F32, b.add(row, j))
+                    return b.or_(b.fcmp_ordered(">", si_, sj),
+                                 b.and_(b.fcmp_ordered("==", si_, sj), b.icmp_signed("<", i, j)))
 
-            m = b.load(m_slot)
-            heapsort(k, cand, m, worse)
-            start = b.load(total)
-            b.store(k.i64(0), p_slot)
-            with _forever(k, "take") as done:
-                p = b.load(p_slot)
-                _break_if(k, b.icmp_signed(">=", p, m), done)
-                _break_if(k, b.icmp_signed(">=", b.sub(b.load(total), start), limit), done)
-                box = load(cand, I64, p)
-                b.store(ir.Constant(ir.IntType(1), 1), ok_slot)
-                with k.loop(b.load(total), start=start, name="kept") as q:
-                    other = load(y, I64, b.add(b.mul(q, k.i64(3)), k.i64(2)))
-                    hit = self._suppresses(k, bp, b.mul(bi, ns), box, other, iou, center)
-                    b.store(b.and_(b.load(ok_slot), b.not_(hit)), ok_slot)
-                with b.if_then(b.load(ok_slot)):
-                    t = b.load(total)
-                    for j, v in enumerate((bi, ci, box)):
-                        store(y, I64, b.add(b.mul(t, k.i64(3)), k.i64(j)), v)
-                    b.store(b.add(t, k.i64(1)), total)
-                b.store(b.add(p, k.i64(1)), p_slot)
+                # a heap of the candidates, popped best first only while boxes are wanted
+                heapify(k, cand, b.load(m_slot), better)
+                start = b.load(total)
+                with _forever(k, "take") as done:
+                    left = b.load(m_slot)
+                    _break_if(k, b.icmp_signed("<=", left, k.i64(0)), done)
+                    _break_if(k, b.icmp_signed(">=", b.sub(b.load(total), start), limit), done)
+                    box = heap_pop(k, cand, left, better)
+                    b.store(b.sub(left, k.i64(1)), m_slot)
+                    b.store(start, q_slot)
+                    taken = b.load(total)
+                    with _forever(k, "kept") as checked:
+                        q = b.load(q_slot)
+                        with b.if_then(b.icmp_signed(">=", q, taken)):
+                            for j, v in enumerate((bi, ci, box)):  # no kept box suppresses it
+                                store(y, I64, b.add(b.mul(taken, k.i64(3)), k.i64(j)), v)
+                            b.store(b.add(taken, k.i64(1)), total)
+                            b.branch(checked)
+                        other = load(y, I64, b.add(b.mul(q, k.i64(3)), k.i64(2)))
+                        _break_if_suppressed(k, corners, box, other, iou, checked)
+                        b.store(b.add(q, k.i64(1)), q_slot)
         k.set_dim(out.type.shape[0], b.load(total))
 
     @staticmethod
@@ -155,51 +166,52 @@ class NonMaxSuppression(Op):
             return ir.Constant(ty, int(value) if ty == I64 else float(value))
         return k.b.load(k.buffers[v], typ=ty)
 
-    @staticmethod
-    def _suppresses(k: Emitter, bp: ir.Value, first_box: ir.Value, i: ir.Value, j: ir.Value,
-                    iou: ir.Value, center: bool) -> ir.Value:
-        """i1: box j (kept) suppresses box i, as onnx's reference decides."""
-        b = k.b
 
-        def coords(n: ir.Value) -> tuple[ir.Value, ...]:
-            base = b.mul(b.add(first_box, n), k.i64(4))
-            c = [b.load(b.gep(bp, [b.add(base, k.i64(t))], source_etype=F32, inbounds=True),
-                        typ=F32) for t in range(4)]
-            if center:  # [x_center, y_center, width, height]
-                half_w = b.fdiv(c[2], ir.Constant(F32, 2.0))
-                half_h = b.fdiv(c[3], ir.Constant(F32, 2.0))
-                return (b.fsub(c[0], half_w), b.fadd(c[0], half_w),
-                        b.fsub(c[1], half_h), b.fadd(c[1], half_h))
-            # [y1, x1, y2, x2], either corner first
-            def ordered(p: ir.Value, q: ir.Value) -> tuple[ir.Value, ir.Value]:
-                swap = b.fcmp_ordered(">=", p, q)
-                return b.select(swap, q, p), b.select(swap, p, q)
+def _corners(b: ir.IRBuilder, c: list[ir.Value], center: bool) -> tuple[ir.Value, ...]:
+    """x_min, x_max, y_min, y_max of a box as onnx's reference computes them."""
+    if center:  # [x_center, y_center, width, height]
+        half_w = b.fdiv(c[2], ir.Constant(F32, 2.0))
+        half_h = b.fdiv(c[3], ir.Constant(F32, 2.0))
+        return (b.fsub(c[0], half_w), b.fadd(c[0], half_w),
+                b.fsub(c[1], half_h), b.fadd(c[1], half_h))
 
-            x_min, x_max = ordered(c[1], c[3])
-            y_min, y_max = ordered(c[0], c[2])
-            return x_min, x_max, y_min, y_max
+    def ordered(p: ir.Value, q: ir.Value) -> tuple[ir.Value, ir.Value]:  # either corner first
+        swap = b.fcmp_ordered(">=", p, q)
+        return b.select(swap, q, p), b.select(swap, p, q)
 
-        ax0, ax1, ay0, ay1 = coords(i)
-        bx0, bx1, by0, by1 = coords(j)
+    x_min, x_max = ordered(c[1], c[3])  # [y1, x1, y2, x2]
+    y_min, y_max = ordered(c[0], c[2])
+    return (x_min, x_max, y_min, y_max)
 
-        def larger(p: ir.Value, q: ir.Value) -> ir.Value:  # Python's max(p, q)
-            return b.select(b.fcmp_ordered(">", q, p), q, p)
 
-        def smaller(p: ir.Value, q: ir.Value) -> ir.Value:
-            return b.select(b.fcmp_ordered("<", q, p), q, p)
+def _break_if_suppressed(k: Emitter, corners: ir.Value, i: ir.Value, j: ir.Value,
+                         iou: ir.Value, done: ir.Block) -> None:
+    """Branch to `done` when box j (kept) suppresses box i: their IoU exceeds the threshold,
+    with the reference's checks (no overlap or an empty box: no suppression). Boxes apart
+    along x, most pairs, cost four loads and two compares."""
+    b = k.b
 
-        ix0, ix1 = larger(ax0, bx0), smaller(ax1, bx1)
-        iy0, iy1 = larger(ay0, by0), smaller(ay1, by1)
+    def get(n: ir.Value, t: int) -> ir.Value:
+        off = b.add(b.mul(n, ir.Constant(I64, 5)), ir.Constant(I64, t))
+        return b.load(b.gep(corners, [off], source_etype=F32, inbounds=True), typ=F32)
+
+    def larger(p: ir.Value, q: ir.Value) -> ir.Value:  # Python's max(p, q)
+        return b.select(b.fcmp_ordered(">", q, p), q, p)
+
+    def smaller(p: ir.Value, q: ir.Value) -> ir.Value:
+        return b.select(b.fcmp_ordered("<", q, p), q, p)
+
+    ix0, ix1 = larger(get(i, 0), get(j, 0)), smaller(get(i, 1), get(j, 1))
+    with b.if_then(b.fcmp_ordered(">", ix1, ix0)):
+        iy0, iy1 = larger(get(i, 2), get(j, 2)), smaller(get(i, 3), get(j, 3))
+        area_a, area_b = get(i, 4), get(j, 4)
         zero = ir.Constant(F32, 0.0)
         inter = b.fmul(b.fsub(ix1, ix0), b.fsub(iy1, iy0))
-        area_a = b.fmul(b.fsub(ax1, ax0), b.fsub(ay1, ay0))
-        area_b = b.fmul(b.fsub(bx1, bx0), b.fsub(by1, by0))
         union = b.fsub(b.fadd(area_a, area_b), inter)
-        conds = [b.fcmp_ordered(">", ix1, ix0), b.fcmp_ordered(">", iy1, iy0),
-                 b.fcmp_ordered(">", inter, zero), b.fcmp_ordered(">", area_a, zero),
-                 b.fcmp_ordered(">", area_b, zero), b.fcmp_ordered(">", union, zero),
-                 b.fcmp_ordered(">", b.fdiv(inter, union), iou)]
+        conds = [b.fcmp_ordered(">", iy1, iy0), b.fcmp_ordered(">", inter, zero),
+                 b.fcmp_ordered(">", area_a, zero), b.fcmp_ordered(">", area_b, zero),
+                 b.fcmp_ordered(">", union, zero), b.fcmp_ordered(">", b.fdiv(inter, union), iou)]
         result = conds[0]
         for c in conds[1:]:
             result = b.and_(result, c)
-        return result
+        _break_if(k, result, done)

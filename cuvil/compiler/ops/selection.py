@@ -7,7 +7,8 @@ outputs are written densely in their actual shape, so a lowering computes their 
 from the count it holds, never through `k.dim` of its own data-dependent dim (which reads
 the slot before the store).
 
-Unique sorts with `heapsort` (O(n log n)); NonMaxSuppression (`detection.py`) uses it too.
+Unique sorts with `heapsort` (O(n log n)); NonMaxSuppression (`detection.py`) pops the boxes
+of a heap (`heapify`, `heap_pop`) in score order until it has kept enough.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from cuvil.compiler.ops import InferContext, Op, attr, normalize_axis, register,
 from cuvil.compiler.ops.indexing import _break_if, _entry_alloca, _forever
 from cuvil.errors import ModelError, UnsupportedOpError
 
-__all__ = ["heapsort", "nonzero_flag"]
+__all__ = ["heap_pop", "heapify", "heapsort", "nonzero_flag"]
 
 INT64 = np.dtype(np.int64)
 
@@ -59,45 +60,56 @@ def _bump(k: Emitter, slot: ir.Value) -> None:
     k.b.store(k.b.add(k.b.load(slot), k.i64(1)), slot)
 
 
-def heapsort(k: Emitter, items: ir.Value, n: ir.Value,
-             worse: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
-    """Sort the i64 array items[0 .. n) best first, where worse(a, b) (an i1) says that item
-    a goes after item b. The heap keeps its worst item at the root, which each step moves to
-    the end of the shrinking heap. `worse` must be a strict order."""
+def _sift_down(k: Emitter, items: ir.Value, start: ir.Value, size: ir.Value,
+               above: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
+    """Move items[start] down the heap items[0 .. size) until no child belongs above it."""
     pos = _entry_alloca(k, I64, "heap.pos")
+    k.b.store(start, pos)
+    with _forever(k, "sift") as done:
+        p = k.b.load(pos)
+        c = k.b.add(k.b.mul(p, k.i64(2)), k.i64(1))
+        _break_if(k, k.b.icmp_signed(">=", c, size), done)
+        r = k.b.add(c, k.i64(1))
+        r = k.b.select(k.b.icmp_signed("<", r, size), r, c)
+        cv, rv = _load(k, items, INT64, c), _load(k, items, INT64, r)
+        take_r = above(rv, cv)
+        w, wv = k.b.select(take_r, r, c), k.b.select(take_r, rv, cv)
+        pv = _load(k, items, INT64, p)
+        _break_if(k, k.b.not_(above(wv, pv)), done)
+        _store(k, items, INT64, p, wv)
+        _store(k, items, INT64, w, pv)
+        k.b.store(w, pos)
 
-    def get(i: ir.Value) -> ir.Value:
-        return _load(k, items, INT64, i)
 
-    def put(i: ir.Value, v: ir.Value) -> None:
-        _store(k, items, INT64, i, v)
-
-    def sift_down(start: ir.Value, size: ir.Value) -> None:
-        k.b.store(start, pos)
-        with _forever(k, "sift") as done:
-            p = k.b.load(pos)
-            c = k.b.add(k.b.mul(p, k.i64(2)), k.i64(1))
-            _break_if(k, k.b.icmp_signed(">=", c, size), done)
-            r = k.b.add(c, k.i64(1))
-            r = k.b.select(k.b.icmp_signed("<", r, size), r, c)
-            cv, rv = get(c), get(r)
-            take_r = worse(rv, cv)
-            w, wv = k.b.select(take_r, r, c), k.b.select(take_r, rv, cv)
-            pv = get(p)
-            _break_if(k, k.b.not_(worse(wv, pv)), done)
-            put(p, wv)
-            put(w, pv)
-            k.b.store(w, pos)
-
+def heapify(k: Emitter, items: ir.Value, n: ir.Value,
+            above: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
+    """Make the i64 array items[0 .. n) a binary heap: above(a, b) (an i1, a strict order)
+    says that item a belongs nearer the root than item b; the root is one no item is above."""
     half = k.b.sdiv(n, k.i64(2))
     with k.loop(half, name="heapify") as t:
-        sift_down(k.b.sub(k.b.sub(half, k.i64(1)), t), n)
+        _sift_down(k, items, k.b.sub(k.b.sub(half, k.i64(1)), t), n, above)
+
+
+def heap_pop(k: Emitter, items: ir.Value, size: ir.Value,
+             above: Callable[[ir.Value, ir.Value], ir.Value]) -> ir.Value:
+    """Take the root of the heap items[0 .. size) (size > 0), which then holds size - 1 items
+    and keeps the root's old place (items[size - 1]) for it."""
+    last = k.b.sub(size, k.i64(1))
+    root, moved = _load(k, items, INT64, k.i64(0)), _load(k, items, INT64, last)
+    _store(k, items, INT64, k.i64(0), moved)
+    _store(k, items, INT64, last, root)
+    _sift_down(k, items, k.i64(0), last, above)
+    return root
+
+
+def heapsort(k: Emitter, items: ir.Value, n: ir.Value,
+             worse: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
+    """Sort the i64 array items[0 .. n) best first, where worse(a, b) (an i1, a strict order)
+    says that item a goes after item b: a heap with the worst item at its root, popped into
+    the end of the shrinking heap."""
+    heapify(k, items, n, worse)
     with k.loop(k.b.sub(n, k.i64(1)), name="heapsort") as t:
-        end = k.b.sub(k.b.sub(n, k.i64(1)), t)
-        first, last = get(k.i64(0)), get(end)
-        put(k.i64(0), last)
-        put(end, first)
-        sift_down(k.i64(0), end)
+        heap_pop(k, items, k.b.sub(n, t), worse)
 
 
 def _bounded_dim(shape: Sequence[Dim], axis: int | None) -> Dim:
