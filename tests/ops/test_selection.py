@@ -114,20 +114,27 @@ def test_out_buffers_take_the_largest_shape_and_come_back_as_views(all_ops) -> N
 
 
 def test_the_library_writes_the_data_dependent_dims_after_the_input_dims(tmp_path) -> None:
-    """Through the C ABI alone: dims[] holds the input dims, run() appends the counts."""
-    model = _model([helper.make_node("NonZero", ["x"], ["y"])], {"x": (T.FLOAT, ["n"])}, ["y"])
+    """Through the C ABI alone: dims[] holds the input dims, run() appends the counts. The
+    output twice: the second is copied after the run, as many bytes as the count gives."""
+    y_info = helper.make_tensor_value_info("y", T.INT64, [1, "k"])
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("NonZero", ["x"], ["y"])], "nz",
+        [helper.make_tensor_value_info("x", T.FLOAT, ["n"])], [y_info, y_info]),
+        opset_imports=[helper.make_opsetid("", 17)])
     compiled = cuvil.compile(model, name="nz")
     lib = ctypes.CDLL(compiled._path)
     x = np.array([0, 3, 0, 4, 5], np.float32)
     y = np.full(5, -1, np.int64)  # the buffer for [1, n], the bound
+    y2 = np.full(5, -1, np.int64)
     dims = (ctypes.c_int64 * 2)(5, -1)
     lib.cuvil_nz_workspace_size.restype = ctypes.c_int64
     workspace = np.zeros(max(lib.cuvil_nz_workspace_size(dims), 1) + 64, np.uint8)
     ptrs = lambda *arrays: (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])  # noqa: E731
     ws = workspace.ctypes.data + (-workspace.ctypes.data) % 64
-    assert lib.cuvil_nz_run(ptrs(x), ptrs(y), dims, ctypes.c_void_p(ws)) == 0
+    assert lib.cuvil_nz_run(ptrs(x), ptrs(y, y2), dims, ctypes.c_void_p(ws)) == 0
     assert dims[1] == 3
-    np.testing.assert_array_equal(y[:3], [1, 3, 4])
+    np.testing.assert_array_equal(y, [1, 3, 4, -1, -1])
+    np.testing.assert_array_equal(y2, [1, 3, 4, -1, -1])
 
 
 def test_sizes_decided_by_different_data_cannot_be_combined() -> None:

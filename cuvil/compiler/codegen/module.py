@@ -181,9 +181,23 @@ def _run_function(module: ir.Module, name: str, graph: Graph, plan: MemoryPlan,
     for v, i in plan.output_copies:
         src = pointer(v)
         slot = k.b.gep(outputs, [k.i64(i)], source_etype=PTR, inbounds=True)
-        k.memcpy(k.b.load(slot, typ=PTR), src, k.dim(v.type.nbytes))
+        if isinstance(v.type.nbytes, int) or not v.type.nbytes.free_symbols & graph.data_dim_table.keys():
+            k.memcpy(k.b.load(slot, typ=PTR), src, k.dim(v.type.nbytes))
+        else:  # `run` read the dims on entry, before the nodes stored the data-dependent ones
+            k.b.call(_copy_function(module, v, symbols), [dims, k.b.load(slot, typ=PTR), src])
     stamp(len(graph.nodes) + 1)
     k.b.ret(ir.Constant(I32, 0))
+
+
+def _copy_function(module: ir.Module, v: Value, symbols: list[str]) -> ir.Function:
+    """copy(dims, dst, src): `v`'s bytes, counted from the dims when it is called."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR] * 3),
+                     module.get_unique_name(f"copy_{v.name}"))
+    fn.linkage = "internal"
+    k = Emitter(module, fn, fn.args[0], symbols, {})
+    k.memcpy(fn.args[1], fn.args[2], k.dim(v.type.nbytes))
+    k.b.ret_void()
+    return fn
 
 
 def _no_stamp(slot: int, value: ir.Value | None = None) -> None:
