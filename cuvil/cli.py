@@ -95,9 +95,15 @@ def _signature_lines(sig: Mapping[str, Any], indent: str = "  ") -> list[str]:
     lines = []
     for kind in ("inputs", "outputs"):
         for t in sig.get(kind, []):
-            lines.append(f"{indent}{kind[:-1]:<7}{t['name']}: {t['dtype']}{_shape(t['shape'])}")
+            bound = (f" (at most {_shape(t['max_shape'])})"
+                     if t.get("max_shape", t["shape"]) != t["shape"] else "")
+            lines.append(f"{indent}{kind[:-1]:<7}{t['name']}: {t['dtype']}{_shape(t['shape'])}"
+                         f"{bound}")
     symbols = sig.get("symbols") or []
     lines.append(f"{indent}symbolic dims: {', '.join(symbols) if symbols else 'none'}")
+    for d in sig.get("data_dims") or []:
+        lines.append(f"{indent}data-dependent dim {d['name']}: at most {d['bound']}, decided by "
+                     f"{d['node']}")
     for condition, message in sig.get("constraints") or []:
         lines.append(f"{indent}requires {condition}  ({message})")
     if "workspace" in sig:

@@ -66,6 +66,17 @@ def signature_of(graph: Graph, name: str, library_file: str) -> dict[str, Any]:
         # by node index, for the profiler (see cuvil.runtime's Profile)
         "node_profile": [_node_profile(n) for n in graph.nodes],
     }
+    data_dims = graph.data_dims
+    if data_dims:  # only then: the signatures (and checksums) of other models stay as they were
+        # the dims the data decides, in their dim-array slots after the input dims, with the
+        # bound each output buffer is sized by
+        sig["data_dims"] = [{"name": d.symbol.name, "bound": dim_str(d.bound),
+                             "bound_expr": to_python(graph.upper_bound(d.bound)), "node": d.node}
+                            for d in data_dims]
+        for t, v in zip(sig["outputs"], graph.outputs):
+            bounded = [graph.upper_bound(d) for d in v.type.shape]
+            t["max_shape"] = [dim_str(d) for d in bounded]
+            t["max_shape_expr"] = [to_python(d) for d in bounded]
     sig["checksum"] = abi_checksum(sig)
     return sig
 

@@ -28,6 +28,12 @@ def symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True, positive=True)
 
 
+def data_symbol(name: str) -> sympy.Symbol:
+    """The symbol of a data-dependent dim (see `DataDim`): a non-negative integer, 0 included
+    (a NonZero of zeros, no box kept)."""
+    return sympy.Symbol(name, integer=True, nonnegative=True)
+
+
 def simplify_dim(d: Dim) -> Dim:
     """Return an int when `d` is a constant expression, else the (expanded) expression."""
     if isinstance(d, (int, np.integer)):
@@ -171,6 +177,23 @@ class Constraint:
     message: str
 
 
+@dataclass(frozen=True)
+class DataDim:
+    """A dim whose size only the data decides (NonZero's count, the boxes NonMaxSuppression
+    keeps), known at compile time by an upper bound over the input dims.
+
+    Its symbol stands in shapes like any dim, so the ops after the producing node type and
+    lower as for an input dim. At run time the value lives in the `dims` array after the
+    input dims (the ABI's order: `data_dims`): the producing node stores it there, the nodes
+    after it read it like any other dim, and the caller reads it back. Memory is planned
+    for the bound (`upper_bound`), which holds because shape rules give sizes that grow with
+    their inputs' dims."""
+
+    symbol: sympy.Symbol
+    bound: Dim
+    node: str  # how errors and docs name the producer ("node 'nms' (NonMaxSuppression)")
+
+
 class IRError(Exception):
     """A graph breaks an invariant of the IR: a bug in cuvil (a pass, the frontend), never
     something a user can fix, hence not a `CuvilError`."""
@@ -211,6 +234,9 @@ class Graph:
         self.outputs: list[Value] = []
         self.nodes: list[Node] = []
         self.constraints: list[Constraint] = []
+        #: every data-dependent dim the shape rules made, by symbol, in creation order (see
+        #: `data_dims`: those still in the graph)
+        self.data_dim_table: dict[sympy.Symbol, DataDim] = {}
         self._names: set[str] = set()
         self._counter = itertools.count()
 
@@ -396,6 +422,28 @@ class Graph:
                     for s in sorted(d.free_symbols, key=lambda s: s.name):
                         seen.setdefault(s.name, s)
         return list(seen.values())
+
+    @property
+    def data_dims(self) -> list[DataDim]:
+        """The data-dependent dims some node still outputs, in creation order: the order of
+        their slots in the ABI's dim array, after the input dims."""
+        used: set[sympy.Symbol] = set()
+        for n in self.nodes:
+            for v in n.outputs:
+                for d in v.type.shape:
+                    if not isinstance(d, int):
+                        used |= d.free_symbols
+        return [dd for s, dd in self.data_dim_table.items() if s in used]
+
+    def upper_bound(self, d: Dim) -> Dim:
+        """`d` with every data-dependent dim replaced by its bound: an expression of the
+        input dims that `d` never exceeds (sizes grow with dims)."""
+        for _ in range(len(self.data_dim_table) + 1):
+            if isinstance(d, int) or not (d.free_symbols & self.data_dim_table.keys()):
+                return d
+            d = simplify_dim(sympy.sympify(d).subs(
+                {s: dd.bound for s, dd in self.data_dim_table.items()}))
+        raise IRError(f"{self.name}: the bounds of data-dependent dims refer to each other")
 
     def __repr__(self) -> str:
         lines = [f"graph {self.name}({', '.join(repr(v) for v in self.inputs)})"]

@@ -152,6 +152,16 @@ class _Probe:
     def dims_equal(self, node: Node, a: Dim, b: Dim, what: str) -> Dim:
         return a if isinstance(a, int) else b
 
+    def data_dim(self, node: Node, output: int, axis: int, bound: Dim) -> Dim:
+        """The data-dependent dim the node's output has (the rule made it when typing)."""
+        d = node.outputs[output].type.shape[axis] if output < len(node.outputs) else None
+        if d == 0:
+            return 0
+        if not isinstance(d, sympy.Symbol) or d.is_positive:
+            raise IRError(f"{node.describe()}: output {output} dim {axis} is {d}, not the "
+                          "data-dependent dim its shape rule makes")
+        return d
+
 
 def _check_types(graph: Graph, node: Node) -> None:
     """Re-run the node's shape rule on a copy (rules may rewrite their node, e.g. pack

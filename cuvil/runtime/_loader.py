@@ -37,6 +37,8 @@ def abi_checksum(signature: Mapping[str, Any]) -> str:
         "inputs": [[t["name"], t["dtype"], list(t["shape"])] for t in signature["inputs"]],
         "outputs": [[t["name"], t["dtype"], list(t["shape"])] for t in signature["outputs"]],
     }
+    if signature.get("data_dims"):  # absent from other models: their checksums stay the same
+        canonical["data_dims"] = [[d["name"], d["bound"]] for d in signature["data_dims"]]
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
     return _sha256(text.encode()).hexdigest()
 
@@ -55,18 +57,31 @@ def _sha256(data: bytes) -> Any:
 
 
 class TensorInfo:
-    """Name, numpy dtype and shape (ints, or str for symbolic dims) of an input or output."""
+    """Name, numpy dtype and shape (ints, or str for symbolic dims) of an input or output.
 
-    __slots__ = ("dtype", "name", "shape")
+    `max_shape` is the largest shape the output can have: `shape` with each dim that depends
+    on the data (NonZero's count, the boxes NonMaxSuppression keeps) replaced by its upper
+    bound over the input dims; `data_dependent` lists those axes (empty for most tensors,
+    whose `max_shape` is their `shape`)."""
 
-    def __init__(self, name: str, dtype: np.dtype, shape: tuple[int | str, ...]) -> None:
+    __slots__ = ("dtype", "max_shape", "name", "shape")
+
+    def __init__(self, name: str, dtype: np.dtype, shape: tuple[int | str, ...],
+                 max_shape: tuple[int | str, ...] | None = None) -> None:
         self.name = name
         self.dtype = dtype
         self.shape = shape
+        self.max_shape = shape if max_shape is None else max_shape
+
+    @property
+    def data_dependent(self) -> tuple[int, ...]:
+        return tuple(i for i, (d, m) in enumerate(zip(self.shape, self.max_shape)) if d != m)
 
     def __repr__(self) -> str:
         dims = ", ".join(str(d) for d in self.shape)
-        return f"TensorInfo(name={self.name!r}, dtype={self.dtype.name}, shape=[{dims}])"
+        bound = (f", max_shape=[{', '.join(str(d) for d in self.max_shape)}]"
+                 if self.data_dependent else "")
+        return f"TensorInfo(name={self.name!r}, dtype={self.dtype.name}, shape=[{dims}]{bound})"
 
 
 def _compile_expr(text: Any) -> Any:
@@ -157,11 +172,19 @@ class Model:
         self._keep_alive = keep_alive  # e.g. the temporary directory of cuvil.compile
         self.inputs = tuple(TensorInfo(t["name"], np.dtype(t["dtype"]), tuple(t["shape"]))
                             for t in signature["inputs"])
-        self.outputs = tuple(TensorInfo(t["name"], np.dtype(t["dtype"]), tuple(t["shape"]))
+        self.outputs = tuple(TensorInfo(t["name"], np.dtype(t["dtype"]), tuple(t["shape"]),
+                                        tuple(t.get("max_shape", t["shape"])))
                              for t in signature["outputs"])
         self._symbols = tuple(signature["symbols"])
         self._node_labels = tuple(signature.get("nodes", ()))
-        self._out_shapes = [[_compile_expr(d) for d in t["shape_expr"]] for t in signature["outputs"]]
+        # buffers are allocated for the largest shape; the run writes the dims the data decides
+        # into the dim array after the input dims, which give the outputs' actual shapes
+        self._data_dims = tuple(d["name"] for d in signature.get("data_dims", ()))
+        self._out_shapes = [[_compile_expr(d) for d in t.get("max_shape_expr", t["shape_expr"])]
+                            for t in signature["outputs"]]
+        self._actual_shapes = [None if "max_shape_expr" not in t or t["shape"] == t["max_shape"]
+                               else [_compile_expr(d) for d in t["shape_expr"]]
+                               for t in signature["outputs"]]
         self._workspace = _compile_expr(signature["workspace"])
         self._constraints = [(compile(c, "<cuvil constraint>", "eval"), msg)
                              for c, msg in signature.get("constraints", [])]
@@ -391,7 +414,7 @@ class Model:
         out_shapes = tuple(tuple(d if isinstance(d, int) else int(eval(d, env)) for d in shape)
                            for shape in self._out_shapes)
         ws = self._workspace if isinstance(self._workspace, int) else eval(self._workspace, env)
-        dim_values = (ctypes.c_int64 * max(len(self._symbols), 1))(
+        dim_values = (ctypes.c_int64 * max(len(self._symbols) + len(self._data_dims), 1))(
             *[dims[s] for s in self._symbols])
         plan = _Plan(dims, out_shapes, max(int(ws), 1), dim_values)
         if len(self._plans) >= _PLAN_CACHE_SIZE:
@@ -491,23 +514,52 @@ class Model:
         in_ptrs[:len(arrays)] = in_addresses
         out_ptrs[:len(outs)] = out_addresses
         self._set_thread_limit(self._num_threads or 0)  # per calling thread, in the library
+        # the run writes the data-dependent dims into its dim array: one per call
+        dims = (plan.dim_values if not self._data_dims
+                else type(plan.dim_values).from_buffer_copy(plan.dim_values))
         if profile is None:
-            status = self._run(in_ptrs, out_ptrs, plan.dim_values, scratch.address)
+            status = self._run(in_ptrs, out_ptrs, dims, scratch.address)
         else:
             stamps = (ctypes.c_uint64 * (len(self._node_profile) + 2))()
-            status = self._run_profiled(in_ptrs, out_ptrs, plan.dim_values, scratch.address,
-                                        stamps)
+            status = self._run_profiled(in_ptrs, out_ptrs, dims, scratch.address, stamps)
             if status == 0:
                 if self._node_flops is None:  # not at load: most processes never profile
                     self._node_flops = [_compile_expr(f) for *_, f in self._node_profile]
-                env = {**_EVAL_GLOBALS, **plan.dims}
+                env = {**_EVAL_GLOBALS, **plan.dims, **self._data_dim_values(dims)}
                 flops = [f if isinstance(f, int) else int(eval(f, env)) for f in self._node_flops]
                 with self._lock:
                     profile.add(list(stamps), flops, time.perf_counter_ns() - start)
         self._scratch.current = scratch
         if status != 0:
             raise self._status_error(status)
+        if self._data_dims:
+            outs = self._trimmed(outs, out, {**_EVAL_GLOBALS, **plan.dims,
+                                             **self._data_dim_values(dims)})
         return outs
+
+    def _data_dim_values(self, dims: Any) -> dict[str, int]:
+        base = len(self._symbols)
+        return {name: int(dims[base + j]) for j, name in enumerate(self._data_dims)}
+
+    def _trimmed(self, outs: list[np.ndarray], out: Sequence[Any] | None,
+                 env: dict[str, Any]) -> list[np.ndarray]:
+        """Outputs whose size the data decides, cut to their actual shape: the run wrote them
+        densely at the start of buffers of the largest shape. A view of the caller's `out=`
+        array; of a buffer allocated here, a view, or a copy when it would keep less than
+        half of the buffer alive."""
+        result = []
+        for i, (a, shape_code) in enumerate(zip(outs, self._actual_shapes)):
+            if shape_code is None:
+                result.append(a)
+                continue
+            shape = tuple(d if isinstance(d, int) else int(eval(d, env)) for d in shape_code)
+            count = 1
+            for d in shape:
+                count *= d
+            part = a.reshape(-1)[:count].reshape(shape)
+            given = out is not None and out[i] is not None
+            result.append(part if given or 2 * count >= a.size else part.copy())
+        return result
 
     def _status_error(self, status: int) -> Exception:
         if status == _STATUS_CPU_UNSUPPORTED:

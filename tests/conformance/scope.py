@@ -84,13 +84,6 @@ CATEGORIES: tuple[Category, ...] = (
                 "COMPLEX64", "COMPLEX128"),
     ),
     Category(
-        "data-dependent",
-        "Output shapes that depend on input values",
-        "A cuvil library's output shapes follow from its input shapes, so callers can allocate "
-        "them before the call; these ops size their outputs by the data.",
-        ops=("NonZero", "Unique", "NonMaxSuppression", "Compress"),
-    ),
-    Category(
         "outside",
         "Outside a tensor compiler",
         "Image file decoding and the experimental ai.onnx.preview domain. (The classical-ML "

@@ -176,8 +176,9 @@ def test_run_time_if_with_branches_of_different_shapes_is_unsupported() -> None:
 def test_unsupported_op_inside_a_branch_is_reported_with_the_others(monkeypatch) -> None:
     from cuvil.compiler.frontend import importer
 
-    real_lookup = importer.lookup  # Det stands for an op cuvil has no kernel for
-    monkeypatch.setattr(importer, "lookup", lambda d, op, v: None if op == "Det" else real_lookup(d, op, v))
+    real_lookup = importer.lookup  # Det and Unique stand for ops cuvil has no kernel for
+    monkeypatch.setattr(importer, "lookup", lambda d, op, v: None if op in ("Det", "Unique")
+                        else real_lookup(d, op, v))
     then = body("then", [helper.make_node("Det", ["x"], ["t"])], [], [("t", np.float32, [])])
     other = body("else", [helper.make_node("ReduceSum", ["x"], ["t"], keepdims=0)], [],
                  [("t", np.float32, [])])

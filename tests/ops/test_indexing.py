@@ -1,6 +1,6 @@
 """Indexing ops against onnxruntime: Gather, GatherElements, GatherND, Scatter(Elements),
 ScatterND, OneHot, TopK, ArgMax/ArgMin, CumSum, CumProd, ReverseSequence, Trilu; run-time
-index errors; NonZero.
+index errors; NonZero's backend test (the rest of it: tests/ops/test_selection.py).
 
 Many single-node cases share one model (one compile): each case has its own inputs and
 outputs, and onnxruntime runs the same model as the oracle.
@@ -482,12 +482,6 @@ def test_constant_out_of_range_indices_fail_at_compile_time() -> None:
         cuvil.compile(model)
 
 
-def test_non_zero_is_rejected_with_a_reason() -> None:
-    model, _ = build([Case("NonZero", [rand((3, 4))])], opset=13)
-    with pytest.raises(UnsupportedOpError, match="depends on the values of its input"):
-        cuvil.compile(model)
-
-
 def test_run_time_k_is_rejected_with_a_reason() -> None:
     model, _ = build([Case("TopK", [rand((3, 8)), np.array([2])], outs=2)], opset=11)
     with pytest.raises(UnsupportedOpError, match=r"case0.*K.*must be known at compile time"):
@@ -536,8 +530,7 @@ def test_onnx_backend_node_tests() -> None:
                "cumsum": ["CumSum"], "trilu": ["Trilu"], "nonzero": ["NonZero"]}
     tests = [baked(t, {"TopK": [1], "CumSum": [1], "OneHot": [1]})
              for module, ops in modules.items() for t in backend_cases(module, ops)]
-    unsupported = {"test_nonzero_example": "depends on the values of its input",
-                   "test_onehot_with_bfloat16_values": "bfloat16"}
+    unsupported = {"test_onehot_with_bfloat16_values": "bfloat16"}
     for t in tests:
         if t.name in unsupported:
             with pytest.raises(UnsupportedOpError, match=unsupported[t.name]):

@@ -169,6 +169,17 @@ class Emitter:
                 self._symbol_values[name] = self.b.load(p, typ=I64, name=name)
         return self._symbol_values[name]
 
+    def set_dim(self, d: Dim, value: ir.Value) -> None:
+        """Store the run-time value (i64) of a data-dependent dim (`ir.DataDim`) in its slot
+        of the dim array, where the later nodes and the caller read it. The node that sets it
+        must not read it through `dim` (that loads the slot on entry, before the store)."""
+        name = getattr(d, "name", None)
+        if name is None:  # a bound of 0 made the dim 0: nothing to store
+            return
+        p = self.b.gep(self._dims_ptr, [self.i64(self._symbol_index[name])], source_etype=I64,
+                       inbounds=True)
+        self.b.store(value, p)
+
     def dim(self, d: Dim | ir.Value) -> ir.Value:
         """An i64 LLVM value for an IR dim (int or symbolic expression)."""
         if isinstance(d, ir.Value):

@@ -53,15 +53,30 @@ def render_header(signature: Mapping[str, Any], library_file: str) -> str:
     symbols = signature["symbols"]
     nodes = signature.get("nodes", ())
 
+    data_dims = signature.get("data_dims", ())
+
     def tensor_lines(kind: str, tensors: list[dict[str, Any]]) -> list[str]:
         lines = []
         for i, t in enumerate(tensors):
             dims = " x ".join(str(d) for d in t["shape"]) or "scalar"
-            lines.append(f" *   {kind}[{i}]  {t['name']}: {_C_TYPES[t['dtype']]}, {dims}")
+            line = f" *   {kind}[{i}]  {t['name']}: {_C_TYPES[t['dtype']]}, {dims}"
+            if t.get("max_shape", t["shape"]) != t["shape"]:
+                line += f" (buffer for {' x '.join(str(d) for d in t['max_shape'])})"
+            lines.append(line)
         return lines
 
     dims_doc = (", ".join(f"dims[{i}] = {s}" for i, s in enumerate(symbols))
-                if symbols else "unused (the model has no symbolic dims); pass NULL")
+                if symbols or data_dims else "unused (the model has no symbolic dims); pass NULL")
+    data_doc = [
+        " * Data-dependent dims: run() writes them into dims[] after the input dims, so dims",
+        (f" * holds CUVIL_{name.upper()}_NUM_DIMS + CUVIL_{name.upper()}_NUM_DATA_DIMS values "
+         "(the caller sets the first ones):"),
+        *(f" *   dims[{len(symbols) + j}] = {d['name']}: at most {d['bound']}, decided by "
+          f"{d['node']}" for j, d in enumerate(data_dims)),
+        " * The caller sizes each output buffer by its dims' bounds (\"buffer for\"); run()",
+        " * writes the output densely, row-major in its actual shape, from the buffer's start.",
+    ] if data_dims else []
+    dims_type = "int64_t" if data_dims else "const int64_t"  # run() writes data-dependent dims
     doc = [
         "/*",
         f" * Model {name!r}, compiled by cuvil into {library_file}.",
@@ -70,6 +85,7 @@ def render_header(signature: Mapping[str, Any], library_file: str) -> str:
         *tensor_lines("inputs", signature["inputs"]),
         *tensor_lines("outputs", signature["outputs"]),
         f" * Symbolic dims: {dims_doc}.",
+        *data_doc,
         " *",
         " * Call cuvil_" + name + "_workspace_size(dims) for the scratch buffer's size in bytes,",
         " * allocate it 64-byte aligned, then cuvil_" + name + "_run(). The function keeps no",
@@ -94,6 +110,7 @@ def render_header(signature: Mapping[str, Any], library_file: str) -> str:
         f"#define CUVIL_{name.upper()}_NUM_INPUTS {len(signature['inputs'])}",
         f"#define CUVIL_{name.upper()}_NUM_OUTPUTS {len(signature['outputs'])}",
         f"#define CUVIL_{name.upper()}_NUM_DIMS {len(symbols)}",
+        *([f"#define CUVIL_{name.upper()}_NUM_DATA_DIMS {len(data_dims)}"] if data_dims else []),
         "",
         "/* hex sha256 of the model's signature, NUL-terminated; compare with the macro above */",
         f"extern const char cuvil_{name}_abi_checksum[65];",
@@ -106,12 +123,12 @@ def render_header(signature: Mapping[str, Any], library_file: str) -> str:
         f"/* run the model; returns 0 on success, CUVIL_{name.upper()}_CPU_UNSUPPORTED (running",
         " * nothing) on a CPU that lacks what cpu_check() names, else (node index << 8) | code */",
         f"int32_t cuvil_{name}_run(const void *const *inputs, void *const *outputs,",
-        f"{' ' * (len(name) + 20)}const int64_t *dims, void *workspace);",
+        f"{' ' * (len(name) + 20)}{dims_type} *dims, void *workspace);",
         "",
         "/* run() that also stores a monotonic clock in nanoseconds: timestamps_ns[0] before the",
         f"   first node, [i + 1] after node i, [{len(nodes) + 1}] at the end (nodes: see _models.json) */",
         f"int32_t cuvil_{name}_run_profiled(const void *const *inputs, void *const *outputs,",
-        f"{' ' * (len(name) + 29)}const int64_t *dims, void *workspace,",
+        f"{' ' * (len(name) + 29)}{dims_type} *dims, void *workspace,",
         f"{' ' * (len(name) + 29)}uint64_t timestamps_ns[{len(nodes) + 2}]);",
         *_thread_lines(name),
         "",

@@ -11,7 +11,9 @@ Exported (default visibility), for a model named m:
 `run_profiled` is `run` that also stores the monotonic clock around every node (see
 `_run_function`); `run` itself reads no clock, so profiling costs nothing when unused.
 
-`dims` holds the values of the symbolic input dims in the signature's order. Each node
+`dims` holds the values of the symbolic input dims in the signature's order, then one slot
+per data-dependent dim (`ir.DataDim`, the signature's "data_dims"), which `run` fills: the node
+that decides the dim stores it (`Emitter.set_dim`) before any later node reads it. Each node
 becomes an internal function returning a status (nodes that would get the same code share
 one: see `_SharedFunctions`); `run` calls them in order and stops at the
 first non-zero status s, returning ``(node_index << 8) | s`` (see `emitter.STATUS_*`).
@@ -83,7 +85,8 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
     module.triple = triple
     module.data_layout = data_layout
     module.cuvil_features = features  # read by kernels to size their register tiles
-    symbols = [s.name for s in graph.symbols]
+    # the data-dependent dims' slots follow the input dims': their producers store them there
+    symbols = [s.name for s in graph.symbols] + [d.symbol.name for d in graph.data_dims]
     primary = variant in (None, 0)
     hidden = []
 
@@ -178,9 +181,23 @@ def _run_function(module: ir.Module, name: str, graph: Graph, plan: MemoryPlan,
     for v, i in plan.output_copies:
         src = pointer(v)
         slot = k.b.gep(outputs, [k.i64(i)], source_etype=PTR, inbounds=True)
-        k.memcpy(k.b.load(slot, typ=PTR), src, k.dim(v.type.nbytes))
+        if isinstance(v.type.nbytes, int) or not v.type.nbytes.free_symbols & graph.data_dim_table.keys():
+            k.memcpy(k.b.load(slot, typ=PTR), src, k.dim(v.type.nbytes))
+        else:  # `run` read the dims on entry, before the nodes stored the data-dependent ones
+            k.b.call(_copy_function(module, v, symbols), [dims, k.b.load(slot, typ=PTR), src])
     stamp(len(graph.nodes) + 1)
     k.b.ret(ir.Constant(I32, 0))
+
+
+def _copy_function(module: ir.Module, v: Value, symbols: list[str]) -> ir.Function:
+    """copy(dims, dst, src): `v`'s bytes, counted from the dims when it is called."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR] * 3),
+                     module.get_unique_name(f"copy_{v.name}"))
+    fn.linkage = "internal"
+    k = Emitter(module, fn, fn.args[0], symbols, {})
+    k.memcpy(fn.args[1], fn.args[2], k.dim(v.type.nbytes))
+    k.b.ret_void()
+    return fn
 
 
 def _no_stamp(slot: int, value: ir.Value | None = None) -> None:

@@ -307,6 +307,7 @@ class _Importer:
         body = Graph(name)  # a namespace of its own
         inner = scope.new_child()
         outer_prefix, self.prefix = self.prefix, ""
+        outer_body, self.ctx.in_body = self.ctx.in_body, True
         if len(bindings) != len(proto.input):
             raise ModelError(f"{self.label}: subgraph {name!r} has {len(proto.input)} inputs, "
                              f"expected {len(bindings)}")
@@ -327,6 +328,7 @@ class _Importer:
             raise
         finally:
             self.prefix = outer_prefix
+            self.ctx.in_body = outer_body
         outputs = [self._lookup(inner, vo.name, name) for vo in proto.output]
         if any(v is _UNKNOWN for v in outputs):
             return None
@@ -675,7 +677,7 @@ def _constant_value(pn: onnx.NodeProto, label: str) -> np.ndarray:
 
 
 def _check_symbols_known(graph: Graph, label: str) -> None:
-    known = {s.name for s in graph.symbols}
+    known = {s.name for s in graph.symbols} | {s.name for s in graph.data_dim_table}
     for v in graph.outputs:
         for d in v.type.shape:
             if isinstance(d, sympy.Expr):

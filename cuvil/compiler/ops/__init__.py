@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import keyword
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -17,7 +19,17 @@ import onnx
 import sympy
 from onnx import numpy_helper
 
-from cuvil.compiler.ir import Constraint, Dim, Graph, Node, TensorType, Value, simplify_dim
+from cuvil.compiler.ir import (
+    Constraint,
+    DataDim,
+    Dim,
+    Graph,
+    Node,
+    TensorType,
+    Value,
+    data_symbol,
+    simplify_dim,
+)
 from cuvil.compiler.verify import use_shape_rules
 from cuvil.errors import ModelError, UnsupportedOpError
 
@@ -53,6 +65,8 @@ class InferContext:
     """What a shape rule may use besides the node: the graph, to record constraints."""
 
     graph: Graph
+    #: set by the importer while it types an If/Loop/Scan body
+    in_body: bool = False
 
     def require(self, node: Node, condition: Any, message: str) -> None:
         """Record that `condition` (a sympy relational or bool) must hold at call time.
@@ -64,6 +78,13 @@ class InferContext:
             return
         if condition is sympy.false:
             raise ModelError(f"{node.describe()}: {message}")
+        data = sorted(s.name for s in condition.free_symbols & self.graph.data_dim_table.keys())
+        if data:
+            # the caller checks constraints before the call, when these dims are not known yet
+            raise UnsupportedOpError(
+                f"{node.describe()}: {message}, where {', '.join(data)} depend on the data: cuvil "
+                "cannot check at run time that sizes decided by the data agree; make them follow "
+                "from one data-dependent node (e.g. Gather both tensors with the same indices)")
         self.graph.constraints.append(Constraint(condition, f"{node.describe()}: {message}"))
 
     def dims_equal(self, node: Node, a: Dim, b: Dim, what: str) -> Dim:
@@ -73,6 +94,44 @@ class InferContext:
         if diff != 0 and sympy.expand(diff) != 0 and sympy.simplify(diff) != 0:
             self.require(node, sympy.Eq(a, b), f"{what}: {a} != {b}")
         return a if isinstance(a, int) else b
+
+    def data_dim(self, node: Node, output: int, axis: int, bound: Dim) -> Dim:
+        """The dim `axis` of output `output` that the node's data decides, at most `bound` (an
+        expression of dims known before the node runs; see `ir.DataDim`). The node's lowering
+        stores its value with `Emitter.set_dim`. A rule run again on a typed node (the IR
+        verifier, lowerings) gets the symbol the node's output already has."""
+        existing = _typed_dim(node, output, axis)
+        if existing is not None:
+            return existing
+        if self.in_body:
+            raise UnsupportedOpError(
+                f"{node.describe()}: its output size depends on the data, which cuvil supports in "
+                "the main graph only, not inside an If/Loop/Scan body; move the node out of the "
+                "body")
+        bound = simplify_dim(bound)
+        if isinstance(bound, int) and bound == 0:
+            return 0
+        label = node.outputs[output].name if output < len(node.outputs) else node.describe()
+        base = re.sub(r"\W", "_", f"{label}_{axis}")
+        base = base if base[:1].isalpha() else f"n_{base}"
+        taken = {s.name for s in self.graph.symbols} | {s.name for s in self.graph.data_dim_table}
+        name, count = base, 1
+        while name in taken or keyword.iskeyword(name):
+            name, count = f"{base}_{count}", count + 1
+        sym = data_symbol(name)
+        self.graph.data_dim_table[sym] = DataDim(sym, bound, node.describe())
+        return sym
+
+
+def _typed_dim(node: Node, output: int, axis: int) -> Dim | None:
+    """The data-dependent dim an already typed output has there (None when untyped)."""
+    if output >= len(node.outputs):
+        return None
+    shape = node.outputs[output].type.shape
+    d = shape[axis] if axis < len(shape) else None
+    if isinstance(d, int):
+        return d if d == 0 else None  # a bound of 0 types the dim 0
+    return d if isinstance(d, sympy.Symbol) and not d.is_positive else None
 
 
 class _Unchecked(InferContext):
@@ -86,6 +145,12 @@ class _Unchecked(InferContext):
 
     def dims_equal(self, node: Node, a: Dim, b: Dim, what: str) -> Dim:
         return a if isinstance(a, int) else b
+
+    def data_dim(self, node: Node, output: int, axis: int, bound: Dim) -> Dim:
+        existing = _typed_dim(node, output, axis)
+        if existing is None:
+            raise RuntimeError(f"{node.describe()}: output {output} is not typed yet")
+        return existing
 
 
 UNCHECKED: InferContext = _Unchecked()
@@ -353,6 +418,7 @@ def _import_families() -> None:
         control,
         conv,
         deform_conv,
+        detection,
         einsum,
         elementwise,
         gemm,
@@ -369,6 +435,7 @@ def _import_families() -> None:
         reduce,
         resize,
         sampling,
+        selection,
         shape,
         spectral,
         text,

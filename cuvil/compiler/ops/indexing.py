@@ -1,6 +1,6 @@
 """Indexing ops: Gather, GatherElements, GatherND, Scatter, ScatterElements, ScatterND,
-OneHot, TopK, ArgMax, ArgMin, CumSum, CumProd, ReverseSequence, Trilu (and NonZero, which
-cuvil cannot compile).
+OneHot, TopK, ArgMax, ArgMin, CumSum, CumProd, ReverseSequence, Trilu (NonZero, whose output
+size the data decides, is in `selection.py`).
 
 Index inputs read at run time are checked: a negative index counts from the end of its axis
 (as in numpy); one outside the axis makes the node return `STATUS_INDEX_OUT_OF_RANGE`, which
@@ -913,21 +913,3 @@ class Trilu(Op):
             d = k.b.sub(c, r)
             keep = k.b.icmp_signed(">=" if upper else "<=", d, diag)
             k.store(y, [b, r, c], k.b.select(keep, k.load(xv, [b, r, c]), zero))
-
-
-@register
-class NonZero(Op):
-    """Not compilable: the output's shape depends on the input's values."""
-
-    op_type = "NonZero"
-    since = 9
-    dtypes = DTYPES
-    not_compiled = "output shape depends on the input's values (folded when the input is constant)"
-
-    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        raise UnsupportedOpError(
-            f"{node.describe()}: NonZero's output shape (the number of non-zero elements) "
-            "depends on the values of its input, and cuvil compiles models whose output shapes "
-            "follow from the input dims alone. NonZero compiles only when its input is a "
-            "constant (it is then folded); rewrite the model to use a mask (Where, Mul) instead."
-        )

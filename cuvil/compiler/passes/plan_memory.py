@@ -5,7 +5,9 @@ outputs of the nodes computed once from constants alone (`HOISTED_OPS`).
 Intermediate values get offsets in one workspace whose size is an expression of the
 symbolic input dims. A block is reused by a later value once its last reader has run and
 its size provably suffices (static sizes, or e.g. ``64*batch >= 32*batch``). View ops
-(Reshape, Flatten, Identity...) share their input's storage and emit no code.
+(Reshape, Flatten, Identity...) share their input's storage and emit no code. A value with a
+data-dependent dim (`ir.DataDim`) gets the block of its upper bound, so the workspace size
+stays an expression of the input dims.
 """
 
 from __future__ import annotations
@@ -103,10 +105,12 @@ def plan_memory(graph: Graph, *, body: bool = False) -> MemoryPlan:
         for v in node.outputs:
             if v in plan.storage or v in root:
                 continue
-            live[v] = allocate(v.type.nbytes)
+            # a data-dependent dim takes the block its bound needs
+            live[v] = allocate(graph.upper_bound(v.type.nbytes))
             plan.storage[v] = Storage("workspace", offset=live[v][0])
         op = lookup(node.domain, node.op_type, node.opset)
         scratch = op.scratch_bytes(node) if op is not None and node not in plan.elided else 0
+        scratch = graph.upper_bound(scratch)
         if not (isinstance(scratch, int) and scratch == 0):
             block = allocate(scratch)
             plan.scratch[node] = block[0]
