@@ -365,6 +365,18 @@ class ProjectConfig:
             default_doc="src if src/<package>/ exists, else the root if <package>/ does, else none",
         )
     )
+    op_modules: tuple[str, ...] = field(
+        metadata=_option(
+            "array of strings",
+            "Python modules to import before compiling, whose cuvil.register_op decorators "
+            "define ops the models use as decompositions into ONNX ops (docs/custom-ops.md). "
+            "They are looked up in the python-source folder, then the project root, then the "
+            "installed packages; packages can also declare them as entry points of the group "
+            "cuvil.ops, which every build loads. An edit of such a module recompiles the models.",
+            ["digits.ops"],
+            default=[],
+        )
+    )
     models: tuple[ModelConfig, ...] = field(
         metadata=_option(
             "models", "One [tool.cuvil.models.<name>] table per model; at least one.", None
@@ -592,6 +604,13 @@ def load_project(
         )
 
     values["python_source"] = _python_source(values["python_source"], values["package"], ctx)
+    for module in values["op_modules"]:
+        if not all(_is_identifier(part) for part in module.split(".")):
+            _fail(
+                f"{ctx.file}: tool.cuvil.op-modules",
+                f"{_toml(module)} is not a module name",
+                'Write dotted module names, e.g. op-modules = ["digits.ops"].',
+            )
     sdist = SdistConfig(**_read(_SDIST_OPTIONS, _table(tool, "sdist", ctx), "tool.cuvil.sdist", ctx))
     version, version_file = _dynamic_version(project, tool, values, ctx)
     settings = _settings(

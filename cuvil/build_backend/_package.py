@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import cuvil
+from cuvil.build_backend._custom_ops import load_op_modules
 from cuvil.build_backend._python import (
     MODELS_MODULE,
     RUNTIME_MODULE,
@@ -50,6 +51,8 @@ def build_package_files(
     for model in project.models:
         generated += [f"{pkg}/_{model.name}{target.library_suffix}", f"{pkg}/{model.name}.h"]
     check_no_clash(project, user_files, generated)  # before compiling: it fails fast
+    if project.op_modules:  # their registrations must exist before the models are imported
+        load_op_modules(project)
     files: dict[str, bytes] = {}
     signatures = []
     cache = open_cache(settings)
