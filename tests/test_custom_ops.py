@@ -7,8 +7,14 @@ aarch64 build runs under qemu."""
 from __future__ import annotations
 
 import importlib
+import os
+import platform
+import re
+import shutil
+import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -17,14 +23,21 @@ import pytest
 from onnx import TensorProto, helper
 
 import cuvil
+import cuvil.build_backend as backend
 from cuvil.build_backend.cache import model_key
+from cuvil.compiler.frontend import import_model
 from cuvil.compiler.ops import registered
+from cuvil.compiler.ops.native import NativeKernel, native_ops
 from cuvil.config import load_project
-from cuvil.errors import ConfigError, ModelError
-from cuvil.toolchains import get_target
+from cuvil.errors import BuildError, ConfigError, ModelError
+from cuvil.toolchains import custom_ops, get_target
 
 ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "custom-op"
 F = TensorProto.FLOAT
+linux_x86 = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"),
+    reason="builds and cross-runs from an x86-64 Linux host (as CI is)")
 
 
 def one_op_model(domain: str, op_type: str, shape: list, **attrs) -> onnx.ModelProto:
@@ -144,3 +157,208 @@ def test_an_op_module_that_does_not_import_names_the_key(tmp_path: Path) -> None
     with pytest.raises(ConfigError, match=r"tool.cuvil.op-modules: module 'no_such_ops' cannot"):
         model_key(project, project.models[0], get_target(None))
     importlib.invalidate_caches()
+
+
+# -- native kernels: the declaration ----------------------------------------------------------
+
+NATIVE = """\
+[project]
+name = "clip"
+version = "1.0"
+
+[tool.cuvil.models.net]
+source = "net.onnx"
+
+[tool.cuvil.custom-ops.soft_clip]
+domain = "example.ops"
+op-type = "SoftClip"
+inputs = [{ name = "x", dtype = "float32", rank = 2 }]
+outputs = [{ name = "y", dtype = "float32", shape = "x" }]
+attributes = { alpha = { type = "float", default = 1.0 } }
+sources = ["ops/soft_clip.c"]
+"""
+
+
+def native_project(root: Path, pyproject: str = NATIVE, source: str | None = None) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pyproject.toml").write_text(pyproject)
+    shutil.copy(EXAMPLE / "models" / "net.onnx", root / "net.onnx")
+    (root / "ops").mkdir(exist_ok=True)
+    (root / "ops" / "soft_clip.c").write_text(
+        source if source is not None else (EXAMPLE / "ops" / "soft_clip.c").read_text())
+    return root
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ('dtype = "float32", rank', 'dtype = "float33", rank',
+     r"custom-ops\.soft_clip\.inputs\[0\]\.dtype: got \"float33\".*expected one of float32"),
+    ('shape = "x"', 'shape = "x[0] * k"',
+     r"outputs\[0\]\.shape: \"x\[0\] \* k\" names 'k', which is no input or attribute of the op "
+     r"\(inputs and attributes: alpha, x\)"),
+    ('shape = "x"', 'shape = "__import__(\'os\')"', r"outputs\[0\]\.shape: .* calls something other"),
+    ('type = "float", default = 1.0', 'type = "double"', r"attributes\.alpha\.type: got \"double\""),
+    ('type = "float", default = 1.0', 'type = "int", default = 1.5',
+     r"attributes\.alpha\.default: got 1\.5 \(a float\), which is not a value of type int"),
+    ('op-type = "SoftClip"', 'op-type = "Soft Clip"', r"op-type: \"Soft Clip\" is not a valid identifier"),
+    ('outputs = [{ name = "y", dtype = "float32", shape = "x" }]\n', '',
+     r"custom-ops\.soft_clip\.outputs: missing"),
+])
+def test_a_bad_signature_names_the_key(tmp_path: Path, old: str, new: str, message: str) -> None:
+    assert old in NATIVE
+    root = native_project(tmp_path, NATIVE.replace(old, new))
+    with pytest.raises(ConfigError, match=message):
+        load_project(root, environ={})
+
+
+def test_a_missing_source_names_the_key(tmp_path: Path) -> None:
+    root = native_project(tmp_path, NATIVE.replace("ops/soft_clip.c", "ops/soft_clp.c"))
+    with pytest.raises(ConfigError, match=r"custom-ops\.soft_clip\.sources\[0\] \(ops/soft_clp\.c\): "
+                                          r"cannot read .*soft_clp\.c"):
+        load_project(root, environ={})
+
+
+def _kernels(root: Path) -> list[NativeKernel]:
+    return [NativeKernel(op) for op in load_project(root, environ={}).custom_ops]
+
+
+def test_nodes_are_typed_by_the_declared_shape_rule(tmp_path: Path) -> None:
+    root = native_project(tmp_path, NATIVE.replace('shape = "x"', 'shape = ["x[0]", "2 * x[1] - 1"]'))
+    with native_ops(_kernels(root)):
+        graph = import_model(root / "net.onnx", {"x": ["batch", 8]})
+    (node,) = [n for n in graph.nodes if n.op_type == "SoftClip"]
+    assert [str(d) for d in node.outputs[0].type.shape] == ["batch", "7"]
+
+
+@pytest.mark.parametrize(("edit", "differs"), [
+    (lambda n: n.attribute.append(helper.make_attribute("beta", 1.0)),
+     "attribute 'beta' is not one the kernel takes (alpha)"),
+    (lambda n: n.attribute[0].CopyFrom(helper.make_attribute("alpha", 2)),
+     "attribute 'alpha' is int, the kernel takes float"),
+    (lambda n: n.input.append("h"), "the node has 2 inputs, the kernel takes 1"),
+])
+def test_a_node_that_fits_no_kernel_names_the_closest_signature(tmp_path: Path, edit, differs) -> None:
+    root = native_project(tmp_path)
+    model = onnx.load(root / "net.onnx")
+    edit(model.graph.node[1])
+    with native_ops(_kernels(root)), pytest.raises(ModelError) as info:
+        import_model(model, {"x": ["batch", 8]})
+    text = str(info.value)
+    assert "node 'clip' (SoftClip): no custom-op kernel matches" in text
+    assert ("closest is tool.cuvil.custom-ops.soft_clip: example.ops SoftClip(x: float32[rank 2]; "
+            "alpha: float = 1.0) -> y: float32") in text
+    assert differs in text
+
+
+def test_a_node_of_another_dtype_names_what_differs(tmp_path: Path) -> None:
+    root = native_project(tmp_path)
+    node = helper.make_node("SoftClip", ["x"], ["y"], domain="example.ops", name="clip64")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("example.ops", 1)])
+    with native_ops(_kernels(root)), pytest.raises(ModelError,
+                                                   match="input 0 \\(x\\) is float64, the kernel takes float32"):
+        import_model(model)
+
+
+@pytest.mark.parametrize("cmake", [True, False], ids=["cmake", "zig-cc"])
+def test_a_compile_error_gives_the_compilers_message_and_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cmake: bool) -> None:
+    if not cmake:  # as on a machine without CMake, or for Windows
+        monkeypatch.setattr(custom_ops, "find_cmake", lambda: None)
+    broken = "#include \"cuvil_op.h\"\nint soft_clip(const cuvil_op_context *ctx) {\n  return ctx->nothing;\n}\n"
+    root = native_project(tmp_path, source=broken)
+    project = load_project(root, environ={})
+    with pytest.raises(BuildError) as info:
+        custom_ops.build_custom_ops(project.custom_ops, get_target(None), tmp_path / "build")
+    text = str(info.value)
+    assert text.startswith(f"tool.cuvil.custom-ops.soft_clip.sources: compiling {root / 'ops' / 'soft_clip.c'}")
+    assert re.search(r"soft_clip\.c:3:\d+: error: no member named 'nothing'", text), text
+
+
+def test_the_kernel_sources_join_the_compile_cache_key(tmp_path: Path) -> None:
+    root = native_project(tmp_path)
+    (root / "ops" / "helpers.h").write_text("#define TWO 2\n")
+    project = load_project(root, environ={})
+    target = get_target(None)
+    before = model_key(project, project.models[0], target)
+    (root / "ops" / "helpers.h").write_text("#define TWO 3\n")  # a header beside the sources
+    after_header = model_key(project, project.models[0], target)
+    (root / "ops" / "soft_clip.c").write_text((root / "ops" / "soft_clip.c").read_text() + "\n")
+    assert len({before, after_header, model_key(project, project.models[0], target)}) == 3
+
+
+def test_cmake_is_asked_for_when_the_machine_has_none(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(native_project(tmp_path))
+    monkeypatch.setattr(custom_ops, "find_cmake", lambda: None)
+    monkeypatch.setattr(custom_ops, "find_build_tool", lambda: None)
+    assert backend.get_requires_for_build_wheel() == ["cmake>=3.15", "ninja"]
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert backend.get_requires_for_build_wheel() == []  # no custom ops: nothing more
+    monkeypatch.chdir(native_project(tmp_path / "again"))
+    assert backend.get_requires_for_build_wheel() == []  # the test extras install cmake and ninja
+
+
+# -- native kernels: the example, built ------------------------------------------------------------
+
+
+def _build(root: Path, settings: dict[str, str]) -> Path:
+    """The wheel of the project in `root`, built in-process without the compile cache, unpacked."""
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        wheel = root / "dist" / backend.build_wheel(str(root / "dist"), {**settings, "cache": "false"})
+    finally:
+        os.chdir(cwd)
+    site = root / "site"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(site)
+    return site
+
+
+@pytest.fixture(scope="module")
+def host_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("host") / "custom-op"
+    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("build", "dist", "__pycache__"))
+    return _build(root, {"cpu": "x86-64"})  # one copy of the code: a short compile
+
+
+@linux_x86
+def test_the_example_builds_and_check_py_passes(host_build: Path) -> None:
+    assert sorted(p.name for p in (host_build / "softclip").glob("_net.*")) == ["_net.so"]
+    proc = subprocess.run([sys.executable, str(host_build.parent / "check.py")], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(host_build)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "matches numpy" in proc.stdout
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(host_build / "softclip" / "_net.so")],
+                              capture_output=True, text=True).stdout if shutil.which("nm") else ""
+    assert "soft_clip" not in exported  # the kernel stays inside the library
+
+
+@linux_x86
+def test_the_aarch64_build_runs_under_qemu(tmp_path: Path) -> None:
+    from test_harness import AARCH64_SYSROOT, _tool, compile_harness
+
+    qemu = _tool("qemu-aarch64-static")
+    _tool(str(AARCH64_SYSROOT))
+    root = tmp_path / "custom-op"
+    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("build", "dist", "__pycache__"))
+    pyproject = root / "pyproject.toml"  # the harness runs models without symbolic dims
+    pyproject.write_text(pyproject.read_text().replace('["batch", 8]', "[3, 8]"))
+    site = _build(root, {"target": "aarch64-linux"})
+    arch = get_target("aarch64-linux").arches[0]
+    harness = compile_harness(arch, site / "softclip", tmp_path / "run_model")
+    x = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)
+    feeds = tmp_path / "inputs.bin"
+    feeds.write_bytes(len(x.tobytes()).to_bytes(8, "little") + x.tobytes())
+    proc = subprocess.run([qemu, "-L", str(AARCH64_SYSROOT), str(harness),
+                           str(site / "softclip" / "_net.so"), str(feeds), "12"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    got = np.array([float(v) for v in lines[2:14]], np.float32).reshape(3, 4)
+    reference = np.load(EXAMPLE / "data" / "reference.npz")
+    alpha = float(reference["alpha"])
+    np.testing.assert_allclose(got, alpha * np.tanh((x @ reference["w"]) / alpha), rtol=1e-5, atol=1e-6)

@@ -152,11 +152,28 @@ def _wheel_check(project: ProjectConfig) -> Callable[[Path], None]:
     return wheel_verifier(project.check_warnings, project.pyproject, _log)
 
 
-# Requirements: cuvil's own dependencies are all a build needs.
+# Requirements: cuvil's own dependencies are all a build needs, but for custom-op kernels:
+# CMake and a build tool from PyPI when the machine has none (as scikit-build-core asks).
+
+
+def _native_build_requires() -> list[str]:
+    from cuvil.config import read_pyproject
+    from cuvil.errors import CuvilError
+
+    try:
+        tool = read_pyproject(Path.cwd() / "pyproject.toml").get("tool", {}).get("cuvil", {})
+    except (CuvilError, AttributeError):
+        return []  # the build hook reports what is wrong with the file
+    if not isinstance(tool, dict) or not tool.get("custom-ops"):
+        return []
+    from cuvil.toolchains.custom_ops import find_build_tool, find_cmake
+
+    return ([] if find_cmake() is not None else ["cmake>=3.15"]) + \
+        ([] if find_build_tool() is not None else ["ninja"])
 
 
 def get_requires_for_build_wheel(config_settings: ConfigSettings | None = None) -> list[str]:
-    return []
+    return _native_build_requires()
 
 
 def get_requires_for_build_sdist(config_settings: ConfigSettings | None = None) -> list[str]:
@@ -164,7 +181,7 @@ def get_requires_for_build_sdist(config_settings: ConfigSettings | None = None) 
 
 
 def get_requires_for_build_editable(config_settings: ConfigSettings | None = None) -> list[str]:
-    return []
+    return _native_build_requires()
 
 
 # Metadata
