@@ -304,8 +304,8 @@ class CustomOpConfig:
     workspace: str | int = field(
         metadata=_option(
             "string",
-            "Bytes of scratch memory the kernel needs (ctx->workspace): an expression like the "
-            'shape rules\', e.g. "4 * x[1]".',
+            "Bytes of scratch memory the kernel needs (ctx->workspace): an integer, or an "
+            'expression like the shape rules\', e.g. "4 * x[1]".',
             "4 * x[1]",
             default=0,
         )

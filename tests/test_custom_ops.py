@@ -193,8 +193,8 @@ def native_project(root: Path, pyproject: str = NATIVE, source: str | None = Non
     ('dtype = "float32", rank', 'dtype = "float33", rank',
      r"custom-ops\.soft_clip\.inputs\[0\]\.dtype: got \"float33\".*expected one of float32"),
     ('shape = "x"', 'shape = "x[0] * k"',
-     r"outputs\[0\]\.shape: \"x\[0\] \* k\" names 'k', which is no input or attribute of the op "
-     r"\(inputs and attributes: alpha, x\)"),
+     (r"outputs\[0\]\.shape: \"x\[0\] \* k\" names 'k', which is no input or attribute of the op "
+      r"\(inputs and attributes: alpha, x\)")),
     ('shape = "x"', 'shape = "__import__(\'os\')"', r"outputs\[0\]\.shape: .* calls something other"),
     ('type = "float", default = 1.0', 'type = "double"', r"attributes\.alpha\.type: got \"double\""),
     ('type = "float", default = 1.0', 'type = "int", default = 1.5',
@@ -256,8 +256,8 @@ def test_a_node_of_another_dtype_names_what_differs(tmp_path: Path) -> None:
                               [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2, 3])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid("example.ops", 1)])
-    with native_ops(_kernels(root)), pytest.raises(ModelError,
-                                                   match="input 0 \\(x\\) is float64, the kernel takes float32"):
+    differs = r"input 0 \(x\) is float64, the kernel takes float32"
+    with native_ops(_kernels(root)), pytest.raises(ModelError, match=differs):
         import_model(model)
 
 
@@ -266,13 +266,15 @@ def test_a_compile_error_gives_the_compilers_message_and_the_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cmake: bool) -> None:
     if not cmake:  # as on a machine without CMake, or for Windows
         monkeypatch.setattr(custom_ops, "find_cmake", lambda: None)
-    broken = "#include \"cuvil_op.h\"\nint soft_clip(const cuvil_op_context *ctx) {\n  return ctx->nothing;\n}\n"
+    broken = ('#include "cuvil_op.h"\nint soft_clip(const cuvil_op_context *ctx) {\n'
+              "  return ctx->nothing;\n}\n")
     root = native_project(tmp_path, source=broken)
     project = load_project(root, environ={})
     with pytest.raises(BuildError) as info:
         custom_ops.build_custom_ops(project.custom_ops, get_target(None), tmp_path / "build")
     text = str(info.value)
-    assert text.startswith(f"tool.cuvil.custom-ops.soft_clip.sources: compiling {root / 'ops' / 'soft_clip.c'}")
+    source = root / "ops" / "soft_clip.c"
+    assert text.startswith(f"tool.cuvil.custom-ops.soft_clip.sources: compiling {source} for "), text
     assert re.search(r"soft_clip\.c:3:\d+: error: no member named 'nothing'", text), text
 
 
@@ -362,3 +364,24 @@ def test_the_aarch64_build_runs_under_qemu(tmp_path: Path) -> None:
     reference = np.load(EXAMPLE / "data" / "reference.npz")
     alpha = float(reference["alpha"])
     np.testing.assert_allclose(got, alpha * np.tanh((x @ reference["w"]) / alpha), rtol=1e-5, atol=1e-6)
+
+
+@linux_x86
+def test_a_kernel_returning_an_error_fails_the_call_naming_the_node(tmp_path: Path) -> None:
+    """The example's kernel refuses alpha <= 0 (returns 2): the call raises, naming the node."""
+    from cuvil.compiler.driver import compile_model
+    from cuvil.runtime import Model
+
+    root = native_project(tmp_path / "p")
+    model = onnx.load(root / "net.onnx")
+    model.graph.node[1].attribute[0].f = -1.0
+    project = load_project(root, environ={})
+    target = get_target(None)
+    compiled = compile_model(
+        model, "net", tmp_path / "work", inputs={"x": ["batch", 8]}, target=target, cpu="x86-64",
+        custom_ops=[NativeKernel(op) for op in project.custom_ops],
+        native_objects=lambda: custom_ops.build_custom_ops(project.custom_ops, target,
+                                                           tmp_path / "kernels"))
+    net = Model(compiled.library, compiled.signature)
+    with pytest.raises(ValueError, match=r"node 'clip' \(SoftClip\): the custom op's kernel reported"):
+        net(np.ones((2, 8), np.float32))

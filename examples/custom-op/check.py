@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 import softclip
 
 reference = np.load(Path(__file__).parent / "data" / "reference.npz")
