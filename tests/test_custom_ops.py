@@ -385,3 +385,18 @@ def test_a_kernel_returning_an_error_fails_the_call_naming_the_node(tmp_path: Pa
     net = Model(compiled.library, compiled.signature)
     with pytest.raises(ValueError, match=r"node 'clip' \(SoftClip\): the custom op's kernel reported"):
         net(np.ones((2, 8), np.float32))
+
+
+def test_a_shape_function_gives_the_output_shapes(tmp_path: Path) -> None:
+    from cuvil.build_backend._custom_ops import native_kernels
+
+    pyproject = NATIVE.replace(', shape = "x" }]', ' }]\nshape-function = "clip_shapes:rule"')
+    root = native_project(tmp_path, pyproject)
+    (root / "clip_shapes.py").write_text(
+        "def rule(shapes, attrs):\n    (batch, width), = shapes\n"
+        "    return [(batch, width + int(attrs['alpha']))]\n")
+    project = load_project(root, environ={})
+    with native_ops(native_kernels(project)):
+        graph = import_model(root / "net.onnx", {"x": ["batch", 8]})
+    assert [str(d) for d in graph.outputs[0].type.shape] == ["batch", "6"]  # 4 + alpha (2)
+    sys.modules.pop("clip_shapes", None)
