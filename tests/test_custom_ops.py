@@ -400,3 +400,48 @@ def test_a_shape_function_gives_the_output_shapes(tmp_path: Path) -> None:
         graph = import_model(root / "net.onnx", {"x": ["batch", 8]})
     assert [str(d) for d in graph.outputs[0].type.shape] == ["batch", "6"]  # 4 + alpha (2)
     sys.modules.pop("clip_shapes", None)
+
+
+CXX_KERNEL = """\
+#include <cmath>
+#include <vector>
+#include "cuvil_op.h"
+
+extern "C" int soft_clip(const cuvil_op_context *ctx) {
+    const cuvil_tensor *x = &ctx->inputs[0], *y = &ctx->outputs[0];
+    const float alpha = (float)cuvil_op_attr(ctx, "alpha")->f;
+    std::vector<float> rows((size_t)cuvil_op_size(x));  // the C++ library, linked in
+    for (size_t i = 0; i < rows.size(); i++)
+        rows[i] = alpha * std::tanh(((const float *)x->data)[i] / alpha);
+    std::copy(rows.begin(), rows.end(), (float *)y->data);
+    return 0;
+}
+"""
+
+
+@linux_x86
+def test_a_cxx_kernel_links_the_cxx_library_and_exports_nothing_more(tmp_path: Path) -> None:
+    from cuvil.compiler.driver import compile_model
+    from cuvil.runtime import Model
+
+    root = native_project(tmp_path / "p", NATIVE.replace("soft_clip.c", "soft_clip.cpp"))
+    (root / "ops" / "soft_clip.cpp").write_text(CXX_KERNEL)
+    project = load_project(root, environ={})
+    target = get_target(None)
+    compiled = compile_model(
+        root / "net.onnx", "net", tmp_path / "work", inputs={"x": ["batch", 8]}, target=target,
+        cpu="x86-64", custom_ops=[NativeKernel(op) for op in project.custom_ops],
+        native_objects=lambda: custom_ops.build_custom_ops(project.custom_ops, target,
+                                                           tmp_path / "kernels"),
+        native_libs=custom_ops.link_libraries(project.custom_ops))
+    x = np.random.default_rng(2).standard_normal((3, 8)).astype(np.float32)
+    reference = np.load(EXAMPLE / "data" / "reference.npz")
+    alpha = float(reference["alpha"])
+    got = Model(compiled.library, compiled.signature)(x)
+    np.testing.assert_allclose(got, alpha * np.tanh((x @ reference["w"]) / alpha), rtol=1e-5, atol=1e-6)
+    from elftools.elf.elffile import ELFFile
+
+    with open(compiled.library, "rb") as f:  # libc++abi's operator new is exported by default
+        exported = [s.name for s in ELFFile(f).get_section_by_name(".dynsym").iter_symbols()
+                    if s["st_shndx"] != "SHN_UNDEF" and s["st_info"]["bind"] != "STB_LOCAL"]
+    assert exported and all(name.startswith("cuvil_net_") for name in exported), exported

@@ -104,6 +104,7 @@ def _compile(project: ProjectConfig, model: ModelConfig, target: Target, workdir
              natives: Callable[[], Mapping[str, Sequence[Path]]]) -> tuple[bytes, dict[str, Any]]:
     """The model's library and signature: from the compile cache, else compiled (and stored)."""
     from cuvil.compiler.driver import compile_model
+    from cuvil.toolchains.custom_ops import link_libraries
 
     key = ""
     if cache is not None:
@@ -119,6 +120,7 @@ def _compile(project: ProjectConfig, model: ModelConfig, target: Target, workdir
         cpu=settings.cpu, opt_level=settings.opt_level, quantize=model.quantize, log=log,
         custom_ops=native_kernels(project) if project.custom_ops else (),
         native_objects=natives if project.custom_ops else None,
+        native_libs=link_libraries(project.custom_ops),
     )
     library = compiled.library.read_bytes()
     if cache is not None:

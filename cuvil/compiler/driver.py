@@ -108,9 +108,11 @@ def compile_model(
     library_file: str | None = None,
     custom_ops: Sequence[NativeKernel] = (),
     native_objects: Callable[[], Mapping[str, Sequence[Path]]] | None = None,
+    native_libs: Sequence[str] = (),
 ) -> CompiledModel:
     """`custom_ops` are the native kernels nodes may be matched to; `native_objects` gives,
-    when first asked, their compiled files per arch name (linked into the library)."""
+    when first asked, their compiled files per arch name, linked into the library with the
+    libraries `native_libs` ("c++" for C++ kernels)."""
     from cuvil.toolchains import get_target
 
     say = log or (lambda _msg: None)
@@ -131,14 +133,14 @@ def compile_model(
     with native_ops(custom_ops):
         return _compile(source, name, workdir, tgt, inputs=inputs, cpu=cpu, opt_level=opt_level,
                         log=log, library_file=library_file, native_objects=native_objects,
-                        start=start)
+                        native_libs=native_libs, start=start)
 
 
 def _compile(source: Any, name: str, workdir: Path, tgt: Target, *,
              inputs: Mapping[str, Sequence[int | str]] | None, cpu: str | None, opt_level: int,
              log: Log | None, library_file: str | None,
              native_objects: Callable[[], Mapping[str, Sequence[Path]]] | None,
-             start: float) -> CompiledModel:
+             native_libs: Sequence[str], start: float) -> CompiledModel:
     from cuvil.toolchains import zig
 
     say = log or (lambda _msg: None)
@@ -172,11 +174,20 @@ def _compile(source: Any, name: str, workdir: Path, tgt: Target, *,
                           defines={"CUVIL_MODEL": name}, log=log),
             zig.compile_c(CLOCK_SOURCE, workdir / f"clock.{arch.name}.o", arch, log=log)]
         objects[arch.name] = [*objs, weights_obj, *runtime_objs]
+    libs: tuple[str, ...] = ("m", "pthread")
     if native_objects is not None and uses_native(graph):
         natives = native_objects()
         for arch in tgt.arches:
             objects[arch.name] += natives[arch.name]
-    library = zig.link_library(tgt, objects, workdir / library_file, libs=("m", "pthread"),
+        libs += tuple(native_libs)
+    extra: list[str] = []
+    if "c++" in libs and tgt.object_format == "elf":
+        # libc++abi's operator new/delete have default visibility (programs may replace them):
+        # keep the library's exports to its C ABI all the same
+        exports = workdir / f"{name}.exports.map"
+        exports.write_text(f"{{ global: cuvil_{name}_*; local: *; }};\n")
+        extra.append(f"-Wl,--version-script,{exports}")
+    library = zig.link_library(tgt, objects, workdir / library_file, libs=libs, extra_args=extra,
                                strip=True, log=log)  # no debug info (zig's runtime carries ~1 MB)
     say(f"cuvil: {name}: built {library.name} in {time.perf_counter() - start:.1f} s")
     return CompiledModel(name, library, sig)

@@ -31,7 +31,7 @@ from cuvil.toolchains._targets import Arch, Target
 from cuvil.toolchains.cmake import write_cmake_toolchain
 from cuvil.toolchains.zig import compile_c
 
-__all__ = ["build_custom_ops", "find_build_tool", "find_cmake"]
+__all__ = ["build_custom_ops", "find_build_tool", "find_cmake", "link_libraries"]
 
 Log = Optional[Callable[[str], None]]
 
@@ -61,6 +61,11 @@ def find_build_tool() -> tuple[str, str] | None:
         return "Ninja", ninja
     make = shutil.which("make")
     return ("Unix Makefiles", make) if make else None
+
+
+def link_libraries(ops: Sequence[CustomOpConfig]) -> tuple[str, ...]:
+    """What the model's library must link for the kernels: zig's libc++ (static) for C++."""
+    return ("c++",) if any(p.suffix in _CXX_SUFFIXES for op in ops for p in op.sources) else ()
 
 
 def build_custom_ops(ops: Sequence[CustomOpConfig], target: Target, workdir: Path,
