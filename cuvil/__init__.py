@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from cuvil.errors import CuvilError
 
 __version__ = "0.1.0"
-__all__ = ["CuvilError", "__version__", "compile"]
+__all__ = ["CuvilError", "__version__", "compile", "register_op"]
 
 if TYPE_CHECKING:
+    from cuvil.compiler.ops.registered import Decomposition
     from cuvil.runtime import Model
 
 
@@ -40,3 +41,27 @@ def compile(
     return compile_in_process(model, inputs=inputs, target=target, quantize=quantize, name=name,
                               calibration=calibration, calibration_method=calibration_method,
                               keep_float=keep_float)
+
+
+def register_op(domain: str, op_type: str, *, since: int = 1,
+                opset: int = 17) -> Callable[[Decomposition], Decomposition]:
+    """Decorator: define the op `op_type` of `domain` (from version `since` of that domain on)
+    as a decomposition into ONNX ops, for models using an op cuvil lacks.
+
+    The decorated function gets a `cuvil.compiler.ops.registered.OpBuilder` for each node:
+    `b.inputs` (the names to read the node's inputs by), `b.input_types` (dtype and shape of
+    each), `b.attrs`; it adds ONNX nodes with `b.op("Mul", x, y)` / `b.const(...)` and returns
+    the name of each output (or an onnx.FunctionProto). Its nodes use default-domain opset
+    `opset`. cuvil compiles that body in the node's place, typed with its own shape rules::
+
+        @cuvil.register_op("example.ops", "Softsign2")
+        def softsign2(b):
+            (x,) = b.inputs
+            return b.op("Div", x, b.op("Add", b.const(1.0), b.op("Abs", x)))
+
+    Installed packages declare modules holding registrations as entry points of the group
+    `cuvil.ops`; a project names its own in `tool.cuvil.op-modules` (docs/custom-ops.md).
+    """
+    from cuvil.compiler.ops.registered import register_decomposition
+
+    return register_decomposition(domain, op_type, since=since, opset=opset)

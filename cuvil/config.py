@@ -9,6 +9,7 @@ into docs/config.md.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import json
@@ -30,14 +31,20 @@ from cuvil.errors import ConfigError
 
 __all__ = [
     "CALIBRATION_METHODS",
+    "CUSTOM_OP_ATTRIBUTE_TYPES",
+    "CUSTOM_OP_DTYPES",
     "DEFAULT_VERSION_REGEX",
     "ENTRY_POINT",
+    "AttributeSpec",
     "BuildSettings",
+    "CustomOpConfig",
     "ModelConfig",
     "Option",
     "ProjectConfig",
     "SdistConfig",
+    "TensorSpec",
     "VersionConfig",
+    "check_expression",
     "iter_options",
     "load_project",
     "load_settings",
@@ -199,6 +206,160 @@ class ModelConfig:
             default=[],
         ),
     )
+
+
+#: the element types a custom op's tensors may have (numpy names)
+CUSTOM_OP_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8",
+                    "uint16", "uint32", "uint64", "bool")
+#: attribute types of custom ops -> the TOML values a default may be
+CUSTOM_OP_ATTRIBUTE_TYPES = ("int", "float", "string", "ints", "floats")
+#: what a shape or workspace expression may use besides names: arithmetic on ints, indexing,
+#: slicing, tuples and max/min (checked with `ast`, never run as arbitrary Python)
+_EXPRESSION_NODES = (ast.Expression, ast.Name, ast.Load, ast.Constant, ast.Subscript, ast.Slice,
+                     ast.BinOp, ast.UnaryOp, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod,
+                     ast.USub, ast.Tuple, ast.List, ast.Call)
+EXPRESSION_FUNCTIONS = ("max", "min")
+
+
+def check_expression(text: str, names: Any, where: str, hint: str) -> ast.Expression:
+    """`text` parsed as a shape expression over `names`; a ConfigError naming `where` if it
+    is not one."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as exc:
+        _fail(where, f"{_toml(text)} is not an expression ({exc.msg})", hint)
+    for node in ast.walk(tree):
+        if not isinstance(node, _EXPRESSION_NODES):
+            _fail(where, f"{_toml(text)} uses {type(node).__name__}, which shape expressions "
+                  "do not allow (integers, + - * // %, x[i], x[i:j], tuples, max, min)", hint)
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name)
+                                               and node.func.id in EXPRESSION_FUNCTIONS):
+            _fail(where, f"{_toml(text)} calls something other than max or min", hint)
+        if isinstance(node, ast.Name) and node.id not in names and node.id not in \
+                EXPRESSION_FUNCTIONS:
+            known = ", ".join(sorted(names)) or "none"
+            _fail(where, f"{_toml(text)} names {node.id!r}, which is no input or attribute of "
+                  f"the op (inputs and attributes: {known})", hint)
+    return tree
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of a custom op's signature."""
+
+    name: str
+    dtype: str
+    rank: int | None  # None: any rank
+    #: outputs: the shape expression (a str giving the whole shape, or one per dim)
+    shape: str | tuple[str | int, ...] | None = None
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.dtype}" + ("" if self.rank is None else f"[rank {self.rank}]")
+
+
+@dataclass(frozen=True)
+class AttributeSpec:
+    name: str
+    type: str  # one of CUSTOM_OP_ATTRIBUTE_TYPES
+    default: Any  # None: required
+
+
+@dataclass(frozen=True)
+class CustomOpConfig:
+    """One `[tool.cuvil.custom-ops.<name>]` table: a native kernel and its signature."""
+
+    name: str = field(metadata=_help("The table's key."))
+    domain: str = field(
+        metadata=_option("string", "The op's domain, as the model's nodes name it.", "example.ops")
+    )
+    op_type: str = field(
+        metadata=_option("string", "The op type, as the model's nodes name it.", "SoftClip")
+    )
+    since: int = field(
+        metadata=_option(
+            "integer",
+            "The first version of the domain (the model's opset import of it) the kernel is for.",
+            1,
+            default=1,
+        )
+    )
+    inputs: tuple[TensorSpec, ...] = field(
+        metadata=_option(
+            "tensors",
+            "The inputs, in order: tables with name, dtype (float32, int64, ...: numpy names) "
+            "and optionally rank (any rank when left out). A node is matched to the kernel "
+            "whose signature (input count, dtypes, ranks, attributes) it fits.",
+            [{"name": "x", "dtype": "float32", "rank": 2}],
+        )
+    )
+    outputs: tuple[TensorSpec, ...] = field(
+        metadata=_option(
+            "tensors",
+            "The outputs, in order: tables with name, dtype, optionally rank, and shape: the "
+            "shape rule, an expression over the inputs' dims and the attributes, either one "
+            'string per dim (["x[0]", "x[1] * 2"], x[i] being dim i of input x) or one string '
+            'giving the whole shape ("x", "x[:-1] + (k,)"); + - * // %, slices, max and min '
+            "are allowed. Required unless shape-function is set.",
+            [{"name": "y", "dtype": "float32", "shape": "x"}],
+        )
+    )
+    attributes: tuple[AttributeSpec, ...] = field(
+        metadata=_option(
+            "attributes",
+            "The attributes: name -> table with type (int, float, string, ints, floats) and "
+            "optionally default (else the node must set it). The kernel gets every one, in "
+            "this order, with defaults filled in.",
+            {"alpha": {"type": "float", "default": 1.0}},
+            default={},
+        )
+    )
+    sources: tuple[Path, ...] = field(
+        metadata=_option(
+            "files",
+            "C or C++ source files of the kernel, relative to the project root (the sdist "
+            "carries them); built for the target with CMake and zig. They include "
+            "cuvil_op.h; the project root and each source's folder are on the include path.",
+            ["ops/soft_clip.c"],
+        )
+    )
+    function: str = field(
+        metadata=_option(
+            "string",
+            "The C function cuvil calls: int function(const cuvil_op_context *ctx), returning "
+            "0 on success (see docs/custom-ops.md).",
+            "soft_clip",
+            default=None,
+            default_doc="the table's name",
+        )
+    )
+    shape_function: str | None = field(
+        metadata=_option(
+            "string",
+            'The shape rule as a Python function instead, "module:function": called with the '
+            "input shapes (tuples of ints and sympy expressions) and the attributes (a dict), "
+            "it returns one shape per output. The module is imported like op-modules.",
+            "digits.ops:soft_clip_shape",
+            default=None,
+        )
+    )
+    workspace: str | int = field(
+        metadata=_option(
+            "string",
+            "Bytes of scratch memory the kernel needs (ctx->workspace): an integer, or an "
+            'expression like the shape rules\', e.g. "4 * x[1]".',
+            "4 * x[1]",
+            default=0,
+        )
+    )
+
+    def describe(self) -> str:
+        ins = ", ".join(t.describe() for t in self.inputs)
+        outs = ", ".join(t.describe() for t in self.outputs)
+        attrs = ", ".join(f"{a.name}: {a.type}" + ("" if a.default is None else f" = {a.default!r}")
+                          for a in self.attributes)
+        version = f" (since {self.since})" if self.since != 1 else ""
+        return (f"{self.domain} {self.op_type}{version}({ins}" + (f"; {attrs}" if attrs else "")
+                + f") -> {outs}")
 
 
 @dataclass(frozen=True)
@@ -406,9 +567,30 @@ class ProjectConfig:
             default_doc="src if src/<package>/ exists, else the root if <package>/ does, else none",
         )
     )
+    op_modules: tuple[str, ...] = field(
+        metadata=_option(
+            "array of strings",
+            "Python modules to import before compiling, whose cuvil.register_op decorators "
+            "define ops the models use as decompositions into ONNX ops (docs/custom-ops.md). "
+            "They are looked up in the python-source folder, then the project root, then the "
+            "installed packages; packages can also declare them as entry points of the group "
+            "cuvil.ops, which every build loads. An edit of such a module recompiles the models.",
+            ["digits.ops"],
+            default=[],
+        )
+    )
     models: tuple[ModelConfig, ...] = field(
         metadata=_option(
             "models", "One [tool.cuvil.models.<name>] table per model; at least one.", None
+        )
+    )
+    custom_ops: tuple[CustomOpConfig, ...] = field(
+        metadata=_option(
+            "custom-ops",
+            "One [tool.cuvil.custom-ops.<name>] table per native kernel of an op the models use "
+            "(docs/custom-ops.md).",
+            None,
+            default={},
         )
     )
     settings: BuildSettings = field(metadata=_help("The build settings."))
@@ -458,6 +640,10 @@ class Option:
             "inputs": "table of arrays",
             "calibration": 'path to an .npz file, or "module:function"',
             "models": "tables",
+            "custom-ops": "tables",
+            "tensors": "array of tables",
+            "attributes": "table of tables",
+            "files": "array of paths to files",
             "size": "integer or string (a size)",
         }
         return names.get(self.kind, self.kind)
@@ -484,6 +670,7 @@ _MODEL_OPTIONS = _options(ModelConfig, "tool.cuvil.models.<name>")
 _SETTINGS_OPTIONS = _options(BuildSettings, "tool.cuvil")
 _SDIST_OPTIONS = _options(SdistConfig, "tool.cuvil.sdist")
 _VERSION_OPTIONS = _options(VersionConfig, "tool.cuvil.metadata.version")
+_CUSTOM_OP_OPTIONS = _options(CustomOpConfig, "tool.cuvil.custom-ops.<name>")
 # tables inside [tool.cuvil] besides the models
 _SUBTABLES = ("sdist", "metadata")
 
@@ -491,7 +678,8 @@ _SUBTABLES = ("sdist", "metadata")
 def iter_options() -> tuple[Option, ...]:
     """Every option, in documentation order."""
     return (
-        _PROJECT_OPTIONS + _MODEL_OPTIONS + _SDIST_OPTIONS + _VERSION_OPTIONS + _SETTINGS_OPTIONS
+        _PROJECT_OPTIONS + _MODEL_OPTIONS + _CUSTOM_OP_OPTIONS + _SDIST_OPTIONS + _VERSION_OPTIONS
+        + _SETTINGS_OPTIONS
     )
 
 
@@ -634,6 +822,13 @@ def load_project(
         )
 
     values["python_source"] = _python_source(values["python_source"], values["package"], ctx)
+    for module in values["op_modules"]:
+        if not all(_is_identifier(part) for part in module.split(".")):
+            _fail(
+                f"{ctx.file}: tool.cuvil.op-modules",
+                f"{_toml(module)} is not a module name",
+                'Write dotted module names, e.g. op-modules = ["digits.ops"].',
+            )
     sdist = SdistConfig(**_read(_SDIST_OPTIONS, _table(tool, "sdist", ctx), "tool.cuvil.sdist", ctx))
     version, version_file = _dynamic_version(project, tool, values, ctx)
     settings = _settings(
@@ -867,6 +1062,8 @@ def _convert(opt: Option, value: Any, src: _Source, ctx: _Context) -> Any:
         return None
     if opt.kind == "models":
         return _models(value, ctx)
+    if opt.kind == "custom-ops":
+        return _custom_ops(value, ctx)
     if opt.kind == "inputs":
         return _inputs(value, src)
     if opt.kind == "calibration":
@@ -1006,3 +1203,155 @@ def _models(value: Any, ctx: _Context) -> tuple[ModelConfig, ...]:
             )
         models.append(model)
     return tuple(models)
+
+
+_TENSOR_KEYS = ("name", "dtype", "rank", "shape")
+_ATTRIBUTE_VALUE_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "string": lambda v: isinstance(v, str),
+    "ints": lambda v: isinstance(v, list) and all(_ATTRIBUTE_VALUE_CHECKS["int"](x) for x in v),
+    "floats": lambda v: isinstance(v, list) and all(_ATTRIBUTE_VALUE_CHECKS["float"](x) for x in v),
+}
+
+
+def _custom_ops(value: Any, ctx: _Context) -> tuple[CustomOpConfig, ...]:
+    if not isinstance(value, dict):
+        _fail(f"{ctx.file}: tool.cuvil.custom-ops", f"{_got(value)}, expected a table of tables",
+              "Write one [tool.cuvil.custom-ops.<name>] table per kernel.")
+    ops = []
+    for name, table in value.items():
+        dotted = f"tool.cuvil.custom-ops.{_bare(name)}"
+        where = f"{ctx.file}: {dotted}"
+        if not _is_identifier(name):
+            _fail(where, f"the name {_toml(name)} is not valid (expected {_IDENTIFIER_RULE})",
+                  "Rename the table, e.g. [tool.cuvil.custom-ops.soft_clip].")
+        if not isinstance(table, dict):
+            _fail(where, f"{_got(table)}, expected a table",
+                  f'Write [{dotted}] with domain, op-type, inputs, outputs and sources.')
+        _reject_unknown(table, [o.key for o in _CUSTOM_OP_OPTIONS], ctx.file, dotted + ".")
+        options = {o.attr: o for o in _CUSTOM_OP_OPTIONS}
+        plain = [o for o in _CUSTOM_OP_OPTIONS if o.kind in ("string", "integer") and o.key != "workspace"]
+        values = _read(tuple(plain), table, dotted, ctx)
+        for key in ("domain", "op_type", "function"):
+            text = values[key]
+            if text is None:
+                continue
+            ok = _is_identifier(text) if key != "domain" else \
+                all(_is_identifier(part) for part in text.split("."))
+            if not ok:
+                _fail(f"{where}.{options[key].key}", f"{_toml(text)} is not a valid "
+                      f"{'domain' if key == 'domain' else 'identifier'}",
+                      f"Write e.g. {options[key].key} = {_toml(options[key].example)}.")
+        if values["since"] < 1:
+            _fail(f"{where}.since", f"{values['since']} is not an opset version", "Write since = 1.")
+        inputs = _tensors(table, "inputs", dotted, ctx, output=False)
+        attributes = _attributes(table.get("attributes", {}), f"{where}.attributes")
+        names = [t.name for t in inputs] + [a.name for a in attributes]
+        clash = next((n for n in names if names.count(n) > 1), None)
+        if clash is not None:
+            _fail(where, f"{clash!r} names two inputs or attributes", "Rename one of them.")
+        outputs = _tensors(table, "outputs", dotted, ctx, output=True,
+                           names=names, need_shape=values["shape_function"] is None)
+        sources = table.get("sources")
+        src = _Source(f"{where}.sources", 'Write e.g. sources = ["ops/soft_clip.c"].')
+        if not isinstance(sources, list) or not sources or not all(isinstance(x, str) for x in sources):
+            _fail(src.where, "missing" if sources is None else f"{_got(sources)}, expected a "
+                  "non-empty array of paths", src.hint)
+        paths = []
+        for i, text in enumerate(sources):
+            path = _project_file(text, _Source(f"{src.where}[{i}] ({text})", src.hint), ctx)
+            if path.suffix not in (".c", ".cc", ".cpp", ".cxx", ".C"):
+                _fail(f"{src.where}[{i}]", f"{_toml(text)} is not a C or C++ source (.c, .cc, "
+                      ".cpp, .cxx)", "List the sources to compile; headers are found through "
+                      "#include.")
+            paths.append(path)
+        workspace = table.get("workspace", 0)
+        if isinstance(workspace, str):
+            check_expression(workspace, names, f"{where}.workspace", 'Write e.g. workspace = "4 * x[1]".')
+        elif not (isinstance(workspace, int) and not isinstance(workspace, bool) and workspace >= 0):
+            _fail(f"{where}.workspace", f"{_got(workspace)}, expected bytes (an integer or an "
+                  "expression)", 'Write e.g. workspace = "4 * x[1]".')
+        shape_function = values["shape_function"]
+        if shape_function is not None and not re.fullmatch(r"[\w.]+:[\w.]+", shape_function):
+            _fail(f"{where}.shape-function", f"{_toml(shape_function)} is not \"module:function\"",
+                  'Write e.g. shape-function = "digits.ops:soft_clip_shape".')
+        ops.append(CustomOpConfig(
+            name=name, domain=values["domain"], op_type=values["op_type"], since=values["since"],
+            inputs=inputs, outputs=outputs, attributes=attributes, sources=tuple(paths),
+            function=values["function"] or name, shape_function=shape_function,
+            workspace=workspace))
+    return tuple(ops)
+
+
+def _tensors(table: dict[str, Any], key: str, dotted: str, ctx: _Context, *, output: bool,
+             names: Any = (), need_shape: bool = False) -> tuple[TensorSpec, ...]:
+    where = f"{ctx.file}: {dotted}.{key}"
+    hint = (f'Write e.g. {key} = [{{ name = "y", dtype = "float32", shape = "x" }}].' if output
+            else f'Write e.g. {key} = [{{ name = "x", dtype = "float32", rank = 2 }}].')
+    value = table.get(key)
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value) or \
+            (output and not value):
+        _fail(where, "missing" if value is None else f"{_got(value)}, expected an array of tables",
+              hint)
+    specs = []
+    for i, t in enumerate(value):
+        at = f"{where}[{i}]"
+        _reject_unknown(t, list(_TENSOR_KEYS if output else _TENSOR_KEYS[:3]), ctx.file,
+                        f"{dotted}.{key}[{i}].")
+        name, dtype, rank = t.get("name"), t.get("dtype"), t.get("rank")
+        if not isinstance(name, str) or not _is_identifier(name):
+            _fail(f"{at}.name", "missing" if name is None else f"{_got(name)}, expected an "
+                  "identifier", hint)
+        if dtype not in CUSTOM_OP_DTYPES:
+            _fail(f"{at}.dtype", "missing" if dtype is None else f"{_got(dtype)}, expected one of "
+                  + ", ".join(CUSTOM_OP_DTYPES), hint)
+        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
+            _fail(f"{at}.rank", f"{_got(rank)}, expected an integer >= 0", hint)
+        shape = t.get("shape")
+        if output:
+            if shape is None and need_shape:
+                _fail(f"{at}.shape", "missing (the output's shape rule)", hint + " Or set "
+                      "shape-function.")
+            dims = [shape] if isinstance(shape, str) else shape
+            if shape is not None and not isinstance(dims, list):
+                _fail(f"{at}.shape", f"{_got(shape)}, expected an expression or an array of them",
+                      hint)
+            for d in dims or []:
+                if isinstance(d, str):
+                    check_expression(d, names, f"{at}.shape", hint)
+                elif not (isinstance(d, int) and not isinstance(d, bool) and d >= 0):
+                    _fail(f"{at}.shape", f"{_got(d)}, expected a dim expression", hint)
+            if isinstance(shape, list):
+                if rank is not None and len(shape) != rank:
+                    _fail(f"{at}.shape", f"has {len(shape)} dims but rank is {rank}", hint)
+                shape = tuple(shape)
+        specs.append(TensorSpec(name, dtype, rank, shape))
+    return tuple(specs)
+
+
+def _attributes(value: Any, where: str) -> tuple[AttributeSpec, ...]:
+    hint = 'Write e.g. attributes = { alpha = { type = "float", default = 1.0 } }.'
+    if not isinstance(value, dict):
+        _fail(where, f"{_got(value)}, expected a table of attribute tables", hint)
+    specs = []
+    for name, spec in value.items():
+        at = f"{where}.{_bare(name)}"
+        if not _is_identifier(name):
+            _fail(at, f"{_toml(name)} is not an identifier", hint)
+        if not isinstance(spec, dict):
+            _fail(at, f"{_got(spec)}, expected a table with type and default", hint)
+        _reject_unknown(spec, ["type", "default"], where, f"{_bare(name)}.")
+        kind = spec.get("type")
+        if kind not in CUSTOM_OP_ATTRIBUTE_TYPES:
+            _fail(f"{at}.type", "missing" if kind is None else f"{_got(kind)}, expected one of "
+                  + ", ".join(CUSTOM_OP_ATTRIBUTE_TYPES), hint)
+        default = spec.get("default")
+        if default is not None and not _ATTRIBUTE_VALUE_CHECKS[kind](default):
+            _fail(f"{at}.default", f"{_got(default)}, which is not a value of type {kind}", hint)
+        if kind == "float" and default is not None:
+            default = float(default)
+        if kind == "floats" and default is not None:
+            default = [float(x) for x in default]
+        specs.append(AttributeSpec(name, kind, default))
+    return tuple(specs)

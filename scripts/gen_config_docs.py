@@ -39,7 +39,9 @@ folder `python-source` names), which the wheel ships with the compiled models; s
 projects" in the README for how the two meet in one package. `dynamic = ["version"]` in
 `[project]` reads the version from a file (`[tool.cuvil.metadata.version]`; by default from
 `__version__ = "..."` in the package's `__init__.py`, read as text, never imported).
-`[tool.cuvil.sdist]` names extra files for the sdist.
+`[tool.cuvil.sdist]` names extra files for the sdist. `[tool.cuvil.custom-ops.<name>]` declares
+a native kernel of an op the models use, and `op-modules` Python decompositions of ops (see
+docs/custom-ops.md).
 """
 
 

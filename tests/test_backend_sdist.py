@@ -107,6 +107,8 @@ def fake_load_project(config_settings: Any) -> Any:
         sdist=types.SimpleNamespace(include=(), exclude=()),
         version=None,
         version_file=None,
+        custom_ops=(),
+        op_modules=(),
     )
 
 

@@ -153,7 +153,9 @@ def _wheel_check(project: ProjectConfig) -> Callable[[Path], None]:
 
 
 # Requirements: cuvil's own dependencies are all a build needs, but for quantize = "int8",
-# which takes onnxruntime's quantizer at build time (the wheel does not depend on it).
+# which takes onnxruntime's quantizer at build time (the wheel does not depend on it), and for
+# custom-op kernels: CMake and a build tool from PyPI when the machine has none (as
+# scikit-build-core asks).
 
 
 def _build_requirements(config_settings: ConfigSettings | None) -> list[str]:
@@ -163,11 +165,17 @@ def _build_requirements(config_settings: ConfigSettings | None) -> list[str]:
         project = _load_project(config_settings)
     except CuvilError:
         return []  # the build hook that follows reports it, with the backend's context
+    requires = []
     if any(model.quantize == "int8" for model in project.models):
         from cuvil.compiler.frontend.quantize import ONNXRUNTIME_REQUIREMENT
 
-        return [ONNXRUNTIME_REQUIREMENT]
-    return []
+        requires.append(ONNXRUNTIME_REQUIREMENT)
+    if project.custom_ops:
+        from cuvil.toolchains.custom_ops import find_build_tool, find_cmake
+
+        requires += ([] if find_cmake() is not None else ["cmake>=3.15"]) + \
+            ([] if find_build_tool() is not None else ["ninja"])
+    return requires
 
 
 def get_requires_for_build_wheel(config_settings: ConfigSettings | None = None) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import cuvil
+from cuvil.build_backend._custom_ops import ops_state
 from cuvil.build_backend._python import models_module
 from cuvil.build_backend._sdist import model_files
 from cuvil.build_backend.cache import sources_digest
@@ -43,6 +44,7 @@ def fingerprint(project: ProjectConfig, target: str, user_files: Mapping[str, Pa
         "package": project.package,
         "loader": models_module(project.package, user_files),
         "py.typed": f"{project.package}/py.typed" in user_files,
+        "ops": ops_state(project),
         "models": [
             {
                 "name": model.name,

@@ -16,12 +16,15 @@ among the files generated here (the backend adds them; see `_python.py`).
 
 from __future__ import annotations
 
+import functools
 import json
 import keyword
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable
 
 import cuvil
+from cuvil.build_backend._custom_ops import load_op_modules, native_kernels
 from cuvil.build_backend._python import (
     MODELS_MODULE,
     RUNTIME_MODULE,
@@ -50,11 +53,15 @@ def build_package_files(
     for model in project.models:
         generated += [f"{pkg}/_{model.name}{target.library_suffix}", f"{pkg}/{model.name}.h"]
     check_no_clash(project, user_files, generated)  # before compiling: it fails fast
+    if project.op_modules:  # their registrations must exist before the models are imported
+        load_op_modules(project)
     files: dict[str, bytes] = {}
     signatures = []
     cache = open_cache(settings)
+    natives = _natives(project, target, Path(workdir) / "custom-ops", log)
     for model in project.models:
-        library, sig = _compile(project, model, target, Path(workdir) / model.name, log, cache)
+        library, sig = _compile(project, model, target, Path(workdir) / model.name, log, cache,
+                                natives)
         signatures.append(sig)
         files[f"{pkg}/{sig['library']}"] = library
         files[f"{pkg}/{model.name}.h"] = render_header(sig, sig["library"]).encode()
@@ -78,10 +85,26 @@ def build_package_files(
     return files
 
 
+def _natives(project: ProjectConfig, target: Target, workdir: Path,
+             log: Callable[[str], None]) -> Callable[[], Mapping[str, Sequence[Path]]]:
+    """The project's custom-op kernels compiled for `target`: built when a model first needs
+    them (never when every model comes from the compile cache), once per build."""
+
+    @functools.cache
+    def build() -> Mapping[str, Sequence[Path]]:
+        from cuvil.toolchains.custom_ops import build_custom_ops
+
+        return build_custom_ops(project.custom_ops, target, workdir, [project.root], log)
+
+    return build
+
+
 def _compile(project: ProjectConfig, model: ModelConfig, target: Target, workdir: Path,
-             log: Callable[[str], None], cache: CompileCache | None) -> tuple[bytes, dict[str, Any]]:
+             log: Callable[[str], None], cache: CompileCache | None,
+             natives: Callable[[], Mapping[str, Sequence[Path]]]) -> tuple[bytes, dict[str, Any]]:
     """The model's library and signature: from the compile cache, else compiled (and stored)."""
     from cuvil.compiler.driver import compile_model
+    from cuvil.toolchains.custom_ops import link_libraries
 
     calibration: Any = model.calibration
     feeds_digest = None
@@ -103,6 +126,9 @@ def _compile(project: ProjectConfig, model: ModelConfig, target: Target, workdir
         cpu=settings.cpu, opt_level=settings.opt_level, quantize=model.quantize,
         calibration=calibration, calibration_method=model.calibration_method,
         keep_float=model.keep_float, log=log,
+        custom_ops=native_kernels(project) if project.custom_ops else (),
+        native_objects=natives if project.custom_ops else None,
+        native_libs=link_libraries(project.custom_ops),
     )
     library = compiled.library.read_bytes()
     if cache is not None:

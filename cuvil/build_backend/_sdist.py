@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from cuvil.build_backend import _reproducible
+from cuvil.build_backend._custom_ops import custom_op_files
 from cuvil.build_backend._metadata import CoreMetadata
 from cuvil.build_backend._python import python_files
 from cuvil.build_backend._wheel import atomic_output
@@ -62,6 +63,8 @@ def sdist_files(project: ProjectConfig, metadata: CoreMetadata) -> dict[str, Pat
         add(path, "tool.cuvil.python-source (the Python package)")
     if project.version_file is not None:
         add(project.version_file, "tool.cuvil.metadata.version.input")
+    for key, path in custom_op_files(project):
+        add(path, key)
 
     required = set(files)
     excluded = {

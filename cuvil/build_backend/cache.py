@@ -3,8 +3,10 @@
 A model's library depends only on what `model_key` hashes: the model's files (source,
 external data, calibration) by content and project-relative name, its table (name, inputs,
 quantize with the calibration method, keep-float, the feeds of a calibration entry point and
-onnxruntime's version), the code-shaping build settings (cpu, with "native" resolved to this machine's CPU,
-and opt-level), the resolved target (arches, CPU variants, zig targets: so an adjusted
+onnxruntime's version), the project's ops (each decomposition registered with
+`cuvil.register_op`, with a digest of its module's source), the code-shaping build settings
+(cpu, with "native" resolved to this machine's CPU, and opt-level), the resolved target
+(arches, CPU variants, zig targets: so an adjusted
 MACOSX_DEPLOYMENT_TARGET is a different key), and the compiler: cuvil's version, a digest of
 the cuvil sources that shape the library (so an edit of an editable install invalidates) and the
 llvmlite and ziglang versions. Neither the project's folder nor the Python running the build is
@@ -117,6 +119,8 @@ def model_key(project: ProjectConfig, model: ModelConfig, target: Target, *,
         from cuvil.toolchains import host_cpu
 
         cpu = ["native", *host_cpu()]
+    from cuvil.build_backend._custom_ops import ops_state
+
     shape = dataclasses.asdict(target)
     shape.pop("source")  # where the toolchain file lies does not matter, only what it says
     shape.pop("description")
@@ -125,6 +129,7 @@ def model_key(project: ProjectConfig, model: ModelConfig, target: Target, *,
                      "llvmlite": _version("llvmlite"), "ziglang": _version("ziglang")},
         "target": shape,
         "settings": {"cpu": cpu, "opt_level": settings.opt_level},
+        "ops": ops_state(project),
         "model": {
             "name": model.name,
             "inputs": {k: list(v) for k, v in model.inputs.items()},

@@ -24,6 +24,7 @@ from cuvil.compiler.ir import MAX_TENSOR_BYTES, Graph, Node, Value, dim_str
 from cuvil.compiler.ops import lookup
 from cuvil.compiler.ops.flops import node_flops
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION, MATMUL_BIAS_SLOT, RESIDUAL_SLOT
+from cuvil.compiler.ops.native import NativeKernel, native_ops, uses_native
 from cuvil.compiler.passes import run_passes
 from cuvil.compiler.passes.plan_memory import plan_memory
 from cuvil.compiler.symbolic import relational_to_python, to_python
@@ -121,10 +122,16 @@ def compile_model(
     keep_float: Sequence[str] = (),
     log: Log | None = None,
     library_file: str | None = None,
+    custom_ops: Sequence[NativeKernel] = (),
+    native_objects: Callable[[], Mapping[str, Sequence[Path]]] | None = None,
+    native_libs: Sequence[str] = (),
 ) -> CompiledModel:
     """`quantize="int8"` first turns the model into a QDQ model calibrated on `calibration`
-    (an .npz file, a "module:function" entry point or feed dicts; see frontend.quantize)."""
-    from cuvil.toolchains import get_target, zig
+    (an .npz file, a "module:function" entry point or feed dicts; see frontend.quantize).
+    `custom_ops` are the native kernels nodes may be matched to; `native_objects` gives,
+    when first asked, their compiled files per arch name, linked into the library with the
+    libraries `native_libs` ("c++" for C++ kernels)."""
+    from cuvil.toolchains import get_target
 
     say = log or (lambda _msg: None)
     if not _NAME.match(name):
@@ -152,6 +159,20 @@ def compile_model(
 
     start = time.perf_counter()
     say(f"cuvil: importing {source if isinstance(source, (str, Path)) else 'model'} as {name}")
+    with native_ops(custom_ops):
+        return _compile(source, name, workdir, tgt, inputs=inputs, cpu=cpu, opt_level=opt_level,
+                        log=log, library_file=library_file, native_objects=native_objects,
+                        native_libs=native_libs, start=start)
+
+
+def _compile(source: Any, name: str, workdir: Path, tgt: Target, *,
+             inputs: Mapping[str, Sequence[int | str]] | None, cpu: str | None, opt_level: int,
+             log: Log | None, library_file: str | None,
+             native_objects: Callable[[], Mapping[str, Sequence[Path]]] | None,
+             native_libs: Sequence[str], start: float) -> CompiledModel:
+    from cuvil.toolchains import zig
+
+    say = log or (lambda _msg: None)
     graph = run_passes(import_model(source, inputs, name))
     plan = plan_memory(graph)
     # the file name is also the library's SONAME / install name (`cuvil compile -o` picks it)
@@ -182,7 +203,20 @@ def compile_model(
                           defines={"CUVIL_MODEL": name}, log=log),
             zig.compile_c(CLOCK_SOURCE, workdir / f"clock.{arch.name}.o", arch, log=log)]
         objects[arch.name] = [*objs, weights_obj, *runtime_objs]
-    library = zig.link_library(tgt, objects, workdir / library_file, libs=("m", "pthread"),
+    libs: tuple[str, ...] = ("m", "pthread")
+    if native_objects is not None and uses_native(graph):
+        natives = native_objects()
+        for arch in tgt.arches:
+            objects[arch.name] += natives[arch.name]
+        libs += tuple(native_libs)
+    extra: list[str] = []
+    if "c++" in libs and tgt.object_format == "elf":
+        # libc++abi's operator new/delete have default visibility (programs may replace them):
+        # keep the library's exports to its C ABI all the same
+        exports = workdir / f"{name}.exports.map"
+        exports.write_text(f"{{ global: cuvil_{name}_*; local: *; }};\n")
+        extra.append(f"-Wl,--version-script,{exports}")
+    library = zig.link_library(tgt, objects, workdir / library_file, libs=libs, extra_args=extra,
                                strip=True, log=log)  # no debug info (zig's runtime carries ~1 MB)
     say(f"cuvil: {name}: built {library.name} in {time.perf_counter() - start:.1f} s")
     return CompiledModel(name, library, sig)

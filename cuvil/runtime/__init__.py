@@ -11,8 +11,8 @@ from pathlib import Path
 
 from cuvil.runtime._loader import ABI_VERSION, Model, TensorInfo, abi_checksum
 
-__all__ = ["ABI_VERSION", "CLOCK_SOURCE", "LOADER_SOURCE", "THREADPOOL_SOURCE", "Model", "TensorInfo",
-           "abi_checksum"]
+__all__ = ["ABI_VERSION", "CLOCK_SOURCE", "CUSTOM_OP_HEADER", "LOADER_SOURCE", "THREADPOOL_SOURCE",
+           "Model", "TensorInfo", "abi_checksum"]
 
 #: the ctypes/numpy caller, copied verbatim into every generated package
 LOADER_SOURCE = Path(__file__).with_name("_loader.py")
@@ -21,3 +21,5 @@ LOADER_SOURCE = Path(__file__).with_name("_loader.py")
 THREADPOOL_SOURCE = Path(__file__).with_name("threadpool.c")
 #: the monotonic clock `run_profiled` reads (codegen.module.CLOCK_NS), linked likewise
 CLOCK_SOURCE = Path(__file__).with_name("clock.c")
+#: the C ABI of custom-op kernels (docs/custom-ops.md); its folder is on their include path
+CUSTOM_OP_HEADER = Path(__file__).with_name("cuvil_op.h")

@@ -96,6 +96,7 @@ _EVAL_GLOBALS = {"__builtins__": {}, "max": max, "min": min}
 _STATUS_MESSAGES = {
     1: "index out of range (an index input holds a value outside the dim it indexes; check "
        "the values fed to the model)",
+    2: "the custom op's kernel reported an error (it returned non-zero)",
 }
 #: `run`'s status, running nothing, on a CPU below the library's baseline (emitter's
 #: STATUS_CPU_UNSUPPORTED); the loader's CPU check refuses such a library before any call

@@ -423,6 +423,7 @@ def link_library(
     libs: Sequence[str] = ("m",),
     *,
     strip: bool = False,
+    extra_args: Sequence[str] = (),
     log: Log = None,
 ) -> Path:
     """Link the library for a whole target: one arch, or each slice then a fat file.
@@ -445,7 +446,8 @@ def link_library(
     if not target.is_universal:
         arch = target.arches[0]
         return link_shared(
-            objects[arch.name], output, arch, target.object_format, soname, libs, strip=strip, log=log
+            objects[arch.name], output, arch, target.object_format, soname, libs, strip=strip,
+            extra_args=extra_args, log=log
         )
     if target.object_format != "macho":
         raise ToolchainError(
@@ -457,7 +459,8 @@ def link_library(
         for arch in target.arches:
             thin = Path(tmpdir) / arch.name / output.name
             link_shared(
-                objects[arch.name], thin, arch, target.object_format, soname, libs, strip=strip, log=log
+                objects[arch.name], thin, arch, target.object_format, soname, libs, strip=strip,
+                extra_args=extra_args, log=log
             )
             slices.append(thin)
         _log(log, f"cuvil: fusing {len(slices)} slices into {output.name}")

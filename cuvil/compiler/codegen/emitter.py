@@ -46,6 +46,8 @@ _LLVM_TYPES: dict[str, ir.Type] = {
 #: the matching messages: keep both lists in step.
 STATUS_OK = 0
 STATUS_INDEX_OUT_OF_RANGE = 1
+#: a custom op's kernel returned non-zero (cuvil_op.h)
+STATUS_CUSTOM_OP_FAILED = 2
 #: what the exported `run` returns, running nothing, on a CPU without the flags of the
 #: library's lowest copy (negative: no node's status); `cuvil_<m>_cpu_check` names them
 STATUS_CPU_UNSUPPORTED = -1

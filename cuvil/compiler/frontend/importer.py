@@ -32,6 +32,7 @@ from cuvil.compiler.ir import (
 )
 from cuvil.compiler.ops import InferContext, attribute_value, lookup
 from cuvil.compiler.ops.control import SubgraphOp, known_flag
+from cuvil.compiler.ops.registered import load_entry_points
 from cuvil.errors import CuvilError, ModelError, UnsupportedOpError
 
 __all__ = ["import_model"]
@@ -115,6 +116,7 @@ def _input_type(vi: onnx.ValueInfoProto, pins: Sequence[int | str] | None, label
 def import_model(source: str | Path | onnx.ModelProto,
                  pins: Mapping[str, Sequence[int | str]] | None = None, name: str = "model") -> Graph:
     """Read, check and type an ONNX model; raise one error listing every unsupported op."""
+    load_entry_points()  # ops installed packages define (cuvil.register_op)
     model, label = load_onnx(source)
     model = check_and_upgrade(model, label)
     opsets = _opsets(model.opset_import)

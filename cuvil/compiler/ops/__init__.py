@@ -53,6 +53,7 @@ __all__ = [
     "registered_ops",
     "required_input",
     "schema",
+    "unregister",
 ]
 
 
@@ -221,6 +222,14 @@ def register(cls: type[Op]) -> type[Op]:
     impls.append(cls())
     impls.sort(key=lambda op: op.since)
     return cls
+
+
+def unregister(cls: type[Op]) -> None:
+    """Remove what `register(cls)` added (ops that exist for one compile only)."""
+    impls = _REGISTRY.get((cls.domain, cls.op_type), [])
+    impls[:] = [o for o in impls if type(o) is not cls]
+    if not impls:
+        _REGISTRY.pop((cls.domain, cls.op_type), None)
 
 
 def lookup(domain: str, op_type: str, opset: int) -> Op | None:
