@@ -507,7 +507,7 @@ def test_backend_reads_an_entry_point_once_and_keys_on_its_feeds(
             pass
 
     _package._compile(project, project.models[0], get_target(None), tmp_path / "work",
-                      lambda message: None, Cache())
+                      lambda message: None, Cache(), natives=dict)
     (call,) = seen
     (feed,) = call["calibration"]  # the generator's feeds, read once, handed over
     np.testing.assert_array_equal(feed["image"], np.full((2, 1, 8, 8), 0.5, np.float32))
