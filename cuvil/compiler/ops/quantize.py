@@ -724,7 +724,7 @@ def _lower_packed_matmul(node: Node, k: Emitter) -> None:
     with k.loops(acc.dims, name="rq") as (i, j):
         v = k.load(acc, [i, j])
         if bias is not None:
-            v = k.b.add(v, _param(k, bias, j, i32))  # type: ignore[arg-type]
+            v = k.b.add(v, _param(k, bias, j, i32))
         k.store(out, [i, j], requant.store(k, v, j, y.type.dtype))
 
 
@@ -781,6 +781,6 @@ def _lower_packed_conv(node: Node, k: Emitter) -> None:
             v = k.load(sums, [k.offset(out_pos, o), oc])
             if requant is not None:
                 if bias is not None:
-                    v = b.add(v, _param(k, bias, oc, i32))  # type: ignore[arg-type]
+                    v = b.add(v, _param(k, bias, oc, i32))
                 v = requant.store(k, v, oc, y.dtype)
             k.store(y, [n, oc, *o], v)
