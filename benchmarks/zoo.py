@@ -298,6 +298,25 @@ def _helper_gru(cache: Path) -> Path:
     return path
 
 
+def _bert_optimized(cache: Path) -> Bench:
+    """The suite's BERT shape (6 layers, 384 wide, 12 heads, 8192 words) built with onnx.helper
+    in Hugging Face's export form (tests/data/make_bert.py), then fused into com.microsoft ops
+    by onnxruntime's transformer optimizer: EmbedLayerNormalization, Attention,
+    SkipLayerNormalization, BiasGelu. 1000 token types, so that the suite's random ids
+    (0..999) index every embedding table."""
+    path = cache / "bert_optimized.onnx"
+    if not path.exists():
+        bert = _test_module("make_bert")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        source = cache / "bert_unoptimized.onnx"
+        onnx.save(bert.bert_model(layers=6, hidden=384, heads=12, vocab=8192, gelu=("erf",),
+                                  token_types=1000), str(source))
+        partial = path.with_suffix(".partial")
+        bert.optimized_bert(str(source), str(partial), 12, 384)
+        partial.replace(path)
+    return Bench("bert_optimized", path, "onnx.helper + onnxruntime transformer optimizer", {"seq": 128})
+
+
 def _committed(file: str) -> Callable[[Path], Path]:
     return lambda cache: TEST_DATA / file
 
@@ -315,6 +334,7 @@ MODELS: dict[str, Callable[[Path], Bench]] = {
                                      {"frames": 200}, "onnx.helper GRU"),
     "bert": _torch_or_fallback("bert", _export_bert, {"seq": 128}, _committed(
         "transformer_encoder.onnx"), {"seq": 64}, "tests/data/transformer_encoder.onnx (seq 64)"),
+    "bert_optimized": _bert_optimized,
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from cuvil.errors import CuvilError
@@ -20,12 +21,22 @@ def compile(
     quantize: str | None = None,
     *,
     name: str | None = None,
+    calibration: Any = None,
+    calibration_method: str = "minmax",
+    keep_float: Sequence[str] = (),
 ) -> Model:
     """Compile an ONNX model (path or ModelProto) in-process and return a callable model.
 
     The object behaves like a model of a generated package: call it with arrays, or use
     `.run({...})`, `.inputs` and `.outputs`. Only host targets can be loaded and called.
+
+    `quantize="int8"` quantizes the model first (docs/quantization.md; needs onnxruntime):
+    `calibration` is an .npz file of representative inputs, a "module:function" entry point or
+    an iterable of feed dicts; `calibration_method` is "minmax", "percentile" or "entropy";
+    `keep_float` names nodes or op types to leave in float.
     """
     from cuvil.compiler.driver import compile_in_process
 
-    return compile_in_process(model, inputs=inputs, target=target, quantize=quantize, name=name)
+    return compile_in_process(model, inputs=inputs, target=target, quantize=quantize, name=name,
+                              calibration=calibration, calibration_method=calibration_method,
+                              keep_float=keep_float)

@@ -141,6 +141,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
             target=target.name,
             cpu=args.cpu,
             opt_level=args.opt_level,
+            quantize=args.quantize,
+            calibration=args.calibration,
+            calibration_method=args.calibration_method or "minmax",
+            keep_float=args.keep_float,
             log=log,
             library_file=output.name,
         )
@@ -416,8 +420,48 @@ def _inspect_model(path: Path) -> int:
     return 0
 
 
+def _inspect_quantization(args: argparse.Namespace) -> int:
+    """Quantize as a build would and print each layer's error against float (see
+    frontend.quantize_report): a model file with --calibration, or a project's int8 models."""
+    from cuvil.compiler.frontend.quantize import QuantizeSettings
+    from cuvil.compiler.frontend.quantize_report import quantization_report
+    from cuvil.config import load_project
+
+    path = Path(args.path)
+    method, keep = args.calibration_method, tuple(args.keep_float)
+    jobs: list[tuple[Path, Mapping[str, Sequence[int | str]], QuantizeSettings, str]]
+    if path.is_dir() or path.name == "pyproject.toml":
+        if args.calibration or args.input:
+            raise ConfigError(f"{path}: --calibration and --input are for a model file; a project "
+                              "sets calibration and inputs in its [tool.cuvil.models.<name>] tables")
+        project = load_project(path if path.is_dir() else path.parent)
+        models = [m for m in project.models if m.quantize == "int8"]
+        if not models:
+            raise ConfigError(f"{project.pyproject}: no model sets quantize = \"int8\"; add it "
+                              "(with calibration) to a [tool.cuvil.models.<name>] table")
+        folders = (project.root, *([project.python_source] if project.python_source else []))
+        jobs = [(m.source, m.inputs, QuantizeSettings(
+            m.calibration if m.calibration is not None else "", method or m.calibration_method,
+            keep or m.keep_float, folders), f"model {m.name} ({m.source.name})") for m in models]
+    else:
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such file (expected an .onnx model or a project folder)")
+        if not args.calibration:
+            raise ConfigError(f"{path}: --quantization needs --calibration FILE.npz (or "
+                              "module:function) for a model file")
+        pins = dict(_parse_dims(text, "--input") for text in args.input)
+        jobs = [(path, pins, QuantizeSettings(args.calibration, method or "minmax", keep,
+                                                (Path.cwd(),)), str(path))]
+    for index, (source, dims, settings, label) in enumerate(jobs):
+        report = quantization_report(source, settings, dims or None, label=label)
+        print(("\n" if index else "") + report.table())
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     path = Path(args.path)
+    if args.quantization:
+        return _inspect_quantization(args)
     if not path.is_file():
         raise ConfigError(f"{path}: no such file (expected an .onnx model or a .whl wheel)")
     if path.suffix == ".whl":
@@ -627,6 +671,21 @@ def _parse_dim_value(text: str) -> tuple[str, int]:
 # ------------------------------------------------------------------------------ parser
 
 
+def _quantization_options(p: argparse.ArgumentParser, command: str) -> None:
+    """--calibration, --calibration-method, --keep-float (and --quantize for compile)."""
+    when = "with --quantize int8" if command == "compile" else "for --quantization"
+    if command == "compile":
+        p.add_argument("--quantize", choices=("none", "int8"), default="none",
+                       help="int8: post-training static quantization (docs/quantization.md)")
+    p.add_argument("--calibration", metavar="FILE.npz|module:function",
+                   help=f"representative inputs {when} (one array per model input)")
+    p.add_argument("--calibration-method", choices=("minmax", "percentile", "entropy"),
+                   help=f"how activation ranges are read {when} (default: minmax"
+                        + (")" if command == "compile" else ", or the project's)"))
+    p.add_argument("--keep-float", action="append", default=[], metavar="NODE_OR_OP",
+                   help=f"leave this node or op type in float {when} (repeatable)")
+
+
 def _parser() -> argparse.ArgumentParser:
     from cuvil import __version__
 
@@ -671,6 +730,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-O", dest="opt_level", type=int, choices=(0, 1, 2, 3), default=3, help="optimization level"
     )
+    _quantization_options(p, "compile")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("build", parents=[common], help="build the wheel(s) of a model project")
@@ -721,7 +781,13 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "inspect", parents=[common], help="show a model's tensors and operators, or a wheel's models"
     )
-    p.add_argument("path", metavar="MODEL.onnx|WHEEL")
+    p.add_argument("path", metavar="MODEL.onnx|WHEEL|PROJECT")
+    p.add_argument("--quantization", action="store_true",
+                   help="quantize to int8 and print each layer's error against float on the "
+                        "calibration data (a model with --calibration, or a project's int8 models)")
+    _quantization_options(p, "inspect")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=DIM,...",
+                   help="pin or name an input's dims for --quantization of a model file")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("targets", parents=[common], help="list the known targets (* marks this machine)")

@@ -29,7 +29,9 @@ else:
 from cuvil.errors import ConfigError
 
 __all__ = [
+    "CALIBRATION_METHODS",
     "DEFAULT_VERSION_REGEX",
+    "ENTRY_POINT",
     "BuildSettings",
     "ModelConfig",
     "Option",
@@ -43,6 +45,10 @@ __all__ = [
     "read_pyproject",
 ]
 
+#: the calibration-method values, in the order docs/config.md lists them
+CALIBRATION_METHODS = ("minmax", "percentile", "entropy")
+# A calibration entry point: "package.module:function" (dotted names of identifiers).
+ENTRY_POINT = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\Z")
 # ASCII only: model names become C symbols, package names become file names in the wheel.
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # `__version__ = "1.2.3"` (optionally annotated `: str`) at the start of a line, as
@@ -147,16 +153,51 @@ class ModelConfig:
     )
     quantize: str = field(
         metadata=_option(
-            "string", "Weight quantization.", "int8", default="none", choices=("none", "int8")
+            "string",
+            '"int8": post-training static quantization (docs/quantization.md): onnxruntime\'s '
+            "quantizer, needed at build time only (the build backend asks for it), folds "
+            "Conv-BatchNormalization and writes a QDQ model with symmetric per-channel int8 "
+            "weights and int8 activations whose ranges come from the calibration data; cuvil "
+            "compiles that model.",
+            "int8",
+            default="none",
+            choices=("none", "int8"),
         )
     )
-    calibration: Path | None = field(
+    calibration: Path | str | None = field(
         metadata=_option(
-            "file",
-            'Calibration inputs (.npz, one array per model input); required by quantize = "int8".',
+            "calibration",
+            'Representative inputs for quantize = "int8" (required by it): an .npz file with '
+            "one array per model input, samples along the first axis (an array of one rank more "
+            'than the input holds whole feeds, one per index), or a Python entry point "module:'
+            'function" returning or yielding feed dicts (input name -> array), imported from the '
+            "project root and the Python package's folder; keep its module in the Python package "
+            "so that the sdist carries it.",
             "data/calibration.npz",
             default=None,
         )
+    )
+    calibration_method: str = field(
+        default="minmax",
+        metadata=_option(
+            "string",
+            "How activation ranges are read from the calibration data: \"minmax\" (the observed "
+            'range), "percentile" (the 0.001st to 99.999th percentiles, clipping outliers) or '
+            '"entropy" (the range that minimizes the KL divergence of the quantized histogram).',
+            "percentile",
+            default="minmax",
+            choices=CALIBRATION_METHODS,
+        ),
+    )
+    keep_float: tuple[str, ...] = field(
+        default=(),
+        metadata=_option(
+            "array of strings",
+            'Layers quantize = "int8" leaves in float: node names (as in the ONNX file) or op '
+            "types (every node of that type); each must name a node or an op type of the model.",
+            ["/fc2/Gemm", "Softmax"],
+            default=[],
+        ),
     )
 
 
@@ -415,6 +456,7 @@ class Option:
             "file": "path to a file",
             "folder": "path to a folder",
             "inputs": "table of arrays",
+            "calibration": 'path to an .npz file, or "module:function"',
             "models": "tables",
             "size": "integer or string (a size)",
         }
@@ -827,6 +869,10 @@ def _convert(opt: Option, value: Any, src: _Source, ctx: _Context) -> Any:
         return _models(value, ctx)
     if opt.kind == "inputs":
         return _inputs(value, src)
+    if opt.kind == "calibration":
+        if isinstance(value, str) and ENTRY_POINT.match(value):
+            return value  # imported at build time, not now: reading the config runs no user code
+        opt = dataclasses.replace(opt, kind="file")
     expected, check = _KINDS[opt.kind]
     if not check(value) or (opt.choices and value not in opt.choices):
         expected = opt.type_text if opt.choices else expected
@@ -947,8 +993,16 @@ def _models(value: Any, ctx: _Context) -> tuple[ModelConfig, ...]:
             _fail(
                 f"{where}.calibration",
                 'missing; quantize = "int8" needs calibration data',
-                'Add calibration = "data/calibration.npz" (one array per model input), or set '
+                'Add calibration = "data/calibration.npz" (one array per model input) or '
+                'calibration = "package.module:function" (yielding feed dicts), or set '
                 'quantize = "none".',
+            )
+        unused = [key for key in ("calibration", "calibration-method", "keep-float") if key in table]
+        if model.quantize == "none" and unused:
+            _fail(
+                f"{where}.{unused[0]}",
+                f'is set, but the model is not quantized (quantize = {_toml(model.quantize)})',
+                f'Add quantize = "int8", or remove {", ".join(unused)}.',
             )
         models.append(model)
     return tuple(models)

@@ -7,6 +7,7 @@ __all__ = [
     "CheckError",
     "ConfigError",
     "CuvilError",
+    "MissingDependencyError",
     "ModelError",
     "ToolchainError",
     "UnsupportedOpError",
@@ -39,3 +40,7 @@ class BuildError(CuvilError):
 
 class CheckError(CuvilError):
     """A built wheel fails validation."""
+
+
+class MissingDependencyError(CuvilError):
+    """A feature that was asked for needs a package that is not installed."""

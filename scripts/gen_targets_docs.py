@@ -25,7 +25,9 @@ VERIFIED = {
                     "Haswell and "
                     "Skylake-Server (v3 copy; qemu emulates no AVX-512), the host (v4 copy when "
                     "it has AVX-512)",
-    "aarch64-linux": "C harness under qemu-aarch64: cortex-a53, cortex-a72, max",
+    "aarch64-linux": "C harness under qemu-aarch64: cortex-a53, cortex-a72, max; a library "
+                     "pinned to cortex-a76 is refused on cortex-a53 and cortex-a72 with the "
+                     "missing flags",
     "x86_64-linux-musl": "C harness under musl's dynamic loader on the host and under "
                          "qemu-x86_64: Conroe refused with the missing flags, Nehalem (baseline "
                          "copy), Haswell (v3 copy)",
@@ -50,6 +52,8 @@ def _min_os(zig_target: str) -> str:
 def _cpu(arch: Arch) -> str:
     flags = zig.cpu_flags(arch)
     needs = ", ".join(flags) if flags else "nothing beyond the architecture"
+    if flags and arch.os == "macos" and not arch.is_x86:
+        needs += ": every Apple silicon Mac has them"
     faster = ", ".join(v.cpu for v in arch.variants)
     return (f"`{arch.cpu}`{' ' + arch.features if arch.features else ''} (needs {needs})"
             + (f"; faster copies: {faster}" if faster else ""))
@@ -93,7 +97,13 @@ def render() -> str:
         "- **arm64 (macOS)**: apple-m1, the first Apple silicon CPU: every arm64 Mac.",
         "- **aarch64-linux, aarch64-linux-musl and aarch64-windows**: Armv8.0-A with Advanced",
         "  SIMD, which every AArch64 Linux and Windows on Arm CPU has; its CPU check reports",
-        "  nothing missing. A cpu pinned with `-C cpu=` on aarch64 is not checked.",
+        "  nothing missing. A cpu pinned with `-C cpu=` (cortex-a76, neoverse-n1, ...) makes the",
+        "  library require that cpu's extensions (dotprod, fullfp16, lse, ...): the check asks",
+        "  the OS (Linux getauxval, macOS sysctl, Windows IsProcessorFeaturePresent) and names",
+        "  what is missing. Windows cannot be asked about some (fullfp16, rdm, i8mm, ...): they",
+        "  count as missing there. There is no faster aarch64 copy of the whole model: dotprod",
+        "  and fp16 would only speed up int8 and float16 code, and a second copy doubles the",
+        "  library; toolchain files may add `[[arch.variant]]` tables for aarch64 all the same.",
         "- **Windows DLLs** import KERNEL32 and the Universal C Runtime only (part of Windows 10,",
         "  an update for 7 and 8.1); the generated package loads them with `LoadLibraryEx`",
         "  searching the DLL's own folder and System32 only. A DLL that has started worker",

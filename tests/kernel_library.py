@@ -38,11 +38,19 @@ def host_module(features: str) -> tuple[ir.Module, Any]:
 
 def link(tmp: Path, module: ir.Module, tm: Any) -> ctypes.CDLL:
     """`module` compiled and linked with the runtime (thread pool) into a loaded library."""
+    return link_modules(tmp, [(module, tm)])
+
+
+def link_modules(tmp: Path, modules: list[tuple[ir.Module, Any]]) -> ctypes.CDLL:
+    """Several modules (each for its own instruction set: exported names must differ) and the
+    runtime in one loaded library: one link instead of one per instruction set."""
     target = get_target(None)
-    obj = tmp / "g.o"
-    obj.write_bytes(emit_object(hide_declarations(str(module), "-"), tm))
+    objects = []
+    for i, (module, tm) in enumerate(modules):
+        objects.append(tmp / f"g{i}.o")
+        objects[-1].write_bytes(emit_object(hide_declarations(str(module), "-"), tm))
     rt = zig.compile_c(RUNTIME_SOURCE, tmp / "rt.o", target.arches[0])
-    return ctypes.CDLL(str(zig.link_library(target, [obj, rt], tmp / "_g.so",
+    return ctypes.CDLL(str(zig.link_library(target, [*objects, rt], tmp / "_g.so",
                                             libs=("m", "pthread"))))
 
 

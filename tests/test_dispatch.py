@@ -12,7 +12,7 @@ import pytest
 
 from cuvil.compiler.codegen.dispatch import cpu_test, render_detector, render_dispatcher
 from cuvil.compiler.codegen.module import variant_run_symbol
-from cuvil.toolchains import X86_CPU_FLAGS, get_target, host_target_name, zig
+from cuvil.toolchains import AARCH64_CPU_FLAGS, X86_CPU_FLAGS, get_target, host_target_name, zig
 
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"),
@@ -112,3 +112,11 @@ def test_cpu_check_names_what_the_baseline_needs_and_this_cpu_lacks(tmp_path):
         short = ctypes.create_string_buffer(4)
         lib.cuvil_m_cpu_check(short, ctypes.c_int64(4))
         assert short.value.decode() == " ".join(lacks)[:3]
+
+
+def test_aarch64_flags_no_mac_is_asked_about_are_the_m1s():
+    # the aarch64 check asks macOS's sysctl only about flags beyond the first Apple silicon
+    # CPU: exactly those zig's apple-m1 model lacks
+    m1 = get_target("arm64-macos").arches[0]
+    assert set(zig.cpu_flags(m1)) == {f for f, (*_, sysctl, _pf) in AARCH64_CPU_FLAGS.items()
+                                      if not sysctl}

@@ -6,7 +6,8 @@ x86_64-linux runs on the host and under qemu-user CPU models spanning the baseli
 variant: Conroe (Core 2, below x86-64-v2) must get a clean refusal naming the missing flags,
 never SIGILL; Nehalem runs the baseline copy, Haswell the AVX2 copy, the host (if it has
 AVX-512; qemu 7.2 emulates none) the AVX-512 copy. aarch64-linux runs under qemu-aarch64 on
-cortex-a53, cortex-a72 and max. The Python loader is checked the same way: on a CPU below a
+cortex-a53, cortex-a72 and max; pinned to cortex-a76 it is refused on the first two. The
+Python loader is checked the same way: on a CPU below a
 library's baseline, importing the package raises ImportError naming what is missing.
 
 x86_64-linux-musl runs under musl's dynamic loader, on the host and under qemu-x86_64 on the
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import textwrap
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +39,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from oracle import run_ort
 
-from cuvil.toolchains import Arch, get_target, list_targets, zig
+from cuvil.toolchains import Arch, bundled_toolchain_dir, get_target, list_targets, zig
 
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"),
@@ -58,6 +60,10 @@ QEMU_CONROE_LACKS = CONROE_LACKS | {"cx16"}
 #: what x86-64-v2 adds to x86-64 (the psABI's levels)
 X86_V2 = ("sse3", "ssse3", "cx16", "sse4.1", "sahf", "sse4.2", "popcnt")
 AVX512 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+#: what a Cortex-A76 (Armv8.2-A) has beyond qemu's cortex-a53 and cortex-a72 models (Armv8.0-A
+#: with CRC32 and the crypto extension), per Arm's technical reference manuals: LSE atomics,
+#: half-precision arithmetic, RDM, LRCPC and the dot product
+A76_OVER_A53 = {"lse", "fullfp16", "rdm", "rcpc", "dotprod"}
 
 
 def _missing(what: str) -> None:
@@ -166,6 +172,25 @@ def arm(tmp_path_factory: pytest.TempPathFactory) -> Built:
 
 
 @pytest.fixture(scope="module")
+def arm_a76(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    return Built(tmp_path_factory.mktemp("aarch64_a76"), "aarch64-linux", cpu="cortex-a76")
+
+
+@pytest.fixture(scope="module")
+def arm_dotprod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
+    # aarch64-linux with a second copy of the model code for CPUs with the dot product
+    root = tmp_path_factory.mktemp("aarch64_dotprod")
+    text = (bundled_toolchain_dir() / "aarch64-linux.toml").read_text()
+    text = text.replace('name = "aarch64-linux"', 'name = "aarch64-linux-dotprod"', 1)
+    text += '\n[[arch.variant]]\ncpu = "generic"\nfeatures = "+neon,+dotprod"\nrequires = ["dotprod"]\n'
+    (root / "toolchains").mkdir()
+    (root / "toolchains" / "aarch64-linux-dotprod.toml").write_text(text)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("CUVIL_TOOLCHAIN_PATH", str(root / "toolchains"))
+        yield Built(root, "aarch64-linux-dotprod")
+
+
+@pytest.fixture(scope="module")
 def musl_x86(tmp_path_factory: pytest.TempPathFactory) -> Built:
     return Built(tmp_path_factory.mktemp("x86_64_musl"), "x86_64-linux-musl")
 
@@ -261,6 +286,31 @@ def test_aarch64_under_qemu(arm: Built, feeds: tuple[Path, np.ndarray], model: s
         _missing(str(AARCH64_SYSROOT))
     proc = _run(arm, feeds, qemu, "-L", str(AARCH64_SYSROOT), "-cpu", model)
     assert _outputs(proc, feeds[1]) == 0
+
+
+@pytest.mark.parametrize(("model", "lacks"), [("cortex-a53", A76_OVER_A53),
+                                             ("cortex-a72", A76_OVER_A53), ("max", set())])
+def test_aarch64_pinned_cpu_is_checked(arm_a76: Built, feeds: tuple[Path, np.ndarray], model: str,
+                                       lacks: set[str]) -> None:
+    # a library pinned to a newer cpu (-C cpu=cortex-a76) asks the OS (getauxval) what the
+    # CPU has: an older one gets the missing flags named and run() refused, never SIGILL
+    qemu = _tool("qemu-aarch64-static")
+    proc = _run(arm_a76, feeds, qemu, "-L", str(AARCH64_SYSROOT), "-cpu", model)
+    if not lacks:
+        assert _outputs(proc, feeds[1]) == 0
+        return
+    assert proc.returncode == 3, f"exit {proc.returncode}: {proc.stderr}"
+    assert set(proc.stderr.split("lacks ", 1)[1].split(";", 1)[0].split()) == lacks
+    assert "run() returned -1" in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.parametrize(("model", "copy"), [("cortex-a72", 0), ("max", 1)])
+def test_aarch64_variant_runs_where_the_cpu_has_its_flags(arm_dotprod: Built,
+                                                          feeds: tuple[Path, np.ndarray],
+                                                          model: str, copy: int) -> None:
+    qemu = _tool("qemu-aarch64-static")
+    proc = _run(arm_dotprod, feeds, qemu, "-L", str(AARCH64_SYSROOT), "-cpu", model)
+    assert _outputs(proc, feeds[1]) == copy
 
 
 def test_python_import_below_the_baseline_raises_import_error(tmp_path: Path) -> None:

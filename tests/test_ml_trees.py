@@ -152,3 +152,25 @@ def test_opset5_post_transform_follows_the_spec(transform):
         want = 1 / (1 + np.exp(-raw))
     got = cuvil.compile(_v5(nodes, leaves, 3, 1, transform)).run({"X": x})["Y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_opset5_set_membership_nodes():
+    # BRANCH_MEMBER (x in a set): sets of several members and of one (onnxruntime refuses
+    # empty ones), NaN features tracking true or false, features that take the members' values
+    rng = np.random.default_rng(21)
+    nodes, leaves, _ = _random_trees(rng, trees=4, depth=3, targets=2)
+    model = _v5(nodes, leaves, 2, 0, 0)
+    attrs = {a.name: a for a in model.graph.node[0].attribute}
+    modes = numpy_helper.to_array(attrs["nodes_modes"].t).copy()
+    sets = []
+    for j in range(0, len(modes), 2):
+        modes[j] = 6
+        sets.append([[1.0, 3.0, 4.0], [2.0], [0.0, 5.0]][len(sets) % 3])
+    attrs["nodes_modes"].t.CopyFrom(numpy_helper.from_array(modes, "nodes_modes"))
+    flat = [v for s in sets for v in [*s, np.nan]][:-1]
+    model.graph.node[0].attribute.append(helper.make_attribute(
+        "membership_values", numpy_helper.from_array(np.array(flat, np.float32))))
+    onnx.checker.check_model(model)
+    x = rng.integers(0, 6, (64, FEATURES)).astype(np.float32)
+    x[rng.random(x.shape) < 0.1] = np.nan
+    _compare(model, x)

@@ -9,6 +9,7 @@ import shlex
 import shutil
 import struct
 import subprocess
+import sysconfig
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -179,6 +180,19 @@ def test_unknown_target_suggests_a_name():
 
 
 # -------------------------------------------------------------------------- host
+
+
+@pytest.mark.parametrize(("machine", "interpreter", "want"), [
+    ("ARM64", "win-amd64", "x86_64-windows"),  # an x64 Python emulated on Windows on Arm
+    ("AMD64", "win-arm64", "aarch64-windows"),
+    ("AMD64", "win-amd64", "x86_64-windows"),
+])
+def test_windows_host_target_follows_the_interpreter(monkeypatch, machine, interpreter, want):
+    # the library must load into this Python: its arch, not the machine's, picks the target
+    monkeypatch.setattr(platform, "system", lambda: "Windows")
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    monkeypatch.setattr(sysconfig, "get_platform", lambda: interpreter)
+    assert host_target_name() == want
 
 
 def test_host_target_matches_this_machine():
@@ -554,3 +568,25 @@ def test_cmake_toolchain_builds_shared_library(tmp_path, built):
     assert exported == {"tiny_add"}
     if t.is_host():
         assert ctypes.CDLL(str(lib)).tiny_add(2, 3) == 5
+
+
+@pytest.mark.parametrize(("target", "cpu", "float_lanes", "int8_kind"), [
+    ("x86_64-linux", None, 4, "madd128"),
+    ("x86_64-linux", "x86-64-v3", 8, "avxvnni"),  # AVX-VNNI behind a run-time test
+    ("arm64-macos", None, 4, "sdot"),  # every Apple silicon CPU has the dot product
+    ("aarch64-linux", None, 4, "generic"),
+])
+def test_baseline_kernels_get_what_the_cpu_implies(target, cpu, float_lanes, int8_kind):
+    # a pinned or implied cpu's extensions (zig's cpu model) reach the kernels' tile choice
+    from llvmlite import ir
+
+    from cuvil.compiler.codegen.gemm_kernel import isa_of
+    from cuvil.compiler.codegen.int8_gemm_kernel import int8_isa_of
+    from cuvil.compiler.driver import baseline_features
+
+    arch = get_target(target).arches[0]
+    module = ir.Module()
+    module.triple = arch.llvm_triple
+    module.cuvil_features, _ = baseline_features(arch, cpu)
+    assert isa_of(module).vector == float_lanes
+    assert int8_isa_of(module).kind == int8_kind

@@ -152,11 +152,26 @@ def _wheel_check(project: ProjectConfig) -> Callable[[Path], None]:
     return wheel_verifier(project.check_warnings, project.pyproject, _log)
 
 
-# Requirements: cuvil's own dependencies are all a build needs.
+# Requirements: cuvil's own dependencies are all a build needs, but for quantize = "int8",
+# which takes onnxruntime's quantizer at build time (the wheel does not depend on it).
+
+
+def _build_requirements(config_settings: ConfigSettings | None) -> list[str]:
+    from cuvil.errors import CuvilError
+
+    try:
+        project = _load_project(config_settings)
+    except CuvilError:
+        return []  # the build hook that follows reports it, with the backend's context
+    if any(model.quantize == "int8" for model in project.models):
+        from cuvil.compiler.frontend.quantize import ONNXRUNTIME_REQUIREMENT
+
+        return [ONNXRUNTIME_REQUIREMENT]
+    return []
 
 
 def get_requires_for_build_wheel(config_settings: ConfigSettings | None = None) -> list[str]:
-    return []
+    return _build_requirements(config_settings)
 
 
 def get_requires_for_build_sdist(config_settings: ConfigSettings | None = None) -> list[str]:
@@ -164,7 +179,7 @@ def get_requires_for_build_sdist(config_settings: ConfigSettings | None = None) 
 
 
 def get_requires_for_build_editable(config_settings: ConfigSettings | None = None) -> list[str]:
-    return []
+    return _build_requirements(config_settings)
 
 
 # Metadata

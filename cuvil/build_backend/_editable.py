@@ -48,6 +48,8 @@ def fingerprint(project: ProjectConfig, target: str, user_files: Mapping[str, Pa
                 "name": model.name,
                 "inputs": {k: list(v) for k, v in model.inputs.items()},
                 "quantize": model.quantize,
+                "quantization": [str(model.calibration), model.calibration_method,
+                                 list(model.keep_float)] if model.quantize != "none" else None,
                 "files": {
                     key: hashlib.sha256(path.read_bytes()).hexdigest()
                     for key, path in model_files(project.root, model)

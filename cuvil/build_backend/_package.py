@@ -83,9 +83,15 @@ def _compile(project: ProjectConfig, model: ModelConfig, target: Target, workdir
     """The model's library and signature: from the compile cache, else compiled (and stored)."""
     from cuvil.compiler.driver import compile_model
 
+    calibration: Any = model.calibration
+    feeds_digest = None
+    if model.quantize == "int8" and isinstance(calibration, str):
+        # an entry point: its feeds are what the build depends on, so they are read once, here,
+        # and both hashed into the cache key and handed to the compiler
+        calibration, feeds_digest = _entry_point_feeds(project, model)
     key = ""
     if cache is not None:
-        key = model_key(project, model, target)
+        key = model_key(project, model, target, feeds_digest=feeds_digest)
         hit = cache.load(key, log)
         if hit is not None:
             log(f"cuvil: {model.name}: {hit[1]['library']} taken from the compile cache "
@@ -94,12 +100,27 @@ def _compile(project: ProjectConfig, model: ModelConfig, target: Target, workdir
     settings = project.settings
     compiled = compile_model(
         model.source, model.name, workdir, inputs=model.inputs or None, target=target,
-        cpu=settings.cpu, opt_level=settings.opt_level, quantize=model.quantize, log=log,
+        cpu=settings.cpu, opt_level=settings.opt_level, quantize=model.quantize,
+        calibration=calibration, calibration_method=model.calibration_method,
+        keep_float=model.keep_float, log=log,
     )
     library = compiled.library.read_bytes()
     if cache is not None:
         cache.store(key, library, compiled.signature, log)
     return library, compiled.signature
+
+
+def _entry_point_feeds(project: ProjectConfig, model: ModelConfig) -> tuple[list[Any], str]:
+    """The feeds of the model's calibration entry point (imported from the project root and
+    the Python package's folder first), checked against the model, and their digest."""
+    from cuvil.compiler.frontend import load_onnx
+    from cuvil.compiler.frontend.calibration import feeds_digest, input_specs, read_calibration
+
+    onnx_model, label = load_onnx(model.source)
+    folders = [project.root, *([project.python_source] if project.python_source else [])]
+    feeds = read_calibration(str(model.calibration), input_specs(onnx_model, model.inputs, label),
+                             search_path=folders)
+    return feeds, feeds_digest(feeds)
 
 
 def _describe(sig: dict[str, Any]) -> str:

@@ -94,7 +94,7 @@ def model_files(root: Path, model: ModelConfig) -> Iterator[tuple[str, Path]]:
     yield f"{key}.source", model.source
     for data in _external_data(model.source):
         yield f"{key}.source (external data)", data
-    if model.calibration is not None:
+    if isinstance(model.calibration, Path):  # not an entry point "module:function"
         yield f"{key}.calibration", model.calibration
 
 

@@ -2,7 +2,8 @@
 
 A model's library depends only on what `model_key` hashes: the model's files (source,
 external data, calibration) by content and project-relative name, its table (name, inputs,
-quantize), the code-shaping build settings (cpu, with "native" resolved to this machine's CPU,
+quantize with the calibration method, keep-float, the feeds of a calibration entry point and
+onnxruntime's version), the code-shaping build settings (cpu, with "native" resolved to this machine's CPU,
 and opt-level), the resolved target (arches, CPU variants, zig targets: so an adjusted
 MACOSX_DEPLOYMENT_TARGET is a different key), and the compiler: cuvil's version, a digest of
 the cuvil sources that shape the library (so an edit of an editable install invalidates) and the
@@ -101,8 +102,13 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def model_key(project: ProjectConfig, model: ModelConfig, target: Target) -> str:
-    """The hex SHA-256 of everything the model's library and signature are made from."""
+def model_key(project: ProjectConfig, model: ModelConfig, target: Target, *,
+              feeds_digest: str | None = None) -> str:
+    """The hex SHA-256 of everything the model's library and signature are made from.
+
+    A quantized model adds its quantization settings, onnxruntime's version (its quantizer
+    makes the QDQ model) and, for a calibration entry point, `feeds_digest`: the digest of the
+    feeds it gave (an .npz file is among the model's files, hashed by content)."""
     from cuvil.build_backend._sdist import model_files
 
     settings = project.settings
@@ -127,6 +133,11 @@ def model_key(project: ProjectConfig, model: ModelConfig, target: Target) -> str
                        _file_digest(path)] for role, path in model_files(project.root, model)],
         },
     }
+    if model.quantize != "none":
+        state["quantization"] = {
+            "calibration": str(model.calibration) if isinstance(model.calibration, str) else None,
+            "feeds": feeds_digest, "method": model.calibration_method,
+            "keep_float": list(model.keep_float), "onnxruntime": _version("onnxruntime")}
     return hashlib.sha256(json.dumps(state, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -103,6 +103,21 @@ class Library:
         """The C ABI of its models, and nothing else: what the library must export."""
         return {f"cuvil_{m}_{part}" for m in self.model_names for part in EXPORTED_PARTS}
 
+    def export_problems(self, found: set[str], fix: str, who: str = "") -> list[str]:
+        """What is wrong with exporting `found`: symbols beyond the C ABI (with `fix`, how to
+        hide them) and C ABI symbols missing. `who` names the slice in a fat file."""
+        expected = self.expected_exports()
+        extra, missing = sorted(found - expected), sorted(expected - found)
+        problems = []
+        if extra:
+            problems.append(
+                f"{who}exports {', '.join(extra)} besides the C ABI of model(s) "
+                f"{', '.join(self.model_names)}: {fix}"
+            )
+        if missing:
+            problems.append(f"{who}does not export {', '.join(missing)}")
+        return problems
+
 
 @dataclass
 class WheelArchive:

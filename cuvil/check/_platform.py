@@ -4,8 +4,12 @@ oldest version."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
-__all__ = ["macos_version", "manylinux_glibc", "musllinux_version", "tag_arches", "tag_libc", "tag_os"]
+__all__ = [
+    "arch_problems", "macos_version", "manylinux_glibc", "musllinux_version", "tag_arches", "tag_libc",
+    "tag_os",
+]
 
 # legacy manylinux names -> the glibc they stand for (PEP 600)
 _LEGACY = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
@@ -93,3 +97,16 @@ def macos_version(platform: str) -> tuple[int, int] | None:
     """The oldest macOS a macosx tag promises to run on, or None for other tags."""
     m = _MACOS.match(platform)
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def arch_problems(platforms: Iterable[str], arch: str, found: str, fix: str = "") -> list[str]:
+    """A problem for each platform tag whose architectures are not exactly `arch`; `found`
+    says where the file declares it (``e_machine 62 (x86_64)``)."""
+    problems = []
+    for platform in platforms:
+        arches = tag_arches(platform)
+        if arches is not None and arches != {arch}:
+            problems.append(
+                f"{found} does not match platform tag {platform} ({', '.join(sorted(arches))}){fix}"
+            )
+    return problems

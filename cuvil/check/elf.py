@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from cuvil.check._archive import Library, WheelArchive
 from cuvil.check._elf import ElfFormatError, ElfLibrary, read_elf
-from cuvil.check._platform import manylinux_glibc, tag_arches, tag_libc
+from cuvil.check._platform import arch_problems, manylinux_glibc, tag_libc
 from cuvil.check._report import CheckReport
 
 __all__ = ["ALLOWED_NEEDED", "GLIBC_NEEDED", "MUSL_NEEDED", "check_elf_library"]
@@ -45,13 +45,7 @@ def _header(wheel: WheelArchive, elf: ElfLibrary, label: str, report: CheckRepor
         )
     if elf.e_type != "ET_DYN":
         problems.append(f"e_type is {elf.e_type}, expected ET_DYN (a shared library)")
-    for platform in wheel.platforms:
-        arches = tag_arches(platform)
-        if arches is not None and arches != {elf.arch}:
-            problems.append(
-                f"e_machine {elf.e_machine} ({elf.arch}) does not match platform tag {platform} "
-                f"({', '.join(sorted(arches))})"
-            )
+    problems += arch_problems(wheel.platforms, elf.arch, f"e_machine {elf.e_machine} ({elf.arch})")
     if problems:
         report.failed(name, "; ".join(problems))
     else:
@@ -60,19 +54,12 @@ def _header(wheel: WheelArchive, elf: ElfLibrary, label: str, report: CheckRepor
 
 def _exports(library: Library, elf: ElfLibrary, label: str, report: CheckReport) -> None:
     name = f"{label}: exported symbols"
-    expected = library.expected_exports()
     found = set(elf.exported)
-    extra, missing = sorted(found - expected), sorted(expected - found)
-    if extra or missing:
-        parts = []
-        if extra:
-            parts.append(
-                f"exports {', '.join(extra)} besides the C ABI of model(s) {', '.join(library.model_names)}: "
-                "every other symbol must be hidden (link with -fvisibility=hidden)"
-            )
-        if missing:
-            parts.append(f"does not export {', '.join(missing)}")
-        report.failed(name, "; ".join(parts))
+    problems = library.export_problems(
+        found, "every other symbol must be hidden (link with -fvisibility=hidden)"
+    )
+    if problems:
+        report.failed(name, "; ".join(problems))
     else:
         report.passed(name, f"exactly {', '.join(sorted(found))}")
 

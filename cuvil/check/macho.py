@@ -89,14 +89,7 @@ def _exports(library: Library, images: list[MachOImage], label: str, report: Che
         sources.add(source)
         tolerated |= found & LINKER_SYMBOLS
         found -= LINKER_SYMBOLS
-        extra, missing = sorted(found - expected), sorted(expected - found)
-        if extra:
-            problems.append(
-                f"{im.arch} slice exports {', '.join(extra)} besides the C ABI of model(s) "
-                f"{', '.join(library.model_names)}: every other symbol must be hidden"
-            )
-        if missing:
-            problems.append(f"{im.arch} slice does not export {', '.join(missing)}")
+        problems += library.export_problems(found, "every other symbol must be hidden", f"{im.arch} slice ")
     if problems:
         report.failed(name, "; ".join(problems))
         return

@@ -6,7 +6,7 @@ import re
 
 from cuvil.check._archive import Library, WheelArchive
 from cuvil.check._pe import PeFormatError, PeImage, read_pe
-from cuvil.check._platform import tag_arches
+from cuvil.check._platform import arch_problems
 from cuvil.check._report import CheckReport
 
 __all__ = ["ALLOWED_IMPORTS", "check_pe_library"]
@@ -39,13 +39,10 @@ def _header(wheel: WheelArchive, image: PeImage, label: str, report: CheckReport
         problems.append("IMAGE_FILE_DLL is not set: the file is an executable, not a DLL")
     if not image.pe32_plus:
         problems.append("the optional header is PE32, expected PE32+ (a 64-bit image)")
-    for platform in wheel.platforms:
-        arches = tag_arches(platform)
-        if arches is not None and arches != {image.arch}:
-            problems.append(
-                f"Machine {image.machine:#06x} ({image.arch}) does not match platform tag {platform} "
-                f"({', '.join(sorted(arches))}): rebuild for the target of that tag"
-            )
+    problems += arch_problems(
+        wheel.platforms, image.arch, f"Machine {image.machine:#06x} ({image.arch})",
+        ": rebuild for the target of that tag",
+    )
     if problems:
         report.failed(name, "; ".join(problems))
     else:
@@ -54,18 +51,12 @@ def _header(wheel: WheelArchive, image: PeImage, label: str, report: CheckReport
 
 def _exports(library: Library, image: PeImage, label: str, report: CheckReport) -> None:
     name = f"{label}: exported symbols"
-    expected = library.expected_exports()
     found = set(image.exported)
-    extra, missing = sorted(found - expected), sorted(expected - found)
-    parts = []
-    if extra:
-        parts.append(
-            f"exports {', '.join(extra)} besides the C ABI of model(s) {', '.join(library.model_names)}: "
-            "a DLL must export only those (mark nothing else __declspec(dllexport); with no "
-            "dllexport at all, MinGW linkers export every symbol)"
-        )
-    if missing:
-        parts.append(f"does not export {', '.join(missing)}")
+    parts = library.export_problems(
+        found,
+        "a DLL must export only those (mark nothing else __declspec(dllexport); with no "
+        "dllexport at all, MinGW linkers export every symbol)",
+    )
     if image.forwarded:
         parts.append(f"forwards {', '.join(sorted(image.forwarded))} to another DLL")
     if parts:

@@ -15,9 +15,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from cuvil.compiler.codegen.dispatch import render_cpu_check, render_dispatcher
+from cuvil.compiler.codegen.dispatch import render_dispatcher
 from cuvil.compiler.codegen.module import build_module, symbol_names
 from cuvil.compiler.frontend import import_model
+from cuvil.compiler.frontend.calibration import CalibrationSource
+from cuvil.compiler.frontend.quantize import QuantizeSettings, quantize_model
 from cuvil.compiler.ir import MAX_TENSOR_BYTES, Graph, Node, Value, dim_str
 from cuvil.compiler.ops import lookup
 from cuvil.compiler.ops.flops import node_flops
@@ -103,19 +105,35 @@ def compile_model(
     cpu: str | None = None,
     opt_level: int = 3,
     quantize: str | None = None,
+    calibration: CalibrationSource | None = None,
+    calibration_method: str = "minmax",
+    keep_float: Sequence[str] = (),
     log: Log | None = None,
     library_file: str | None = None,
 ) -> CompiledModel:
+    """`quantize="int8"` first turns the model into a QDQ model calibrated on `calibration`
+    (an .npz file, a "module:function" entry point or feed dicts; see frontend.quantize)."""
     from cuvil.toolchains import get_target, zig
 
     say = log or (lambda _msg: None)
     if not _NAME.match(name):
         raise ConfigError(f"model name {name!r} must be an identifier (it names C symbols)")
-    if quantize not in (None, "none"):
-        raise ConfigError(
-            f"model {name}: quantize = {quantize!r} is not supported by this cuvil version; "
-            "remove the key or set quantize = \"none\""
-        )
+    if quantize not in (None, "none", "int8"):
+        raise ConfigError(f'model {name}: quantize = {quantize!r} is not one of "none", "int8"')
+    if quantize == "int8":
+        if calibration is None:
+            raise ConfigError(
+                f'model {name}: quantize = "int8" needs calibration data: pass calibration= an '
+                '.npz file (one array per input), a "module:function" entry point or a list of '
+                "feed dicts")
+        # an entry point's module may lie in the current folder, as for `python -m`
+        settings = QuantizeSettings(calibration, calibration_method, tuple(keep_float),
+                                    search_path=(Path.cwd(),))
+        source = quantize_model(source, settings, inputs, say)
+    elif calibration is not None or tuple(keep_float):
+        raise ConfigError(f'model {name}: calibration data or keep-float given, but quantize is '
+                          f'{quantize or "none"!r}; pass quantize="int8" (--quantize int8), or '
+                          "leave them out")
     # a Target object: one the build backend adjusted (e.g. to MACOSX_DEPLOYMENT_TARGET)
     tgt = target if not isinstance(target, (str, type(None))) else get_target(target)
     workdir = Path(workdir)
@@ -159,23 +177,33 @@ def compile_model(
     return CompiledModel(name, library, sig)
 
 
+def baseline_features(arch: Any, cpu: str | None) -> tuple[str, tuple[str, ...]]:
+    """The LLVM features the baseline copy's kernels are given, and the CPU flags it needs.
+    Kernels size their tiles from the features, so what the cpu implies is spelled out
+    (-C cpu=x86-64-v3 has AVX2, apple-m1 the dot product)."""
+    from cuvil.toolchains import host_cpu, zig
+
+    flags = zig.cpu_flags(replace(arch, cpu=cpu or arch.cpu))
+    given = host_cpu()[1] if cpu == "native" else arch.features
+    return ",".join(filter(None, [given, *(f"+{flag}" for flag in flags)])), flags
+
+
 def _compile_arch(graph: Graph, plan: Any, sig: dict[str, Any], arch: Any, workdir: Path, *,
                   cpu: str | None, opt_level: int, log: Log | None) -> list[Path]:
     """Object files of the model's code for one arch: one copy for a named cpu, else the
-    baseline plus each CPU variant of the toolchain file; and the CPU check, with (on x86)
-    a dispatcher that runs the best copy the CPU supports, compiled for the plain arch."""
-    from cuvil.toolchains import host_cpu, machine_options, target_machine, zig
+    baseline plus each CPU variant of the toolchain file; and the CPU check, with a
+    dispatcher that runs the best copy the CPU supports, compiled for the plain arch."""
+    from cuvil.toolchains import machine_options, target_machine, zig
     from cuvil.toolchains.llvm import emit_object_isolated
 
     say = log or (lambda _msg: None)
     name = sig["name"]
-    base_features = host_cpu()[1] if cpu == "native" else arch.features
-    levels = [(cpu or arch.cpu, base_features, zig.cpu_flags(replace(arch, cpu=cpu or arch.cpu))),
+    base_features, base_flags = baseline_features(arch, cpu)
+    levels = [(cpu or arch.cpu, base_features, base_flags),
               *([] if cpu is not None else [(v.cpu, v.features, v.requires) for v in arch.variants])]
     # what the loader's and the header's CPU messages name, per slice of a universal2 library
     sig.setdefault("cpu", {})[arch.name] = {"baseline": cpu or arch.cpu,
                                             "requires": list(levels[0][2])}
-    dispatched = arch.is_x86  # other arches: one copy, for a baseline all their CPUs have
     objects = []
     for index, (level_cpu, features, _) in enumerate(levels):
         # the baseline takes the toolchain's features (or the host's, for "native")
@@ -190,14 +218,13 @@ def _compile_arch(graph: Graph, plan: Any, sig: dict[str, Any], arch: Any, workd
         obj.write_bytes(emit_object_isolated(build_module(graph, plan, name, sig["checksum"],
                                                           arch.llvm_triple, data_layout,
                                                           features=features,
-                                                          variant=index if dispatched else None),
+                                                          variant=index),
                                              machine))
         say(f"cuvil: {name}: wrote {obj.name} (LLVM -O{opt_level}) in "
             f"{time.perf_counter() - start:.2f} s")
         objects.append(obj)
     source = workdir / f"{name}.cpu_check.c"
-    source.write_text(render_dispatcher(name, [requires for _, _, requires in levels])
-                      if dispatched else render_cpu_check(name))
+    source.write_text(render_dispatcher(name, [requires for _, _, requires in levels], arch.is_x86))
     objects.append(zig.compile_c(source, workdir / f"{name}.{arch.name}.cpu_check.o",
                                  arch.plain, log=log))
     return objects
@@ -210,6 +237,9 @@ def compile_in_process(
     quantize: str | None = None,
     name: str | None = None,
     cpu: str | None = "native",
+    calibration: CalibrationSource | None = None,
+    calibration_method: str = "minmax",
+    keep_float: Sequence[str] = (),
 ) -> Model:
     from cuvil.toolchains import get_target
 
@@ -227,7 +257,9 @@ def compile_in_process(
     tmp = tempfile.TemporaryDirectory(prefix="cuvil-")
     try:
         compiled = compile_model(model, name, Path(tmp.name), inputs=inputs, target=target,
-                                 cpu=cpu if tgt.is_host() else None, quantize=quantize)
+                                 cpu=cpu if tgt.is_host() else None, quantize=quantize,
+                                 calibration=calibration, calibration_method=calibration_method,
+                                 keep_float=keep_float)
     except BaseException:
         tmp.cleanup()
         raise

@@ -461,6 +461,24 @@ HIDDEN int32_t cuvil_cpuid_bit(int32_t leaf, int32_t subleaf, int32_t reg, int32
     __cpuid_count(leaf, subleaf, r[0], r[1], r[2], r[3]);
     return (int32_t)((r[reg & 3] >> (bit & 31)) & 1u);
 }
+#elif defined(__aarch64__)
+/* AArch64 has no CPUID: (word, -, -, bit) names a bit of Linux's HWCAP words (1: AT_HWCAP = 16,
+ * 2: AT_HWCAP2 = 26, the kernel's uapi auxvec.h). Windows is asked about the dot product
+ * (HWCAP bit 20) only; other systems answer no, and the kernels take their plain path. */
+#if defined(__linux__)
+#include <sys/auxv.h>
+#endif
+HIDDEN int32_t cuvil_cpuid_bit(int32_t word, int32_t unused_a, int32_t unused_b, int32_t bit) {
+    (void)unused_a, (void)unused_b;
+#if defined(__linux__)
+    return (int32_t)((getauxval(word == 2 ? 26 : 16) >> (bit & 63)) & 1ul);
+#elif defined(_WIN32)
+    return word == 1 && bit == 20 && IsProcessorFeaturePresent(43); /* PF_ARM_V82_DP_... */
+#else
+    (void)word, (void)bit;
+    return 0;
+#endif
+}
 #endif
 
 #ifdef CUVIL_MODEL

@@ -9,12 +9,14 @@ and links for it; `cuvil.toolchains.cmake` lets CMake builds use the same compil
 from __future__ import annotations
 
 from cuvil.toolchains._targets import (
+    AARCH64_CPU_FLAGS,
     ENV_VAR,
     X86_CPU_FLAGS,
     Arch,
     Target,
     Variant,
     bundled_toolchain_dir,
+    cpu_flag_table,
     get_target,
     host_cpu,
     host_target_name,
@@ -26,12 +28,14 @@ from cuvil.toolchains._targets import (
 )
 
 __all__ = [
+    "AARCH64_CPU_FLAGS",
     "ENV_VAR",
     "X86_CPU_FLAGS",
     "Arch",
     "Target",
     "Variant",
     "bundled_toolchain_dir",
+    "cpu_flag_table",
     "get_target",
     "host_cpu",
     "host_target_name",

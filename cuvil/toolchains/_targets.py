@@ -7,6 +7,7 @@ import os
 import platform
 import re
 import sys
+import sysconfig
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache, lru_cache
@@ -21,11 +22,13 @@ else:  # pragma: no cover - exercised on 3.9/3.10 only
     import tomli as tomllib
 
 __all__ = [
+    "AARCH64_CPU_FLAGS",
     "ENV_VAR",
     "X86_CPU_FLAGS",
     "Arch",
     "Target",
     "bundled_toolchain_dir",
+    "cpu_flag_table",
     "get_target",
     "host_cpu",
     "host_target_name",
@@ -75,7 +78,7 @@ class Variant:
 
     cpu: str
     features: str  # what the cpu implies, spelled out: kernels size their tiles from it
-    requires: tuple[str, ...]  # X86_CPU_FLAGS names, e.g. ("avx2", "fma")
+    requires: tuple[str, ...]  # names in the arch's flag table, e.g. ("avx2", "fma")
 
 
 #: x86 CPU flags a variant can require, as the dispatcher tests them: CPUID leaf, subleaf,
@@ -115,6 +118,35 @@ X86_CPU_FLAGS: dict[str, tuple[int, int, int, int, int]] = {
     "avx512fp16": (7, 0, 3, 23, 0xE6),
     "avxvnni": (7, 1, 0, 4, 0x6),
     "avx512bf16": (7, 1, 0, 5, 0xE6),
+}
+
+
+#: AArch64 CPU flags (LLVM feature names) as the CPU check reads them: (the clang macro that
+#: says code may use the flag, Linux's getauxval word (1: AT_HWCAP, 2: AT_HWCAP2) and bit
+#: (the kernel's uapi asm/hwcap.h), macOS's sysctl name ("" when every Apple silicon Mac has
+#: the flag: the M1 does), Windows's IsProcessorFeaturePresent constant (0: it cannot be
+#: asked, and the flag counts as missing)).
+AARCH64_CPU_FLAGS: dict[str, tuple[str, int, int, str, int]] = {
+    "crc": ("__ARM_FEATURE_CRC32", 1, 7, "", 31),
+    "aes": ("__ARM_FEATURE_AES", 1, 3, "", 30),
+    "sha2": ("__ARM_FEATURE_SHA2", 1, 6, "", 30),
+    "lse": ("__ARM_FEATURE_ATOMICS", 1, 8, "", 34),
+    "fullfp16": ("__ARM_FEATURE_FP16_VECTOR_ARITHMETIC", 1, 10, "", 0),
+    "rdm": ("__ARM_FEATURE_QRDMX", 1, 12, "", 0),
+    "jsconv": ("__ARM_FEATURE_JCVT", 1, 13, "", 44),
+    "complxnum": ("__ARM_FEATURE_COMPLEX", 1, 14, "", 0),
+    "rcpc": ("__ARM_FEATURE_RCPC", 1, 15, "", 45),
+    "sha3": ("__ARM_FEATURE_SHA3", 1, 17, "", 0),
+    "dotprod": ("__ARM_FEATURE_DOTPROD", 1, 20, "", 43),
+    "sve": ("__ARM_FEATURE_SVE", 1, 22, "hw.optional.arm.FEAT_SVE", 0),
+    "fp16fml": ("__ARM_FEATURE_FP16_FML", 1, 23, "", 0),
+    "pauth": ("__ARM_FEATURE_PAUTH", 1, 30, "", 0),
+    "sve2": ("__ARM_FEATURE_SVE2", 2, 1, "hw.optional.arm.FEAT_SVE2", 0),
+    "fptoint": ("__ARM_FEATURE_FRINT", 2, 8, "hw.optional.arm.FEAT_FRINTTS", 0),
+    "i8mm": ("__ARM_FEATURE_MATMUL_INT8", 2, 13, "hw.optional.arm.FEAT_I8MM", 0),
+    "bf16": ("__ARM_FEATURE_BF16_VECTOR_ARITHMETIC", 2, 14, "hw.optional.arm.FEAT_BF16", 0),
+    "rand": ("__ARM_FEATURE_RNG", 2, 16, "hw.optional.arm.FEAT_RNG", 0),
+    "bti": ("__ARM_FEATURE_BTI", 2, 17, "hw.optional.arm.FEAT_BTI", 0),
 }
 
 
@@ -209,7 +241,12 @@ def _triple_os(triple: str) -> str:
 def _host_os_arch() -> tuple[str, str] | None:
     system = platform.system()
     host_os = {"Linux": "linux", "Darwin": "macos", "Windows": "windows"}.get(system)
-    host_arch = _MACHINES.get(platform.machine().lower())
+    machine = platform.machine()
+    if host_os == "windows":
+        # the interpreter's arch, which the library must match: an x64 Python on Windows on
+        # Arm runs emulated, and the machine may report either arch depending on the process
+        machine = sysconfig.get_platform().rsplit("-", 1)[-1]  # win-amd64, win-arm64
+    host_arch = _MACHINES.get(machine.lower())
     if host_os is None or host_arch is None:
         return None
     return host_os, host_arch
@@ -454,15 +491,26 @@ def _parse_arch(raw: dict[str, Any], path: Path, fmt: str, where: str) -> Arch:
     variants = raw.get("variant", [])
     if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
         raise _fail(path, f"{where}variant", "must be an array of tables ([[arch.variant]])")
-    if variants and not triple.startswith(("x86_64", "i686", "i386")):  # Arch.is_x86
-        raise _fail(path, f"{where}variant", "CPU variants are chosen with x86 CPUID; this arch "
-                    f"({triple}) cannot have any: remove its [[arch.variant]] tables")
+    table = cpu_flag_table(triple)
+    if variants and not table:
+        raise _fail(path, f"{where}variant", "cuvil cannot test the CPU flags of this arch "
+                    f"({triple}) at run time, so it cannot have CPU variants: remove its "
+                    "[[arch.variant]] tables")
     return Arch(name=name, llvm_triple=triple, zig_target=zig_target, cpu=cpu, features=features,
-                variants=tuple(_parse_variant(v, path, f"{where}variant[{i}].")
+                variants=tuple(_parse_variant(v, path, f"{where}variant[{i}].", table)
                                for i, v in enumerate(variants)))
 
 
-def _parse_variant(raw: dict[str, Any], path: Path, where: str) -> Variant:
+def cpu_flag_table(triple: str) -> dict[str, Any]:
+    """X86_CPU_FLAGS or AARCH64_CPU_FLAGS, by the arch of an LLVM triple; {} for others."""
+    if triple.startswith(("x86_64", "i686", "i386")):
+        return X86_CPU_FLAGS
+    if triple.startswith(("aarch64", "arm64")):
+        return AARCH64_CPU_FLAGS
+    return {}
+
+
+def _parse_variant(raw: dict[str, Any], path: Path, where: str, table: dict[str, Any]) -> Variant:
     _check_keys(raw, _VARIANT_KEYS, path, where)
     cpu = _str(raw, "cpu", path, where)
     features = _str(raw, "features", path, where)
@@ -470,11 +518,11 @@ def _parse_variant(raw: dict[str, Any], path: Path, where: str) -> Variant:
     if not isinstance(requires, list) or not requires or not all(isinstance(r, str) for r in requires):
         raise _fail(path, f"{where}requires",
                     "must be a non-empty list of CPU feature names such as [\"avx2\", \"fma\"]")
-    unknown = [r for r in requires if r not in X86_CPU_FLAGS]
+    unknown = [r for r in requires if r not in table]
     if unknown:
         raise _fail(path, f"{where}requires",
                     f"unknown CPU flag(s) {unknown}; the run-time dispatcher tests "
-                    f"{', '.join(sorted(X86_CPU_FLAGS))}")
+                    f"{', '.join(sorted(table))}")
     return Variant(cpu=cpu, features=features, requires=tuple(requires))
 
 

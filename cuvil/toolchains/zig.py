@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from cuvil.errors import ToolchainError
-from cuvil.toolchains._targets import X86_CPU_FLAGS, Arch, Target, _host_os_arch
+from cuvil.toolchains._targets import AARCH64_CPU_FLAGS, Arch, Target, _host_os_arch, cpu_flag_table
 
 __all__ = [
     "FatSlice",
@@ -187,33 +187,35 @@ def zig_mcpu(arch: Arch) -> str | None:
     return "".join(parts)
 
 
-def _flag_macro(flag: str) -> str:
-    """The macro clang predefines when code may use the X86_CPU_FLAGS name `flag`."""
+def _flag_macro(arch: Arch, flag: str) -> str:
+    """The macro clang predefines when code for `arch` may use the CPU flag `flag`."""
+    if not arch.is_x86:
+        return AARCH64_CPU_FLAGS[flag][0]
     special = {"cx16": "__GCC_HAVE_SYNC_COMPARE_AND_SWAP_16", "sahf": "__LAHF_SAHF__"}
     return special.get(flag, "__" + flag.upper().replace(".", "_") + "__")
 
 
 @cache
 def cpu_flags(arch: Arch) -> tuple[str, ...]:
-    """The X86_CPU_FLAGS that code for `arch`'s cpu and features may use (in the table's
-    order): what zig's clang predefines for that -mcpu, its own reading of LLVM's cpu model.
-    Empty for other architectures, whose baselines the toolchain files keep to what every
-    CPU of the architecture has."""
-    if not arch.is_x86:
+    """The CPU flags (X86_CPU_FLAGS or AARCH64_CPU_FLAGS names, in the table's order) that
+    code for `arch`'s cpu and features may use: what zig's clang predefines for that -mcpu,
+    its own reading of LLVM's cpu model. Empty for other architectures."""
+    table = cpu_flag_table(arch.llvm_triple)
+    if not table:
         return ()
     mcpu = zig_mcpu(arch)
     if mcpu is None:
         raise ToolchainError(
             f"zig does not know the cpu {arch.cpu!r} (features {arch.features!r}), so cuvil "
             "cannot tell which CPU flags the library needs; name an LLVM cpu zig knows, such "
-            "as 'x86-64-v2' or 'haswell'")
+            "as 'x86-64-v2', 'haswell', 'generic' or 'cortex-a76'")
     with tempfile.TemporaryDirectory(prefix="cuvil-cpu-") as tmpdir:
         empty = Path(tmpdir) / "empty.c"
         empty.write_text("")
         text = _run(["cc", "-target", arch.zig_target, f"-mcpu={mcpu}", "-dM", "-E", str(empty)],
                     f"reading the CPU features of {mcpu}").stdout
     defined = {line.split()[1] for line in text.splitlines() if line.startswith("#define ")}
-    return tuple(flag for flag in X86_CPU_FLAGS if _flag_macro(flag) in defined)
+    return tuple(flag for flag in table if _flag_macro(arch, flag) in defined)
 
 
 # ------------------------------------------------------------------------------ compile

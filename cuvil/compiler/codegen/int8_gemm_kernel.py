@@ -47,7 +47,10 @@ once (the runtime's cuvil_cpuid_bit, its answer cached in an internal global lik
 dispatcher's level), see `_cpuid_gate`. The VNNI
 kernel itself is compiled with the extra feature as a function attribute. A module whose
 features name the flag ("+avx512vnni", e.g. cpu="native" here) calls it directly; one that
-excludes it ("-avx512vnni") never does.
+excludes it ("-avx512vnni") never does. AArch64 does the same for SDOT: a baseline without
+dotprod (aarch64-linux's Armv8.0-A) holds the sdot and the generic kernel and asks the OS
+once (HWCAP_ASIMDDP from getauxval on Linux); "+dotprod" (apple-m1, a pinned cortex-a76)
+calls SDOT directly, "-dotprod" never.
 
 The epilogue (`QEpilogue`) turns a finished tile into the output while it is in registers:
 int32 as is, float32 = (acc) * a_scale * scale[n] + bias[n], or uint8/int8 =
@@ -183,6 +186,8 @@ _PAIRS = ("madd512", "madd256", "madd128")
 #: AVX state the dispatcher already checked to run the copy.
 _VNNI512_BIT = (7, 0, 2, 11)
 _AVXVNNI_BIT = (7, 1, 0, 4)
+#: AArch64: HWCAP_ASIMDDP, bit 20 of AT_HWCAP (the runtime reads it with getauxval)
+_DOTPROD_BIT = (1, 0, 0, 20)
 
 
 def isa_named(kind: str, **extra: object) -> Int8Isa:
@@ -194,7 +199,11 @@ def int8_isa_of(module: ir.Module) -> Int8Isa:
     """The kernel for the module's target and features (see the module docstring)."""
     features = set(getattr(module, "cuvil_features", "").split(","))
     if module.triple.startswith(("aarch64", "arm64")):
-        return isa_named("sdot" if "+dotprod" in features else "generic")
+        if "+dotprod" in features:
+            return isa_named("sdot")
+        if "-dotprod" in features:
+            return isa_named("generic")
+        return isa_named("sdot", gate=_DOTPROD_BIT, fallback="generic", features="+dotprod")
     if not module.triple.startswith(("x86_64", "i686", "i386")):
         return isa_named("generic")
     if "+avx512bw" in features:
@@ -336,6 +345,7 @@ class _Writer:
         self.a_xor = flip
         self.ua_xor = 0x80 if a_signed else 0
         self.ca = -128 if a_signed else 0
+        self._buffer: ir.Value | None = None
         self.out_type = {"int32": I32, "float32": F32, "uint8": I8, "int8": I8}[epilogue.output]
 
     # -- helpers -------------------------------------------------------------------------
@@ -369,6 +379,18 @@ class _Writer:
             b.store(x, p, align=1)
         else:
             b.call(_masked(self.module, "store", x.type), [x, p, _ALIGN1, mask])
+
+    def tile_buffer(self, count: int) -> ir.Value:
+        """A stack buffer of `count` outputs (the largest tile's), made once per function."""
+        if self._buffer is None:
+            b = self.k.b
+            with b.goto_entry_block():
+                size = self.isa.mr * self.isa.nr
+                self._buffer = b.alloca(ir.ArrayType(self.out_type, size))
+                self._buffer.align = 64
+                self._buffer.type = PTR  # an untyped pointer, like every other buffer here
+        assert count <= self.isa.mr * self.isa.nr
+        return self._buffer
 
     def byte_splat(self, value: int, count: int) -> ir.Constant:
         return ir.Constant(ir.VectorType(I8, count), [value] * count)
@@ -422,20 +444,12 @@ class _Writer:
 
     def columns(self, jb: ir.Value, jend: ir.Value, i0: ir.Value, height: int,
                 sums: list[ir.Value] | None) -> None:
-        """The column tiles of [jb, jend) for the rows at i0: whole NR tiles, then one of as
-        many vectors as the columns left need, its stores masked."""
+        """The column tiles of [jb, jend) for the rows at i0, the last one's stores masked to
+        the columns left (B is padded to whole panels: its loads need no mask). One tile body
+        per height, not one per width of the last tile: compile time."""
         k, isa = self.k, self.isa
-        b = k.b
-        span = b.sub(jend, jb)
-        full = b.add(jb, b.mul(b.udiv(span, k.i64(isa.nr)), k.i64(isa.nr)))
-        with k.loop(full, start=jb, step=isa.nr, name="j") as j:
-            self.tile(i0, j, height, isa.nv, None, sums)
-        rem = b.sub(jend, full)
-        for nv in range(1, isa.nv + 1):
-            lo, hi = (nv - 1) * self.w, nv * self.w
-            with k.if_then(b.and_(b.icmp_signed(">", rem, k.i64(lo)),
-                                  b.icmp_signed("<=", rem, k.i64(hi)))):
-                self.tile(i0, full, height, nv, rem, sums)
+        with k.loop(jend, start=jb, step=isa.nr, name="j") as j:
+            self.tile(i0, j, height, isa.nv, k.b.sub(jend, j), sums)
 
     def row_sums_of(self, i0: ir.Value, height: int) -> list[ir.Value]:
         """sum_k ua[i0 + r, k] (int32) for each row r of the tile, 16 bytes at a time."""
@@ -466,10 +480,10 @@ class _Writer:
         return [b.call(reduce, [b.load(acc)]) for acc in accs]
 
     # -- one tile ------------------------------------------------------------------------
-    def tile(self, i0: ir.Value, j0: ir.Value, rows: int, nv: int, left: ir.Value | None,
+    def tile(self, i0: ir.Value, j0: ir.Value, rows: int, nv: int, left: ir.Value,
              sums: list[ir.Value] | None) -> None:
-        """C[i0:i0+rows, j0:j0+nv*W]; `left`: the columns from j0 to the end of the block (the
-        stores masked to them), None for a whole tile."""
+        """C[i0:i0+rows, j0:j0+nv*W]; `left`: the columns from j0 to the end of the block
+        (fewer than a tile's: the stores are masked to them)."""
         k, isa = self.k, self.isa
         b = k.b
         kind = isa.kind
@@ -561,7 +575,7 @@ class _Writer:
         return total
 
     def finish(self, accs: list[ir.Value], per_vec: int, i0: ir.Value, j0: ir.Value, rows: int,
-               nv: int, left: ir.Value | None, sums: list[ir.Value] | None) -> None:
+               nv: int, left: ir.Value, sums: list[ir.Value] | None) -> None:
         """The zero-point corrections, then the epilogue, and the stores."""
         k, w = self.k, self.w
         b = k.b
@@ -576,8 +590,7 @@ class _Writer:
                 term = b.add(term, b.shl(colsum, splat(b, self.i32(7), w)))
             col_terms.append(term)
             betas.append(beta)
-            masks.append(None if left is None
-                         else self.lanes_below(b.sub(left, k.i64(v * w)), w))
+            masks.append(self.lanes_below(b.sub(left, k.i64(v * w)), w))
         scales = biases = None
         if ep.output != "int32":
             a_scale = splat(b, self.a_scale, w)
@@ -590,6 +603,7 @@ class _Writer:
             biases = [self.vload(b.gep(self.bias, [b.add(j0, k.i64(v * w))],
                                        source_etype=bt.element), bt, masks[v])
                       for v in range(nv)]
+        stores = []
         for r in range(rows):
             for v in range(nv):
                 at = (r * nv + v) * per_vec
@@ -601,7 +615,27 @@ class _Writer:
                 row = b.add(i0, k.i64(r))
                 ptr = b.gep(self.c, [b.add(b.mul(row, self.ldc), b.add(j0, k.i64(v * w)))],
                             source_etype=self.out_type)
-                self.vstore(out, ptr, masks[v])
+                stores.append((out, ptr, masks[v]))
+        # a whole tile stores whole vectors; the last of a block goes through a buffer on the
+        # stack, from which each row's columns are copied (masked stores would be scalarized
+        # into a branch per lane below AVX-512: code size, compile time)
+        nr = nv * w
+        with b.if_else(b.icmp_signed(">=", left, k.i64(nr))) as (whole, part):
+            with whole:
+                for out, ptr, _ in stores:
+                    self.vstore(out, ptr, None)
+            with part:
+                buffer = self.tile_buffer(rows * nr)
+                for index, (out, _, _) in enumerate(stores):
+                    self.vstore(out, b.gep(buffer, [k.i64(index * w)],
+                                           source_etype=self.out_type), None)
+                size = self.out_type.width // 8 if self.out_type != F32 else 4
+                for r in range(rows):
+                    row = b.add(i0, k.i64(r))
+                    k.memcpy(b.gep(self.c, [b.add(b.mul(row, self.ldc), j0)],
+                                   source_etype=self.out_type),
+                             b.gep(buffer, [k.i64(r * nr)], source_etype=self.out_type),
+                             b.mul(left, k.i64(size)))
 
     def convert(self, x: ir.Value, scale: ir.Value | None, bias: ir.Value | None) -> ir.Value:
         b, ep, w = self.k.b, self.epilogue, self.w
@@ -616,7 +650,8 @@ class _Writer:
             return b.fadd(y, bias) if ep.bias == "float32" else y
         lo, hi = (0, 255) if ep.output == "uint8" else (-128, 127)
         zero = b.sitofp(self.c_zero, F32)
-        y = self.k.intrinsic("llvm.roundeven", [y])
+        vf = ir.VectorType(F32, w)
+        y = b.call(_intrinsic(self.module, f"llvm.roundeven.{_suffix(vf)}", vf, [vf]), [y])
         low = splat(b, b.fsub(ir.Constant(F32, float(lo)), zero), w)
         high = splat(b, b.fsub(ir.Constant(F32, float(hi)), zero), w)
         y = b.select(b.fcmp_ordered("<", y, low), low, y)

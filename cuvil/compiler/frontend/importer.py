@@ -350,8 +350,13 @@ class _Importer:
             scope[name] = graph.constant(v.const, name)  # type: ignore[arg-type]
         else:  # a graph output must carry its ONNX name: an Identity (a view, free otherwise)
             tmp = scope.new_child({" source": v})
-            self.node(onnx.helper.make_node("Identity", [" source"], [name], name=node_label),
-                      0, tmp, graph)
+            opsets = self.opsets  # a graph of ai.onnx.ml ops only may import no default opset
+            self.opsets = {"": 1, **opsets}
+            try:
+                self.node(onnx.helper.make_node("Identity", [" source"], [name], name=node_label),
+                          0, tmp, graph)
+            finally:
+                self.opsets = opsets
             scope[name] = tmp[name]
 
     def _inline_if(self, pn: onnx.NodeProto, node_label: str, cond: bool, scope: Scope,

@@ -206,7 +206,8 @@ def check_and_upgrade(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
                 + (" (it also imports the default domain more than once: keep one import)"
                    if not domain and _default_imports(model) > 1 else "")
             )
-    if opset < MIN_OPSET:
+    # a graph of other domains only (an ai.onnx.ml model) has no default opset to upgrade
+    if opset < MIN_OPSET and _default_imports(model):
         model = _per_channel_prelu_slopes(model)
         try:
             model = onnx.version_converter.convert_version(model, UPGRADE_TO)

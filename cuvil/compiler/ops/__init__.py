@@ -349,6 +349,7 @@ def normalize_axis(node: Node, axis: int, rank: int) -> int:
 def _import_families() -> None:
     # Imported for their registrations; the order does not matter.
     from cuvil.compiler.ops import (  # noqa: F401
+        contrib,
         control,
         conv,
         deform_conv,

@@ -81,8 +81,9 @@ class Body:
         x = self.inputs[i]
         return x if v is not None and v.type.dtype == np.float32 else self.cast(x, np.float32)
 
-    def finish(self, *outputs: str, domains: dict[str, int] | None = None) -> onnx.FunctionProto:
-        imports = [helper.make_opsetid("", BODY_OPSET)]
+    def finish(self, *outputs: str, domains: dict[str, int] | None = None,
+               opset: int = BODY_OPSET) -> onnx.FunctionProto:
+        imports = [helper.make_opsetid("", opset)]
         imports += [helper.make_opsetid(d, v) for d, v in (domains or {}).items()]
         return helper.make_function(self.node.domain or "ai.onnx.ml", self.node.op_type,
                                     self.inputs, list(outputs), self.nodes, imports)

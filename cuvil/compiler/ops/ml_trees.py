@@ -39,6 +39,7 @@ from cuvil.errors import ModelError, UnsupportedOpError
 #: node comparisons, numbered as opset 5 numbers them
 MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ")
 _PREDICATES = ("<=", "<", ">=", ">", "==", "!=")
+_EQ, _MEMBER = MODES.index("BRANCH_EQ"), 6  # opset 5's mode numbers
 #: rows that descend a tree together
 _BLOCK = 32
 
@@ -133,23 +134,62 @@ def _forest_v5(node: Node) -> _Forest:
     n = len(features)
     splits = np.asarray(attr(node, "nodes_splits")).ravel()
     modes = [int(m) for m in np.asarray(attr(node, "nodes_modes")).ravel()]
-    if any(m == 6 for m in modes):
-        raise UnsupportedOpError(f"{where}: BRANCH_MEMBER nodes (set membership) are not compiled "
-                                 "by cuvil")
     trues, falses = ints(node, "nodes_truenodeids"), ints(node, "nodes_falsenodeids")
     true_leaf, false_leaf = ints(node, "nodes_trueleafs"), ints(node, "nodes_falseleafs")
     missing = ints(node, "nodes_missing_value_tracks_true") or [0] * n
     if any(len(a) != n for a in (splits, modes, trues, falses, true_leaf, false_leaf, missing)):
         raise ModelError(f"{where}: the nodes_* attributes must all have one entry per node")
+    if any(not 0 <= m <= _MEMBER for m in modes):
+        raise ModelError(f"{where}: nodes_modes must be 0..{_MEMBER} (BRANCH_LEQ..BRANCH_MEMBER)")
     targets_of, weights = ints(node, "leaf_targetids"), np.asarray(attr(node, "leaf_weights")).ravel()
     targets = int(attr(node, "n_targets", 1) or 1)
     if len(targets_of) != len(weights):
         raise ModelError(f"{where}: leaf_targetids and leaf_weights differ in length")
-    return _pack(features, splits, modes, missing,
-                 [~c if leaf else c for c, leaf in zip(trues, true_leaf)],
-                 [~c if leaf else c for c, leaf in zip(falses, false_leaf)],
-                 ints(node, "tree_roots"),
-                 [[(t, float(w))] for t, w in zip(targets_of, weights)], targets, splits.dtype)
+    true = [~c if leaf else c for c, leaf in zip(trues, true_leaf)]
+    false = [~c if leaf else c for c, leaf in zip(falses, false_leaf)]
+    split_list = list(splits)
+    _membership_chains(node, features, split_list, modes, missing, true, false)
+    return _pack(features, split_list, modes, missing, true, false, ints(node, "tree_roots"),
+                 [[(t, float(w))] for t, w in zip(targets_of, weights)], targets,
+                 np.asarray(attr(node, "nodes_splits")).dtype)
+
+
+def _membership_chains(node: Node, feature: list[int], split: list[Any], mode: list[int],
+                       missing: list[int], true: list[int], false: list[int]) -> None:
+    """Rewrite each BRANCH_MEMBER node (x in a set) as a chain of BRANCH_EQ nodes, one per
+    member, appended to the lists: a member goes to the node's true child, the last miss to its
+    false child. The sets are `membership_values`, in node order, separated by NaN."""
+    members = [j for j, m in enumerate(mode) if m == _MEMBER]
+    if not members:
+        return
+    given = attr(node, "membership_values", None)
+    values = np.asarray([] if given is None else given, dtype=np.float64).ravel()
+    sets: list[list[float]] = []
+    current: list[float] = []
+    for v in values.tolist():
+        if np.isnan(v):
+            sets.append(current)
+            current = []
+        else:
+            current.append(v)
+    if current or len(sets) < len(members):
+        sets.append(current)
+    if len(sets) != len(members):
+        raise ModelError(f"{node.describe()}: membership_values holds {len(sets)} sets "
+                         f"(separated by NaN) for {len(members)} BRANCH_MEMBER nodes")
+    for j, members_of_j in zip(members, sets):
+        chain: list[float] = members_of_j or [float("nan")]  # an empty set: x == NaN never holds
+        mode[j], split[j] = _EQ, chain[0]
+        last = j
+        for member in chain[1:]:
+            feature.append(feature[j])
+            split.append(member)
+            mode.append(_EQ)
+            missing.append(missing[j])
+            true.append(true[j])
+            false.append(false[last])
+            false[last] = len(feature) - 1
+            last = len(feature) - 1
 
 
 def _pack(feature: list[int], split: Any, mode: list[int], missing: list[int], true: list[int],
