@@ -15,6 +15,7 @@ from onnx import helper, numpy_helper
 
 import cuvil
 from cuvil.compiler.frontend import import_model
+from cuvil.compiler.ops.quantize import INT8_PACKED
 from cuvil.compiler.passes import run_passes
 
 quantization = pytest.importorskip("onnxruntime.quantization")
@@ -180,13 +181,15 @@ def test_onnxruntime_quantized_models_match_onnxruntime(tmp_path, kind, how):
     import onnxruntime as ort
 
     model = _quantized(tmp_path, kind, how)
-    ops = {n.op_type for n in run_passes(import_model(model)).nodes}
-    if how == "dynamic":
-        assert ops & {"MatMulInteger", "ConvInteger"}, ops
-    else:
-        # every product runs on integers: the QDQ pass fused them all
+    nodes = run_passes(import_model(model)).nodes
+    ops = {n.op_type for n in nodes}
+    integer = {"MatMulInteger", "ConvInteger"} if how == "dynamic" else {"QLinearConv",
+                                                                         "QLinearMatMul"}
+    assert ops & integer, ops
+    if how != "dynamic":  # every product runs on integers: the QDQ pass fused them all
         assert not ops & {"Conv", "MatMul", "Gemm"}, ops
-        assert ops & {"QLinearConv", "QLinearMatMul"}, ops
+    # and on the int8 kernel, their weights packed for it
+    assert all(INT8_PACKED in n.attrs for n in nodes if n.op_type in integer), ops
     compiled = cuvil.compile(model)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(4)

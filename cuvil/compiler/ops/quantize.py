@@ -27,6 +27,7 @@ import sympy
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import Emitter, View
+from cuvil.compiler.codegen.int8_gemm_kernel import INT32, emit_parallel_int8_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import (
     UNCHECKED,
@@ -44,7 +45,8 @@ from cuvil.compiler.ops.elementwise import _round_half_even, emit_elementwise
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
 from cuvil.errors import ModelError, UnsupportedOpError
 
-__all__ = ["QLINEAR_BIAS_SLOT", "QUANT_DTYPES", "QuantLayout", "dequantize_array", "quant_layout"]
+__all__ = ["INT8_PACKED", "QLINEAR_BIAS_SLOT", "QUANT_DTYPES", "QuantLayout",
+           "dequantize_array", "quant_layout", "weight_slot"]
 
 #: element types of quantized tensors cuvil compiles
 QUANT_DTYPES = ("int8", "uint8", "int16", "uint16")
@@ -54,6 +56,25 @@ FLOAT_SCALES = ("float32", "float16", "float64")
 #: input slot of QLinearMatMul's int32 bias (one per output column) that passes/fuse_qdq.py
 #: adds; QLinearConv has one of its own there already (B)
 QLINEAR_BIAS_SLOT = 8
+#: attribute passes/pack_int8_weights.py sets when the constant weight holds the int8 kernel's
+#: packed blob (codegen/int8_gemm_kernel.py `pack_b_int8`, one per group for convolutions):
+#: [the weight's dtype, row_sums (0/1), its ONNX shape...]; the node keeps its zero point
+#: input, which the blob has folded in
+INT8_PACKED = "cuvil.int8_packed"
+
+
+def weight_slot(node: Node) -> int:
+    """The input slot of an integer product's constant operand (B, or the conv weight)."""
+    return 3 if node.op_type.startswith("QLinear") else 1
+
+
+def _weight(node: Node) -> Value:
+    """The weight operand as the ONNX model has it, also once its constant is packed."""
+    w = required_input(node, weight_slot(node))
+    packed = node.attrs.get(INT8_PACKED)
+    if not packed:
+        return w
+    return Value(w.name, TensorType(np.dtype(packed[0]), tuple(int(d) for d in packed[2:])))
 
 
 def _dtype_of(node: Node, name: str) -> np.dtype | None:
@@ -468,7 +489,7 @@ class MatMulInteger(Op):
     dtypes = PRODUCT_DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        a, b = required_input(node, 0), required_input(node, 1)
+        a, b = required_input(node, 0), _weight(node)
         _check_operand(node, a, "A")
         _check_operand(node, b, "B")
         out = _matmul_shape(node, ctx, a, b)
@@ -477,6 +498,9 @@ class MatMulInteger(Op):
         return [TensorType(np.dtype("int32"), out)]
 
     def lower(self, node: Node, k: Emitter) -> None:
+        if INT8_PACKED in node.attrs:
+            _lower_packed_matmul(node, k)
+            return
         _lower_matmul(node, k, required_input(node, 0), required_input(node, 1), node.input(2),
                       node.input(3), None)
 
@@ -488,7 +512,7 @@ class QLinearMatMul(Op):
     dtypes = PRODUCT_DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        a, b = required_input(node, 0), required_input(node, 3)
+        a, b = required_input(node, 0), _weight(node)
         _check_operand(node, a, "a")
         _check_operand(node, b, "b")
         out = _matmul_shape(node, ctx, a, b)
@@ -507,9 +531,17 @@ class QLinearMatMul(Op):
         return [TensorType(_output_dtype(node, a), out)]
 
     def scratch_bytes(self, node: Node) -> Dim:
+        if INT8_PACKED in node.attrs:
+            return _packed_matmul_bytes(node)
         return 4 * node.outputs[0].type.shape[-1]
 
+    def path(self, node: Node) -> str:
+        return "int8 kernel" if INT8_PACKED in node.attrs else ""
+
     def lower(self, node: Node, k: Emitter) -> None:
+        if INT8_PACKED in node.attrs:
+            _lower_packed_matmul(node, k)
+            return
         _lower_matmul(node, k, required_input(node, 0), required_input(node, 3), node.input(2),
                       node.input(5), _requantize(node, 1, 4), node.input(QLINEAR_BIAS_SLOT))
 
@@ -597,13 +629,22 @@ class ConvInteger(Op):
     dtypes = PRODUCT_DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x, w = required_input(node, 0), required_input(node, 1)
+        x, w = required_input(node, 0), _weight(node)
         out = _conv_infer(node, ctx, x, w)
         _check_param(node, node.input(2), 1, "x_zero_point", (x.type.dtype.name,))
         _check_param(node, node.input(3), out[1], "w_zero_point", (w.type.dtype.name,))
         return [TensorType(np.dtype("int32"), out)]
 
+    def scratch_bytes(self, node: Node) -> Dim:
+        return _packed_conv_bytes(node) if INT8_PACKED in node.attrs else 0
+
+    def path(self, node: Node) -> str:
+        return "int8 kernel" if INT8_PACKED in node.attrs else ""
+
     def lower(self, node: Node, k: Emitter) -> None:
+        if INT8_PACKED in node.attrs:
+            _lower_packed_conv(node, k)
+            return
         _lower_conv(node, k, required_input(node, 0), required_input(node, 1), node.input(2),
                     node.input(3), None, None)
 
@@ -615,7 +656,7 @@ class QLinearConv(Op):
     dtypes = PRODUCT_DTYPES
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        x, w = required_input(node, 0), required_input(node, 3)
+        x, w = required_input(node, 0), _weight(node)
         out = _conv_infer(node, ctx, x, w)
         m = out[1]
         scales = ("float32",)
@@ -629,8 +670,117 @@ class QLinearConv(Op):
         return [TensorType(_output_dtype(node, x), out)]
 
     def scratch_bytes(self, node: Node) -> Dim:
+        if INT8_PACKED in node.attrs:
+            return _packed_conv_bytes(node)
         return 4 * numel(node.outputs[0].type.shape[2:])
 
+    def path(self, node: Node) -> str:
+        return "int8 kernel" if INT8_PACKED in node.attrs else ""
+
     def lower(self, node: Node, k: Emitter) -> None:
+        if INT8_PACKED in node.attrs:
+            _lower_packed_conv(node, k)
+            return
         _lower_conv(node, k, required_input(node, 0), required_input(node, 3), node.input(2),
                     node.input(5), _requantize(node, 1, 4), node.input(8))
+
+
+# -- on the int8 GEMM kernel (weights packed by passes/pack_int8_weights.py) -----------------
+
+
+def _kernel_gemm(node: Node, k: Emitter, m: Dim, n: int, kk: int, a: ir.Value,
+                 c: ir.Value) -> None:
+    """c[m, n] (int32) = the product of a[m, kk] (rows of bytes) and the node's packed weight."""
+    i32 = np.dtype("int32")
+    x = required_input(node, 0)
+    a_zero = _param(k, node.input(2), k.i64(0), i32) or k.const(i32, 0)
+    emit_parallel_int8_gemm(k, k.dim(m), k.i64(n), k.i64(kk), a, k.i64(kk), a_zero,
+                            k.buffers[required_input(node, weight_slot(node))], c, k.i64(n),
+                            a_signed=x.type.dtype.name == "int8",
+                            row_sums=bool(node.attrs[INT8_PACKED][1]), epilogue=INT32)
+
+
+def _packed_matmul_bytes(node: Node) -> Dim:
+    """QLinearMatMul's int32 sums before they are requantized."""
+    return 4 * node.outputs[0].type.numel if node.op_type == "QLinearMatMul" else 0
+
+
+def _lower_packed_matmul(node: Node, k: Emitter) -> None:
+    """[..., M, K] x [K, N]: one product of all rows of A, into y (MatMulInteger) or into
+    scratch, requantized into y."""
+    a, y = required_input(node, 0), node.outputs[0]
+    kk, n = (int(d) for d in node.attrs[INT8_PACKED][-2:])
+    rows = numel(a.type.shape[:-1])
+    if node.op_type == "MatMulInteger":
+        _kernel_gemm(node, k, rows, n, kk, k.buffers[a], k.buffers[y])
+        return
+    assert k.scratch is not None
+    _kernel_gemm(node, k, rows, n, kk, k.buffers[a], k.scratch)
+    requant = _requantize(node, 1, 4)
+    bias = node.input(QLINEAR_BIAS_SLOT)
+    i32 = np.dtype("int32")
+    acc = k.contiguous(k.scratch, i32, (rows, n))
+    out = k.contiguous(k.buffers[y], y.type.dtype, (rows, n))
+    with k.loops(acc.dims, name="rq") as (i, j):
+        v = k.load(acc, [i, j])
+        if bias is not None:
+            v = k.b.add(v, _param(k, bias, j, i32))
+        k.store(out, [i, j], requant.store(k, v, j, y.type.dtype))
+
+
+def _packed_conv_bytes(node: Node) -> Dim:
+    """Scratch of one image: the int32 sums [P, M], then the columns [P, K] (bytes)."""
+    y = node.outputs[0]
+    shape = node.attrs[INT8_PACKED][2:]
+    taps = int(np.prod(shape[1:]))
+    positions = numel(y.type.shape[2:])
+    return positions * int(shape[0]) * 4 + positions * taps
+
+
+def _lower_packed_conv(node: Node, k: Emitter) -> None:
+    """Per image: im2col into columns [P, K] (padding reads as x's zero point, which adds
+    0), their product with the packed weights [K, M] into sums [P, M], transposed into y[n]
+    (requantized for QLinearConv)."""
+    x_val, y_val = required_input(node, 0), node.outputs[0]
+    w = _weight(node)
+    win = _conv_geometry(node, UNCHECKED, x_val, w)
+    m, c_in = int(w.type.shape[0]), int(w.type.shape[1])
+    taps = int(np.prod(win.kernel))
+    kk = c_in * taps
+    x, y = k.view(x_val), k.view(y_val)
+    spatial = tuple(y_val.type.shape[2:])
+    positions = numel(spatial)
+    i32 = np.dtype("int32")
+    b = k.b
+    assert k.scratch is not None
+    sums = k.contiguous(k.scratch, i32, (positions, m))
+    cols_ptr = b.gep(k.scratch, [b.mul(k.dim(positions), k.i64(m * 4))],
+                     source_etype=ir.IntType(8))
+    cols = k.contiguous(cols_ptr, x_val.type.dtype, (positions, kk))
+    out_pos = k.contiguous(cols_ptr, x_val.type.dtype, spatial)  # its strides flatten o
+    x_zero = _param(k, node.input(2), k.i64(0), x_val.type.dtype) or k.const(x_val.type.dtype, 0)
+    requant = _requantize(node, 1, 4) if node.op_type == "QLinearConv" else None
+    bias = node.input(8) if requant is not None else None
+    with k.loop(y.dims[0], name="n") as n:
+        with k.loops(cols.dims, name="fill") as idx:
+            k.store(cols, idx, x_zero)
+        with k.loop(c_in, name="c") as c, k.loops(win.kernel, name="kpos") as kpos:
+            col = b.mul(c, k.i64(taps))
+            stride = 1
+            for axis in reversed(range(len(win.kernel))):
+                col = b.add(col, b.mul(kpos[axis], k.i64(stride)))
+                stride *= win.kernel[axis]
+
+            def tap(o: list[ir.Value], i: list[ir.Value], col: ir.Value = col,
+                    c: ir.Value = c) -> None:
+                k.store(cols, [k.offset(out_pos, o), col], k.load(x, [n, c, *i]))
+
+            _walk_taps(k, win, kpos, y.dims[2:], x.dims[2:], tap)
+        _kernel_gemm(node, k, positions, m, kk, cols_ptr, sums.ptr)
+        with k.loop(m, name="oc") as oc, k.loops(y.dims[2:], name="t") as o:
+            v = k.load(sums, [k.offset(out_pos, o), oc])
+            if requant is not None:
+                if bias is not None:
+                    v = b.add(v, _param(k, bias, oc, i32))
+                v = requant.store(k, v, oc, y.dtype)
+            k.store(y, [n, oc, *o], v)

@@ -17,13 +17,14 @@ from cuvil.compiler.passes.fully_connected_convs import fully_connected_convs
 from cuvil.compiler.passes.fuse_epilogue import fuse_epilogue
 from cuvil.compiler.passes.fuse_qdq import fuse_qdq
 from cuvil.compiler.passes.pack_gemm_weights import pack_gemm_weights
+from cuvil.compiler.passes.pack_int8_weights import pack_int8_weights
 from cuvil.compiler.passes.rewrite_bodies import rewrite_bodies
 from cuvil.compiler.passes.winograd_weights import winograd_weights
 
 #: the pipeline, in order (constant folding runs inside the frontend, which needs constants
 #: to type shape inputs)
-PIPELINE = (fuse_qdq, eliminate_dead_code, fold_batchnorm, pack_gemm_weights, fuse_epilogue,
-            fully_connected_convs, winograd_weights)
+PIPELINE = (fuse_qdq, pack_int8_weights, eliminate_dead_code, fold_batchnorm, pack_gemm_weights,
+            fuse_epilogue, fully_connected_convs, winograd_weights)
 
 #: passes of the pipeline that If/Loop/Scan bodies skip, and why; every other pass runs on
 #: each body too (`SUBGRAPH_PIPELINE`)
