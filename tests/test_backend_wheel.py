@@ -101,6 +101,8 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> types.SimpleName
             python_source=None,
             python_package=None,
             version=None,
+            custom_ops=(),
+            op_modules=(),
         )
 
     def build_package_files(
