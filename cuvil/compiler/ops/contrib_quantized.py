@@ -3,7 +3,7 @@ graph optimizer write them: DynamicQuantizeMatMul and MatMulIntegerToFloat (what
 fuses quantize_dynamic's DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul chains into),
 QGemm, QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax,
 QLinearConcat and QLinearGlobalAveragePool (quantize_static's QOperator format), and
-QAttention, with the semantics of onnxruntime's operator documentation (ContribOperators.md).
+QAttention and QEmbedLayerNormalization (quantize_dynamic of an optimized transformer), with the semantics of onnxruntime's operator documentation (ContribOperators.md).
 
 Each compiles as standard ops (`Op.expand`). The products stay on integers: MatMulInteger
 (which passes/pack_int8_weights.py puts on the int8 kernel when B is constant) followed by
@@ -21,7 +21,7 @@ import onnx
 from cuvil.compiler.ir import Node
 from cuvil.compiler.ops import attr, normalize_axis, register, required_input
 from cuvil.compiler.ops._ml_graph import Body
-from cuvil.compiler.ops.contrib import MS, OPSET, Contrib
+from cuvil.compiler.ops.contrib import LAYER_NORM_EPSILON, MS, OPSET, Contrib
 from cuvil.errors import ModelError
 
 QUANTIZED = ("uint8", "int8")
@@ -162,9 +162,36 @@ class QAttention(QuantizedContrib):
         attrs = {k: v for k, v in node.attrs.items()
                  if k in ("num_heads", "unidirectional", "mask_filter_value", "scale",
                           "past_present_share_buffer", "do_rotary")}
-        outputs = len(node.outputs)
-        out = b.op("Attention", *inputs, outputs=outputs, domain=MS, **attrs)
-        return _finish(b, *(out if outputs > 1 else [out]))
+        # output and present (Attention computes present when K and V stack)
+        return _finish(b, *b.op("Attention", *inputs, outputs=2, domain=MS, **attrs))
+
+
+@register
+class QEmbedLayerNormalization(Contrib):
+    """EmbedLayerNormalization of the dequantized tables, gamma and beta (constants in the
+    models quantize_dynamic writes, so they dequantize once, at compile time)."""
+
+    op_type = "QEmbedLayerNormalization"
+    dtypes = ("int32",)  # of the word ids
+
+    def expand(self, node: Node) -> onnx.FunctionProto:
+        self.check_dtypes(node)
+        b = Body(node)
+        # table slot -> (scale slot, zero point slot); the segment table is optional
+        tables = {2: (8, 13), 3: (9, 14), 4: (10, 15), 5: (11, 16), 6: (12, 17)}
+        inputs = [b.inputs[0], b.inputs[1] if _given(node, 1) else ""]
+        for slot, (scale, zero) in tables.items():
+            if slot != 4 or _given(node, 4):
+                required_input(node, scale)
+                inputs.append(_dequantize(b, slot, scale, zero))
+            else:
+                inputs.append("")
+        inputs.append(b.inputs[7] if _given(node, 7) else "")
+        while inputs[-1] == "":
+            inputs.pop()
+        attrs = {"epsilon": float(attr(node, "epsilon", LAYER_NORM_EPSILON))}
+        y, mask_index = b.op("EmbedLayerNormalization", *inputs, outputs=2, domain=MS, **attrs)
+        return _finish(b, y, mask_index)
 
 
 # -- elementwise -----------------------------------------------------------------------------
