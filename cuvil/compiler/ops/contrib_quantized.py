@@ -3,7 +3,8 @@ graph optimizer write them: DynamicQuantizeMatMul and MatMulIntegerToFloat (what
 fuses quantize_dynamic's DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul chains into),
 QGemm, QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax,
 QLinearConcat and QLinearGlobalAveragePool (quantize_static's QOperator format), and
-QAttention and QEmbedLayerNormalization (quantize_dynamic of an optimized transformer), with the semantics of onnxruntime's operator documentation (ContribOperators.md).
+QAttention and QEmbedLayerNormalization (quantize_dynamic of an optimized transformer), with
+the semantics of onnxruntime's operator documentation (ContribOperators.md).
 
 Each compiles as standard ops (`Op.expand`). The products stay on integers: MatMulInteger
 (which passes/pack_int8_weights.py puts on the int8 kernel when B is constant) followed by
@@ -22,7 +23,7 @@ from cuvil.compiler.ir import Node
 from cuvil.compiler.ops import attr, normalize_axis, register, required_input
 from cuvil.compiler.ops._ml_graph import Body
 from cuvil.compiler.ops.contrib import LAYER_NORM_EPSILON, MS, OPSET, Contrib
-from cuvil.errors import ModelError
+from cuvil.errors import ModelError, UnsupportedOpError
 
 QUANTIZED = ("uint8", "int8")
 
@@ -293,11 +294,13 @@ class QLinearConcat(Contrib):
     inputs concatenated along `axis`, quantized with Y's scale and zero point."""
 
     op_type = "QLinearConcat"
-    dtypes = ("float32",)
+    dtypes = QUANTIZED
 
     def expand(self, node: Node) -> onnx.FunctionProto:
-        self.check_dtypes(node)
-        required_input(node, 1)
+        zero = required_input(node, 1)
+        if zero.type.dtype.name not in QUANTIZED:
+            raise UnsupportedOpError(f"{node.describe()}: Y_zero_point is {zero.type.dtype}; cuvil "
+                                     f"compiles {node.op_type} for {', '.join(QUANTIZED)} only")
         if (len(node.inputs) - 2) % 3 or len(node.inputs) < 5:
             raise ModelError(f"{node.describe()}: inputs must be Y_scale, Y_zero_point, then "
                              f"(X, X_scale, X_zero_point) triples; it has {len(node.inputs)}")
