@@ -424,6 +424,7 @@ def _import_families() -> None:
     # Imported for their registrations; the order does not matter.
     from cuvil.compiler.ops import (  # noqa: F401
         contrib,
+        contrib_quantized,
         control,
         conv,
         deform_conv,
