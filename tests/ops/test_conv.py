@@ -200,7 +200,7 @@ def test_small_maps_run_transposed():
     model = make_model(nodes, {"x": ("float32", ["n", 20, 7, 7]),
                                "big": ("float32", ["n", 12, 13, 13]),
                                "small": ("float32", ["n", 24, 5, 5])},
-                       {o: "float32" for o in ("y1", "y2", "y3", "y4")}, consts)
+                       dict.fromkeys(("y1", "y2", "y3", "y4"), "float32"), consts)
     compiled = cuvil.compile(model)
     for n in (1, 3):
         feeds = {name: rng.standard_normal((n, c, s, s)).astype(np.float32)

@@ -77,7 +77,7 @@ def transposed_product(node: Node, win: Window) -> bool:
     group, a static map of few positions, which fill vectors poorly."""
     if int(node.attrs.get("group", 1)) != 1 or node.outputs[0].type.dtype != F32_DTYPE:
         return False
-    if not all(isinstance(d, int) for d in (*win.out, *node.inputs[0].type.shape[2:])):
+    if not all(isinstance(d, int) for d in (*win.out, *required_input(node, 0).type.shape[2:])):
         return False
     p = numel(win.out)
     assert isinstance(p, int)
