@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from batch_oracle import Case, backend_cases, check_backend_cases, check_cases
 from onnx import helper
-from oracle import make_model
+from oracle import assert_matches_ort, make_model
 
 import cuvil
 from cuvil.errors import ModelError, UnsupportedOpError
@@ -172,6 +172,42 @@ def test_gemm_path_unfolding_and_panels():
         case([300, 7, 7], (20, 300, 1, 1)),
     ]
     check_cases(cases, sizes=({"n": 1}, {"n": 2}), atol=1e-4)
+
+
+def test_small_maps_run_transposed():
+    """Convs whose maps have few positions (7x7, 5x5: vectors of positions would be mostly
+    masked) run the product transposed, channels along the vectors: 1x1 and 3x3 at 7x7, a
+    strided 3x3 down to 7x7, output channels that are not a multiple of the lanes, a fused
+    residual and Relu, a symbolic batch at two sizes."""
+    rng = np.random.default_rng(13)
+
+    def w(*shape):
+        return rng.standard_normal(shape).astype(np.float32) * 0.2
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "r1"], ["s2"]),
+        helper.make_node("Relu", ["s2"], ["y1"]),
+        helper.make_node("Conv", ["r1", "w3"], ["y2"], pads=[0, 1, 2, 1]),
+        helper.make_node("Conv", ["big", "w4", "b4"], ["y3"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["small", "w5", "b5"], ["y4"], pads=[1, 1, 1, 1]),
+    ]
+    consts = {"w1": w(36, 20, 1, 1), "b1": w(36), "w2": w(36, 36, 3, 3), "b2": w(36),
+              "w3": w(19, 36, 3, 3), "w4": w(48, 12, 3, 3), "b4": w(48),
+              "w5": w(32, 24, 3, 3), "b5": w(32)}
+    model = make_model(nodes, {"x": ("float32", ["n", 20, 7, 7]),
+                               "big": ("float32", ["n", 12, 13, 13]),
+                               "small": ("float32", ["n", 24, 5, 5])},
+                       dict.fromkeys(("y1", "y2", "y3", "y4"), "float32"), consts)
+    compiled = cuvil.compile(model)
+    for n in (1, 3):
+        feeds = {name: rng.standard_normal((n, c, s, s)).astype(np.float32)
+                 for name, c, s in (("x", 20, 7), ("big", 12, 13), ("small", 24, 5))}
+        assert_matches_ort(model, feeds, rtol=1e-4, atol=1e-4, compiled=compiled)
+    paths = [node.op for node in compiled.profile(feeds, runs=1).nodes]
+    assert sum("Conv(transposed)" in op for op in paths) == 5, paths
 
 
 def test_conv_symbolic_batch_and_spatial_dims():

@@ -84,6 +84,24 @@ def test_pool_random(op):
     check_cases([pool_case(rng, op, r) for r in (1, 2, 3) for _ in range(4)], opset=OPSET)
 
 
+def test_unit_stride_2d_pools_in_vectors():
+    """2-D float32 pools with unit strides compute rows of outputs in vectors (Inception's
+    3x3 pad-1 branches, 7x7 averages): rows wider than a vector and narrower, padded edges
+    counted or not, symbolic batch and spatial dims."""
+    cases = []
+    for op, kernel, pads, extra in (
+            ("AveragePool", [3, 3], [1, 1, 1, 1], {}),
+            ("AveragePool", [3, 3], [1, 2, 0, 1], {"count_include_pad": 1}),
+            ("AveragePool", [7, 7], [0, 0, 0, 0], {}),
+            ("MaxPool", [3, 3], [1, 1, 1, 1], {}),
+            ("MaxPool", [2, 5], [0, 2, 1, 2], {"ceil_mode": 1})):
+        for dims in (["n", 2, 9, 40], ["n", 3, "_s0", "_s1"]):
+            cases.append(Case(op, ["x"], {"kernel_shape": kernel, "pads": pads, **extra},
+                              feeds={"x": ("float32", dims)}))
+    sizes = ({"n": 1, "_s0": 7, "_s1": 7}, {"n": 2, "_s0": 14, "_s1": 35})
+    check_cases(cases, sizes=sizes, opset=OPSET)
+
+
 def test_max_pool_indices():
     rng = np.random.default_rng(4)
     cases = []

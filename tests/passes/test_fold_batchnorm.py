@@ -233,3 +233,69 @@ def test_a_chain_of_two_batchnorms_folds_twice():
     assert [n.op_type for n in graph.nodes] == ["Conv"]
     x = rng.standard_normal((1, 3, 4, 4)).astype(np.float32)
     assert_matches_ort(model, {"x": x}, rtol=1e-4, atol=1e-4)
+
+
+# -- per-channel Mul and Add -------------------------------------------------------------------
+
+
+def _scale_shift_model(x_shape, layer, weights, consts, ops, tail_relu=True):
+    """x -> layer -> t -> (Mul/Add by constants, in `ops` order) -> [Relu] -> y."""
+    nodes, prev = [layer], "t"
+    for i, (op, name) in enumerate(ops):
+        out = f"s{i}"
+        ins = [prev, name] if i % 2 == 0 else [name, prev]  # either operand order
+        nodes.append(helper.make_node(op, ins, [out]))
+        prev = out
+    nodes.append(helper.make_node("Relu" if tail_relu else "Identity", [prev], ["y"]))
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(x_shape))],
+        [helper.make_empty_tensor_value_info("y")],
+        [numpy_helper.from_array(a, n) for n, a in {**weights, **consts}.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return onnx.shape_inference.infer_shapes(model, strict_mode=True)
+
+
+@pytest.mark.parametrize(("scale_shape", "shift_shape"), [
+    ((8, 1, 1), (8, 1, 1)), ((1, 8, 1, 1), (8, 1, 1)), ((), (1,)),
+])
+def test_conv_absorbs_a_per_channel_mul_and_add(scale_shape, shift_shape):
+    rng = np.random.default_rng(11)
+    weights = {"w": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
+               "b": rng.standard_normal(8).astype(np.float32)}
+    consts = {"sc": rng.standard_normal(scale_shape).astype(np.float32),
+              "sh": rng.standard_normal(shift_shape).astype(np.float32)}
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["t"], pads=[1] * 4)
+    model = _scale_shift_model(["n", 3, 7, 7], conv, weights, consts, [("Mul", "sc"), ("Add", "sh")])
+    graph = folded(model)
+    assert [n.op_type for n in graph.nodes] == ["Conv", "Relu"]
+    for batch in (1, 2):
+        x = rng.standard_normal((batch, 3, 7, 7)).astype(np.float32)
+        assert_matches_ort(model, {"x": x}, rtol=1e-4, atol=1e-4)
+
+
+def test_gemm_absorbs_a_per_column_mul():
+    rng = np.random.default_rng(12)
+    weights = {"w": rng.standard_normal((5, 6)).astype(np.float32)}
+    consts = {"sc": rng.standard_normal(6).astype(np.float32),
+              "sh": rng.standard_normal((1, 6)).astype(np.float32)}
+    gemm = helper.make_node("Gemm", ["x", "w"], ["t"])
+    model = _scale_shift_model([3, 5], gemm, weights, consts, [("Mul", "sc"), ("Add", "sh")],
+                               tail_relu=False)
+    assert [n.op_type for n in folded(model).nodes] == ["Gemm", "Identity"]
+    assert_matches_ort(model, {"x": rng.standard_normal((3, 5)).astype(np.float32)},
+                       rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["per_position", "per_image", "widening"])
+def test_a_mul_that_is_not_per_channel_stays(case):
+    rng = np.random.default_rng(13)
+    shape = {"per_position": (1, 1, 5, 5), "per_image": (2, 1, 1, 1),
+             "widening": (3, 8, 1, 1)}[case]
+    weights = {"w": rng.standard_normal((8, 3, 1, 1)).astype(np.float32)}
+    consts = {"sc": rng.standard_normal(shape).astype(np.float32)}
+    x_shape = (2 if case == "per_image" else 1, 3, 5, 5)
+    conv = helper.make_node("Conv", ["x", "w"], ["t"])
+    model = _scale_shift_model(x_shape, conv, weights, consts, [("Mul", "sc")])
+    assert "Mul" in [n.op_type for n in folded(model).nodes]
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    assert_matches_ort(model, {"x": x}, rtol=1e-4, atol=1e-4)

@@ -484,6 +484,24 @@ def splat(b: ir.IRBuilder, x: ir.Value, width: int) -> ir.Value:
                             ir.Constant(ir.VectorType(I32, width), [0] * width))
 
 
+def transpose_lanes(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
+    """The columns of a square matrix held as vectors of its rows (as many rows as lanes, a
+    power of two): log2(lanes) rounds of interleaving the first half of the rows with the
+    second half."""
+    n = len(rows)
+    half = n // 2
+    lo = _i32_vector([x for j in range(half) for x in (j, n + j)])
+    hi = _i32_vector([x for j in range(half, n) for x in (j, n + j)])
+    for _ in range(n.bit_length() - 1):
+        rows = [b.shuffle_vector(rows[i], rows[i + half], idx)
+                for i in range(half) for idx in (lo, hi)]
+    return rows
+
+
+def _i32_vector(values: list[int]) -> ir.Constant:
+    return ir.Constant(ir.VectorType(I32, len(values)), values)
+
+
 def fmuladd_intrinsic(module: ir.Module, ty: ir.Type) -> ir.Function:
     """llvm.fmuladd for float32 or a vector of them (llvmlite's declare_intrinsic cannot name
     vector overloads)."""

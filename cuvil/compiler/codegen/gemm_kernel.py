@@ -81,14 +81,22 @@ PACK_COLS = 32
 @dataclass(frozen=True)
 class Layout:
     """How the kernel reads A and B: row-major with a row stride (the default), or packed at
-    compile time (`pack_a`, `pack_b`), when the stride arguments are ignored."""
+    compile time (`pack_a`, `pack_b`), when the stride arguments are ignored. `a_columns`: A
+    is stored column by column, A[i, k] at a[k * lda + i] (the transposed products of convs
+    over small maps, whose A is the input's [channels, pixels] read as [pixels, channels]):
+    a tile's MR values at one k are then consecutive floats, as in a packed A."""
 
     packed_a: bool = False
     packed_b: bool = False
+    a_columns: bool = False
+
+    def __post_init__(self) -> None:
+        assert not (self.packed_a and self.a_columns), "A is packed or stored by columns"
 
     @property
     def suffix(self) -> str:
-        return ("_pa" if self.packed_a else "") + ("_pb" if self.packed_b else "")
+        return (("_pa" if self.packed_a else "") + ("_ac" if self.a_columns else "")
+                + ("_pb" if self.packed_b else ""))
 
 
 ROW_MAJOR = Layout()
@@ -145,7 +153,8 @@ def gemm_function(module: ir.Module, epilogue: Epilogue = PLAIN,
     C[i, j] = act((accumulate ? C[i, j] : 0) + sum_k A[i, k] * B[k, j] (+ bias)
     (+ residual[i * ldc + j])). Strides are in elements; rows of B and C must be contiguous
     (unit column stride). A packed A (`layout`) is `pack_a` of the [M, K] matrix (lda = K);
-    a packed B, `pack_b` of the [K, N] one (ldb is not read).
+    an A by columns has A[i, k] at a[k * lda + i]; a packed B, `pack_b` of the [K, N] one
+    (ldb is not read).
     """
     name = f"cuvil.gemm.{epilogue.suffix}{layout.suffix}"
     try:
@@ -360,6 +369,9 @@ class _GemmWriter:
         (the last one shorter), each k-major: a tile's rows are consecutive floats."""
         k = self.k
         b = k.b
+        if self.layout.a_columns:
+            return b.gep(self.a, [b.add(b.mul(self.k0, self.lda), i0)], source_etype=F32), \
+                self.lda, 1
         if not self.layout.packed_a:
             return b.gep(self.a, [b.add(b.mul(i0, self.lda), self.k0)], source_etype=F32), \
                 k.i64(1), self.lda
@@ -593,7 +605,7 @@ def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir
         size = k.minimum("int64", bb.sub(extent_, start), block_)
         # rows block: A and C move down; columns block: B and C move right (and the bias
         # with them when it is per column)
-        a_off = bb.select(rows, bb.mul(start, lda_), k.i64(0))
+        a_off = bb.select(rows, start if layout.a_columns else bb.mul(start, lda_), k.i64(0))
         b_off = bb.select(rows, k.i64(0), bb.mul(start, kk_) if layout.packed_b else start)
         col_off = bb.select(rows, k.i64(0), start)
         c_off = bb.select(rows, bb.mul(start, ldc_), col_off)

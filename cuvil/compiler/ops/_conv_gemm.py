@@ -6,14 +6,34 @@ the input value each output position reads (zero in the padding). X' is written 
 node's scratch memory; a 1x1 convolution with unit strides and no padding reads X directly.
 The bias (and a fused residual and activation, see ops/gemm.py `node_epilogue`) are applied
 by the kernel while the tile is in registers.
+
+Small maps (`transposed_product`: 7x7 has P = 49 positions, which fill 4 vectors of 16
+lanes, 64 lanes for 49 values) run the product transposed, Y^T[P, M] = X'^T[P, K] @ W^T[K, M]:
+the output channels (a multiple of 16 in every common net) fill the kernel's vectors and the
+positions make its rows. X' is read in place by columns (`Layout.a_columns`), W^T is packed
+into panels at compile time (passes/pack_gemm_weights.py); Y^T goes to the scratch, then
+into Y through in-register transposes of lanes x lanes blocks, the residual added on the way.
+onnxruntime (MLAS's NCHWc kernels) and oneDNN do the same for small maps: vectors run along
+output channels, positions along the registers of a tile.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import PTR, Emitter, View
+from cuvil.compiler.codegen.activation import apply_activation
+from cuvil.compiler.codegen.emitter import (
+    I64,
+    PTR,
+    Emitter,
+    View,
+    masked_intrinsic,
+    splat,
+    transpose_lanes,
+)
 from cuvil.compiler.codegen.gemm_kernel import (
     Epilogue,
     Layout,
@@ -40,17 +60,51 @@ def is_pointwise(win: Window) -> bool:
             and all(p == 0 for p in (*win.pads_begin, *win.pads_end)))
 
 
+#: set by passes/pack_gemm_weights.py on the convs it packs W^T for (`transposed_product`)
+TRANSPOSED = "cuvil.transposed_product"
+#: maps of at most this many positions may run transposed (Y^T stays in the scratch)
+TRANSPOSE_MAX_POSITIONS = 256
+#: ... when their positions waste more than this share of 16-lane vectors (7x7: 64 lanes
+#: for 49 positions, 1.31; 14x14 wastes 1.06 and ran as fast untransposed)
+TRANSPOSE_WASTE = 1.15
+#: lanes of the widest vectors (AVX-512) the rule above counts with: a node's layout is
+#: fixed at compile time, for every CPU variant of a library
+WIDEST_LANES = 16
+
+
+def transposed_product(node: Node, win: Window) -> bool:
+    """Whether a float32 conv on the GEMM kernel runs transposed (see the module's doc): one
+    group, a static map of few positions, which fill vectors poorly."""
+    if int(node.attrs.get("group", 1)) != 1 or node.outputs[0].type.dtype != F32_DTYPE:
+        return False
+    if not all(isinstance(d, int) for d in (*win.out, *required_input(node, 0).type.shape[2:])):
+        return False
+    p = numel(win.out)
+    assert isinstance(p, int)
+    lanes = -(-p // WIDEST_LANES) * WIDEST_LANES
+    return 1 < p <= TRANSPOSE_MAX_POSITIONS and lanes > TRANSPOSE_WASTE * p
+
+
 def im2col_bytes(node: Node, win: Window) -> Dim:
     """Scratch for X' of one image: one group's slice, or every group's (their tasks run side
-    by side, `_grouped`); none for pointwise convolutions."""
-    if is_pointwise(win):
-        return 0
+    by side, `_grouped`); none for pointwise convolutions. A transposed product's Y^T of one
+    image follows X'."""
     w = required_input(node, 1)
-    cg = int(w.type.shape[1])
-    taps = 1
-    for k in win.kernel:
-        taps *= k
-    return numel([int(node.attrs.get("group", 1)), cg * taps, *win.out, 4])
+    cols: Dim = 0
+    if not is_pointwise(win):
+        cg = int(w.type.shape[1])
+        taps = 1
+        for k in win.kernel:
+            taps *= k
+        cols = numel([int(node.attrs.get("group", 1)), cg * taps, *win.out, 4])
+    if node.attrs.get(TRANSPOSED):
+        assert isinstance(cols, int)
+        return _aligned(cols) + numel([int(w.type.shape[0]), *win.out, 4])
+    return cols
+
+
+def _aligned(size: int) -> int:
+    return -(-size // 64) * 64
 
 
 def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
@@ -80,6 +134,11 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
     rows_per_chunk = b.add(k.floordiv(k.i64(CHUNK_COLUMNS - 1), inner), k.i64(1))
     out0 = k.dim(win.out[0])
     chunks = k.floordiv(b.add(out0, b.sub(rows_per_chunk, k.i64(1))), rows_per_chunk)
+    if node.attrs.get(TRANSPOSED):
+        _transposed(k, win, in_shape, (x_ptr, w_ptr, y_ptr, bias, residual), (cg, taps, m),
+                    (k.dim(x_val.type.shape[0]), k.dim(c_in), in_plane, p), pointwise,
+                    epilogue)
+        return
     if group > 1:
         _grouped(k, win, in_shape, (group, cg, mg, kk), (x_ptr, w_ptr, y_ptr, bias, residual),
                  (rows_per_chunk, chunks, inner, p, in_plane), pointwise, epilogue,
@@ -110,6 +169,86 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
                     emit_parallel_gemm(k, k.i64(mg), p, k.i64(kk), w_g, k.i64(kk), k.scratch, p,
                                        y_g, p, bias=bias_g, residual=r_g, epilogue=epilogue,
                                        layout=layout)
+
+
+def _transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: tuple,
+                sizes: tuple[int, int, int],
+                image: tuple[ir.Value, ir.Value, ir.Value, ir.Value], pointwise: bool,
+                epilogue: Epilogue) -> None:
+    """Image by image: X' (unless pointwise), Y^T = X'^T @ W^T into the scratch (the bias
+    per column, and the activation when no residual follows it), then Y from Y^T."""
+    b = k.b
+    x, w, y, bias, residual = ptrs
+    cg, taps, m = sizes
+    images, c_in, in_plane, p = image
+    assert k.scratch is not None
+    kk = cg * taps
+    cols_bytes = 0 if pointwise else numel([cg * taps, *win.out, 4])
+    assert isinstance(cols_bytes, int)
+    ct = b.gep(k.scratch, [k.i64(_aligned(cols_bytes) // 4)], source_etype=F32)
+    kernel_epilogue = replace(epilogue, bias="col" if bias is not None else "none",
+                              residual=False,
+                              activation=None if residual is not None else epilogue.activation)
+    layout = Layout(a_columns=True, packed_b=True)
+    with k.loop(images, name="n") as n:
+        x_img = b.gep(x, [b.mul(b.mul(n, c_in), in_plane)], source_etype=F32)
+        y_off = b.mul(b.mul(n, k.i64(m)), p)
+        a = x_img
+        if not pointwise:
+            _parallel_im2col(k, win, in_shape, cg, taps, x_img, k.scratch, in_plane, p)
+            a = k.scratch
+        emit_parallel_gemm(k, p, k.i64(m), k.i64(kk), a, p, w, k.i64(0), ct, k.i64(m),
+                           bias=bias, epilogue=kernel_epilogue, layout=layout)
+        _untranspose(k, ct, b.gep(y, [y_off], source_etype=F32),
+                     b.gep(residual, [y_off], source_etype=F32) if residual is not None else None,
+                     (p, m), epilogue)
+
+
+def _untranspose(k: Emitter, ct: ir.Value, y: ir.Value, residual: ir.Value | None,
+                 sizes: tuple[ir.Value, int], epilogue: Epilogue) -> None:
+    """Y[M, P] = Y^T[P, M] (+ residual, then the activation when there is one), by blocks of
+    lanes channels x lanes positions transposed in registers, spread over the threads by
+    blocks of channels."""
+    p, m = sizes
+    lanes = isa_of(k.module).vector
+    blocks = -(-m // lanes)
+    null = ir.Constant(PTR, None)
+    with k.parallel_loop(k.i64(blocks), cost=k.b.mul(p, k.i64(lanes)), name="untranspose",
+                         carry=[ct, y, residual if residual is not None else null, p]) as blk:
+        ct_c, y_c, res_c, p_c = k.carried
+        b = k.b
+        vt = ir.VectorType(F32, lanes)
+        it = ir.VectorType(I64, lanes)
+        iota = ir.Constant(it, list(range(lanes)))
+        o = b.mul(blk, k.i64(lanes))
+        channels = b.icmp_signed("<", b.add(iota, splat(b, o, lanes)), splat(b, k.i64(m), lanes))
+        with k.loop(p_c, step=lanes, name="px") as x0:
+            positions = b.icmp_signed("<", b.add(iota, splat(b, x0, lanes)), splat(b, p_c, lanes))
+            rows = []
+            for j in range(lanes):
+                # rows past P read nothing (their lanes are not stored)
+                inside = b.icmp_signed("<", b.add(x0, k.i64(j)), p_c)
+                mask = b.and_(channels, splat(b, inside, lanes))
+                src = b.gep(ct_c, [b.add(b.mul(b.add(x0, k.i64(j)), k.i64(m)), o)],
+                            source_etype=F32)
+                rows.append(b.call(masked_intrinsic(k.module, "load", vt),
+                                   [src, _ALIGN4, mask, ir.Constant(vt, None)]))
+            for i, line in enumerate(transpose_lanes(b, rows)):  # line i: channel o + i
+                ch = b.add(o, k.i64(i))
+                with k.if_then(b.icmp_signed("<", ch, k.i64(m))):
+                    off = b.add(b.mul(ch, p_c), x0)
+                    if residual is not None:
+                        line = b.fadd(line, b.call(masked_intrinsic(k.module, "load", vt),
+                                                   [b.gep(res_c, [off], source_etype=F32),
+                                                    _ALIGN4, positions, ir.Constant(vt, None)]))
+                        if epilogue.activation is not None:
+                            line = apply_activation(b, epilogue.activation, epilogue.params,
+                                                    line)
+                    b.call(masked_intrinsic(k.module, "store", vt),
+                           [line, b.gep(y_c, [off], source_etype=F32), _ALIGN4, positions])
+
+
+_ALIGN4 = ir.Constant(ir.IntType(32), 4)
 
 
 def _grouped(k: Emitter, win: Window, in_shape: tuple[Dim, ...], sizes: tuple[int, int, int, int],

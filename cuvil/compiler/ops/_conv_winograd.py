@@ -50,7 +50,15 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.emitter import I1, I32, PTR, Emitter, masked_intrinsic, splat
+from cuvil.compiler.codegen.emitter import (
+    I1,
+    I32,
+    PTR,
+    Emitter,
+    masked_intrinsic,
+    splat,
+    transpose_lanes,
+)
 from cuvil.compiler.codegen.gemm_kernel import PACK_COLS, Epilogue, Layout, emit_gemm, isa_of
 from cuvil.compiler.ir import Dim, Node
 from cuvil.compiler.ops import UNCHECKED
@@ -605,7 +613,7 @@ def _input_group(k: Emitter, plan: _Plan, x: ir.Value, blk: _Block, g: ir.Value)
                                     source_etype=F32)
                         rows.append(b.select(b.icmp_signed("<", ch, k.i64(plan.c)),
                                              _load(k, vt, src, _mask(lanes, valid)), zero))
-                    for j, col in enumerate(_transpose(b, rows)[:valid]):
+                    for j, col in enumerate(transpose_lanes(b, rows)[:valid]):
                         put(plan.pad_left + x0 + j, col)
             with padding:
                 for sx in range(plan.pad_left, plan.pad_left + plan.w):
@@ -682,7 +690,7 @@ def _output_group(k: Emitter, plan: _Plan, blk: _Block, y: ir.Value, bias: ir.Va
             pixels = [b.load(b.gep(src, [k.i64((x0 + j) * ld)], source_etype=F32), typ=vt,
                              align=4) if j < valid else ir.Constant(vt, ir.Undefined)
                       for j in range(lanes)]
-            for i, line in enumerate(_transpose(b, pixels)):  # line i: channel o + i
+            for i, line in enumerate(transpose_lanes(b, pixels)):  # line i: channel o + i
                 off = b.add(b.mul(b.add(o, k.i64(i)), k.i64(plane)),
                             b.add(b.mul(b.add(row0, oy), k.i64(plan.ow)), k.i64(x0)))
                 # the last group's channels past out_c are not stored
@@ -705,20 +713,6 @@ def _unless(k: Emitter, skip: ir.Value | None) -> Iterator[None]:
     else:
         with k.if_then(k.b.not_(skip)):
             yield
-
-
-def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
-    """The columns of a square matrix held as vectors of its rows (as many rows as lanes, a
-    power of two): log2(lanes) rounds of interleaving the first half of the rows with the
-    second half."""
-    n = len(rows)
-    half = n // 2
-    lo = _indices([x for j in range(half) for x in (j, n + j)])
-    hi = _indices([x for j in range(half, n) for x in (j, n + j)])
-    for _ in range(n.bit_length() - 1):
-        rows = [b.shuffle_vector(rows[i], rows[i + half], idx)
-                for i in range(half) for idx in (lo, hi)]
-    return rows
 
 
 # -- vector helpers ---------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from cuvil.compiler.ops._conv_depthwise import (
     lower_conv_depthwise,
     uses_direct_depthwise,
 )
-from cuvil.compiler.ops._conv_gemm import im2col_bytes, lower_conv_gemm
+from cuvil.compiler.ops._conv_gemm import TRANSPOSED, im2col_bytes, lower_conv_gemm
 from cuvil.compiler.ops._conv_winograd import (
     WINOGRAD_TILE,
     lower_conv_winograd,
@@ -138,7 +138,9 @@ class Conv(Op):
         return im2col_bytes(node, win)
 
     def path(self, node: Node) -> str:
-        return "winograd" if WINOGRAD_TILE in node.attrs else ""
+        if WINOGRAD_TILE in node.attrs:
+            return "winograd"
+        return "transposed" if node.attrs.get(TRANSPOSED) else ""
 
     def derived_bytes(self, node: Node) -> int:
         return weight_bytes(node) if WINOGRAD_TILE in node.attrs else 0

@@ -16,7 +16,8 @@ import numpy as np
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type
+from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type, masked_intrinsic, splat
+from cuvil.compiler.codegen.gemm_kernel import isa_of
 from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
 from cuvil.compiler.ops import (
     FLOATS,
@@ -150,9 +151,22 @@ class Pool(Op):
         best = entry_alloca(k, I64, "best") if indices is not None else None
         channels = y.dims[1]
         nc = [k.b.sdiv(plane, channels), k.b.srem(plane, channels)]
-        with k.loops(y.dims[2:], name="o") as o:
-            start = [b.sub(b.mul(o[a], k.i64(win.strides[a])), k.dim(win.pads_begin[a]))
-                     for a in range(r)]
+
+        def start_of(a: int, o: ir.Value) -> ir.Value:
+            return b.sub(b.mul(o, k.i64(win.strides[a])), k.dim(win.pads_begin[a]))
+
+        def window_count(a: int, start: ir.Value, rng: tuple[ir.Value, ir.Value]) -> ir.Value:
+            """Positions of axis a that an average divides by."""
+            if count_pad:
+                # padded positions count too, up to the end of the right padding (a
+                # window never starts before the left padding)
+                limit = b.add(x.dims[2 + a], k.dim(win.pads_end[a]))
+                return clamp(k, ceil_div(k, b.sub(limit, start), win.dilations[a]),
+                             k.i64(0), k.i64(win.kernel[a]))
+            return b.sub(rng[1], rng[0])
+
+        def one(o: list[ir.Value]) -> None:
+            start = [start_of(a, o[a]) for a in range(r)]
             ranges = [kernel_range(k, start[a], x.dims[2 + a], win.dilations[a], win.kernel[a])
                       for a in range(r)]
             b.store(red.initial(), acc)
@@ -175,20 +189,100 @@ class Pool(Op):
             if self.kind == "avg":
                 count = k.i64(1)
                 for a in range(r):
-                    if count_pad:
-                        # padded positions count too, up to the end of the right padding (a
-                        # window never starts before the left padding)
-                        limit = b.add(x.dims[2 + a], k.dim(win.pads_end[a]))
-                        n_a = clamp(k, ceil_div(k, b.sub(limit, start[a]), win.dilations[a]),
-                                    k.i64(0), k.i64(win.kernel[a]))
-                    else:
-                        n_a = b.sub(ranges[a][1], ranges[a][0])
-                    count = b.mul(count, n_a)
+                    count = b.mul(count, window_count(a, start[a], ranges[a]))
             result = red.final(b.load(acc), count)
             k.store(y, [*nc, *o], k.convert(result, ct, dtype))
             if indices is not None:
                 assert best is not None
                 k.store(indices, [*nc, *o], b.load(best))
+
+        if indices is None and self.kind != "lp" and _vector_rows(win, dtype):
+            with k.loop(y.dims[2], name="oh") as oh:
+                first = start_of(0, oh)
+                rows = kernel_range(k, first, x.dims[2], 1, win.kernel[0])
+                row_count = window_count(0, first, rows) if self.kind == "avg" else None
+                _vector_row(k, red, (x, y), (*nc, oh), (first, rows, row_count), win, count_pad)
+            return
+        with k.loops(y.dims[2:], name="o") as o:
+            one(o)
+
+
+#: widest kernel row the vector path (`_vector_row`) unrolls
+MAX_VECTOR_KERNEL = 16
+
+
+def _vector_rows(win: Window, dtype: np.dtype) -> bool:
+    """2-D float32 pooling with unit strides and dilations: a row of outputs reads rows of
+    the input at consecutive offsets, so whole vectors of outputs compute at once."""
+    return (len(win.kernel) == 2 and np.dtype(dtype) == np.float32
+            and all(s == 1 for s in win.strides) and all(d == 1 for d in win.dilations)
+            and win.kernel[1] <= MAX_VECTOR_KERNEL)
+
+
+def _vector_row(k: Emitter, red: _Reduction, views: tuple, at: tuple[ir.Value, ...],
+                rows: tuple[ir.Value, tuple[ir.Value, ir.Value], ir.Value | None], win: Window,
+                count_pad: bool) -> None:
+    """Output row `at` = (image, channel, row) of a `_vector_rows` pool, a vector of columns
+    at a time, the kernel's rows from `rows` = (first input row, in-bounds kernel rows, their
+    count for an average). A tap's load is masked to the lanes whose input column lies in the
+    row (the others read as the reduction's start value), so padded edges need no scalar
+    loop: 7x7 and 14x14 maps are mostly edge. Each lane folds its window in the scalar
+    path's order, so the results are the same bits."""
+    x, y = views
+    n, c, oh = at
+    first, (kh_lo, kh_hi), row_count = rows
+    b = k.b
+    width = isa_of(k.module).vector
+    vt = ir.VectorType(F32, width)
+    it = ir.VectorType(I64, width)
+    kw = win.kernel[1]
+    pad = k.dim(win.pads_begin[1])
+    out_w, in_w = y.dims[3], x.dims[3]
+    acc = entry_alloca(k, vt, "vacc")
+    lanes = ir.Constant(it, list(range(width)))
+    zero = ir.Constant(it, [0] * width)
+    start = splat(b, red.initial(), width)
+    with k.loop(out_w, step=width, name="owv") as ow:
+        cols = b.add(lanes, splat(b, ow, width))
+        stored = b.icmp_signed("<", cols, splat(b, out_w, width))
+        # input column of tap j: cols - pad + j
+        first_col = b.sub(cols, splat(b, pad, width))
+        masks = []
+        for j in range(kw):
+            col = b.add(first_col, ir.Constant(it, [j] * width))
+            inside = b.and_(b.icmp_signed(">=", col, zero),
+                            b.icmp_signed("<", col, splat(b, in_w, width)))
+            masks.append(b.and_(inside, stored))
+        b.store(start, acc)
+        with k.loop(kh_hi, start=kh_lo, name="kh") as kh:
+            row = k.element_ptr(x, k.offset(x, [n, c, b.add(first, kh), k.i64(0)]))
+            src = b.gep(row, [b.sub(ow, pad)], source_etype=F32)  # may point before the row
+            total = b.load(acc)
+            for j in range(kw):
+                v = b.call(masked_intrinsic(k.module, "load", vt),
+                           [b.gep(src, [k.i64(j)], source_etype=F32), _ALIGN4, masks[j], start])
+                total = red.step(total, v)
+            b.store(total, acc)
+        result = b.load(acc)
+        if row_count is not None:
+            if count_pad:  # up to the end of the right padding, as the scalar path counts
+                limit = splat(b, b.add(in_w, k.dim(win.pads_end[1])), width)
+                taps = b.sub(limit, first_col)
+                taps = b.select(b.icmp_signed("<", taps, zero), zero, taps)
+                kv = ir.Constant(it, [kw] * width)
+                taps = b.select(b.icmp_signed(">", taps, kv), kv, taps)
+            else:
+                taps = zero
+                for m in masks:
+                    taps = b.add(taps, b.zext(m, it))
+            count = b.mul(taps, splat(b, row_count, width))
+            result = b.fdiv(result, b.sitofp(count, vt))
+        b.call(masked_intrinsic(k.module, "store", vt),
+               [result, k.element_ptr(y, k.offset(y, [n, c, oh, ow])), _ALIGN4, stored])
+
+
+_ALIGN4 = ir.Constant(ir.IntType(32), 4)
+F32 = ir.FloatType()
 
 
 @contextmanager

@@ -6,9 +6,14 @@ s = B - mean * a. A layer whose output channel c is a linear function of its wei
 (plus bias c) absorbs it: weights row c times a[c], bias c becomes bias[c] * a[c] + s[c].
 The folded constants are computed in float64 and stored in the weights' dtype.
 
-Each fold below says how one producer op absorbs (a, s); one rewrite rule (passes/rewrite.py)
-finds the pattern (producer -> BatchNormalization, the producer's output read by nothing
-else) and rewires.
+A Mul or Add of a constant with one value per output channel (or one for all) is the same
+affine map with s = 0 or a = 1: exporters write a normalization's scale and shift that way
+(onnx's light Inception-v2: Conv -> BatchNormalization -> Mul -> Add -> Relu), and folded,
+the Relu after them fuses into the convolution's epilogue.
+
+Each fold below says how one producer op absorbs (a, s); rewrite rules (passes/rewrite.py)
+find the patterns (producer -> BatchNormalization, Mul or Add, the producer's output read by
+nothing else) and rewire.
 """
 
 from __future__ import annotations
@@ -120,8 +125,62 @@ def _fold(graph: Graph, bn: Node) -> Node | None:
     return folded
 
 
+def _channels(prod: Node) -> tuple[int, int] | None:
+    """(axis, count) of the channels of the producer's output that its weights rows make."""
+    out = prod.outputs[0].type
+    w = prod.input(1)
+    if w is None or w.const is None or out.rank < 2:
+        return None
+    if prod.op_type == "Conv":
+        return 1, int(w.const.shape[0])
+    if prod.op_type == "Gemm":
+        return 1, int(w.const.shape[0] if prod.attrs.get("transB", 0) else w.const.shape[1])
+    return out.rank - 1, int(w.const.shape[-1])
+
+
+def _per_channel(c: np.ndarray, prod: Node) -> np.ndarray | None:
+    """The constant operand c of a Mul or Add after `prod` as one float64 per output channel,
+    when broadcasting it against the output varies along the channel axis only and leaves
+    the output's shape as it is."""
+    found = _channels(prod)
+    rank = prod.outputs[0].type.rank
+    if found is None or c.ndim > rank or c.dtype != prod.outputs[0].type.dtype \
+            or not np.all(np.isfinite(c)):
+        return None
+    axis, count = found
+    shape = (1,) * (rank - c.ndim) + c.shape
+    if any(d != 1 for i, d in enumerate(shape) if i != axis) or shape[axis] not in (1, count):
+        return None
+    return np.broadcast_to(c.astype(np.float64).reshape(-1), (count,))
+
+
+def _fold_scale_or_shift(graph: Graph, node: Node) -> Node | None:
+    """Mul or Add of a per-channel constant (`_per_channel`) after a foldable producer."""
+    if len(node.inputs) != 2:
+        return None
+    first, second = node.inputs
+    for x, c in ((first, second), (second, first)):
+        prod = producer(graph, x, FOLDABLE, node)
+        if prod is None or c is None or c.const is None or x is c:
+            continue
+        if x.type != node.outputs[0].type:  # type: ignore[union-attr]
+            return None
+        values = _per_channel(c.const, prod)
+        if values is None:
+            return None
+        ones, zeros = np.ones(values.shape), np.zeros(values.shape)
+        affine = (values, zeros) if node.op_type == "Mul" else (ones, values)
+        folded = FOLDS[prod.op_type](graph, prod, *affine)
+        if folded is None:
+            return None
+        graph.absorb(folded, node)
+        return folded
+    return None
+
+
 FOLDABLE = pattern(*FOLDS, dtype=None)
-RULES = (Rule("batchnorm", pattern("BatchNormalization", dtype=None), _fold),)
+RULES = (Rule("batchnorm", pattern("BatchNormalization", dtype=None), _fold),
+         Rule("scale-shift", pattern("Mul", "Add", dtype=None), _fold_scale_or_shift))
 
 
 def fold_batchnorm(graph: Graph) -> Graph:

@@ -6,7 +6,10 @@
   stored as `pack_b` panels, so no call copies B into panels (codegen/gemm_kernel.py).
 - Constant weights of float32 Conv ([M, C/group, kernel...], the A of each group's product
   W[M/group, K] @ X'): stored as `pack_a` panels per group, so each step of the kernel's K
-  loop reads a tile's rows as consecutive floats. Not those of Winograd and depthwise
+  loop reads a tile's rows as consecutive floats; those of convs over small maps, whose
+  products run transposed (ops/_conv_gemm.py `transposed_product`), as `pack_b` panels of
+  W^T [C/group * kernel, M] (the node's `TRANSPOSED` attribute says so). Not those of
+  Winograd and depthwise
   convolutions, whose kernels read ONNX's layout, nor of convs over 1x1 maps (made Gemm by
   passes/fully_connected_convs.py, which packs them itself).
 
@@ -21,7 +24,14 @@ import numpy as np
 
 from cuvil.compiler.codegen.gemm_kernel import pack_a, pack_b
 from cuvil.compiler.ir import Graph, Node
-from cuvil.compiler.ops.conv import WINOGRAD_TILE, uses_direct_depthwise, winograd_tile
+from cuvil.compiler.ops import UNCHECKED
+from cuvil.compiler.ops._conv_gemm import TRANSPOSED, transposed_product
+from cuvil.compiler.ops.conv import (
+    WINOGRAD_TILE,
+    conv_window,
+    uses_direct_depthwise,
+    winograd_tile,
+)
 from cuvil.compiler.ops.gemm import PACKED_WEIGHTS, on_one_gemm
 from cuvil.compiler.passes.fully_connected_convs import is_fully_connected
 
@@ -43,6 +53,10 @@ def pack_gemm_weights(graph: Graph) -> Graph:
             continue
         if node.op_type == "Conv":
             if runs_off_the_gemm_kernel(node):
+                continue
+            if transposed_product(node, conv_window(node, UNCHECKED)):
+                _set_packed(graph, node, pack_b(w.const.reshape(w.const.shape[0], -1).T))
+                node.attrs = {**node.attrs, TRANSPOSED: 1}
                 continue
             group = int(node.attrs.get("group", 1))
             mats = w.const.reshape(group, w.const.shape[0] // group, -1)
