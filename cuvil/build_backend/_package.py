@@ -102,7 +102,7 @@ def _compile(project: ProjectConfig, model: ModelConfig, target: Target, workdir
         model.source, model.name, workdir, inputs=model.inputs or None, target=target,
         cpu=settings.cpu, opt_level=settings.opt_level, quantize=model.quantize,
         calibration=calibration, calibration_method=model.calibration_method,
-        keep_float=model.keep_float, log=log,
+        keep_float=model.keep_float, precision=model.precision, log=log,
     )
     library = compiled.library.read_bytes()
     if cache is not None:

@@ -25,6 +25,7 @@ from cuvil.compiler.ops import lookup
 from cuvil.compiler.ops.flops import node_flops
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION, MATMUL_BIAS_SLOT, RESIDUAL_SLOT
 from cuvil.compiler.passes import run_passes
+from cuvil.compiler.passes.bf16_weights import PRECISIONS
 from cuvil.compiler.passes.plan_memory import plan_memory
 from cuvil.compiler.symbolic import relational_to_python, to_python
 from cuvil.errors import ConfigError, ModelError
@@ -108,16 +109,22 @@ def compile_model(
     calibration: CalibrationSource | None = None,
     calibration_method: str = "minmax",
     keep_float: Sequence[str] = (),
+    precision: str = "float32",
     log: Log | None = None,
     library_file: str | None = None,
 ) -> CompiledModel:
     """`quantize="int8"` first turns the model into a QDQ model calibrated on `calibration`
-    (an .npz file, a "module:function" entry point or feed dicts; see frontend.quantize)."""
+    (an .npz file, a "module:function" entry point or feed dicts; see frontend.quantize).
+    `precision="bf16"` computes the float32 matrix products and convolutions in bf16 with
+    float32 sums (passes/bf16_weights.py, docs/precision.md)."""
     from cuvil.toolchains import get_target, zig
 
     say = log or (lambda _msg: None)
     if not _NAME.match(name):
         raise ConfigError(f"model name {name!r} must be an identifier (it names C symbols)")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"model {name}: precision = {precision!r} is not one of "
+                          f"{', '.join(repr(p) for p in PRECISIONS)}")
     if quantize not in (None, "none", "int8"):
         raise ConfigError(f'model {name}: quantize = {quantize!r} is not one of "none", "int8"')
     if quantize == "int8":
@@ -141,7 +148,9 @@ def compile_model(
 
     start = time.perf_counter()
     say(f"cuvil: importing {source if isinstance(source, (str, Path)) else 'model'} as {name}")
-    graph = run_passes(import_model(source, inputs, name))
+    graph = import_model(source, inputs, name)
+    graph.precision = precision
+    graph = run_passes(graph)
     plan = plan_memory(graph)
     # the file name is also the library's SONAME / install name (`cuvil compile -o` picks it)
     library_file = library_file or f"_{name}{tgt.library_suffix}"
@@ -229,6 +238,7 @@ def compile_in_process(
     calibration: CalibrationSource | None = None,
     calibration_method: str = "minmax",
     keep_float: Sequence[str] = (),
+    precision: str = "float32",
 ) -> Model:
     from cuvil.toolchains import get_target
 
@@ -248,7 +258,7 @@ def compile_in_process(
         compiled = compile_model(model, name, Path(tmp.name), inputs=inputs, target=target,
                                  cpu=cpu if tgt.is_host() else None, quantize=quantize,
                                  calibration=calibration, calibration_method=calibration_method,
-                                 keep_float=keep_float)
+                                 keep_float=keep_float, precision=precision)
     except BaseException:
         tmp.cleanup()
         raise

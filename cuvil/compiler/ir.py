@@ -211,6 +211,9 @@ class Graph:
         self.outputs: list[Value] = []
         self.nodes: list[Node] = []
         self.constraints: list[Constraint] = []
+        #: what the model's matrix products compute in: "float32", or "bf16" (the model's
+        #: precision setting; passes/bf16_weights.py)
+        self.precision = "float32"
         self._names: set[str] = set()
         self._counter = itertools.count()
 
