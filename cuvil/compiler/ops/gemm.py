@@ -434,7 +434,7 @@ def on_one_gemm(node: Node) -> bool:
     """float32 MatMul whose B is one matrix for every batch entry (a Linear layer: [..., K] x
     [K, N]): A's batch dims and rows are contiguous, so it is one [batch * M, K] x [K, N]
     product on the threaded kernel."""
-    b = node.inputs[1]
+    b = logical_weight(node) if node.inputs[1] is not None else None
     return (node.outputs[0].type.dtype.name == "float32" and b is not None and b.type.rank >= 2
             and all(isinstance(d, int) and d == 1 for d in b.type.shape[:-2]))
 
