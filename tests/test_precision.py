@@ -109,5 +109,5 @@ def test_precision_from_the_project(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "p"\nversion = "1"\n[tool.cuvil.models.m]\nsource = "m.onnx"\n'
         'precision = "half"\n')
-    with pytest.raises(ConfigError, match='precision.*one of "float32", "bf16"'):
+    with pytest.raises(ConfigError, match=r'precision.*one of "float32", "bf16"'):
         load_project(tmp_path)
