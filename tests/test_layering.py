@@ -28,7 +28,7 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("ir", ("cuvil/compiler/ir.py", "cuvil/compiler/symbolic.py", "cuvil/compiler/memory.py",
             "cuvil/compiler/verify.py")),
     ("kernels", ("cuvil/compiler/codegen/emitter.py", "cuvil/compiler/codegen/gemm_kernel.py",
-                 "cuvil/compiler/codegen/gemv_kernel.py",
+                 "cuvil/compiler/codegen/gemv_kernel.py", "cuvil/compiler/codegen/bf16_gemm_kernel.py",
                  "cuvil/compiler/codegen/vecmath.py", "cuvil/compiler/codegen/activation.py")),
     ("ops", ("cuvil/compiler/ops/",)),
     ("frontend", ("cuvil/compiler/frontend/",)),
