@@ -25,6 +25,7 @@ def compile(
     calibration: Any = None,
     calibration_method: str = "minmax",
     keep_float: Sequence[str] = (),
+    precision: str = "float32",
 ) -> Model:
     """Compile an ONNX model (path or ModelProto) in-process and return a callable model.
 
@@ -35,12 +36,16 @@ def compile(
     `calibration` is an .npz file of representative inputs, a "module:function" entry point or
     an iterable of feed dicts; `calibration_method` is "minmax", "percentile" or "entropy";
     `keep_float` names nodes or op types to leave in float.
+
+    `precision="bf16"` computes matrix products and convolutions in bfloat16 with float32
+    sums (weights stored as bf16; AMX or AVX-512 BF16 where the CPU has them, float32 FMAs
+    elsewhere): faster, within the error bound docs/precision.md gives.
     """
     from cuvil.compiler.driver import compile_in_process
 
     return compile_in_process(model, inputs=inputs, target=target, quantize=quantize, name=name,
                               calibration=calibration, calibration_method=calibration_method,
-                              keep_float=keep_float)
+                              keep_float=keep_float, precision=precision)
 
 
 def register_op(domain: str, op_type: str, *, since: int = 1,

@@ -151,6 +151,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             calibration=args.calibration,
             calibration_method=args.calibration_method or "minmax",
             keep_float=args.keep_float,
+            precision=args.precision,
             log=log,
             library_file=output.name,
         )
@@ -615,7 +616,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if log:
         log(f"compiling {path} for this machine")
     start = time.perf_counter()
-    model = compile_in_process(path)
+    model = compile_in_process(path, precision=args.precision)
     model.num_threads = args.threads
     compile_time = time.perf_counter() - start
     dims: dict[str, int] = {}
@@ -692,6 +693,12 @@ def _quantization_options(p: argparse.ArgumentParser, command: str) -> None:
                    help=f"leave this node or op type in float {when} (repeatable)")
 
 
+def _precision_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--precision", choices=("float32", "bf16"), default="float32",
+                   help="bf16: matrix products and convolutions in bfloat16 with float32 sums, on "
+                        "AMX or AVX-512 BF16 where the CPU has them (docs/precision.md)")
+
+
 def _parser() -> argparse.ArgumentParser:
     from cuvil import __version__
 
@@ -737,6 +744,7 @@ def _parser() -> argparse.ArgumentParser:
         "-O", dest="opt_level", type=int, choices=(0, 1, 2, 3), default=3, help="optimization level"
     )
     _quantization_options(p, "compile")
+    _precision_option(p)
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("build", parents=[common], help="build the wheel(s) of a model project")
@@ -822,6 +830,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="threads for both engines (default: cuvil's pool size and onnxruntime's default)")
     p.add_argument("--profile", action="store_true",
                    help="also time every node (--runs more runs) and print time per op type and node")
+    _precision_option(p)
     p.set_defaults(func=cmd_bench)
     return parser
 

@@ -206,6 +206,22 @@ class ModelConfig:
             default=[],
         ),
     )
+    precision: str = field(
+        default="float32",
+        metadata=_option(
+            "string",
+            '"bf16": the float32 matrix products and convolutions (Gemm, MatMul with constant '
+            "weights, and the convolutions that run as matrix products; not Winograd or "
+            "depthwise ones) compute in bfloat16 with float32 sums, their weights stored as "
+            "bf16 (half the size): on AMX or AVX-512 BF16 where the CPU has them (picked at "
+            "run time), with float32 multiply-adds of the same bf16 operands elsewhere. Inputs "
+            "and outputs stay float32; results differ from float32 by about 1% of an output's "
+            "scale at most (docs/precision.md).",
+            "bf16",
+            default="float32",
+            choices=("float32", "bf16"),
+        ),
+    )
 
 
 #: the element types a custom op's tensors may have (numpy names)

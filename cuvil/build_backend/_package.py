@@ -125,7 +125,7 @@ def _compile(project: ProjectConfig, model: ModelConfig, target: Target, workdir
         model.source, model.name, workdir, inputs=model.inputs or None, target=target,
         cpu=settings.cpu, opt_level=settings.opt_level, quantize=model.quantize,
         calibration=calibration, calibration_method=model.calibration_method,
-        keep_float=model.keep_float, log=log,
+        keep_float=model.keep_float, precision=model.precision, log=log,
         custom_ops=native_kernels(project) if project.custom_ops else (),
         native_objects=natives if project.custom_ops else None,
         native_libs=link_libraries(project.custom_ops),

@@ -138,6 +138,8 @@ def model_key(project: ProjectConfig, model: ModelConfig, target: Target, *,
                        _file_digest(path)] for role, path in model_files(project.root, model)],
         },
     }
+    if model.precision != "float32":
+        state["model"]["precision"] = model.precision
     if model.quantize != "none":
         state["quantization"] = {
             "calibration": str(model.calibration) if isinstance(model.calibration, str) else None,

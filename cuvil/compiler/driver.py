@@ -26,6 +26,7 @@ from cuvil.compiler.ops.flops import node_flops
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION, MATMUL_BIAS_SLOT, RESIDUAL_SLOT
 from cuvil.compiler.ops.native import NativeKernel, native_ops, uses_native
 from cuvil.compiler.passes import run_passes
+from cuvil.compiler.passes.bf16_weights import PRECISIONS
 from cuvil.compiler.passes.plan_memory import plan_memory
 from cuvil.compiler.symbolic import relational_to_python, to_python
 from cuvil.errors import ConfigError, ModelError
@@ -120,6 +121,7 @@ def compile_model(
     calibration: CalibrationSource | None = None,
     calibration_method: str = "minmax",
     keep_float: Sequence[str] = (),
+    precision: str = "float32",
     log: Log | None = None,
     library_file: str | None = None,
     custom_ops: Sequence[NativeKernel] = (),
@@ -130,12 +132,17 @@ def compile_model(
     (an .npz file, a "module:function" entry point or feed dicts; see frontend.quantize).
     `custom_ops` are the native kernels nodes may be matched to; `native_objects` gives,
     when first asked, their compiled files per arch name, linked into the library with the
-    libraries `native_libs` ("c++" for C++ kernels)."""
+    libraries `native_libs` ("c++" for C++ kernels). `precision="bf16"` computes the float32
+    matrix products and convolutions in bf16 with float32 sums (passes/bf16_weights.py,
+    docs/precision.md)."""
     from cuvil.toolchains import get_target
 
     say = log or (lambda _msg: None)
     if not _NAME.match(name):
         raise ConfigError(f"model name {name!r} must be an identifier (it names C symbols)")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"model {name}: precision = {precision!r} is not one of "
+                          f"{', '.join(repr(p) for p in PRECISIONS)}")
     if quantize not in (None, "none", "int8"):
         raise ConfigError(f'model {name}: quantize = {quantize!r} is not one of "none", "int8"')
     if quantize == "int8":
@@ -162,18 +169,20 @@ def compile_model(
     with native_ops(custom_ops):
         return _compile(source, name, workdir, tgt, inputs=inputs, cpu=cpu, opt_level=opt_level,
                         log=log, library_file=library_file, native_objects=native_objects,
-                        native_libs=native_libs, start=start)
+                        native_libs=native_libs, start=start, precision=precision)
 
 
 def _compile(source: Any, name: str, workdir: Path, tgt: Target, *,
              inputs: Mapping[str, Sequence[int | str]] | None, cpu: str | None, opt_level: int,
              log: Log | None, library_file: str | None,
              native_objects: Callable[[], Mapping[str, Sequence[Path]]] | None,
-             native_libs: Sequence[str], start: float) -> CompiledModel:
+             native_libs: Sequence[str], start: float, precision: str) -> CompiledModel:
     from cuvil.toolchains import zig
 
     say = log or (lambda _msg: None)
-    graph = run_passes(import_model(source, inputs, name))
+    graph = import_model(source, inputs, name)
+    graph.precision = precision
+    graph = run_passes(graph)
     plan = plan_memory(graph)
     # the file name is also the library's SONAME / install name (`cuvil compile -o` picks it)
     library_file = library_file or f"_{name}{tgt.library_suffix}"
@@ -285,6 +294,7 @@ def compile_in_process(
     calibration: CalibrationSource | None = None,
     calibration_method: str = "minmax",
     keep_float: Sequence[str] = (),
+    precision: str = "float32",
 ) -> Model:
     from cuvil.toolchains import get_target
 
@@ -304,7 +314,7 @@ def compile_in_process(
         compiled = compile_model(model, name, Path(tmp.name), inputs=inputs, target=target,
                                  cpu=cpu if tgt.is_host() else None, quantize=quantize,
                                  calibration=calibration, calibration_method=calibration_method,
-                                 keep_float=keep_float)
+                                 keep_float=keep_float, precision=precision)
     except BaseException:
         tmp.cleanup()
         raise

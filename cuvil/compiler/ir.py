@@ -237,6 +237,9 @@ class Graph:
         #: every data-dependent dim the shape rules made, by symbol, in creation order (see
         #: `data_dims`: those still in the graph)
         self.data_dim_table: dict[sympy.Symbol, DataDim] = {}
+        #: what the model's matrix products compute in: "float32", or "bf16" (the model's
+        #: precision setting; passes/bf16_weights.py)
+        self.precision = "float32"
         self._names: set[str] = set()
         self._counter = itertools.count()
 

@@ -461,6 +461,28 @@ HIDDEN int32_t cuvil_cpuid_bit(int32_t leaf, int32_t subleaf, int32_t reg, int32
     __cpuid_count(leaf, subleaf, r[0], r[1], r[2], r[3]);
     return (int32_t)((r[reg & 3] >> (bit & 31)) & 1u);
 }
+
+/* Whether AMX-BF16 tiles may run (the bf16 GEMM kernel asks once): the CPU has AMX-TILE and
+ * AMX-BF16 (CPUID 7.0 EDX bits 24 and 22), the OS saves the tile state (XCR0 bits 17 and 18)
+ * and, on Linux, hands it to this process, which must ask before its first tile instruction
+ * (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; the grant covers every thread). */
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
+HIDDEN int32_t cuvil_amx_ready(void) {
+    if (!cuvil_cpuid_bit(7, 0, 3, 24) || !cuvil_cpuid_bit(7, 0, 3, 22)
+        || !cuvil_cpuid_bit(1, 0, 2, 27) /* OSXSAVE: xgetbv is there */)
+        return 0;
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    if ((lo & (3u << 17)) != (3u << 17)) return 0;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0)
+        return 0;
+#endif
+    return 1;
+}
 #elif defined(__aarch64__)
 /* AArch64 has no CPUID: (word, -, -, bit) names a bit of Linux's HWCAP words (1: AT_HWCAP = 16,
  * 2: AT_HWCAP2 = 26, the kernel's uapi auxvec.h). Windows is asked about the dot product

@@ -25,7 +25,15 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
+from cuvil.compiler.codegen.bf16_gemm_kernel import (
+    K_ALIGN,
+    ROW_ALIGN,
+    emit_bf16_gemm,
+    emit_parallel_bf16_gemm,
+    round_up,
+)
 from cuvil.compiler.codegen.emitter import (
+    I8,
     I64,
     PTR,
     Emitter,
@@ -44,7 +52,13 @@ from cuvil.compiler.codegen.gemm_kernel import (
 from cuvil.compiler.ir import Dim, Node, numel
 from cuvil.compiler.ops import required_input
 from cuvil.compiler.ops._window import Window, ceil_div, clamp
-from cuvil.compiler.ops.gemm import RESIDUAL_SLOT, node_epilogue, weight_layout
+from cuvil.compiler.ops.gemm import (
+    BF16_WEIGHTS,
+    RESIDUAL_SLOT,
+    logical_weight,
+    node_epilogue,
+    weight_layout,
+)
 
 F32 = ir.FloatType()
 F32_DTYPE = np.dtype(np.float32)
@@ -89,7 +103,7 @@ def im2col_bytes(node: Node, win: Window) -> Dim:
     """Scratch for X' of one image: one group's slice, or every group's (their tasks run side
     by side, `_grouped`); none for pointwise convolutions. A transposed product's Y^T of one
     image follows X'."""
-    w = required_input(node, 1)
+    w = logical_weight(node)
     cols: Dim = 0
     if not is_pointwise(win):
         cg = int(w.type.shape[1])
@@ -107,8 +121,35 @@ def _aligned(size: int) -> int:
     return -(-size // 64) * 64
 
 
+class _Product:
+    """W[Mg, K] @ X' on the float32 kernel (W packed by passes/pack_gemm_weights.py) or, with
+    bf16 weights (passes/bf16_weights.py: `pack_l` per group), on the bf16 kernel."""
+
+    def __init__(self, node: Node, mg: int, kk: int) -> None:
+        self.bf16 = BF16_WEIGHTS in node.attrs
+        self.layout = weight_layout(node, "a")
+        self.group_bytes = (round_up(mg, ROW_ALIGN) * round_up(kk, K_ALIGN) * 2 if self.bf16
+                            else mg * kk * 4)
+
+    def weights(self, b: ir.IRBuilder, w: ir.Value, g: ir.Value) -> ir.Value:
+        """Group g's weights."""
+        return b.gep(w, [b.mul(g, ir.Constant(g.type, self.group_bytes))], source_etype=I8)
+
+    def __call__(self, k: Emitter, parallel: bool, m: ir.Value, n: ir.Value, kk: ir.Value,
+                 w: ir.Value, x: ir.Value, ldx: ir.Value, y: ir.Value, ldy: ir.Value, *,
+                 bias: ir.Value | None, residual: ir.Value | None, epilogue: Epilogue) -> None:
+        if self.bf16:
+            (emit_parallel_bf16_gemm if parallel else emit_bf16_gemm)(
+                k, m, n, kk, w, kk, x, ldx, y, ldy, side="a", bias=bias, residual=residual,
+                epilogue=epilogue)
+        else:
+            (emit_parallel_gemm if parallel else emit_gemm)(
+                k, m, n, kk, w, kk, x, ldx, y, ldy, bias=bias, residual=residual,
+                epilogue=epilogue, layout=self.layout)
+
+
 def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
-    x_val, w_val, b_val = required_input(node, 0), required_input(node, 1), node.input(2)
+    x_val, w_val, b_val = required_input(node, 0), logical_weight(node), node.input(2)
     y_val = node.outputs[0]
     b = k.b
     group = int(node.attrs.get("group", 1))
@@ -121,12 +162,12 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
     c_in = x_val.type.shape[1]
     p = k.dim(numel(win.out))
     in_plane = k.dim(numel(x_val.type.shape[2:]))
-    x_ptr, w_ptr, y_ptr = k.buffers[x_val], k.buffers[w_val], k.buffers[y_val]
+    x_ptr, w_ptr, y_ptr = k.buffers[x_val], k.buffers[required_input(node, 1)], k.buffers[y_val]
     bias = k.buffers[b_val] if b_val is not None else None
     r_val = node.input(RESIDUAL_SLOT)
     residual = k.buffers[r_val] if r_val is not None else None
     epilogue = node_epilogue(node, "row" if bias is not None else "none")
-    layout = weight_layout(node, "a")
+    product = _Product(node, mg, kk)
     pointwise = is_pointwise(win)
     in_shape = x_val.type.shape[2:]
     # output rows per chunk of X': about CHUNK_COLUMNS positions
@@ -142,20 +183,20 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
     if group > 1:
         _grouped(k, win, in_shape, (group, cg, mg, kk), (x_ptr, w_ptr, y_ptr, bias, residual),
                  (rows_per_chunk, chunks, inner, p, in_plane), pointwise, epilogue,
-                 (k.dim(x_val.type.shape[0]), k.dim(c_in), m), layout)
+                 (k.dim(x_val.type.shape[0]), k.dim(c_in), m), product)
         return
     with k.loop(k.dim(x_val.type.shape[0]), name="n") as n, k.loop(group, name="g") as g:
         first_channel = b.add(b.mul(n, k.dim(c_in)), b.mul(g, k.i64(cg)))
         x_slice = b.gep(x_ptr, [b.mul(first_channel, in_plane)], source_etype=F32)
-        w_g = b.gep(w_ptr, [b.mul(g, k.i64(mg * kk))], source_etype=F32)
+        w_g = product.weights(b, w_ptr, g)
         y_off = b.mul(b.add(b.mul(n, k.i64(m)), b.mul(g, k.i64(mg))), p)
         y_g = b.gep(y_ptr, [y_off], source_etype=F32)
         # the residual has the output's layout
         r_g = b.gep(residual, [y_off], source_etype=F32) if residual is not None else None
         bias_g = b.gep(bias, [b.mul(g, k.i64(mg))], source_etype=F32) if bias is not None else None
         if pointwise:
-            emit_parallel_gemm(k, k.i64(mg), p, k.i64(kk), w_g, k.i64(kk), x_slice, p, y_g, p,
-                               bias=bias_g, residual=r_g, epilogue=epilogue, layout=layout)
+            product(k, True, k.i64(mg), p, k.i64(kk), w_g, x_slice, p, y_g, p, bias=bias_g,
+                    residual=r_g, epilogue=epilogue)
         else:
             assert k.scratch is not None
             many = b.icmp_signed(">=", chunks, k.i64(MIN_CHUNKS))
@@ -163,12 +204,11 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
                 with by_chunks:
                     _chunked(k, win, in_shape, cg, mg, kk,
                              (x_slice, w_g, y_g, bias_g, r_g, k.scratch), rows_per_chunk, chunks,
-                             inner, p, epilogue, layout)
+                             inner, p, epilogue, product)
                 with whole:
                     _parallel_im2col(k, win, in_shape, cg, taps, x_slice, k.scratch, in_plane, p)
-                    emit_parallel_gemm(k, k.i64(mg), p, k.i64(kk), w_g, k.i64(kk), k.scratch, p,
-                                       y_g, p, bias=bias_g, residual=r_g, epilogue=epilogue,
-                                       layout=layout)
+                    product(k, True, k.i64(mg), p, k.i64(kk), w_g, k.scratch, p, y_g, p,
+                            bias=bias_g, residual=r_g, epilogue=epilogue)
 
 
 def _transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: tuple,
@@ -254,7 +294,7 @@ _ALIGN4 = ir.Constant(ir.IntType(32), 4)
 def _grouped(k: Emitter, win: Window, in_shape: tuple[Dim, ...], sizes: tuple[int, int, int, int],
              ptrs: tuple[ir.Value, ir.Value, ir.Value, ir.Value | None, ir.Value | None],
              split: tuple[ir.Value, ir.Value, ir.Value, ir.Value, ir.Value], pointwise: bool,
-             epilogue: Epilogue, image: tuple[ir.Value, ir.Value, int], layout: Layout) -> None:
+             epilogue: Epilogue, image: tuple[ir.Value, ir.Value, int], product: _Product) -> None:
     """A grouped convolution, image by image: one parallel loop over (group, chunk of output
     rows) tasks, each unfolding its rows of its group's X' (into that group's slice of the
     scratch) and multiplying them. Groups are small products: one loop over all of them keeps
@@ -295,20 +335,19 @@ def _grouped(k: Emitter, win: Window, in_shape: tuple[Dim, ...], sizes: tuple[in
                 b_ptr, ldb = bb.gep(cols_c, [slice_], source_etype=F32), width
                 _im2col(k, x_g, in_shape, win, b_ptr, cg, (first, count))
             y_g = bb.add(bb.mul(bb.mul(g, k.i64(mg)), p_c), col0)
-            emit_gemm(k, k.i64(mg), width, k.i64(kk),
-                      bb.gep(w_c, [bb.mul(g, k.i64(mg * kk))], source_etype=F32), k.i64(kk),
-                      b_ptr, ldb, bb.gep(y_c, [y_g], source_etype=F32), p_c,
-                      bias=(bb.gep(bias_c, [bb.mul(g, k.i64(mg))], source_etype=F32)
-                            if bias is not None else None),
-                      epilogue=epilogue, layout=layout,
-                      residual=(bb.gep(res_c, [y_g], source_etype=F32)
-                                if residual is not None else None))
+            product(k, False, k.i64(mg), width, k.i64(kk), product.weights(bb, w_c, g), b_ptr,
+                    ldb, bb.gep(y_c, [y_g], source_etype=F32), p_c,
+                    bias=(bb.gep(bias_c, [bb.mul(g, k.i64(mg))], source_etype=F32)
+                          if bias is not None else None),
+                    epilogue=epilogue,
+                    residual=(bb.gep(res_c, [y_g], source_etype=F32)
+                              if residual is not None else None))
 
 
 def _chunked(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, mg: int, kk: int,
              ptrs: tuple[ir.Value, ir.Value, ir.Value, ir.Value | None, ir.Value | None, ir.Value],
              rows_per_chunk: ir.Value, chunks: ir.Value, inner: ir.Value, p: ir.Value,
-             epilogue: Epilogue, layout: Layout) -> None:
+             epilogue: Epilogue, product: _Product) -> None:
     """Y = W @ X' by chunks of output rows spread over the threads: each unfolds its chunk of
     X' (K x ~CHUNK_COLUMNS floats, into its thread's slot of the scratch) and multiplies it
     while it is still in its cache. Unfolding X' whole would run on one thread before the
@@ -331,11 +370,10 @@ def _chunked(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, mg: in
         slot = bb.mul(bb.mul(k.task_first, rpc), inner_c)
         chunk = bb.gep(cols_c, [bb.mul(slot, k.i64(kk))], source_etype=F32)
         _im2col(k, x_c, in_shape, win, chunk, cg, (first, count))
-        emit_gemm(k, k.i64(mg), width, k.i64(kk), w_c, k.i64(kk), chunk, width,
-                  bb.gep(y_c, [col0], source_etype=F32), p_c,
-                  bias=bias_c if bias is not None else None, epilogue=epilogue,
-                  residual=bb.gep(res_c, [col0], source_etype=F32) if residual is not None else None,
-                  layout=layout)
+        product(k, False, k.i64(mg), width, k.i64(kk), w_c, chunk, width,
+                bb.gep(y_c, [col0], source_etype=F32), p_c,
+                bias=bias_c if bias is not None else None, epilogue=epilogue,
+                residual=bb.gep(res_c, [col0], source_etype=F32) if residual is not None else None)
 
 
 def _parallel_im2col(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, taps: int,

@@ -62,7 +62,13 @@ from cuvil.compiler.ops._window import (
     kernel_range,
     window,
 )
-from cuvil.compiler.ops.gemm import FUSED_ACTIVATION, RESIDUAL_SLOT, check_fused_inputs
+from cuvil.compiler.ops.gemm import (
+    BF16_WEIGHTS,
+    FUSED_ACTIVATION,
+    RESIDUAL_SLOT,
+    check_fused_inputs,
+    logical_weight,
+)
 from cuvil.errors import ModelError, UnsupportedOpError
 
 
@@ -81,7 +87,7 @@ def _kernel(node: Node, w: Value) -> tuple[int, ...]:
 
 def _check_operands(node: Node, op: Op) -> tuple[Value, Value, int]:
     op.check_dtypes(node)
-    x, w = required_input(node, 0), required_input(node, 1)
+    x, w = required_input(node, 0), logical_weight(node)
     if x.type.rank < 3 or w.type.rank != x.type.rank:
         raise ModelError(
             f"{node.describe()}: input {x.type} and weight {w.type} must both be "
@@ -105,7 +111,7 @@ def _check_bias(node: Node, channels: int) -> None:
 
 
 def conv_window(node: Node, ctx: InferContext) -> Window:
-    x, w = required_input(node, 0), required_input(node, 1)
+    x, w = required_input(node, 0), logical_weight(node)
     return window(node, ctx, x.type.shape[2:], _kernel(node, w))
 
 
@@ -131,6 +137,8 @@ class Conv(Op):
         if node.outputs[0].type.dtype.name != "float32":
             return 0
         win = conv_window(node, UNCHECKED)
+        if BF16_WEIGHTS in node.attrs:
+            return im2col_bytes(node, win)
         if WINOGRAD_TILE in node.attrs:
             return winograd_bytes(node, win)
         if uses_direct_depthwise(node):
@@ -140,6 +148,8 @@ class Conv(Op):
     def path(self, node: Node) -> str:
         if WINOGRAD_TILE in node.attrs:
             return "winograd"
+        if BF16_WEIGHTS in node.attrs:
+            return "bf16"
         return "transposed" if node.attrs.get(TRANSPOSED) else ""
 
     def derived_bytes(self, node: Node) -> int:
@@ -153,6 +163,9 @@ class Conv(Op):
         win = conv_window(node, UNCHECKED)
         if WINOGRAD_TILE in node.attrs:  # chosen by ops/_conv_winograd.winograd_tile
             lower_conv_winograd(node, k, win)
+            return
+        if BF16_WEIGHTS in node.attrs:  # passes/bf16_weights.py
+            lower_conv_gemm(node, k, win)
             return
         x, w, y = k.view(x_val), k.view(w_val), k.view(node.outputs[0])
         bias = k.view(b_val) if b_val is not None else None

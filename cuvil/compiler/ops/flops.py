@@ -23,10 +23,14 @@ def _shape(node: Node, index: int) -> tuple[Dim, ...]:
     return value.type.shape
 
 
+#: ops/gemm.py's BF16_WEIGHTS: the shape of a weight stored as packed bf16
+_BF16_WEIGHTS = "cuvil.bf16_weights"
+
+
 def _conv(node: Node) -> Dim:
     # each output element sums C/group x kernel products: numel(W) / M of them (counted as a
     # direct convolution also when it runs as a Winograd one)
-    w = _shape(node, 1)
+    w = tuple(node.attrs.get(_BF16_WEIGHTS, ())) or _shape(node, 1)
     return numel(node.outputs[0].type.shape) * numel(w[1:])
 
 

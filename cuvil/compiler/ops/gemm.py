@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
+from cuvil.compiler.codegen.bf16_gemm_kernel import emit_parallel_bf16_gemm
 from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.codegen.gemm_kernel import (
     PLAIN,
@@ -114,6 +116,20 @@ MATMUL_BIAS_SLOT = 2
 #: attribute passes/pack_gemm_weights.py sets when the constant weight (input 1) holds the
 #: kernel's packed layout: `pack_a` panels per group for Conv, `pack_b` for Gemm and MatMul
 PACKED_WEIGHTS = "cuvil.packed_weights"
+#: attribute passes/bf16_weights.py sets (precision = "bf16") when the weight (input 1) holds
+#: bf16 packed for codegen/bf16_gemm_kernel.py (`pack_l` per group for Conv, `pack_r` for
+#: Gemm and MatMul; its bits in a float32-typed 1-D constant): the weight's own shape
+BF16_WEIGHTS = "cuvil.bf16_weights"
+
+
+def logical_weight(node: Node) -> Value:
+    """Input 1 of a product, or for bf16 weights a stand-in of the shape and dtype the packed
+    constant replaced (what shape rules and lowerings read; buffers come from the input)."""
+    w = required_input(node, 1)
+    shape = node.attrs.get(BF16_WEIGHTS)
+    if shape is None:
+        return w
+    return Value(w.name, TensorType(np.dtype(np.float32), tuple(int(d) for d in shape)))
 
 
 def weight_layout(node: Node, operand: str) -> Layout:
@@ -218,7 +234,7 @@ class Gemm(Op):
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
         _check_same_dtype(node)
-        a, b = required_input(node, 0), required_input(node, 1)
+        a, b = required_input(node, 0), logical_weight(node)
         if a.type.rank != 2 or b.type.rank != 2:
             raise ModelError(f"{node.describe()}: Gemm needs 2-D inputs, got {a.type} and {b.type}")
         m, ka = a.type.shape[::-1] if attr(node, "transA") else a.type.shape
@@ -236,7 +252,13 @@ class Gemm(Op):
         check_fused_inputs(node, y)
         return [y]
 
+    def path(self, node: Node) -> str:
+        return "bf16" if BF16_WEIGHTS in node.attrs else ""
+
     def lower(self, node: Node, k: Emitter) -> None:
+        if BF16_WEIGHTS in node.attrs:
+            _lower_gemm_bf16(node, k)
+            return
         a_val, b_val = required_input(node, 0), required_input(node, 1)
         a, b, y = k.view(a_val), k.view(b_val), k.view(node.outputs[0])
         if attr(node, "transA"):
@@ -302,6 +324,27 @@ class Gemm(Op):
             apply_epilogue(k, y, epilogue, k.view(r_val) if r_val is not None else None)
 
 
+def _lower_gemm_bf16(node: Node, k: Emitter) -> None:
+    """A Gemm with bf16 weights (alpha = 1, A not transposed: the kernel's path)."""
+    a_val, c_val, y_val = required_input(node, 0), node.input(2), node.outputs[0]
+    b_shape = logical_weight(node).type.shape
+    beta = float(attr(node, "beta"))
+    accumulate = c_val is not None and beta != 0.0
+    bias_kind = _bias_kind(c_val, y_val.type.shape) if accumulate and beta == 1.0 else None
+    y = k.view(y_val)
+    if accumulate and bias_kind is None:
+        _fill_scaled(k, c_val, y, y_val.type.shape, beta)
+    r_val = node.input(RESIDUAL_SLOT)
+    kk, n = k.dim(b_shape[0]), k.dim(b_shape[1])
+    emit_parallel_bf16_gemm(
+        k, k.dim(y_val.type.shape[0]), n, kk, k.buffers[a_val], kk,
+        k.buffers[required_input(node, 1)], n, k.buffers[y_val], n, side="b",
+        accumulate=accumulate and bias_kind is None,
+        bias=k.buffers[c_val] if bias_kind is not None and c_val is not None else None,
+        residual=k.buffers[r_val] if r_val is not None else None,
+        epilogue=replace(node_epilogue(node), bias=bias_kind or "none"))
+
+
 def _bias_kind(c: Value | None, out: tuple[Dim, ...]) -> str | None:
     """"col" when C is one value per output column, "row" when one per row, else None."""
     if c is None:
@@ -337,7 +380,7 @@ class MatMul(Op):
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
         self.check_dtypes(node)
         _check_same_dtype(node)
-        a, b = required_input(node, 0), required_input(node, 1)
+        a, b = required_input(node, 0), logical_weight(node)
         sa, sb = a.type.shape, b.type.shape
         if not sa or not sb:
             raise ModelError(f"{node.describe()}: MatMul inputs must have rank >= 1")
@@ -358,6 +401,9 @@ class MatMul(Op):
                              f"it must be one value per output column of matrices ({y})")
         check_fused_inputs(node, y)
         return [y]
+
+    def path(self, node: Node) -> str:
+        return "bf16" if BF16_WEIGHTS in node.attrs else ""
 
     def lower(self, node: Node, k: Emitter) -> None:
         if on_one_gemm(node):
@@ -388,7 +434,7 @@ def on_one_gemm(node: Node) -> bool:
     """float32 MatMul whose B is one matrix for every batch entry (a Linear layer: [..., K] x
     [K, N]): A's batch dims and rows are contiguous, so it is one [batch * M, K] x [K, N]
     product on the threaded kernel."""
-    b = node.inputs[1]
+    b = logical_weight(node) if node.inputs[1] is not None else None
     return (node.outputs[0].type.dtype.name == "float32" and b is not None and b.type.rank >= 2
             and all(isinstance(d, int) and d == 1 for d in b.type.shape[:-2]))
 
@@ -413,7 +459,7 @@ def _residual(node: Node, k: Emitter, y_full: View) -> View | None:
 
 
 def _lower_one_gemm(node: Node, k: Emitter) -> None:
-    a_val, b_val = required_input(node, 0), required_input(node, 1)
+    a_val, b_val = required_input(node, 0), logical_weight(node)
     r_val = node.input(RESIDUAL_SLOT)
     kk, n = b_val.type.shape[-2], b_val.type.shape[-1]
     rows: Dim = 1
@@ -422,9 +468,13 @@ def _lower_one_gemm(node: Node, k: Emitter) -> None:
     epilogue, bias = _matmul_epilogue(node, k)
     _zero_if_empty(k, node.outputs[0], kk)
     layout = weight_layout(node, "b")
-    args = (k.dim(rows), k.dim(n), k.dim(kk), k.buffers[a_val], k.dim(kk), k.buffers[b_val],
-            k.dim(n), k.buffers[node.outputs[0]], k.dim(n))
+    args = (k.dim(rows), k.dim(n), k.dim(kk), k.buffers[a_val], k.dim(kk),
+            k.buffers[required_input(node, 1)], k.dim(n), k.buffers[node.outputs[0]], k.dim(n))
     residual = k.buffers[r_val] if r_val is not None else None
+    if BF16_WEIGHTS in node.attrs:
+        emit_parallel_bf16_gemm(k, *args, side="b", bias=bias, residual=residual,
+                                epilogue=epilogue)
+        return
     few_rows_or(k, args[0],
                 lambda: emit_parallel_gemv(k, *args, layout="packed" if layout.packed_b
                                            else "rows", bias=bias, residual=residual,

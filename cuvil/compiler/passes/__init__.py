@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from cuvil.compiler.ir import Graph, IRError
+from cuvil.compiler.passes.bf16_weights import bf16_weights
 from cuvil.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from cuvil.compiler.passes.fold_batchnorm import fold_batchnorm
 from cuvil.compiler.passes.fully_connected_convs import fully_connected_convs
@@ -24,7 +25,7 @@ from cuvil.compiler.passes.winograd_weights import winograd_weights
 #: the pipeline, in order (constant folding runs inside the frontend, which needs constants
 #: to type shape inputs)
 PIPELINE = (fuse_qdq, pack_int8_weights, eliminate_dead_code, fold_batchnorm, pack_gemm_weights,
-            fuse_epilogue, fully_connected_convs, winograd_weights)
+            fuse_epilogue, fully_connected_convs, winograd_weights, bf16_weights)
 
 #: passes of the pipeline that If/Loop/Scan bodies skip, and why; every other pass runs on
 #: each body too (`SUBGRAPH_PIPELINE`)
@@ -34,6 +35,7 @@ TOP_LEVEL_ONLY = {
     fuse_epilogue: "not yet tested on bodies (their Conv and Gemm lowerings run unfused)",
     fully_connected_convs: "it follows fuse_epilogue (bodies' 1x1-map convs stay convs)",
     winograd_weights: "its convs' weights are derived by the model's run, which bodies lack",
+    bf16_weights: "the model's precision is the top-level graph's",
 }
 SUBGRAPH_PIPELINE = tuple(p for p in PIPELINE if p not in TOP_LEVEL_ONLY)
 

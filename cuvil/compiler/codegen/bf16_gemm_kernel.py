@@ -1,0 +1,672 @@
+"""A matrix product in bfloat16 with float32 sums, C = act(L @ R + bias + residual), for models
+compiled with precision = "bf16" (passes/bf16_weights.py).
+
+bf16 is float32 with the low 16 bits of the mantissa dropped (8 significant bits): each
+product of two rounded operands is within about 2^-8 of the float32 one, and the sums are
+float32, so the error of an output is that of a dot product of operands each off by at most
+2^-9 relative (docs/precision.md has the measured figures).
+
+One operand is a constant packed at compile time, the other float32 read at run time and
+rounded to bf16 (to nearest, ties to even) as the kernel packs it, block by block of K, into
+a buffer on the stack:
+
+- side "b" (Gemm, MatMul: weights on the right): L is the float32 activation [M, K] (row
+  stride ldl), R the constant `pack_r` of B [K, N];
+- side "a" (convolutions: Y[M, P] = W[M, K] @ X'[K, P]): L is the constant `pack_l` of W,
+  R the float32 X' [K, N] (row stride ldr).
+
+Both packed forms are shared by every instruction set below (one weights blob serves the CPU
+variants of a library), K padded with zeros to a multiple of K_ALIGN:
+
+- L: row-major bf16 [Mp, Kp], M padded to a multiple of ROW_ALIGN rows;
+- R: panels of PACK_COLS columns (N padded with zero columns), each Kp/2 "pair rows" of
+  PACK_COLS x 2 bf16: column c's B[2g, c], B[2g+1, c] side by side, what a 2-way bf16 dot
+  product reads (vdpbf16ps, AMX's B tile).
+
+Instruction sets (`bf16_isa_of`):
+
+- "amx": AMX-BF16 tiles (Sapphire Rapids and later): C in blocks of 32 x 32 (four 16 x 16
+  float32 tiles, two tiles of L, two of R per 32 values of K); the tile configuration comes
+  from LLVM (the `.internal` intrinsics carry the shapes). Linux hands a process the tile
+  state only when asked (arch_prctl): the runtime's `cuvil_amx_ready` asks and tells.
+- "dpbf16": AVX-512 BF16 vdpbf16ps, a 12 x 32 register tile (as the float kernel's);
+- "fma": bf16 widened to float32 exactly (a shift), multiplied with FMAs: CPUs without bf16
+  instructions and other targets (AArch64). Same rounded operands, so the same accuracy.
+
+AVX512-BF16 and AMX are not part of x86-64-v4, so, as the int8 kernel does for VNNI, the v4
+copy holds the amx, dpbf16 and fma kernels and picks one at its first call (a CPUID bit, and
+for AMX the OS's permission, each read once and kept in an internal global); each kernel is
+compiled with its extra features as a function attribute. The v3 and baseline copies and
+AArch64 run "fma".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+
+from cuvil.compiler.codegen.activation import apply_activation
+from cuvil.compiler.codegen.emitter import I1, I8, I32, I64, PTR, Emitter, splat
+from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue
+
+F32 = ir.FloatType()
+I16 = ir.IntType(16)
+#: columns per panel of a packed R; K is padded to K_ALIGN (one AMX tile: 32 bf16 = 64 bytes),
+#: the rows of a packed L to ROW_ALIGN (one AMX tile's 16 rows)
+PACK_COLS = 32
+K_ALIGN = 32
+ROW_ALIGN = 16
+#: bytes of one pair row of a panel (PACK_COLS columns x 2 bf16)
+PAIR_ROW = PACK_COLS * 4
+#: K is walked in blocks of KC values: the run-time operand's block is packed into a stack
+#: buffer of at most 32 KiB (32 rows x KC bf16, or KC / 2 pair rows of a panel)
+KC = 512
+#: parallel split: blocks per thread, fewest tiles per block; rows are split in multiples of
+#: ROW_SPLIT (whole tiles of every kind: 12-row register tiles, 16- and 32-row AMX blocks)
+BLOCKS_PER_THREAD = 4
+MIN_ROW_TILES = 2
+MIN_COLUMN_TILES = 2
+ROW_SPLIT = 48
+#: AMX: rows and columns of a block of C (2 x 2 tiles of 16 x 16)
+AMX_ROWS = 32
+
+
+# ------------------------------------------------------------------------------ packing
+
+
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits (uint16), rounded to nearest, ties to even; NaN stays NaN."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)
+
+
+def from_bf16(bits: np.ndarray) -> np.ndarray:
+    """bf16 bits -> float32 (exact)."""
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def round_up(x: int, to: int) -> int:
+    return -(-x // to) * to
+
+
+def pack_l(w: np.ndarray) -> np.ndarray:
+    """A constant left operand [M, K] as bf16 [Mp, Kp] (module docstring), zeros padding."""
+    m, k = w.shape
+    out = np.zeros((round_up(max(m, 1), ROW_ALIGN), round_up(max(k, 1), K_ALIGN)), np.uint16)
+    out[:m, :k] = to_bf16(w)
+    return out
+
+
+def pack_r(b: np.ndarray) -> np.ndarray:
+    """A constant right operand [K, N] as bf16 panels [Np / 32, Kp / 2, 32, 2]."""
+    k, n = b.shape
+    full = np.zeros((round_up(max(k, 1), K_ALIGN), round_up(max(n, 1), PACK_COLS)), np.uint16)
+    full[:k, :n] = to_bf16(b)
+    kp, np_ = full.shape
+    # [pair, j, panel, column] -> [panel, pair, column, j]
+    return np.ascontiguousarray(
+        full.reshape(kp // 2, 2, np_ // PACK_COLS, PACK_COLS).transpose(2, 0, 3, 1))
+
+
+# ------------------------------------------------------------------------------ instruction sets
+
+
+@dataclass(frozen=True)
+class Bf16Isa:
+    kind: str  # "amx", "dpbf16" or "fma" (module docstring)
+    vector: int  # float32 lanes per vector
+    mr: int  # rows per register tile (AMX: per block)
+    nv: int  # vectors per tile row (NR = vector * nv divides PACK_COLS)
+    #: what the kernel's function needs beyond the module's features
+    features: str = ""
+
+    @property
+    def nr(self) -> int:
+        return self.vector * self.nv
+
+
+AMX = Bf16Isa("amx", 16, AMX_ROWS, 2, "+amx-tile,+amx-bf16,+avx512bf16")
+DPBF16 = Bf16Isa("dpbf16", 16, 12, 2, "+avx512bf16")
+#: CPUID leaf 7 subleaf 1, EAX bit 5: AVX512_BF16 (its register state is AVX-512's)
+AVX512BF16_BIT = (7, 1, 0, 5)
+#: the runtime's checks (cuvil/runtime/threadpool.c)
+CPUID_BIT = "cuvil_cpuid_bit"
+AMX_READY = "cuvil_amx_ready"
+
+
+def _fma(vector: int, mr: int) -> Bf16Isa:
+    return Bf16Isa("fma", vector, mr, PACK_COLS // vector if vector >= 16 else 2)
+
+
+def bf16_isas_of(module: ir.Module) -> list[Bf16Isa]:
+    """The kernels the module's copy holds, best first: each but the last runs only where its
+    run-time test passes (see the module docstring)."""
+    features = set(getattr(module, "cuvil_features", "").split(","))
+    if module.triple.startswith(("aarch64", "arm64")):
+        return [_fma(4, 8)]
+    if not module.triple.startswith(("x86_64", "i686", "i386")):
+        return [_fma(4, 4)]
+    if "+avx512f" in features:
+        chain = []
+        if "-amx-bf16" not in features and "-amx-tile" not in features:
+            chain.append(AMX)
+        if "-avx512bf16" not in features:
+            chain.append(DPBF16)
+        if "+avx512bf16" not in features:
+            chain.append(_fma(16, 8))
+        return chain
+    if "+avx2" in features:
+        return [_fma(8, 4)]
+    return [_fma(4, 4)]
+
+
+def bf16_isa_of(module: ir.Module) -> Bf16Isa:
+    """The kernel the module's copy runs when every run-time test passes."""
+    return bf16_isas_of(module)[0]
+
+
+# ------------------------------------------------------------------------------ the function
+
+_TYPE = ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, PTR, I64, PTR, I64, I1, PTR,
+                                        PTR])
+
+
+def bf16_gemm_function(module: ir.Module, side: str, epilogue: Epilogue = PLAIN) -> ir.Function:
+    """`void bf16gemm(M, N, K, L, ldl, R, ldr, C, ldc, accumulate, bias, residual)`:
+    C[i, j] = act((accumulate ? C[i, j] : 0) + sum_k L[i, k] R[k, j] (+ bias) (+ residual)).
+    `side` names the packed operand: "b" (R is `pack_r`; L float32, row stride ldl; ldr not
+    read) or "a" (L is `pack_l`; R float32, row stride ldr; ldl not read). Strides are in
+    elements; C's and the residual's rows are ldc apart."""
+    assert side in ("a", "b"), side
+    name = f"cuvil.bf16gemm.{side}.{epilogue.suffix}"
+    try:
+        return module.get_global(name)
+    except KeyError:
+        pass
+    chain = bf16_isas_of(module)
+
+    def define(fn_name: str, isa: Bf16Isa) -> ir.Function:
+        fn = ir.Function(module, _TYPE, fn_name)
+        fn.linkage = "internal"
+        fn.attributes.add("noinline")
+        for i in (3, 5, 7, 10, 11):
+            fn.args[i].add_attribute("noalias")
+        if isa.features:
+            features = ",".join(f for f in (getattr(module, "cuvil_features", ""), isa.features)
+                                if f)
+            # llvmlite knows no string attributes: this one is written as it is
+            set.add(fn.attributes, f'"target-features"="{features}"')
+        _Writer(module, fn, isa, side, epilogue).write()
+        return fn
+
+    if len(chain) == 1:
+        return define(name, chain[0])
+    kernels = [define(f"{name}.{isa.kind}", isa) for isa in chain]
+    fn = ir.Function(module, _TYPE, name)
+    fn.linkage = "internal"
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    for isa, kernel in zip(chain[:-1], kernels[:-1]):
+        with b.if_then(_gate(module, b, isa)):
+            b.call(kernel, fn.args)
+            b.ret_void()
+    b.call(kernels[-1], fn.args)
+    b.ret_void()
+    return fn
+
+
+def _gate(module: ir.Module, b: ir.IRBuilder, isa: Bf16Isa) -> ir.Value:
+    """Whether the CPU (and OS) run `isa`: asked once per library and kept in an internal global
+    (1 yes, 2 no, 0 not asked yet), as the int8 kernel's CPUID gate: CPUID traps to the
+    hypervisor on virtual machines, too slow for every product. Racing threads store the same
+    answer."""
+    if isa.kind == "amx":
+        name, query, args = "cuvil.amx_ready", AMX_READY, []
+    else:
+        name, query = "cuvil.cpuid." + ".".join(map(str, AVX512BF16_BIT)), CPUID_BIT
+        args = list(AVX512BF16_BIT)
+    try:
+        cache = module.get_global(name)
+    except KeyError:
+        cache = ir.GlobalVariable(module, I32, name)
+        cache.linkage = "internal"
+        cache.initializer = ir.Constant(I32, 0)
+    known = b.load_atomic(cache, "monotonic", 4)
+    slot = b.alloca(I32)
+    b.store(known, slot)
+    with b.if_then(b.icmp_signed("==", known, ir.Constant(I32, 0)), likely=False):
+        try:
+            fn = module.get_global(query)
+        except KeyError:
+            fn = ir.Function(module, ir.FunctionType(I32, [I32] * len(args)), query)
+        has = b.call(fn, [ir.Constant(I32, x) for x in args])
+        fresh = b.select(b.icmp_signed("!=", has, ir.Constant(I32, 0)), ir.Constant(I32, 1),
+                         ir.Constant(I32, 2))
+        b.store_atomic(fresh, cache, "monotonic", 4)
+        b.store(fresh, slot)
+    return b.icmp_signed("==", b.load(slot), ir.Constant(I32, 1))
+
+
+class _Amx(ir.Type):
+    """LLVM's x86_amx, the type of a tile (llvmlite has no such type)."""
+
+    def _to_string(self) -> str:
+        return "x86_amx"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Amx)
+
+    def __hash__(self) -> int:
+        return hash("x86_amx")
+
+
+TILE = _Amx()
+
+
+def _declare(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+    try:
+        return module.get_global(name)
+    except KeyError:
+        return ir.Function(module, ir.FunctionType(ret, args), name)
+
+
+def round_to_bf16(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """A vector of float32 -> the same lanes as i32 holding bf16 bits in their low half
+    (nearest, ties to even; NaN stays NaN), as `to_bf16`."""
+    n = x.type.count
+    vi = ir.VectorType(I32, n)
+
+    def c(v: int) -> ir.Constant:
+        return ir.Constant(vi, [v] * n)
+
+    bits = b.bitcast(x, vi)
+    high = b.lshr(bits, c(16))
+    rounded = b.lshr(b.add(b.add(bits, c(0x7FFF)), b.and_(high, c(1))), c(16))
+    nan = b.icmp_unsigned(">", b.and_(bits, c(0x7FFFFFFF)), c(0x7F800000))
+    return b.select(nan, b.or_(high, c(0x40)), rounded)
+
+
+class _Writer:
+    def __init__(self, module: ir.Module, fn: ir.Function, isa: Bf16Isa, side: str,
+                 epilogue: Epilogue) -> None:
+        self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {})
+        self.module, self.isa, self.side, self.epilogue = module, isa, side, epilogue
+        (self.m, self.n, self.kk, self.l, self.ldl, self.r, self.ldr, self.c, self.ldc,
+         self.acc, self.bias, self.residual) = fn.args
+        self.w = isa.vector
+        self.vf = ir.VectorType(F32, self.w)
+
+    # -- helpers -------------------------------------------------------------------------
+    def buffer(self, size: int) -> ir.Value:
+        b = self.k.b
+        with b.goto_entry_block():
+            buf = b.alloca(ir.ArrayType(I8, size))
+        buf.align = 64
+        buf.type = PTR  # an untyped pointer, like every other buffer here
+        return buf
+
+    def at(self, p: ir.Value, offset: ir.Value) -> ir.Value:
+        return self.k.b.gep(p, [offset], source_etype=I8)
+
+    def lanes_below(self, count: ir.Value, width: int) -> ir.Value:
+        lanes = ir.Constant(ir.VectorType(I64, width), list(range(width)))
+        return self.k.b.icmp_signed("<", lanes, splat(self.k.b, count, width))
+
+    def masked_load(self, p: ir.Value, vt: ir.VectorType, mask: ir.Value) -> ir.Value:
+        suffix = f"v{vt.count}{'f32' if vt.element == F32 else f'i{vt.element.width}'}"
+        fn = _declare(self.module, f"llvm.masked.load.{suffix}.p0", vt,
+                      [PTR, I32, ir.VectorType(I1, vt.count), vt])
+        return self.k.b.call(fn, [p, ir.Constant(I32, 4), mask, ir.Constant(vt, None)])
+
+    def masked_store(self, x: ir.Value, p: ir.Value, mask: ir.Value) -> None:
+        vt = x.type
+        fn = _declare(self.module, f"llvm.masked.store.v{vt.count}f32.p0", ir.VoidType(),
+                      [vt, PTR, I32, ir.VectorType(I1, vt.count)])
+        self.k.b.call(fn, [x, p, ir.Constant(I32, 4), mask])
+
+    # -- structure -----------------------------------------------------------------------
+    def write(self) -> None:
+        """K in blocks of KC; in each, the run-time operand's block is packed (side "b": a row
+        tile of L at a time, every column tile after it; side "a": a panel of R at a time,
+        every row tile after it)."""
+        k = self.k
+        b = k.b
+        self.kp = b.and_(b.add(self.kk, k.i64(K_ALIGN - 1)), k.i64(-K_ALIGN))
+        rows = max(self.isa.mr, AMX_ROWS if self.isa.kind == "amx" else 0)
+        pack_buf = self.buffer(rows * KC * 2 if self.side == "b" else KC // 2 * PAIR_ROW)
+        self.c_buf = self.buffer(AMX_ROWS * PACK_COLS * 4) if self.isa.kind == "amx" else None
+        # K = 0 leaves C as the epilogue of nothing: one block of zeros
+        blocks = k.maximum("int64", self.kk, k.i64(1))
+        with k.loop(blocks, step=KC, name="k0") as k0:
+            kc = k.minimum("int64", b.sub(self.kk, k0), k.i64(KC))
+            self.pairs = b.udiv(b.add(kc, k.i64(K_ALIGN - 1)), k.i64(K_ALIGN))
+            self.pairs = b.mul(self.pairs, k.i64(K_ALIGN // 2))
+            self.load_c = b.or_(self.acc, b.icmp_signed(">", k0, k.i64(0)))
+            self.last = b.icmp_signed(">=", b.add(k0, kc), self.kk)
+            self.k0, self.kc = k0, kc
+            if self.side == "b":
+                def row_tile(i0: ir.Value, height: int) -> None:
+                    self.pack_l_rows(pack_buf, i0, height)
+                    with k.loop(self.n, step=self.isa.nr, name="j") as j:
+                        panel = b.udiv(j, k.i64(PACK_COLS))
+                        within = b.sub(j, b.mul(panel, k.i64(PACK_COLS)))
+                        off = b.add(b.mul(panel, b.mul(self.kp, k.i64(PAIR_ROW // 2))),
+                                    b.add(b.mul(b.udiv(k0, k.i64(2)), k.i64(PAIR_ROW)),
+                                          b.mul(within, k.i64(4))))
+                        self.tile(pack_buf, k.i64(KC * 2), self.at(self.r, off),
+                                  k.i64(0), i0, j, height)
+                self.row_tiles(row_tile)
+            else:
+                with k.loop(self.n, step=PACK_COLS, name="jp") as jp:
+                    self.pack_r_panel(pack_buf, jp)
+                    lld = b.mul(self.kp, k.i64(2))
+
+                    def tile(i0: ir.Value, height: int) -> None:
+                        l_rows = self.at(self.l, b.mul(k0, k.i64(2)))
+                        for sub in range(0, PACK_COLS, self.isa.nr):
+                            j = b.add(jp, k.i64(sub))
+                            with k.if_then(b.icmp_signed("<", j, self.n)):
+                                self.tile(l_rows, lld, self.at(pack_buf, k.i64(sub * 4)), i0,
+                                          i0, j, height)
+                    self.row_tiles(tile)
+        if self.isa.kind == "amx":  # the tile state back to its initial, cheap to switch
+            b.call(_declare(self.module, "llvm.x86.tilerelease", ir.VoidType(), []), [])
+        b.ret_void()
+
+    def row_tiles(self, body: Callable[[ir.Value, int], None]) -> None:
+        """body(i0, height): whole tiles of MR rows, then halving heights for the rest (AMX:
+        blocks of 32 rows, then one of 16 for the up to 16 left)."""
+        k, mr = self.k, self.isa.mr
+        b = k.b
+        m_full = b.mul(b.udiv(self.m, k.i64(mr)), k.i64(mr))
+        with k.loop(m_full, step=mr, name="i") as i:
+            body(i, mr)
+        heights: list[int] = []
+        h = 1
+        while h < mr:
+            heights.insert(0, h)
+            h *= 2
+        if self.isa.kind == "amx":  # rows past M in a block are computed, not stored
+            with k.if_then(b.icmp_signed("<", m_full, self.m)):
+                left = b.sub(self.m, m_full)
+                with b.if_else(b.icmp_signed(">", left, k.i64(AMX_ROWS // 2))) as (two, one):
+                    with two:
+                        body(m_full, AMX_ROWS)
+                    with one:
+                        body(m_full, AMX_ROWS // 2)
+            return
+        start = m_full
+        for h in heights:
+            fits = b.icmp_signed(">=", b.sub(self.m, start), k.i64(h))
+            with k.if_then(fits):
+                body(start, h)
+            start = b.add(start, b.select(fits, k.i64(h), k.i64(0)))
+
+    # -- packing the run-time operand -----------------------------------------------------
+    def pack_l_rows(self, buf: ir.Value, i0: ir.Value, height: int) -> None:
+        """buf[r, 0:pairs*2] = bf16(L[i0 + r, k0:k0 + kc]) for the tile's rows (zeros past K;
+        AMX: rows past M zero too), rows KC values apart."""
+        k = self.k
+        b = k.b
+        width = 16
+        vi16 = ir.VectorType(I16, width)
+        valid = b.sub(self.m, i0)
+        with k.loop(k.i64(height), name="pr") as r:
+            inside = b.icmp_signed("<", r, valid)
+            row_src = b.gep(self.l, [b.add(b.mul(b.add(i0, r), self.ldl), self.k0)],
+                            source_etype=F32)
+            row_dst = self.at(buf, b.mul(r, k.i64(KC * 2)))
+            with k.loop(b.mul(self.pairs, k.i64(2)), step=width, name="pk") as p:
+                count = b.select(inside, b.sub(self.kc, p), k.i64(0))
+                x = self.masked_load(b.gep(row_src, [p], source_etype=F32),
+                                     ir.VectorType(F32, width), self.lanes_below(count, width))
+                b.store(b.trunc(round_to_bf16(b, x), vi16),
+                        self.at(row_dst, b.mul(p, k.i64(2))), align=2)
+
+    def pack_r_panel(self, buf: ir.Value, jp: ir.Value) -> None:
+        """buf = the panel of R's columns jp..jp+31 for this block of K, as `pack_r` lays one
+        out (bf16 pairs; zeros past N and K)."""
+        k = self.k
+        b = k.b
+        width = 16
+        cols = b.sub(self.n, jp)
+        masks = [self.lanes_below(b.sub(cols, k.i64(h * width)), width) for h in range(2)]
+        no = ir.Constant(ir.VectorType(I1, width), [0] * width)
+        with k.loop(self.pairs, name="pp") as g:
+            kr = b.add(self.k0, b.mul(g, k.i64(2)))
+            src = [b.gep(self.r, [b.add(b.mul(b.add(kr, k.i64(j)), self.ldr), jp)],
+                         source_etype=F32) for j in range(2)]
+            real = [b.icmp_signed("<", b.add(kr, k.i64(j)), self.kk) for j in range(2)]
+            dst = self.at(buf, b.mul(g, k.i64(PAIR_ROW)))
+            for h in range(2):
+                halves = []
+                for j in range(2):
+                    mask = b.select(real[j], masks[h], no)
+                    x = self.masked_load(b.gep(src[j], [k.i64(h * width)], source_etype=F32),
+                                         ir.VectorType(F32, width), mask)
+                    halves.append(round_to_bf16(b, x))
+                vi = ir.VectorType(I32, width)
+                word = b.or_(halves[0], b.shl(halves[1], ir.Constant(vi, [16] * width)))
+                b.store(word, self.at(dst, k.i64(h * 64)), align=4)
+
+    # -- one tile ------------------------------------------------------------------------
+    def tile(self, l_src: ir.Value, lld: ir.Value, r_src: ir.Value, l_row0: ir.Value,
+             i0: ir.Value, j0: ir.Value, rows: int) -> None:
+        """C[i0:i0+rows, j0:j0+NR] for this block of K: L's rows from l_src (row l_row0 there
+        is C's row i0; rows lld bytes apart), R's pair rows from r_src, PAIR_ROW bytes apart."""
+        if self.isa.kind == "amx":
+            self.amx_block(l_src, lld, r_src, l_row0, i0, j0, rows)
+            return
+        k, isa, w = self.k, self.isa, self.w
+        b = k.b
+        accs = []
+        with b.goto_entry_block():
+            for _ in range(rows * isa.nv):
+                accs.append(b.alloca(self.vf))
+        for a in accs:
+            b.store(ir.Constant(self.vf, None), a)
+        a_rows = [self.at(l_src, b.mul(b.add(l_row0, k.i64(r)), lld)) for r in range(rows)]
+        vi = ir.VectorType(I32, w)
+        with k.loop(self.pairs, name="g") as g:
+            bsrc = self.at(r_src, b.mul(g, k.i64(PAIR_ROW)))
+            bvec = [b.load(self.at(bsrc, k.i64(v * w * 4)), typ=vi, align=4)
+                    for v in range(isa.nv)]
+            if isa.kind == "fma":
+                bvec = [self.widen(x) for x in bvec]
+            for r in range(rows):
+                a2 = b.load(self.at(a_rows[r], b.mul(g, k.i64(4))), typ=I32, align=4)
+                for v in range(isa.nv):
+                    slot = accs[r * isa.nv + v]
+                    b.store(self.multiply(b.load(slot), a2, bvec[v]), slot)
+        left = b.sub(self.n, j0)
+        masks = [self.lanes_below(b.sub(left, k.i64(v * w)), w) for v in range(isa.nv)]
+        for r in range(rows):
+            self.store_row(b.add(i0, k.i64(r)), j0,
+                           [b.load(accs[r * isa.nv + v]) for v in range(isa.nv)], masks)
+
+    def widen(self, pairs: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """W pairs of bf16 (as i32) -> the float32 vectors of their first and second values."""
+        b, w = self.k.b, self.w
+        vi = ir.VectorType(I32, w)
+        first = b.shl(pairs, ir.Constant(vi, [16] * w))
+        second = b.and_(pairs, ir.Constant(vi, [-65536] * w))
+        return b.bitcast(first, self.vf), b.bitcast(second, self.vf)
+
+    def multiply(self, acc: ir.Value, a2: ir.Value, bv: ir.Value | tuple) -> ir.Value:
+        """acc + a[0] * b[.., 0] + a[1] * b[.., 1] for a pair of bf16 `a2` (i32) and W columns."""
+        b, w = self.k.b, self.w
+        if self.isa.kind == "dpbf16":
+            vi = ir.VectorType(I32, w)
+            fn = _declare(self.module, "llvm.x86.avx512bf16.dpbf16ps.512", self.vf,
+                          [self.vf, vi, vi])
+            return b.call(fn, [acc, splat(b, a2, w), bv])
+        first = b.bitcast(b.shl(a2, ir.Constant(I32, 16)), F32)
+        second = b.bitcast(b.and_(a2, ir.Constant(I32, -65536)), F32)
+        fma = _declare(self.module, f"llvm.fmuladd.v{w}f32", self.vf, [self.vf] * 3)
+        acc = b.call(fma, [splat(b, first, w), bv[0], acc])
+        return b.call(fma, [splat(b, second, w), bv[1], acc])
+
+    def amx_block(self, l_src: ir.Value, lld: ir.Value, r_src: ir.Value, l_row0: ir.Value,
+                  i0: ir.Value, j0: ir.Value, rows: int) -> None:
+        """A block of rows (32 or 16) x 32 columns of C in AMX tiles, stored into c_buf, then
+        added to C row by row (`store_row`)."""
+        k = self.k
+        b = k.b
+        m = self.module
+        c16, c64 = ir.Constant(I16, 16), ir.Constant(I16, 64)
+        zero = _declare(m, "llvm.x86.tilezero.internal", TILE, [I16, I16])
+        load = _declare(m, "llvm.x86.tileloadd64.internal", TILE, [I16, I16, PTR, I64])
+        dot = _declare(m, "llvm.x86.tdpbf16ps.internal", TILE, [I16, I16, I16, TILE, TILE, TILE])
+        store = _declare(m, "llvm.x86.tilestored64.internal", ir.VoidType(),
+                         [I16, I16, PTR, I64, TILE])
+        heights = rows // 16
+        pre = b.block
+        init = [b.call(zero, [c16, c64]) for _ in range(heights * 2)]
+        head = k.function.append_basic_block("amx.head")
+        body = k.function.append_basic_block("amx.body")
+        done = k.function.append_basic_block("amx.done")
+        b.branch(head)
+        b.position_at_end(head)
+        step = b.phi(I64, name="ks")
+        step.add_incoming(k.i64(0), pre)
+        accs = []
+        for x in init:
+            phi = b.phi(TILE)
+            phi.add_incoming(x, pre)
+            accs.append(phi)
+        steps = b.udiv(self.pairs, k.i64(16))
+        b.cbranch(b.icmp_signed("<", step, steps), body, done)
+        b.position_at_end(body)
+        a_tiles = [b.call(load, [c16, c64, self.at(l_src, b.add(
+            b.mul(b.add(l_row0, k.i64(16 * t)), lld), b.mul(step, k.i64(64)))), lld])
+            for t in range(heights)]
+        r_step = self.at(r_src, b.mul(step, k.i64(16 * PAIR_ROW)))
+        b_tiles = [b.call(load, [c16, c64, self.at(r_step, k.i64(64 * u)), k.i64(PAIR_ROW)])
+                   for u in range(2)]
+        new = [b.call(dot, [c16, c64, c64, accs[t * 2 + u], a_tiles[t], b_tiles[u]])
+               for t in range(heights) for u in range(2)]
+        latch = b.block
+        step.add_incoming(b.add(step, k.i64(1)), latch)
+        for phi, x in zip(accs, new):
+            phi.add_incoming(x, latch)
+        b.branch(head)
+        b.position_at_end(done)
+        assert self.c_buf is not None
+        for t in range(heights):
+            for u in range(2):
+                b.call(store, [c16, c64, self.at(self.c_buf, k.i64(t * 16 * 128 + u * 64)),
+                               k.i64(128), accs[t * 2 + u]])
+        left = b.sub(self.n, j0)
+        masks = [self.lanes_below(b.sub(left, k.i64(v * 16)), 16) for v in range(2)]
+        valid = k.minimum("int64", b.sub(self.m, i0), k.i64(rows))
+        with k.loop(valid, name="cr") as r:
+            row = self.at(self.c_buf, b.mul(r, k.i64(128)))
+            xs = [b.load(self.at(row, k.i64(64 * v)), typ=self.vf, align=64) for v in range(2)]
+            self.store_row(b.add(i0, r), j0, xs, masks)
+
+    # -- into C --------------------------------------------------------------------------
+    def store_row(self, row: ir.Value, j0: ir.Value, xs: list[ir.Value],
+                  masks: list[ir.Value]) -> None:
+        """C[row, j0 + v*W ...] = the sums xs (plus C's earlier blocks or accumulate), through
+        the epilogue after K's last block; lanes outside `masks` untouched."""
+        k, w, ep = self.k, self.w, self.epilogue
+        b = k.b
+        base = b.add(b.mul(row, self.ldc), j0)
+        outs = []
+        for v, x in enumerate(xs):
+            ptr = b.gep(self.c, [b.add(base, k.i64(v * w))], source_etype=F32)
+            earlier = self.masked_load(ptr, self.vf, b.and_(masks[v], splat(b, self.load_c, w)))
+            outs.append((b.fadd(x, earlier), ptr))
+        if ep == PLAIN:
+            for v, (x, ptr) in enumerate(outs):
+                self.masked_store(x, ptr, masks[v])
+            return
+        with b.if_else(self.last) as (last, partial):
+            with last:
+                for v, (x, ptr) in enumerate(outs):
+                    col = b.add(j0, k.i64(v * w))
+                    if ep.bias == "row":
+                        bias = b.load(b.gep(self.bias, [row], source_etype=F32), typ=F32)
+                        x = b.fadd(x, splat(b, bias, w))
+                    elif ep.bias == "col":
+                        x = b.fadd(x, self.masked_load(b.gep(self.bias, [col], source_etype=F32),
+                                                       self.vf, masks[v]))
+                    if ep.residual:
+                        res = b.gep(self.residual, [b.add(base, k.i64(v * w))], source_etype=F32)
+                        x = b.fadd(x, self.masked_load(res, self.vf, masks[v]))
+                    if ep.activation is not None:
+                        x = apply_activation(b, ep.activation, ep.params, x)
+                    self.masked_store(x, ptr, masks[v])
+            with partial:
+                for v, (x, ptr) in enumerate(outs):
+                    self.masked_store(x, ptr, masks[v])
+
+
+# ------------------------------------------------------------------------------ emitting
+
+
+def emit_bf16_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, l_ptr: ir.Value,
+                   ldl: ir.Value, r_ptr: ir.Value, ldr: ir.Value, c: ir.Value, ldc: ir.Value, *,
+                   side: str, accumulate: bool = False, bias: ir.Value | None = None,
+                   residual: ir.Value | None = None, epilogue: Epilogue = PLAIN) -> None:
+    """Call the module's kernel (one thread): see `bf16_gemm_function`."""
+    fn = bf16_gemm_function(k.module, side, epilogue)
+    null = ir.Constant(PTR, None)
+    k.b.call(fn, [m, n, kk, l_ptr, ldl, r_ptr, ldr, c, ldc, ir.Constant(I1, int(accumulate)),
+                  bias if bias is not None else null, residual if residual is not None else null])
+
+
+def emit_parallel_bf16_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value,
+                            l_ptr: ir.Value, ldl: ir.Value, r_ptr: ir.Value, ldr: ir.Value,
+                            c: ir.Value, ldc: ir.Value, *, side: str, accumulate: bool = False,
+                            bias: ir.Value | None = None, residual: ir.Value | None = None,
+                            epilogue: Epilogue = PLAIN) -> None:
+    """The product split over the threads into blocks of rows (or of whole panels of columns
+    when M is the smaller side), as the float kernel's emit_parallel_gemm."""
+    b = k.b
+    by_rows = b.icmp_signed(">=", m, n)
+    extent = b.select(by_rows, m, n)
+    tile = b.select(by_rows, k.i64(ROW_SPLIT), k.i64(PACK_COLS))
+    tiles = k.floordiv(b.add(extent, b.sub(tile, k.i64(1))), tile)
+    threads = k.parallel_threads()
+    least = b.select(by_rows, k.i64(MIN_ROW_TILES), k.i64(MIN_COLUMN_TILES))
+    per_thread = k.floordiv(tiles, b.mul(threads, least))
+    per_thread = k.minimum("int64", k.maximum("int64", per_thread, k.i64(1)),
+                           k.i64(BLOCKS_PER_THREAD))
+    blocks = k.minimum("int64", b.mul(threads, per_thread), k.maximum("int64", tiles, k.i64(1)))
+    block_tiles = k.floordiv(b.add(tiles, b.sub(blocks, k.i64(1))), blocks)
+    block = b.mul(k.maximum("int64", block_tiles, k.i64(1)), tile)
+    count = k.floordiv(b.add(extent, b.sub(block, k.i64(1))), block)
+    other = b.select(by_rows, n, m)
+    null = ir.Constant(PTR, None)
+    carry = [m, n, kk, l_ptr, ldl, r_ptr, ldr, c, ldc, bias if bias is not None else null,
+             residual if residual is not None else null, block, b.zext(by_rows, I64)]
+    with k.parallel_loop(count, cost=b.mul(b.mul(block, other), kk), name="bf16gemm",
+                         carry=carry) as t:
+        m_, n_, kk_, l_, ldl_, r_, ldr_, c_, ldc_, bias_, res_, block_, rows_flag = k.carried
+        bb = k.b
+        start = bb.mul(t, block_)
+        rows = bb.icmp_signed("!=", rows_flag, k.i64(0))
+        size = k.minimum("int64", bb.sub(bb.select(rows, m_, n_), start), block_)
+        row0 = bb.select(rows, start, k.i64(0))
+        col0 = bb.select(rows, k.i64(0), start)
+        kp2 = bb.mul(bb.and_(bb.add(kk_, k.i64(K_ALIGN - 1)), k.i64(-K_ALIGN)), k.i64(2))
+        if side == "b":  # L float32 rows; R panels (a column block starts on a panel)
+            l_off = bb.mul(bb.mul(row0, ldl_), k.i64(4))
+            r_off = bb.mul(col0, kp2)
+        else:  # L bf16 rows of Kp; R float32 columns
+            l_off = bb.mul(row0, kp2)
+            r_off = bb.mul(col0, k.i64(4))
+        c_off = bb.add(bb.mul(row0, ldc_), col0)
+        bias_off = row0 if epilogue.bias == "row" else col0
+        emit_bf16_gemm(
+            k, bb.select(rows, size, m_), bb.select(rows, n_, size), kk_,
+            bb.gep(l_, [l_off], source_etype=I8), ldl_, bb.gep(r_, [r_off], source_etype=I8),
+            ldr_, bb.gep(c_, [c_off], source_etype=F32), ldc_, side=side, accumulate=accumulate,
+            bias=bb.gep(bias_, [bias_off], source_etype=F32) if epilogue.bias != "none" else None,
+            residual=bb.gep(res_, [c_off], source_etype=F32) if epilogue.residual else None,
+            epilogue=epilogue)

@@ -1,0 +1,183 @@
+"""The bf16 GEMM kernel against numpy: A and B rounded to bf16 (to nearest, ties to even) and
+multiplied in float64, the kernel's float32 sums within their rounding of that. Every kernel
+kind the host can run (AMX, AVX-512 BF16, and the float32 fallbacks at 16, 8 and 4 lanes),
+both packed sides (weights on the right: Gemm/MatMul; on the left: convolutions), odd sizes,
+K over several blocks, the epilogues, threads; the fallback compiles for AArch64 too."""
+
+from __future__ import annotations
+
+import ctypes
+
+import llvmlite.binding as llvm
+import numpy as np
+import pytest
+from kernel_library import FEATURES, host_module, link_modules
+from llvmlite import ir
+
+from cuvil.compiler.codegen.bf16_gemm_kernel import (
+    bf16_isa_of,
+    bf16_isas_of,
+    emit_parallel_bf16_gemm,
+    from_bf16,
+    pack_l,
+    pack_r,
+    to_bf16,
+)
+from cuvil.compiler.codegen.emitter import I32, I64, PTR, Emitter
+from cuvil.compiler.codegen.gemm_kernel import Epilogue
+
+AVX512 = FEATURES["avx512"]
+#: name -> (LLVM features, host flags needed, the kind it must select first)
+KINDS = {
+    "sse": ("", (), "fma"),
+    "avx2": (FEATURES["avx2"], ("avx2",), "fma"),
+    "fma512": (AVX512 + ",-amx-bf16,-avx512bf16", ("avx512f",), "fma"),
+    "dpbf16": (AVX512 + ",-amx-bf16,+avx512bf16", ("avx512bf16",), "dpbf16"),
+    # the v4 copy: AMX, else AVX512-BF16, else the fallback, tested at run time
+    "gated": (AVX512, ("avx512f",), "amx"),
+}
+EPILOGUES = [Epilogue(), Epilogue("row", residual=True, activation="Relu"),
+             Epilogue("col", activation="Tanh")]
+ACTIVATIONS = {None: lambda y: y, "Relu": lambda y: np.maximum(y, 0), "Tanh": np.tanh}
+
+
+def _host_flags() -> set[str]:
+    return {f[1:] for f in llvm.get_host_cpu_features().flatten().split(",") if f[0] == "+"}
+
+
+#: the kinds whose every epilogue is tested (the others: the plain one; compile time)
+EPILOGUE_KINDS = ("sse", "gated")
+
+
+def _emit(module: ir.Module, prefix: str, epilogues: int = len(EPILOGUES)) -> None:
+    """`int32 <prefix>_<side>_<e>(dims[M, N, K, acc], L, R, C, bias, residual)` per side and
+    epilogue (the first `epilogues`)."""
+    for side in ("a", "b"):
+        for e, ep in enumerate(EPILOGUES[:epilogues]):
+            fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 6), f"{prefix}_{side}_{e}")
+            k = Emitter(module, fn, fn.args[0], [], {})
+            m, n, kk, acc = (k.b.load(k.b.gep(fn.args[0], [k.i64(i)], source_etype=I64), typ=I64)
+                             for i in range(4))
+            left, right, c, bias, residual = fn.args[1:]
+            for flag in (0, 1):
+                with k.if_then(k.b.icmp_signed("==", acc, k.i64(flag))):
+                    emit_parallel_bf16_gemm(k, m, n, kk, left, kk, right, n, c, n, side=side,
+                                            accumulate=bool(flag), bias=bias,
+                                            residual=residual if ep.residual else None,
+                                            epilogue=ep)
+            k.b.ret(ir.Constant(I32, 0))
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> tuple[ctypes.CDLL, dict[str, str]]:
+    """One library holding every kind the host can run (one link for all); the kind each runs."""
+    flags = _host_flags()
+    modules, built = [], {}
+    for name, (features, needs, first) in KINDS.items():
+        if not set(needs) <= flags:
+            continue
+        module, tm = host_module(features)
+        assert bf16_isa_of(module).kind == first
+        _emit(module, name, len(EPILOGUES) if name in EPILOGUE_KINDS else 1)
+        modules.append((module, tm))
+        # what the gated copy runs here: the first kind whose test this host passes
+        runs = first if name != "gated" else next(
+            isa.kind for isa in bf16_isas_of(module)
+            if isa.kind == "fma" or {"amx": {"amx-bf16", "amx-tile"},
+                                     "dpbf16": {"avx512bf16"}}[isa.kind] <= flags)
+        built[name] = runs
+    return link_modules(tmp_path_factory.mktemp("bf16"), modules), built
+
+
+def _rounded(x: np.ndarray) -> np.ndarray:
+    return from_bf16(to_bf16(x)).astype(np.float64)
+
+
+def _run(lib, name: str, side: str, e: int, shape, accumulate: bool = False, seed: int = 0):
+    m, n, kk = shape
+    rng = np.random.default_rng(seed + m * 7919 + n * 31 + kk)
+    a = rng.standard_normal((m, kk)).astype(np.float32)
+    b = rng.standard_normal((kk, n)).astype(np.float32)
+    c = rng.standard_normal((m, n)).astype(np.float32)
+    bias = rng.standard_normal(max(m, n)).astype(np.float32)
+    residual = rng.standard_normal((m, n)).astype(np.float32)
+    ep = EPILOGUES[e]
+    ra, rb = _rounded(a), _rounded(b)
+    want = ra @ rb + (c if accumulate else 0)
+    want += bias[:m, None] if ep.bias == "row" else bias[None, :n] if ep.bias == "col" else 0
+    want += residual if ep.residual else 0
+    want = ACTIVATIONS[ep.activation](want)
+    # float32 sums of rounded products: a few ulps of the sum of |products| per output
+    bound = 4e-6 * (np.abs(ra) @ np.abs(rb) + np.abs(c) + 1) + 1e-6
+    left, right = (pack_l(a), b) if side == "a" else (a, pack_r(b))
+    fn = getattr(lib, f"{name}_{side}_{e}")
+    fn.argtypes = [ctypes.c_void_p] * 6
+    fn((ctypes.c_int64 * 4)(m, n, kk, int(accumulate)), left.ctypes.data, right.ctypes.data,
+       c.ctypes.data, bias.ctypes.data, residual.ctypes.data)
+    return c, want, bound
+
+
+SHAPES = [(1, 1, 1), (3, 5, 2), (12, 32, 32), (13, 33, 31), (17, 40, 70), (33, 70, 100),
+          (64, 49, 576), (100, 7, 33), (5, 300, 1100)]
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("side", ["a", "b"])
+def test_matches_rounded_numpy(lib, kind: str, side: str) -> None:
+    library, built = lib
+    if kind not in built:
+        pytest.skip(f"this CPU cannot run the {kind} kernel")
+    for shape in SHAPES:
+        got, want, bound = _run(library, kind, side, 0, shape)
+        err = np.abs(got - want)
+        assert np.all(err <= bound), (kind, built[kind], side, shape, float(np.max(err / bound)))
+
+
+@pytest.mark.parametrize("kind", EPILOGUE_KINDS)
+@pytest.mark.parametrize("e", range(len(EPILOGUES)))
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_epilogues(lib, kind: str, e: int, accumulate: bool) -> None:
+    library, built = lib
+    if kind not in built:
+        pytest.skip(f"this CPU cannot run the {kind} kernel")
+    for side, shape in (("a", (45, 37, 600)), ("b", (37, 45, 70))):
+        got, want, bound = _run(library, kind, side, e, shape, accumulate)
+        assert np.all(np.abs(got - want) <= bound), (kind, side, shape)
+
+
+def test_differs_from_float32_by_bf16_rounding(lib) -> None:
+    # the rounding is there (results are not float32 products) and of the size bf16 gives
+    library, built = lib
+    kind = "gated" if "gated" in built else "sse"
+    got, _, _ = _run(library, kind, "b", 0, (20, 30, 256), seed=5)
+    rng = np.random.default_rng(5 + 20 * 7919 + 30 * 31 + 256)
+    a = rng.standard_normal((20, 256))
+    b = rng.standard_normal((256, 30))
+    exact = a.astype(np.float32).astype(np.float64) @ b.astype(np.float32).astype(np.float64)
+    rel = np.abs(got - exact) / (np.abs(a) @ np.abs(b))
+    assert 1e-5 < rel.max() < 2 ** -8
+
+
+def test_to_bf16_rounds_to_nearest_even() -> None:
+    x = np.array([1.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -8 + 2 ** -20, -2.5, np.inf,
+                  np.float32(3.4e38), np.nan], np.float32)
+    got = from_bf16(to_bf16(x))
+    assert got[:5].tolist() == [1.0, 1.0, 1 + 4 * 2 ** -8, 1 + 2 * 2 ** -8, -2.5]
+    assert got[5] == np.inf and got[6] == np.inf and np.isnan(got[7])
+
+
+def test_fallback_compiles_for_aarch64() -> None:
+    from cuvil.toolchains import get_target, target_machine
+
+    arch = get_target("aarch64-linux").arches[0]
+    tm = target_machine(arch, cpu=arch.cpu)
+    module = ir.Module("g")
+    module.triple = arch.llvm_triple
+    module.data_layout = str(tm.target_data)
+    module.cuvil_features = arch.features
+    assert [isa.kind for isa in bf16_isas_of(module)] == ["fma"]
+    _emit(module, "arm", 1)
+    from cuvil.compiler.codegen.module import hide_declarations
+
+    asm = tm.emit_assembly(llvm.parse_assembly(hide_declarations(str(module), "-")))
+    assert "fmla" in asm
