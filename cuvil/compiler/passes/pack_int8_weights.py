@@ -6,9 +6,8 @@
   weight as [C * taps, M], the product of the image's columns [P, C * taps] with it.
 
 The weight's zero point is folded into the blob; the node's `INT8_PACKED` attribute keeps the
-weight's ONNX dtype and shape for its shape rule. The kernel writes int32 sums; the QLinear
-ops requantize them in a loop of their own (the kernel's requantizing epilogue does not
-compile yet: llvmlite cannot declare llvm.roundeven on vectors that way).
+weight's ONNX dtype and shape for its shape rule. The kernel writes int32 sums, or for the
+QLinear ops (float32 scales) the requantized bytes from its epilogue (ops/quantize.py).
 """
 
 from __future__ import annotations
