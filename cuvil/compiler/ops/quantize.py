@@ -772,28 +772,47 @@ def _lower_packed_matmul(node: Node, k: Emitter) -> None:
         k.store(out, [i, j], requant.store(k, v, j, y.type.dtype))
 
 
+def _padded_spatial(node: Node) -> tuple[Window, tuple[Dim, ...], bool]:
+    """The conv's window, x's spatial dims with the padding added (x's image copied as
+    [spatial..., C] into scratch), and whether it is a pointwise product (1x1, stride 1, no
+    padding: that copy is the product's A, no columns)."""
+    x = required_input(node, 0)
+    win = _conv_geometry(node, UNCHECKED, x, _weight(node))
+    padded = tuple(simplify_dim(sympy.sympify(d) + b + e)
+                   for d, b, e in zip(x.type.shape[2:], win.pads_begin, win.pads_end))
+    pointwise = (all(d == 1 for d in win.kernel + win.strides)
+                 and all(p == 0 for p in win.pads_begin + win.pads_end))
+    return win, padded, pointwise
+
+
 def _packed_conv_bytes(node: Node) -> Dim:
     """Scratch of one image: the multipliers (QLinearConv), the products [P, M] (int32, or
-    bytes requantized by the kernel), then the columns [P, K] (bytes)."""
+    bytes requantized by the kernel), x's padded image [spatial..., C], then the columns
+    [P, K] (bytes)."""
     y = node.outputs[0]
     shape = node.attrs[INT8_PACKED][2:]
     m, taps = int(shape[0]), int(np.prod(shape[1:]))
     positions = numel(y.type.shape[2:])
+    _, padded, pointwise = _padded_spatial(node)
+    image = numel(padded) * int(shape[1])
+    cols = 0 if pointwise else positions * taps
     if _fuses_requantize(node):
-        return _multiplier_bytes(m) + positions * m + positions * taps
-    return positions * m * 4 + positions * taps
+        return _multiplier_bytes(m) + positions * m + image + cols
+    return positions * m * 4 + image + cols
 
 
 def _lower_packed_conv(node: Node, k: Emitter) -> None:
-    """Per image: im2col into columns [P, K] (padding reads as x's zero point, which adds
-    0), their product with the packed weights [K, M] into [P, M] (QLinearConv: requantized
-    by the kernel), transposed into y[n]."""
+    """Per image: x copied channels-last into [spatial + padding..., C] (the padding x's zero
+    point, which adds 0), so that a column row, one output position's window, is a run of
+    whole-C copies (one per kernel row when the last axis has no dilation: its taps are
+    adjacent); the columns [P, K] (K in (kernel..., C) order, as passes/pack_int8_weights.py
+    packs the weights) times the weights [K, M] into [P, M] (QLinearConv: requantized by the
+    kernel), transposed into y[n]. A pointwise conv multiplies the copy itself."""
     x_val, y_val = required_input(node, 0), node.outputs[0]
     w = _weight(node)
-    win = _conv_geometry(node, UNCHECKED, x_val, w)
+    win, padded, pointwise = _padded_spatial(node)
     m, c_in = int(w.type.shape[0]), int(w.type.shape[1])
-    taps = int(np.prod(win.kernel))
-    kk = c_in * taps
+    kk = c_in * int(np.prod(win.kernel))
     x, y = k.view(x_val), k.view(y_val)
     spatial = tuple(y_val.type.shape[2:])
     positions = numel(spatial)
@@ -807,30 +826,40 @@ def _lower_packed_conv(node: Node, k: Emitter) -> None:
         products = b.gep(k.scratch, [k.i64(_multiplier_bytes(m))], source_etype=i8)
     sums_dtype = y_val.type.dtype if fused else np.dtype("int32")
     sums = k.contiguous(products, sums_dtype, (positions, m))
-    cols_ptr = b.gep(products, [b.mul(k.dim(positions), k.i64(m * sums_dtype.itemsize))],
-                     source_etype=i8)
-    cols = k.contiguous(cols_ptr, x_val.type.dtype, (positions, kk))
+    image_ptr = b.gep(products, [b.mul(k.dim(positions), k.i64(m * sums_dtype.itemsize))],
+                      source_etype=i8)
+    image = k.contiguous(image_ptr, x_val.type.dtype, (*padded, c_in))
+    cols_ptr = b.gep(image_ptr, [k.dim(numel(image.shape))], source_etype=i8)
     out_pos = k.contiguous(cols_ptr, x_val.type.dtype, spatial)  # its strides flatten o
+    kernel_pos = k.contiguous(cols_ptr, x_val.type.dtype, win.kernel)
     x_zero = _param(k, node.input(2), k.i64(0), x_val.type.dtype) or k.const(x_val.type.dtype, 0)
     requant = _requantize(node, 1, 4) if node.op_type == "QLinearConv" and not fused else None
     bias = node.input(8) if requant is not None else None
     i32 = np.dtype("int32")
+    # the taps of the last axis are one run when they are adjacent in the image
+    run_axis = len(win.kernel) - 1 if win.dilations[-1] == 1 else len(win.kernel)
+    run = c_in * (win.kernel[-1] if run_axis < len(win.kernel) else 1)
     with k.loop(y.dims[0], name="n") as n:
-        with k.loops(cols.dims, name="fill") as idx:
-            k.store(cols, idx, x_zero)
-        with k.loop(c_in, name="c") as c, k.loops(win.kernel, name="kpos") as kpos:
-            col = b.mul(c, k.i64(taps))
-            stride = 1
-            for axis in reversed(range(len(win.kernel))):
-                col = b.add(col, b.mul(kpos[axis], k.i64(stride)))
-                stride *= win.kernel[axis]
-
-            def tap(o: list[ir.Value], i: list[ir.Value], col: ir.Value = col,
-                    c: ir.Value = c) -> None:
-                k.store(cols, [k.offset(out_pos, o), col], k.load(x, [n, c, *i]))
-
-            _walk_taps(k, win, kpos, y.dims[2:], x.dims[2:], tap)
-        _kernel_gemm(node, k, positions, m, kk, cols_ptr, sums.ptr, fused)
+        if not pointwise:
+            with k.loops(image.dims, name="fill") as idx:
+                k.store(image, idx, x_zero)
+        with k.loop(c_in, name="c") as c, k.loops(x.dims[2:], name="hw") as i:
+            at = [b.add(v, k.dim(p)) for v, p in zip(i, win.pads_begin)]
+            k.store(image, [*at, c], k.load(x, [n, c, *i]))
+        if pointwise:
+            a_ptr = image_ptr
+        else:
+            a_ptr = cols_ptr
+            walked = win.kernel[:run_axis]
+            with k.loops(y.dims[2:], name="o") as o, k.loops(walked, name="kpos") as kpos:
+                taps = [*kpos, *[k.i64(0)] * (len(win.kernel) - len(walked))]
+                src = [b.add(b.mul(v, k.i64(s)), b.mul(t, k.i64(d)))
+                       for v, t, s, d in zip(o, taps, win.strides, win.dilations)]
+                dst = b.add(b.mul(k.offset(out_pos, o), k.i64(kk)),
+                            b.mul(k.offset(kernel_pos, taps), k.i64(c_in)))
+                k.memcpy(b.gep(cols_ptr, [dst], source_etype=i8),
+                         k.element_ptr(image, k.offset(image, [*src, k.i64(0)])), k.i64(run))
+        _kernel_gemm(node, k, positions, m, kk, a_ptr, sums.ptr, fused)
         with k.loop(m, name="oc") as oc, k.loops(y.dims[2:], name="t") as o:
             v = k.load(sums, [k.offset(out_pos, o), oc])
             if requant is not None:
