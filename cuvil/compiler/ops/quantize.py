@@ -772,6 +772,10 @@ def _lower_packed_matmul(node: Node, k: Emitter) -> None:
         k.store(out, [i, j], requant.store(k, v, j, y.type.dtype))
 
 
+#: positions per block of the transpose of a conv's products [P, M] into y's [M, P]
+TRANSPOSE_BLOCK = 64
+
+
 def _padded_spatial(node: Node) -> tuple[Window, tuple[Dim, ...], bool]:
     """The conv's window, x's spatial dims with the padding added (x's image copied as
     [spatial..., C] into scratch), and whether it is a pointwise product (1x1, stride 1, no
@@ -860,10 +864,20 @@ def _lower_packed_conv(node: Node, k: Emitter) -> None:
                 k.memcpy(b.gep(cols_ptr, [dst], source_etype=i8),
                          k.element_ptr(image, k.offset(image, [*src, k.i64(0)])), k.i64(run))
         _kernel_gemm(node, k, positions, m, kk, a_ptr, sums.ptr, fused)
-        with k.loop(m, name="oc") as oc, k.loops(y.dims[2:], name="t") as o:
-            v = k.load(sums, [k.offset(out_pos, o), oc])
-            if requant is not None:
-                if bias is not None:
-                    v = b.add(v, _param(k, bias, oc, i32))
-                v = requant.store(k, v, oc, y.dtype)
-            k.store(y, [n, oc, *o], v)
+        # the transpose in blocks of positions whose rows of sums stay in L1 (the whole of
+        # [P, M] read column by column would come from L2 for every channel)
+        count = k.dim(positions)
+        y_image = k.contiguous(b.gep(y.ptr, [b.mul(n, b.mul(count, k.i64(m)))],
+                                     source_etype=y.elem), y.dtype, (positions, m))
+        with k.loop(k.floordiv(b.add(count, k.i64(TRANSPOSE_BLOCK - 1)),
+                               k.i64(TRANSPOSE_BLOCK)), name="tb") as block:
+            p0 = b.mul(block, k.i64(TRANSPOSE_BLOCK))
+            size = k.minimum("int64", b.sub(count, p0), k.i64(TRANSPOSE_BLOCK))
+            with k.loop(k.i64(m), name="oc") as oc, k.loop(size, name="t") as q:
+                p = b.add(p0, q)
+                v = k.load_at(sums, b.add(b.mul(p, k.i64(m)), oc))
+                if requant is not None:
+                    if bias is not None:
+                        v = b.add(v, _param(k, bias, oc, i32))
+                    v = requant.store(k, v, oc, y.dtype)
+                k.store_at(y_image, b.add(b.mul(oc, count), p), v)
