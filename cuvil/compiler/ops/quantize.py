@@ -113,8 +113,8 @@ def quant_layout(node: Node, x: Value, scale: Value, zero: Value | None) -> Quan
     block = int(attr(node, "block_size", 0) or 0) if node.opset >= 21 else 0
     shape = tuple(scale.type.shape)
     one = ((), (1,))  # per tensor either way (onnxruntime's quantizer mixes them)
-    zero_shape = tuple(zero.type.shape) if zero is not None else shape
-    if zero_shape != shape and not (zero_shape in one and shape in one):
+    zero_shape = shape if zero is None else tuple(zero.type.shape)
+    if zero is not None and zero_shape != shape and not (zero_shape in one and shape in one):
         raise ModelError(f"{node.describe()}: the zero point {zero.type} and the scale "
                          f"{scale.type} must have the same shape")
     if not block and (shape == () or shape == (1,)):
