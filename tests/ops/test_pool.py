@@ -136,6 +136,13 @@ def test_int8_and_uint8_max_pool():
     rng = np.random.default_rng(7)
     cases = [pool_case(rng, "MaxPool", r, dtype) for dtype in ("int8", "uint8") for r in (1, 2, 3)]
     check_cases(cases, opset=OPSET)
+    # padded: tap by tap along rows (ceil_mode, uneven pads, dilation; symbolic batch)
+    padded = [Case("MaxPool", ["x"], {"kernel_shape": [3, 3], "strides": [2, 2],
+                                      "pads": [1, 1, 1, 1]}, feeds={"x": ("uint8", ["n", 3, 9, 8])}),
+              Case("MaxPool", ["x"], {"kernel_shape": [2, 3], "strides": [2, 1], "ceil_mode": 1,
+                                      "pads": [0, 2, 1, 1], "dilations": [1, 2]},
+                   feeds={"x": ("int8", ["n", 2, 7, 9])})]
+    check_cases(padded, sizes=[{"n": 1}, {"n": 2}], opset=OPSET)
 
 
 def test_float64():

@@ -48,6 +48,9 @@ def test_quantize_and_dequantize_per_tensor_and_per_axis():
              consts={"s": scales, "z": rng.integers(-9, 9, 5).astype(np.int8)}, data=_floats),
         Case("DequantizeLinear", ["x", "s", "z"], {"axis": 0}, feeds={"x": ("int8", [5, "m"])},
              consts={"s": scales, "z": rng.integers(-9, 9, 5).astype(np.int8)}, data=_int8),
+        Case("DequantizeLinear", ["x", "s", "z"], {}, feeds={"x": ("int32", ["m", 4])},
+             consts={"s": np.array([0.01], np.float32), "z": _scalar(0, "int32")},
+             data=lambda rng, dtype, shape: rng.integers(-900, 900, shape).astype(np.int32)),
         Case("DequantizeLinear", ["x", "s"], {}, feeds={"x": ("uint8", ["m", 3])},
              consts={"s": _scalar(0.2, "float32")}, data=_uint8),
         Case("DynamicQuantizeLinear", ["x"], {}, feeds={"x": ("float32", ["m", 9])},
@@ -93,6 +96,41 @@ def test_integer_products_with_zero_points_and_per_channel_scales():
                      "b": rng.integers(-2000, 2000, 6).astype(np.int32)}, data=_uint8),
     ]
     check_cases(cases, sizes=[{"m": 1}, {"m": 3}], opset=13)
+
+
+def test_integer_convs_on_the_int8_kernel():
+    """The kernel's conv path (one group, packed weights): odd channel counts, strides,
+    uneven padding, a dilated last axis (no runs of adjacent taps), pointwise 1x1 convs
+    (no columns), 1-D, and symbolic batch and spatial dims."""
+    rng = np.random.default_rng(5)
+
+    def qconv(x: tuple, w: np.ndarray, attrs: dict, xdtype: str, bias: bool = True) -> Case:
+        m = w.shape[0]
+        ins = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"] + (["b"] * bias)
+        consts = {"xs": _scalar(0.02, "float32"), "xz": _scalar(3 if xdtype == "int8" else 121,
+                                                                 xdtype),
+                  "w": w, "ws": (rng.random(m) * 0.01 + 0.002).astype(np.float32),
+                  "wz": np.zeros(m, np.int8), "ys": _scalar(0.05, "float32"),
+                  "yz": _scalar(7 if xdtype == "int8" else 110, xdtype),
+                  "b": rng.integers(-900, 900, m).astype(np.int32)}
+        return Case("QLinearConv", ins, attrs, feeds={"x": (xdtype, list(x))},
+                    consts={k: v for k, v in consts.items() if k in ins},
+                    data=_int8 if xdtype == "int8" else _uint8)
+
+    cases = [
+        qconv(("m", 5, 9, 8), _int8(rng, "int8", [7, 5, 3, 3]),
+              {"pads": [2, 0, 1, 1], "strides": [2, 2]}, "uint8"),
+        qconv(("m", 3, "_h", 7), _int8(rng, "int8", [6, 3, 3, 2]),
+              {"pads": [1, 1, 1, 1], "dilations": [1, 2]}, "int8", bias=False),
+        qconv(("m", 13, 5, 6), _int8(rng, "int8", [9, 13, 1, 1]), {}, "uint8"),
+        qconv(("m", 4, 11), _int8(rng, "int8", [5, 4, 3]), {"strides": [2],
+                                                            "auto_pad": "SAME_UPPER"}, "int8"),
+        Case("ConvInteger", ["x", "w", "xz"], {"strides": [2, 1]},
+             feeds={"x": ("uint8", ["m", 6, 5, 5])},
+             consts={"w": _int8(rng, "int8", [3, 6, 1, 1]), "xz": _scalar(99, "uint8")},
+             data=_uint8),
+    ]
+    check_cases(cases, sizes=[{"m": 1, "_h": 6}, {"m": 2, "_h": 9}], opset=13)
 
 
 # -- models quantized by onnxruntime ----------------------------------------------------------

@@ -142,19 +142,22 @@ class QEpilogue:
     a_scale * scale[n]) + c_zero), round half to even). `bias`: "none", "int32" (added to the
     sums before scaling: QLinearConv's B) or "float32" (added after: float32 output only).
     scale and bias are float32/int32 arrays of N; a_scale (float32) and c_zero (int32) are
-    run-time scalars."""
+    run-time scalars. `relu` (uint8/int8 output): the result is at least c_zero (a fused
+    Relu of the dequantized value)."""
 
     output: str = "int32"
     bias: str = "none"
+    relu: bool = False
 
     def __post_init__(self) -> None:
         assert self.output in ("int32", "float32", "uint8", "int8"), self.output
         assert self.bias in ("none", "int32", "float32"), self.bias
         assert self.bias != "float32" or self.output == "float32", self
+        assert not self.relu or self.output in ("uint8", "int8"), self
 
     @property
     def suffix(self) -> str:
-        return f"{self.output}_{self.bias}"
+        return f"{self.output}_{self.bias}{'_relu' if self.relu else ''}"
 
 
 INT32 = QEpilogue()
@@ -652,7 +655,9 @@ class _Writer:
         zero = b.sitofp(self.c_zero, F32)
         vf = ir.VectorType(F32, w)
         y = b.call(_intrinsic(self.module, f"llvm.roundeven.{_suffix(vf)}", vf, [vf]), [y])
-        low = splat(b, b.fsub(ir.Constant(F32, float(lo)), zero), w)
+        # y - c_zero >= lo - c_zero, and >= 0 with a fused Relu (c_zero >= lo)
+        low = splat(b, ir.Constant(F32, 0.0) if ep.relu
+                    else b.fsub(ir.Constant(F32, float(lo)), zero), w)
         high = splat(b, b.fsub(ir.Constant(F32, float(hi)), zero), w)
         y = b.select(b.fcmp_ordered("<", y, low), low, y)
         y = b.select(b.fcmp_ordered(">", y, high), high, y)

@@ -3,7 +3,10 @@ LpPool, the global variants GlobalMaxPool, GlobalAveragePool and GlobalLpPool, M
 and MaxUnpool.
 
 float16 is computed in float32 and rounded once per output. Each output's window is walked
-over its in-bounds kernel positions only (computed per axis), so padding costs no branches.
+over its in-bounds kernel positions only (computed per axis), so padding costs no branches;
+a padded integer MaxPool without Indices goes tap by tap along rows instead (measured 2.3x
+faster for 3x3/2 with padding 1; 40x slower than the window walk without padding, which
+LLVM unrolls and vectorizes).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import numpy as np
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type, masked_intrinsic, splat
+from cuvil.compiler.codegen.emitter import I64, Emitter, View, llvm_type, masked_intrinsic, splat
 from cuvil.compiler.codegen.gemm_kernel import isa_of
 from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
 from cuvil.compiler.ops import (
@@ -38,6 +41,7 @@ from cuvil.compiler.ops._window import (
     kernel_range,
     window,
 )
+from cuvil.compiler.ops.conv import _walk_taps
 from cuvil.errors import ModelError
 
 
@@ -151,6 +155,10 @@ class Pool(Op):
         best = entry_alloca(k, I64, "best") if indices is not None else None
         channels = y.dims[1]
         nc = [k.b.sdiv(plane, channels), k.b.srem(plane, channels)]
+        padded = any(p != 0 for p in (*win.pads_begin, *win.pads_end))
+        if self.kind == "max" and indices is None and dtype.kind in "iu" and padded:
+            _max_by_taps(k, win, x, y, nc, dtype)
+            return
 
         def start_of(a: int, o: ir.Value) -> ir.Value:
             return b.sub(b.mul(o, k.i64(win.strides[a])), k.dim(win.pads_begin[a]))
@@ -283,6 +291,23 @@ def _vector_row(k: Emitter, red: _Reduction, views: tuple, at: tuple[ir.Value, .
 
 _ALIGN4 = ir.Constant(ir.IntType(32), 4)
 F32 = ir.FloatType()
+
+
+def _max_by_taps(k: Emitter, win: Window, x: View, y: View, nc: list[ir.Value],
+                 dtype: np.dtype) -> None:
+    """An integer MaxPool plane tap by tap: y = max(y, x shifted by the tap) along rows, the
+    bounds computed once per row and tap rather than per output.
+    Every window holds an input (ceil_mode drops those starting in the padding), so y starts
+    at the dtype's minimum."""
+    lowest = ir.Constant(llvm_type(dtype), int(np.iinfo(dtype).min))
+    with k.loops(y.dims[2:], name="o") as o:
+        k.store(y, [*nc, *o], lowest)
+
+    def tap(o: list[ir.Value], i: list[ir.Value]) -> None:
+        k.store(y, [*nc, *o], k.maximum(dtype, k.load(y, [*nc, *o]), k.load(x, [*nc, *i])))
+
+    with k.loops(win.kernel, name="kpos") as kpos:
+        _walk_taps(k, win, kpos, y.dims[2:], x.dims[2:], tap)
 
 
 @contextmanager

@@ -27,7 +27,7 @@ import sympy
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import Emitter, View
-from cuvil.compiler.codegen.int8_gemm_kernel import INT32, emit_parallel_int8_gemm
+from cuvil.compiler.codegen.int8_gemm_kernel import INT32, QEpilogue, emit_parallel_int8_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import (
     UNCHECKED,
@@ -112,7 +112,9 @@ def quant_layout(node: Node, x: Value, scale: Value, zero: Value | None) -> Quan
     rank = x.type.rank
     block = int(attr(node, "block_size", 0) or 0) if node.opset >= 21 else 0
     shape = tuple(scale.type.shape)
-    if zero is not None and tuple(zero.type.shape) != shape:
+    one = ((), (1,))  # per tensor either way (onnxruntime's quantizer mixes them)
+    zero_shape = shape if zero is None else tuple(zero.type.shape)
+    if zero is not None and zero_shape != shape and not (zero_shape in one and shape in one):
         raise ModelError(f"{node.describe()}: the zero point {zero.type} and the scale "
                          f"{scale.type} must have the same shape")
     if not block and (shape == () or shape == (1,)):
@@ -689,25 +691,65 @@ class QLinearConv(Op):
 
 
 def _kernel_gemm(node: Node, k: Emitter, m: Dim, n: int, kk: int, a: ir.Value,
-                 c: ir.Value) -> None:
-    """c[m, n] (int32) = the product of a[m, kk] (rows of bytes) and the node's packed weight."""
+                 c: ir.Value, fused: dict | None = None) -> None:
+    """c[m, n] = the product of a[m, kk] (rows of bytes) and the node's packed weight: int32
+    sums, or the requantized bytes of a QLinear op with `fused` (`_fused_requantize`)."""
     i32 = np.dtype("int32")
     x = required_input(node, 0)
     a_zero = _param(k, node.input(2), k.i64(0), i32) or k.const(i32, 0)
     emit_parallel_int8_gemm(k, k.dim(m), k.i64(n), k.i64(kk), a, k.i64(kk), a_zero,
                             k.buffers[required_input(node, weight_slot(node))], c, k.i64(n),
                             a_signed=x.type.dtype.name == "int8",
-                            row_sums=bool(node.attrs[INT8_PACKED][1]), epilogue=INT32)
+                            row_sums=bool(node.attrs[INT8_PACKED][1]),
+                            **(fused or {"epilogue": INT32}))
+
+
+#: scratch bytes of the multipliers of the fused requantization (one float32 per column),
+#: rounded to a cache line
+def _multiplier_bytes(n: int) -> int:
+    return -(-4 * n // 64) * 64
+
+
+def _fuses_requantize(node: Node) -> bool:
+    """Whether the kernel's epilogue requantizes the QLinear op: float32 scales (QLinearConv
+    has no others; float16/float64 QLinearMatMul scales keep the float64 loop)."""
+    return node.op_type.startswith("QLinear") and required_input(node, 1).type.dtype.name == \
+        "float32"
+
+
+def _fused_requantize(node: Node, k: Emitter, n: int, mult: ir.Value) -> dict:
+    """The kernel's arguments for requantizing in its epilogue, as onnxruntime does: the
+    multiplier a_scale * b_scale[j] / y_scale formed in float32 (into `mult`, n floats), the
+    float32 product with (acc + bias[j]), rounded half to even, plus y's zero point."""
+    requant = _requantize(node, 1, 4)
+    f32, i32 = np.dtype("float32"), np.dtype("int32")
+    view = k.contiguous(mult, f32, (n,))
+    with k.loop(k.i64(n), name="mult") as j:
+        a, bs, ys = (_param(k, v, j, f32) for v in (requant.a_scale, requant.b_scale,
+                                                    requant.y_scale))
+        assert a is not None and bs is not None and ys is not None
+        k.store(view, [j], k.b.fdiv(k.b.fmul(a, bs), ys))
+    bias = node.input(8)
+    y_dtype = node.outputs[0].type.dtype.name
+    return {"epilogue": QEpilogue(y_dtype, "int32" if bias is not None else "none",
+                                  requant.relu),
+            "scale": mult, "a_scale": ir.Constant(ir.FloatType(), 1.0),
+            "bias": k.buffers[bias] if bias is not None else None,
+            "c_zero": _param(k, requant.y_zero, k.i64(0), i32) or k.const(i32, 0)}
 
 
 def _packed_matmul_bytes(node: Node) -> Dim:
-    """QLinearMatMul's int32 sums before they are requantized."""
-    return 4 * node.outputs[0].type.numel if node.op_type == "QLinearMatMul" else 0
+    """QLinearMatMul's multipliers (fused), or its int32 sums before they are requantized."""
+    if node.op_type != "QLinearMatMul":
+        return 0
+    if _fuses_requantize(node):
+        return _multiplier_bytes(int(node.attrs[INT8_PACKED][-1]))
+    return 4 * node.outputs[0].type.numel
 
 
 def _lower_packed_matmul(node: Node, k: Emitter) -> None:
-    """[..., M, K] x [K, N]: one product of all rows of A, into y (MatMulInteger) or into
-    scratch, requantized into y."""
+    """[..., M, K] x [K, N]: one product of all rows of A, into y (MatMulInteger, or
+    QLinearMatMul requantized by the kernel) or into scratch, requantized into y."""
     a, y = required_input(node, 0), node.outputs[0]
     kk, n = (int(d) for d in node.attrs[INT8_PACKED][-2:])
     rows = numel(a.type.shape[:-1])
@@ -715,6 +757,10 @@ def _lower_packed_matmul(node: Node, k: Emitter) -> None:
         _kernel_gemm(node, k, rows, n, kk, k.buffers[a], k.buffers[y])
         return
     assert k.scratch is not None
+    if _fuses_requantize(node):
+        fused = _fused_requantize(node, k, n, k.scratch)
+        _kernel_gemm(node, k, rows, n, kk, k.buffers[a], k.buffers[y], fused)
+        return
     _kernel_gemm(node, k, rows, n, kk, k.buffers[a], k.scratch)
     requant = _requantize(node, 1, 4)
     bias = node.input(QLINEAR_BIAS_SLOT)
@@ -728,59 +774,112 @@ def _lower_packed_matmul(node: Node, k: Emitter) -> None:
         k.store(out, [i, j], requant.store(k, v, j, y.type.dtype))
 
 
+#: positions per block of the transpose of a conv's products [P, M] into y's [M, P]
+TRANSPOSE_BLOCK = 64
+
+
+def _padded_spatial(node: Node) -> tuple[Window, tuple[Dim, ...], bool]:
+    """The conv's window, x's spatial dims with the padding added (x's image copied as
+    [spatial..., C] into scratch), and whether it is a pointwise product (1x1, stride 1, no
+    padding: that copy is the product's A, no columns)."""
+    x = required_input(node, 0)
+    win = _conv_geometry(node, UNCHECKED, x, _weight(node))
+    padded = tuple(simplify_dim(sympy.sympify(d) + b + e)
+                   for d, b, e in zip(x.type.shape[2:], win.pads_begin, win.pads_end))
+    pointwise = (all(d == 1 for d in win.kernel + win.strides)
+                 and all(p == 0 for p in win.pads_begin + win.pads_end))
+    return win, padded, pointwise
+
+
 def _packed_conv_bytes(node: Node) -> Dim:
-    """Scratch of one image: the int32 sums [P, M], then the columns [P, K] (bytes)."""
+    """Scratch of one image: the multipliers (QLinearConv), the products [P, M] (int32, or
+    bytes requantized by the kernel), x's padded image [spatial..., C], then the columns
+    [P, K] (bytes)."""
     y = node.outputs[0]
     shape = node.attrs[INT8_PACKED][2:]
-    taps = int(np.prod(shape[1:]))
+    m, taps = int(shape[0]), int(np.prod(shape[1:]))
     positions = numel(y.type.shape[2:])
-    return positions * int(shape[0]) * 4 + positions * taps
+    _, padded, pointwise = _padded_spatial(node)
+    image = numel(padded) * int(shape[1])
+    cols = 0 if pointwise else positions * taps
+    if _fuses_requantize(node):
+        return _multiplier_bytes(m) + positions * m + image + cols
+    return positions * m * 4 + image + cols
 
 
 def _lower_packed_conv(node: Node, k: Emitter) -> None:
-    """Per image: im2col into columns [P, K] (padding reads as x's zero point, which adds
-    0), their product with the packed weights [K, M] into sums [P, M], transposed into y[n]
-    (requantized for QLinearConv)."""
+    """Per image: x copied channels-last into [spatial + padding..., C] (the padding x's zero
+    point, which adds 0), so that a column row, one output position's window, is a run of
+    whole-C copies (one per kernel row when the last axis has no dilation: its taps are
+    adjacent); the columns [P, K] (K in (kernel..., C) order, as passes/pack_int8_weights.py
+    packs the weights) times the weights [K, M] into [P, M] (QLinearConv: requantized by the
+    kernel), transposed into y[n]. A pointwise conv multiplies the copy itself."""
     x_val, y_val = required_input(node, 0), node.outputs[0]
     w = _weight(node)
-    win = _conv_geometry(node, UNCHECKED, x_val, w)
+    win, padded, pointwise = _padded_spatial(node)
     m, c_in = int(w.type.shape[0]), int(w.type.shape[1])
-    taps = int(np.prod(win.kernel))
-    kk = c_in * taps
+    kk = c_in * int(np.prod(win.kernel))
     x, y = k.view(x_val), k.view(y_val)
     spatial = tuple(y_val.type.shape[2:])
     positions = numel(spatial)
-    i32 = np.dtype("int32")
+    i8 = ir.IntType(8)
     b = k.b
     assert k.scratch is not None
-    sums = k.contiguous(k.scratch, i32, (positions, m))
-    cols_ptr = b.gep(k.scratch, [b.mul(k.dim(positions), k.i64(m * 4))],
-                     source_etype=ir.IntType(8))
-    cols = k.contiguous(cols_ptr, x_val.type.dtype, (positions, kk))
+    fused = None
+    products = k.scratch
+    if _fuses_requantize(node):
+        fused = _fused_requantize(node, k, m, k.scratch)
+        products = b.gep(k.scratch, [k.i64(_multiplier_bytes(m))], source_etype=i8)
+    sums_dtype = y_val.type.dtype if fused else np.dtype("int32")
+    sums = k.contiguous(products, sums_dtype, (positions, m))
+    image_ptr = b.gep(products, [b.mul(k.dim(positions), k.i64(m * sums_dtype.itemsize))],
+                      source_etype=i8)
+    image = k.contiguous(image_ptr, x_val.type.dtype, (*padded, c_in))
+    cols_ptr = b.gep(image_ptr, [k.dim(numel(image.shape))], source_etype=i8)
     out_pos = k.contiguous(cols_ptr, x_val.type.dtype, spatial)  # its strides flatten o
+    kernel_pos = k.contiguous(cols_ptr, x_val.type.dtype, win.kernel)
     x_zero = _param(k, node.input(2), k.i64(0), x_val.type.dtype) or k.const(x_val.type.dtype, 0)
-    requant = _requantize(node, 1, 4) if node.op_type == "QLinearConv" else None
+    requant = _requantize(node, 1, 4) if node.op_type == "QLinearConv" and not fused else None
     bias = node.input(8) if requant is not None else None
+    i32 = np.dtype("int32")
+    # the taps of the last axis are one run when they are adjacent in the image
+    run_axis = len(win.kernel) - 1 if win.dilations[-1] == 1 else len(win.kernel)
+    run = c_in * (win.kernel[-1] if run_axis < len(win.kernel) else 1)
     with k.loop(y.dims[0], name="n") as n:
-        with k.loops(cols.dims, name="fill") as idx:
-            k.store(cols, idx, x_zero)
-        with k.loop(c_in, name="c") as c, k.loops(win.kernel, name="kpos") as kpos:
-            col = b.mul(c, k.i64(taps))
-            stride = 1
-            for axis in reversed(range(len(win.kernel))):
-                col = b.add(col, b.mul(kpos[axis], k.i64(stride)))
-                stride *= win.kernel[axis]
-
-            def tap(o: list[ir.Value], i: list[ir.Value], col: ir.Value = col,
-                    c: ir.Value = c) -> None:
-                k.store(cols, [k.offset(out_pos, o), col], k.load(x, [n, c, *i]))
-
-            _walk_taps(k, win, kpos, y.dims[2:], x.dims[2:], tap)
-        _kernel_gemm(node, k, positions, m, kk, cols_ptr, sums.ptr)
-        with k.loop(m, name="oc") as oc, k.loops(y.dims[2:], name="t") as o:
-            v = k.load(sums, [k.offset(out_pos, o), oc])
-            if requant is not None:
-                if bias is not None:
-                    v = b.add(v, _param(k, bias, oc, i32))
-                v = requant.store(k, v, oc, y.dtype)
-            k.store(y, [n, oc, *o], v)
+        if not pointwise:
+            with k.loops(image.dims, name="fill") as idx:
+                k.store(image, idx, x_zero)
+        with k.loop(c_in, name="c") as c, k.loops(x.dims[2:], name="hw") as i:
+            at = [b.add(v, k.dim(p)) for v, p in zip(i, win.pads_begin)]
+            k.store(image, [*at, c], k.load(x, [n, c, *i]))
+        if pointwise:
+            a_ptr = image_ptr
+        else:
+            a_ptr = cols_ptr
+            walked = win.kernel[:run_axis]
+            with k.loops(y.dims[2:], name="o") as o, k.loops(walked, name="kpos") as kpos:
+                taps = [*kpos, *[k.i64(0)] * (len(win.kernel) - len(walked))]
+                src = [b.add(b.mul(v, k.i64(s)), b.mul(t, k.i64(d)))
+                       for v, t, s, d in zip(o, taps, win.strides, win.dilations)]
+                dst = b.add(b.mul(k.offset(out_pos, o), k.i64(kk)),
+                            b.mul(k.offset(kernel_pos, taps), k.i64(c_in)))
+                k.memcpy(b.gep(cols_ptr, [dst], source_etype=i8),
+                         k.element_ptr(image, k.offset(image, [*src, k.i64(0)])), k.i64(run))
+        _kernel_gemm(node, k, positions, m, kk, a_ptr, sums.ptr, fused)
+        # the transpose in blocks of positions whose rows of sums stay in L1 (the whole of
+        # [P, M] read column by column would come from L2 for every channel)
+        count = k.dim(positions)
+        y_image = k.contiguous(b.gep(y.ptr, [b.mul(n, b.mul(count, k.i64(m)))],
+                                     source_etype=y.elem), y.dtype, (positions, m))
+        with k.loop(k.floordiv(b.add(count, k.i64(TRANSPOSE_BLOCK - 1)),
+                               k.i64(TRANSPOSE_BLOCK)), name="tb") as block:
+            p0 = b.mul(block, k.i64(TRANSPOSE_BLOCK))
+            size = k.minimum("int64", b.sub(count, p0), k.i64(TRANSPOSE_BLOCK))
+            with k.loop(k.i64(m), name="oc") as oc, k.loop(size, name="t") as q:
+                p = b.add(p0, q)
+                v = k.load_at(sums, b.add(b.mul(p, k.i64(m)), oc))
+                if requant is not None:
+                    if bias is not None:
+                        v = b.add(v, _param(k, bias, oc, i32))
+                    v = requant.store(k, v, oc, y.dtype)
+                k.store_at(y_image, b.add(b.mul(oc, count), p), v)

@@ -3,12 +3,12 @@
 
 - MatMulInteger and QLinearMatMul with a constant 2-D B ([K, N]) and a per-tensor a zero point;
 - ConvInteger and QLinearConv of one group with constant weights [M, C, kernel...]: B is the
-  weight as [C * taps, M], the product of the image's columns [P, C * taps] with it.
+  weight as [taps * C, M] (channels last), the product of the image's columns [P, taps * C]
+  with it.
 
 The weight's zero point is folded into the blob; the node's `INT8_PACKED` attribute keeps the
-weight's ONNX dtype and shape for its shape rule. The kernel writes int32 sums; the QLinear
-ops requantize them in a loop of their own (the kernel's requantizing epilogue does not
-compile yet: llvmlite cannot declare llvm.roundeven on vectors that way).
+weight's ONNX dtype and shape for its shape rule. The kernel writes int32 sums, or for the
+QLinear ops (float32 scales) the requantized bytes from its epilogue (ops/quantize.py).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def _matrix(node: Node, w: np.ndarray) -> np.ndarray | None:
         return w
     if int(node.attrs.get("group", 1)) != 1:
         return None
-    return np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
+    # K in (kernel..., C) order: a column row is then runs of whole channels (ops/quantize.py)
+    return np.ascontiguousarray(np.moveaxis(w, 1, -1).reshape(w.shape[0], -1).T)
 
 
 def pack_int8_weights(graph: Graph) -> Graph:
