@@ -84,6 +84,8 @@ def widen_float16(graph: Graph) -> Graph:
 
     originals: list[tuple[Node, Value, Value]] = []
     for node in nodes:
+        if node.op_type == "Clip":
+            _float16_bounds(graph, node)
         for i, v in enumerate(node.inputs):
             if v is not None and v.type.dtype == F16:
                 graph.set_input(node, i, as_float32(v, node))
@@ -100,3 +102,15 @@ def widen_float16(graph: Graph) -> Graph:
             graph.insert_after(node, Node("Cast", [w], [v], {"to": 10}, name=f"{v.name}_to_f16",
                                           opset=node.opset))
     return graph
+
+
+def _float16_bounds(graph: Graph, clip: Node) -> None:
+    """A Clip without a bound clips to its dtype's range: float16's, not float32's (an
+    infinite input becomes +-65504)."""
+    limit = float(np.finfo(F16).max)
+    if clip.opset >= 11:
+        for i, bound in ((1, -limit), (2, limit)):
+            if clip.input(i) is None:
+                graph.set_input(clip, i, graph.constant(np.array(bound, F16), "float16_limit"))
+    else:
+        clip.attrs = {"min": -limit, "max": limit, **clip.attrs}
