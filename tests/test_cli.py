@@ -145,8 +145,7 @@ def test_inspect_types_of_a_mixed_float16_model(
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ")}
     assert rows["x"][1:] == ["float32", "[batch,", "16]", "input"]
     assert rows["w"][1] == "float16" and rows["h"][1] == "float16" and rows["y"][1] == "float32"
-    flags = [line for line in out.splitlines() if line.startswith("  cast ")
-             or line.startswith("  float32 compute")]
+    flags = [line for line in out.splitlines() if line.startswith(("  cast ", "  float32 compute"))]
     for name, node in casts.items():
         to = "float16" if node.attribute[0].i == TensorProto.FLOAT16 else "float32"
         assert any(f"{name} (Cast)" in f and f"-> {to}" in f for f in flags), (name, out)

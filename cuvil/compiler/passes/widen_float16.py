@@ -15,6 +15,8 @@ from one, so they do not cut it in two.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from cuvil.compiler.ir import Graph, Node, TensorType, Value, subgraphs
@@ -44,7 +46,7 @@ MOVERS = frozenset({
 })
 
 
-def _halves(values: list[Value | None]) -> list[Value]:
+def _halves(values: Sequence[Value | None]) -> list[Value]:
     return [v for v in values if v is not None and v.type.dtype == F16]
 
 
