@@ -465,10 +465,25 @@ def _inspect_quantization(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inspect_types(path: Path, args: argparse.Namespace) -> int:
+    """Every value's dtype and the places precision changes (passes/type_report.py); exit
+    status 1 when typing stops at a node."""
+    from cuvil.compiler.passes.type_report import type_report
+
+    report = type_report(path, dict(_parse_dims(text, "--input") for text in args.input) or None,
+                         label=str(path))
+    print(report.text())
+    return 1 if report.broken else 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if args.quantization:
         return _inspect_quantization(args)
+    if args.types:
+        if not path.is_file() or path.suffix == ".whl":
+            raise ConfigError(f"{path}: --types needs an .onnx model file")
+        return _inspect_types(path, args)
     if not path.is_file():
         raise ConfigError(f"{path}: no such file (expected an .onnx model or a .whl wheel)")
     if path.suffix == ".whl":
@@ -799,9 +814,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quantization", action="store_true",
                    help="quantize to int8 and print each layer's error against float on the "
                         "calibration data (a model with --calibration, or a project's int8 models)")
+    p.add_argument("--types", action="store_true",
+                   help="print every value's dtype and shape, and flag each place where precision "
+                        "changes (Casts, float16 computed in float32) or typing stops")
     _quantization_options(p, "inspect")
     p.add_argument("--input", action="append", default=[], metavar="NAME=DIM,...",
-                   help="pin or name an input's dims for --quantization of a model file")
+                   help="pin or name an input's dims for --quantization or --types of a model file")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("targets", parents=[common], help="list the known targets (* marks this machine)")

@@ -120,6 +120,56 @@ def test_inspect_model_lists_tensors_and_operator_support(
     assert "cannot compile 1 operator type(s): com.example.Frobnicate" in out
 
 
+def test_inspect_types_of_a_mixed_float16_model(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A float32 MLP converted to float16 with float32 I/O: every value is listed with its
+    dtype, the converter's Casts are named with the direction they change precision, and the
+    float16 MatMul and Softmax are flagged as computed in float32."""
+    float16 = pytest.importorskip("onnxconverter_common.float16")
+    w = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
+         helper.make_node("Softmax", ["h"], ["y"], axis=-1, name="probs")],
+        "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+        [onnx.numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    mixed = float16.convert_float_to_float16(model, keep_io_types=True)
+    onnx.save(mixed, str(tmp_path / "mixed.onnx"))
+    casts = {n.name: n for n in mixed.graph.node if n.op_type == "Cast"}
+    assert len(casts) == 2
+
+    code, out, _ = run(capsys, "inspect", "--types", str(tmp_path / "mixed.onnx"))
+    assert code == 0
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ")}
+    assert rows["x"][1:] == ["float32", "[batch,", "16]", "input"]
+    assert rows["w"][1] == "float16" and rows["h"][1] == "float16" and rows["y"][1] == "float32"
+    flags = [line for line in out.splitlines() if line.startswith(("  cast ", "  float32 compute"))]
+    for name, node in casts.items():
+        to = "float16" if node.attribute[0].i == TensorProto.FLOAT16 else "float32"
+        assert any(f"{name} (Cast)" in f and f"-> {to}" in f for f in flags), (name, out)
+    assert any("fc (MatMul): computes float16 in float32" in f for f in flags), out
+    assert any("probs (Softmax): computes float16 in float32" in f for f in flags), out
+
+
+def test_inspect_types_names_the_node_where_typing_stops(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["m"], ["mf"], to=TensorProto.FLOAT, name="mask_cast"),
+         helper.make_node("Sub", ["x", "mf"], ["y"], name="mask_sub")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 4]),
+              helper.make_tensor_value_info("m", TensorProto.INT64, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2, 4])])
+    path = tmp_path / "broken.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    code, out, _ = run(capsys, "inspect", "--types", str(path))
+    assert code == 1
+    assert "inference stops  mask_sub (Sub)" in out and "insert a Cast" in out
+    assert any(line.split()[:2] == ["x", "float16"] for line in out.splitlines() if line.strip())
+
+
 def test_inspect_digits_model(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "inspect", str(DIGITS_MODEL))
     assert code == 0

@@ -20,17 +20,20 @@ from cuvil.compiler.passes.fuse_qdq import fuse_qdq
 from cuvil.compiler.passes.pack_gemm_weights import pack_gemm_weights
 from cuvil.compiler.passes.pack_int8_weights import pack_int8_weights
 from cuvil.compiler.passes.rewrite_bodies import rewrite_bodies
+from cuvil.compiler.passes.widen_float16 import widen_float16
 from cuvil.compiler.passes.winograd_weights import winograd_weights
 
 #: the pipeline, in order (constant folding runs inside the frontend, which needs constants
 #: to type shape inputs)
-PIPELINE = (fuse_qdq, pack_int8_weights, eliminate_dead_code, fold_batchnorm, pack_gemm_weights,
-            fuse_epilogue, fully_connected_convs, winograd_weights, bf16_weights)
+PIPELINE = (fuse_qdq, pack_int8_weights, eliminate_dead_code, widen_float16, fold_batchnorm,
+            pack_gemm_weights, fuse_epilogue, fully_connected_convs, winograd_weights,
+            bf16_weights)
 
 #: passes of the pipeline that If/Loop/Scan bodies skip, and why; every other pass runs on
 #: each body too (`SUBGRAPH_PIPELINE`)
 TOP_LEVEL_ONLY = {
     fuse_qdq: "it follows producers, which for a body may lie outside it",
+    widen_float16: "not yet tested on bodies (their float16 ops run as float16)",
     fold_batchnorm: "it follows producers, which for a body may lie outside it",
     fuse_epilogue: "not yet tested on bodies (their Conv and Gemm lowerings run unfused)",
     fully_connected_convs: "it follows fuse_epilogue (bodies' 1x1-map convs stay convs)",
