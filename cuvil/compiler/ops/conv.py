@@ -44,7 +44,12 @@ from cuvil.compiler.ops._conv_depthwise import (
     lower_conv_depthwise,
     uses_direct_depthwise,
 )
-from cuvil.compiler.ops._conv_gemm import TRANSPOSED, im2col_bytes, lower_conv_gemm
+from cuvil.compiler.ops._conv_gemm import (
+    TRANSPOSED,
+    im2col_bytes,
+    lower_conv_gemm,
+    transposed_product,
+)
 from cuvil.compiler.ops._conv_winograd import (
     WINOGRAD_TILE,
     lower_conv_winograd,
@@ -574,4 +579,5 @@ class Col2Im(Op):
 
 #: what passes read: the choice of Winograd tile (winograd_weights), and which convolutions
 #: read their weights in ONNX's layout (pack_gemm_weights)
-__all__ = ["WINOGRAD_TILE", "uses_direct_depthwise", "winograd_tile"]
+__all__ = ["TRANSPOSED", "WINOGRAD_TILE", "transposed_product", "uses_direct_depthwise",
+           "winograd_tile"]

@@ -18,7 +18,7 @@ import numpy as np
 from cuvil.compiler.codegen.bf16_gemm_kernel import pack_l, pack_r
 from cuvil.compiler.codegen.gemm_kernel import PACK_COLS, PACK_ROWS
 from cuvil.compiler.ir import Graph
-from cuvil.compiler.ops._conv_gemm import TRANSPOSED
+from cuvil.compiler.ops.conv import TRANSPOSED
 from cuvil.compiler.ops.gemm import BF16_WEIGHTS, PACKED_WEIGHTS
 
 PRECISIONS = ("float32", "bf16")

@@ -25,10 +25,11 @@ import numpy as np
 from cuvil.compiler.codegen.gemm_kernel import pack_a, pack_b
 from cuvil.compiler.ir import Graph, Node
 from cuvil.compiler.ops import UNCHECKED
-from cuvil.compiler.ops._conv_gemm import TRANSPOSED, transposed_product
 from cuvil.compiler.ops.conv import (
+    TRANSPOSED,
     WINOGRAD_TILE,
     conv_window,
+    transposed_product,
     uses_direct_depthwise,
     winograd_tile,
 )
