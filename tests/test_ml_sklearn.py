@@ -53,12 +53,19 @@ def _convert(model, x: np.ndarray, opset=ML_OPSET):
     return skl2onnx.to_onnx(model, x[:1], options=options, target_opset=opset)
 
 
-def _check(model, x: np.ndarray, opset=ML_OPSET, atol: float = 1e-5, rtol: float = 1e-6):
-    return _compare(_convert(model, x, opset), model, x, atol, rtol)
+def _check(model, x: np.ndarray, *, ops: tuple[str, ...], opset=ML_OPSET, atol: float = 1e-5,
+           rtol: float = 1e-6):
+    return _compare(_convert(model, x, opset), model, x, ops=ops, atol=atol, rtol=rtol)
 
 
-def _compare(onnx_model, model, x: np.ndarray, atol: float = 1e-5, rtol: float = 1e-6):
-    """cuvil against onnxruntime (every output) and against `model` itself (its predictions)."""
+def _compare(onnx_model, model, x: np.ndarray, *, ops: tuple[str, ...], atol: float = 1e-5,
+             rtol: float = 1e-6):
+    """cuvil against onnxruntime (every output) and against `model` itself (its predictions).
+
+    `ops` are ai.onnx.ml operators the converted model must hold: the test fails when a
+    converter stops writing them (docs/conformance.md lists the tests by these names)."""
+    written = {n.op_type for n in onnx_model.graph.node if n.domain == "ai.onnx.ml"}
+    assert set(ops) <= written, f"the converter wrote {sorted(written)}"
     compiled = cuvil.compile(onnx_model)
     session = ort.InferenceSession(onnx_model.SerializeToString(),
                                    providers=["CPUExecutionProvider"])
@@ -88,7 +95,8 @@ def _compare(onnx_model, model, x: np.ndarray, atol: float = 1e-5, rtol: float =
 @pytest.mark.parametrize("data", ["iris", "breast_cancer"])
 def test_logistic_regression(data):
     x, y = _data(data)
-    _check(make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(x, y), x)
+    model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(x, y)
+    _check(model, x, ops=("Scaler", "LinearClassifier", "Normalizer"))
 
 
 @pytest.mark.parametrize("data", ["iris", "breast_cancer"])
@@ -96,16 +104,18 @@ def test_linear_svc(data):
     x, y = _data(data)
     model = LinearSVC(max_iter=5000).fit(StandardScaler().fit_transform(x), y)
     x = StandardScaler().fit_transform(x).astype(np.float32)
-    _check(model, x)
+    _check(model, x, ops=("LinearClassifier",))
 
 
 def test_linear_regressors_with_transforms():
     x, y = _data("diabetes")
-    _check(LinearRegression().fit(x, y), x, rtol=1e-5)
-    _check(make_pipeline(Normalizer("l1"), Ridge()).fit(x, y), x, rtol=1e-5)
+    _check(LinearRegression().fit(x, y), x, rtol=1e-5, ops=("LinearRegressor",))
+    _check(make_pipeline(Normalizer("l1"), Ridge()).fit(x, y), x, rtol=1e-5,
+           ops=("Normalizer", "LinearRegressor"))
     # (not Normalizer("max"): scikit-learn divides by the largest magnitude, onnxruntime and
     # the ONNX-ML spec by the largest value)
-    _check(make_pipeline(Binarizer(threshold=0.01), Ridge()).fit(x, y), x, rtol=1e-5)
+    _check(make_pipeline(Binarizer(threshold=0.01), Ridge()).fit(x, y), x, rtol=1e-5,
+           ops=("Binarizer", "LinearRegressor"))
 
 
 def test_imputer_with_missing_values():
@@ -113,26 +123,29 @@ def test_imputer_with_missing_values():
     x = x.copy()
     x[::5, 2] = np.nan
     x[::7, 0] = np.nan
-    _check(make_pipeline(SimpleImputer(), Normalizer(), Ridge()).fit(x, y), x, rtol=1e-5)
+    _check(make_pipeline(SimpleImputer(), Normalizer(), Ridge()).fit(x, y), x, rtol=1e-5,
+           ops=("Imputer", "Normalizer", "LinearRegressor"))
 
 
 @pytest.mark.parametrize("data", ["iris", "breast_cancer", "digits"])
 def test_random_forest_classifier(data):
     x, y = _data(data)
-    _check(RandomForestClassifier(n_estimators=20, max_depth=8, random_state=0).fit(x, y), x)
+    _check(RandomForestClassifier(n_estimators=20, max_depth=8, random_state=0).fit(x, y), x,
+           ops=("TreeEnsembleClassifier",))
 
 
 @pytest.mark.parametrize("data", ["iris", "breast_cancer"])
 def test_gradient_boosting_classifier(data):
     x, y = _data(data)
-    _check(GradientBoostingClassifier(n_estimators=20, random_state=0).fit(x, y), x)
+    _check(GradientBoostingClassifier(n_estimators=20, random_state=0).fit(x, y), x,
+           ops=("TreeEnsembleClassifier",))
 
 
 def test_tree_regressors():
     x, y = _data("diabetes")
     for model in (RandomForestRegressor(n_estimators=20, max_depth=6, random_state=0),
                   GradientBoostingRegressor(n_estimators=20, random_state=0)):
-        _check(model.fit(x, y), x, atol=1e-3, rtol=1e-5)
+        _check(model.fit(x, y), x, atol=1e-3, rtol=1e-5, ops=("TreeEnsembleRegressor",))
 
 
 def test_pipeline_with_column_transformer_and_one_hot():
@@ -150,13 +163,15 @@ def test_pipeline_with_column_transformer_and_one_hot():
         ])),
         ("clf", LogisticRegression()),
     ]).fit(x, y)
-    _check(model, x)
+    _check(model, x,
+           ops=("ArrayFeatureExtractor", "Imputer", "Scaler", "OneHotEncoder", "LinearClassifier"))
 
 
 def test_zipmap_is_refused_with_the_converter_option_to_drop_it():
     x, y = _data("iris")
     model = LogisticRegression(max_iter=1000).fit(x, y)
     onnx_model = skl2onnx.to_onnx(model, x[:1], target_opset=ML_OPSET)
+    assert "ZipMap" in {n.op_type for n in onnx_model.graph.node}
     with pytest.raises(ModelError, match="zipmap': False"):
         cuvil.compile(onnx_model)
 
@@ -194,7 +209,8 @@ def hist_gradient_boosting_converts(monkeypatch):
 def test_hist_gradient_boosting_classifier(data):
     # "mixed" has NaNs: the trees learn which way missing values go (missing-value tracks)
     x, y = _mixed_table(classes=3) if data == "mixed" else _data(data)
-    _check(HistGradientBoostingClassifier(max_iter=30, random_state=0).fit(x, y), x)
+    _check(HistGradientBoostingClassifier(max_iter=30, random_state=0).fit(x, y), x,
+           ops=("TreeEnsembleClassifier",))
 
 
 @pytest.mark.usefixtures("hist_gradient_boosting_converts")
@@ -203,20 +219,20 @@ def test_hist_gradient_boosting_regressor():
     x = x.copy()
     x[::6, 3] = np.nan
     _check(HistGradientBoostingRegressor(max_iter=30, random_state=0).fit(x, y), x,
-           atol=1e-3, rtol=1e-5)
+           atol=1e-3, rtol=1e-5, ops=("TreeEnsembleRegressor",))
 
 
 def test_k_neighbors():
     # skl2onnx writes these with Scan (pairwise distances), TopK and ArrayFeatureExtractor
     x, y = _data("iris")
-    _check(KNeighborsClassifier(5).fit(x, y), x)
+    _check(KNeighborsClassifier(5).fit(x, y), x, ops=("ArrayFeatureExtractor",))
     x, y = _data("breast_cancer")
     # held-out rows. (Not weights="distance": skl2onnx 1.20 writes uniform votes for it, and
     # onnxruntime and cuvil then agree with each other, not with scikit-learn.)
     model = make_pipeline(StandardScaler(), KNeighborsClassifier(7))
-    _check(model.fit(x[::2], y[::2]), x[1::2])
+    _check(model.fit(x[::2], y[::2]), x[1::2], ops=("Scaler", "ArrayFeatureExtractor"))
     x, y = _data("diabetes")
-    _check(KNeighborsRegressor(5).fit(x, y), x, rtol=1e-5)
+    _check(KNeighborsRegressor(5).fit(x, y), x, rtol=1e-5, ops=("ArrayFeatureExtractor",))
 
 
 # -- LightGBM and XGBoost, converted with onnxmltools ---------------------------------------------
@@ -258,7 +274,7 @@ def test_lightgbm_classifier(data):
     # onnxmltools 1.16 converts up to opset 15
     onnx_model = onnxmltools.convert_lightgbm(model, initial_types=_float_input(x), zipmap=False,
                                               target_opset=15)
-    _compare(onnx_model, model, x)
+    _compare(onnx_model, model, x, ops=("TreeEnsembleClassifier",))
 
 
 @pytest.mark.parametrize("data", BOOSTING_DATA)
@@ -267,7 +283,7 @@ def test_xgboost_classifier(data):
     model, x, y, fit = _boosting_case("xgboost", data)
     model.fit(x, y, **fit)
     onnx_model = onnxmltools.convert_xgboost(model, initial_types=_float_input(x), target_opset=15)
-    _compare(onnx_model, model, x)
+    _compare(onnx_model, model, x, ops=("TreeEnsembleClassifier",))
 
 
 @pytest.mark.parametrize("objective", ["regression", "poisson"])
@@ -278,7 +294,8 @@ def test_lightgbm_regressor(objective):
     x, y = _data("diabetes")
     model = lightgbm.LGBMRegressor(n_estimators=40, objective=objective, verbose=-1).fit(x, y)
     onnx_model = onnxmltools.convert_lightgbm(model, initial_types=_float_input(x), target_opset=15)
-    _compare(onnx_model, model, x, atol=1e-3, rtol=1e-5)  # poisson: Exp after the trees
+    # poisson: Exp after the trees
+    _compare(onnx_model, model, x, atol=1e-3, rtol=1e-5, ops=("TreeEnsembleRegressor",))
 
 
 @pytest.mark.parametrize("objective", ["reg:squarederror", "count:poisson"])
@@ -292,4 +309,4 @@ def test_xgboost_regressor(objective):
     model = xgboost.XGBRegressor(n_estimators=40, objective=objective).fit(x, y)
     onnx_model = onnxmltools.convert_xgboost(model, initial_types=_float_input(x), target_opset=15)
     # xgboost sums its trees in another order: up to ~1e-6 relative
-    _compare(onnx_model, model, x, atol=1e-3, rtol=1e-5)
+    _compare(onnx_model, model, x, atol=1e-3, rtol=1e-5, ops=("TreeEnsembleRegressor",))
