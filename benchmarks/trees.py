@@ -1,8 +1,10 @@
 """Tree ensembles (ai.onnx.ml TreeEnsembleClassifier/Regressor) through cuvil and onnxruntime
-in one run: scikit-learn forests (converted with skl2onnx) and LightGBM and XGBoost gradient
-boosting (converted with onnxmltools) trained on scikit-learn's bundled data, timed at batch
-1 and batch 1,000. Reports each engine's best-of-5 mean latency and the ratio
-cuvil / onnxruntime (< 1: cuvil is faster).
+in one run: scikit-learn forests trained on its bundled data (converted with skl2onnx), and
+LightGBM and XGBoost gradient boosting (converted with onnxmltools) trained on 10,000 rows of
+`make_classification` / `make_regression` (on the small bundled sets boosting stops splitting
+after a few hundred trees, and later trees are stumps), timed at batch 1 and batch 1,000.
+Reports each engine's best-of-5 mean latency and the ratio cuvil / onnxruntime (< 1: cuvil
+is faster).
 
     python benchmarks/trees.py                 # 1,000 trees each
     python benchmarks/trees.py --trees 200 --depth 6
@@ -23,7 +25,12 @@ from collections.abc import Callable
 import numpy as np
 import onnxruntime as ort
 from skl2onnx import to_onnx
-from sklearn.datasets import load_breast_cancer, load_diabetes
+from sklearn.datasets import (
+    load_breast_cancer,
+    load_diabetes,
+    make_classification,
+    make_regression,
+)
 from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
 
 import cuvil
@@ -71,8 +78,8 @@ def boosting_cases(framework: str, trees: int, depth: int) -> list[tuple[str, ob
     except ImportError as error:
         print(f"(no {framework} cases: {error})")
         return []
-    x, y = load_breast_cancer(return_X_y=True)
-    xr, yr = load_diabetes(return_X_y=True)
+    x, y, xr, yr = FEATURES["classification"], LABELS["classification"], \
+        FEATURES["regression"], LABELS["regression"]
     if framework == "lightgbm":
         # num_leaves as a full tree of `depth` levels would have; min_child_samples low so
         # that the later trees still split on these small data sets
@@ -91,20 +98,28 @@ def boosting_cases(framework: str, trees: int, depth: int) -> list[tuple[str, ob
         return convert_xgboost(model, initial_types=types, target_opset=15)
 
     name = {"lightgbm": "LGBM", "xgboost": "XGB"}[framework]
-    return [(f"{name}Classifier breast_cancer", convert(clf, "breast_cancer", zipmap=False)),
-            (f"{name}Regressor diabetes", convert(reg, "diabetes"))]
+    return [(f"{name}Classifier classification", convert(clf, "classification", zipmap=False)),
+            (f"{name}Regressor regression", convert(reg, "regression"))]
 
 
+_CLASSIFICATION = make_classification(n_samples=10000, n_features=20, n_informative=10,
+                                      random_state=0)
+_REGRESSION = make_regression(n_samples=10000, n_features=20, n_informative=10, noise=10.0,
+                              random_state=0)
 FEATURES = {"breast_cancer": load_breast_cancer(return_X_y=True)[0].astype(np.float32),
-            "diabetes": load_diabetes(return_X_y=True)[0].astype(np.float32)}
+            "diabetes": load_diabetes(return_X_y=True)[0].astype(np.float32),
+            "classification": _CLASSIFICATION[0].astype(np.float32),
+            "regression": _REGRESSION[0].astype(np.float32)}
+LABELS = {"classification": _CLASSIFICATION[1], "regression": _REGRESSION[1]}
 
 
-def tree_count(onnx_model) -> int:
+def forest_size(onnx_model) -> tuple[int, int]:
+    """(trees, nodes) of the model's tree ensemble."""
     for node in onnx_model.graph.node:
         for attr in node.attribute:
             if attr.name == "nodes_treeids":
-                return len(set(attr.ints))
-    return 0
+                return len(set(attr.ints)), len(attr.ints)
+    return 0, 0
 
 
 def main() -> None:
@@ -136,7 +151,8 @@ def main() -> None:
             theirs = best_mean(functools.partial(session.run, None, feed))
             print(f"{label:40} {batch:>6} {ours * 1e6:>10.1f} {theirs * 1e6:>10.1f} "
                   f"{ours / theirs:>9.2f}")
-        print(f"{'':40} ({tree_count(onnx_model)} trees in the ONNX model, "
+        trees, nodes = forest_size(onnx_model)
+        print(f"{'':40} ({trees} trees, {nodes / max(trees, 1):.0f} nodes a tree; "
               f"cuvil compile {compile_s:.1f} s)")
 
 
