@@ -96,7 +96,7 @@ def _compare(onnx_model, model, x: np.ndarray, *, ops: tuple[str, ...], atol: fl
 def test_logistic_regression(data):
     x, y = _data(data)
     model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(x, y)
-    _check(model, x, ops=("Scaler", "LinearClassifier", "Normalizer"))
+    _check(model, x, ops=("Scaler", "LinearClassifier"))  # and Normalizer for several classes
 
 
 @pytest.mark.parametrize("data", ["iris", "breast_cancer"])
