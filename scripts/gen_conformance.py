@@ -3,6 +3,13 @@
     python scripts/gen_conformance.py                 # everything, os.cpu_count() workers
     python scripts/gen_conformance.py --kinds node    # only onnx's node tests
     python scripts/gen_conformance.py --profile 40    # also profile 40 compiles in-process
+    python scripts/gen_conformance.py --from-json docs/conformance.json   # rewrite, no run
+    python scripts/gen_conformance.py --families      # print the ai.onnx.ml / com.microsoft
+                                                      # section alone, no run
+
+The report's section on the families beyond onnx's node tests (ai.onnx.ml, com.microsoft) is
+read from the op registry and the test files (tests/conformance/families.py), so it renders
+without a run and is the same for the same sources.
 
 The cases, the out-of-scope list and the targets are those of tests/conformance (the same
 collection the CI gate runs). Setting CUVIL_OPT_LEVEL (0-3) changes the LLVM optimization
@@ -22,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conformance import report, runner, scope  # noqa: E402
+from conformance import families, report, runner, scope  # noqa: E402
 
 
 def profile(cases: list[runner.Case], n: int) -> dict[str, Any]:
@@ -107,8 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rerun-failed", type=Path, metavar="FILE",
                         help="keep the passes of an earlier run's conformance.json and run only "
                              "the other in-scope cases again")
+    parser.add_argument("--families", action="store_true",
+                        help="print the section on ai.onnx.ml and com.microsoft and exit (no run)")
     args = parser.parse_args(argv)
 
+    if args.families:
+        print("\n".join(families.render()))
+        return 0
     if args.from_json:
         data = json.loads(args.from_json.read_text())
         args.out.mkdir(parents=True, exist_ok=True)

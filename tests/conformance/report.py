@@ -13,7 +13,7 @@ from typing import Any
 
 import onnx
 
-from conformance import runner, scope
+from conformance import families, runner, scope
 
 __all__ = ["GROUP_TITLES", "pct", "run_meta", "write_docs"]
 
@@ -132,6 +132,7 @@ def write_docs(results: list[dict[str, Any]], meta: dict[str, Any], out_dir: Pat
       "initializers: " + ", ".join(f"{op} {list(ix)}" for op, ix in
                                    sorted(scope.COMPILE_TIME_INPUTS.items())) + ".")
     w("")
+    md.extend(families.render(results))
 
     failures = [r for r in results if r["status"] == "fail"]
     missing = collections.Counter(re.sub(r" \(opset \d+\)$", "", u)
