@@ -60,8 +60,11 @@ FAMILIES: tuple[Family, ...] = (
         "built in the tests, check that it fused, and compare cuvil with onnxruntime on the "
         "optimized model, then on single-node models for the attributes and input forms the "
         "optimizer does not write (against numpy for BiasSoftmax and BiasAdd, which have no "
-        "CPU kernel in onnxruntime). What is refused is in `ops.md`.",
-        ("tests/ops/test_contrib.py",),
+        "CPU kernel in onnxruntime). The quantization ones that onnxruntime's quantizers and "
+        "its session optimizer write (quantize_dynamic, quantize_static in QOperator format) "
+        "are compiled the same way, their integer products on the int8 kernel, and compared "
+        "with onnxruntime on models those tools made. What is refused is in `ops.md`.",
+        ("tests/ops/test_contrib.py", "tests/ops/test_contrib_quantized.py"),
         # onnxruntime's quantizers (quantize_dynamic, quantize_static in QOperator format)
         written=("DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention", "QGemm",
                  "QLinearAdd", "QLinearAveragePool", "QLinearConcat", "QLinearGlobalAveragePool",
