@@ -226,10 +226,11 @@ def test_failed_build_names_the_problem_and_leaves_no_wheel(tmp_path: Path) -> N
     project = copy_project(tmp_path / "digits")
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["r"], name="fine"),
-         helper.make_node("Unique", ["r"], ["y"], name="uniq")],
+         helper.make_node("Mystery", ["r"], ["y"], name="uniq", domain="com.example")],
         "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n"])])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                      helper.make_opsetid("com.example", 1)]),
               project / "models" / "classifier.onnx")
     (project / "pyproject.toml").write_text(
         (project / "pyproject.toml").read_text().replace('inputs = { image = ["batch", 1, 8, 8] }', ""))
@@ -238,7 +239,7 @@ def test_failed_build_names_the_problem_and_leaves_no_wheel(tmp_path: Path) -> N
     proc = pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(project),
                check=False)
     assert proc.returncode != 0
-    assert "Unique" in proc.stderr + proc.stdout and "uniq" in proc.stderr + proc.stdout
+    assert "Mystery" in proc.stderr + proc.stdout and "uniq" in proc.stderr + proc.stdout
     assert list(out.iterdir()) == []
 
 
