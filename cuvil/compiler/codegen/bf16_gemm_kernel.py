@@ -50,7 +50,7 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.emitter import I1, I8, I32, I64, PTR, Emitter, splat
-from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue
+from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue, split_blocks
 
 F32 = ir.FloatType()
 I16 = ir.IntType(16)
@@ -64,9 +64,9 @@ PAIR_ROW = PACK_COLS * 4
 #: K is walked in blocks of KC values: the run-time operand's block is packed into a stack
 #: buffer of at most 32 KiB (32 rows x KC bf16, or KC / 2 pair rows of a panel)
 KC = 512
-#: parallel split: blocks per thread, fewest tiles per block; rows are split in multiples of
-#: ROW_SPLIT (whole tiles of every kind: 12-row register tiles, 16- and 32-row AMX blocks)
-BLOCKS_PER_THREAD = 4
+#: parallel split (gemm_kernel.split_blocks): fewest tiles per block; rows are split in
+#: multiples of ROW_SPLIT (whole tiles of every kind: 12-row register tiles, 16- and 32-row
+#: AMX blocks)
 MIN_ROW_TILES = 2
 MIN_COLUMN_TILES = 2
 ROW_SPLIT = 48
@@ -628,20 +628,8 @@ def emit_parallel_bf16_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value,
     """The product split over the threads into blocks of rows (or of whole panels of columns
     when M is the smaller side), as the float kernel's emit_parallel_gemm."""
     b = k.b
-    by_rows = b.icmp_signed(">=", m, n)
-    extent = b.select(by_rows, m, n)
-    tile = b.select(by_rows, k.i64(ROW_SPLIT), k.i64(PACK_COLS))
-    tiles = k.floordiv(b.add(extent, b.sub(tile, k.i64(1))), tile)
-    threads = k.parallel_threads()
-    least = b.select(by_rows, k.i64(MIN_ROW_TILES), k.i64(MIN_COLUMN_TILES))
-    per_thread = k.floordiv(tiles, b.mul(threads, least))
-    per_thread = k.minimum("int64", k.maximum("int64", per_thread, k.i64(1)),
-                           k.i64(BLOCKS_PER_THREAD))
-    blocks = k.minimum("int64", b.mul(threads, per_thread), k.maximum("int64", tiles, k.i64(1)))
-    block_tiles = k.floordiv(b.add(tiles, b.sub(blocks, k.i64(1))), blocks)
-    block = b.mul(k.maximum("int64", block_tiles, k.i64(1)), tile)
-    count = k.floordiv(b.add(extent, b.sub(block, k.i64(1))), block)
-    other = b.select(by_rows, n, m)
+    by_rows, block, count, other = split_blocks(k, m, n, ROW_SPLIT, PACK_COLS,
+                                                MIN_ROW_TILES, MIN_COLUMN_TILES)
     null = ir.Constant(PTR, None)
     carry = [m, n, kk, l_ptr, ldl, r_ptr, ldr, c, ldc, bias if bias is not None else null,
              residual if residual is not None else null, block, b.zext(by_rows, I64)]

@@ -566,24 +566,21 @@ def emit_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, l
                   bias if bias is not None else null, residual if residual is not None else null])
 
 
-def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,
-                       lda: ir.Value, b_ptr: ir.Value, ldb: ir.Value, c: ir.Value, ldc: ir.Value,
-                       *, accumulate: bool = False, bias: ir.Value | None = None,
-                       residual: ir.Value | None = None, epilogue: Epilogue = PLAIN,
-                       layout: Layout = ROW_MAJOR) -> None:
-    """The same product split over threads into blocks of rows (or of columns when M is small)."""
-    isa = isa_of(k.module)
+def split_blocks(k: Emitter, m: ir.Value, n: ir.Value, row_tile: int, column_tile: int,
+                 min_row_tiles: int = MIN_ROW_TILES,
+                 min_column_tiles: int = MIN_COLUMN_TILES) -> tuple[ir.Value, ...]:
+    """How a product of M x N splits over the threads (every GEMM kernel's parallel entry):
+    along the larger dimension, into blocks of whole tiles (row_tile rows or column_tile
+    columns) of at least min_*_tiles each, as many as the threads that will run them share
+    evenly (one block, the whole product, when the loop runs inline). Returns (by_rows,
+    block, count of blocks, the other dimension's extent)."""
     b = k.b
-    # split the larger dimension into blocks of whole tiles, as many as the threads that
-    # will run them share evenly (one block, the whole product, when the loop runs inline)
     by_rows = b.icmp_signed(">=", m, n)
     extent = b.select(by_rows, m, n)
-    # (a block of a pre-packed operand starts on one of its panels)
-    tile = b.select(by_rows, k.i64(PACK_ROWS if layout.packed_a else isa.mr),
-                    k.i64(PACK_COLS if layout.packed_b else isa.nr))
+    tile = b.select(by_rows, k.i64(row_tile), k.i64(column_tile))
     tiles = k.floordiv(b.add(extent, b.sub(tile, k.i64(1))), tile)
     threads = k.parallel_threads()
-    least = b.select(by_rows, k.i64(MIN_ROW_TILES), k.i64(MIN_COLUMN_TILES))
+    least = b.select(by_rows, k.i64(min_row_tiles), k.i64(min_column_tiles))
     per_thread = k.floordiv(tiles, b.mul(threads, least))
     per_thread = k.minimum("int64", k.maximum("int64", per_thread, k.i64(1)),
                            k.i64(BLOCKS_PER_THREAD))
@@ -592,6 +589,20 @@ def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir
     block = b.mul(k.maximum("int64", block_tiles, k.i64(1)), tile)
     count = k.floordiv(b.add(extent, b.sub(block, k.i64(1))), block)
     other = b.select(by_rows, n, m)
+    return by_rows, block, count, other
+
+
+def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,
+                       lda: ir.Value, b_ptr: ir.Value, ldb: ir.Value, c: ir.Value, ldc: ir.Value,
+                       *, accumulate: bool = False, bias: ir.Value | None = None,
+                       residual: ir.Value | None = None, epilogue: Epilogue = PLAIN,
+                       layout: Layout = ROW_MAJOR) -> None:
+    """The same product split over threads into blocks of rows (or of columns when M is small)."""
+    isa = isa_of(k.module)
+    b = k.b
+    # (a block of a pre-packed operand starts on one of its panels)
+    by_rows, block, count, other = split_blocks(k, m, n, PACK_ROWS if layout.packed_a else isa.mr,
+                                                PACK_COLS if layout.packed_b else isa.nr)
     bias_v = bias if bias is not None else ir.Constant(PTR, None)
     res_v = residual if residual is not None else ir.Constant(PTR, None)
     carry = [m, n, kk, a, lda, b_ptr, ldb, c, ldc, bias_v, res_v, block, b.zext(by_rows, I64)]

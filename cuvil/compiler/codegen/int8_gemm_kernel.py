@@ -66,6 +66,7 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I8, I32, I64, PTR, Emitter, splat
+from cuvil.compiler.codegen.gemm_kernel import split_blocks
 
 I16 = ir.IntType(16)
 F32 = ir.FloatType()
@@ -74,10 +75,6 @@ PACK_COLS = 32
 GROUP = 4
 #: a block of columns of B (x K bytes) is walked by every row tile before the next: it stays in L2
 BLOCK_BYTES = 512 * 1024
-#: parallel split, as the float kernel's: blocks per thread, fewest tiles per block
-BLOCKS_PER_THREAD = 4
-MIN_ROW_TILES = 4
-MIN_COLUMN_TILES = 2
 
 
 # ------------------------------------------------------------------------------ packing
@@ -730,20 +727,7 @@ def _parallel(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, l
     isa = int8_isa_of(k.module)
     b = k.b
     null = ir.Constant(PTR, None)
-    by_rows = b.icmp_signed(">=", m, n)
-    extent = b.select(by_rows, m, n)
-    tile = b.select(by_rows, k.i64(isa.mr), k.i64(PACK_COLS))
-    tiles = k.floordiv(b.add(extent, b.sub(tile, k.i64(1))), tile)
-    threads = k.parallel_threads()
-    least = b.select(by_rows, k.i64(MIN_ROW_TILES), k.i64(MIN_COLUMN_TILES))
-    per_thread = k.floordiv(tiles, b.mul(threads, least))
-    per_thread = k.minimum("int64", k.maximum("int64", per_thread, k.i64(1)),
-                           k.i64(BLOCKS_PER_THREAD))
-    blocks = k.minimum("int64", b.mul(threads, per_thread), k.maximum("int64", tiles, k.i64(1)))
-    block_tiles = k.floordiv(b.add(tiles, b.sub(blocks, k.i64(1))), blocks)
-    block = b.mul(k.maximum("int64", block_tiles, k.i64(1)), tile)
-    count = k.floordiv(b.add(extent, b.sub(block, k.i64(1))), block)
-    other = b.select(by_rows, n, m)
+    by_rows, block, count, other = split_blocks(k, m, n, isa.mr, PACK_COLS)
     a_scale_bits = b.zext(b.bitcast(a_scale if a_scale is not None else ir.Constant(F32, 1.0),
                                     I32), I64)
     carry = [m, n, kk, a, lda, b.sext(a_zero, I64), panels, colsum, beta, c, ldc,
