@@ -28,6 +28,8 @@ def render() -> str:
             continue  # internal ops the importer creates
         latest = impls[-1]
         module = type(latest).__module__.rsplit(".", 1)[-1]
+        if module == "registered":
+            continue  # a project's own ops (cuvil.register_op), not cuvil's
         since = ", ".join(str(op.since) for op in impls)
         if latest.not_compiled:
             notes = f"not compiled: {latest.not_compiled}"

@@ -89,6 +89,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> types.SimpleName
                     calibration=None,
                     inputs={},
                     quantize="none",
+                    precision="float32",
                 ),
             ),
             settings=types.SimpleNamespace(
