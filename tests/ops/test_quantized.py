@@ -15,6 +15,7 @@ from onnx import helper, numpy_helper
 
 import cuvil
 from cuvil.compiler.frontend import import_model
+from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
 from cuvil.compiler.ops.quantize import INT8_PACKED
 from cuvil.compiler.passes import run_passes
 
@@ -133,6 +134,102 @@ def test_integer_convs_on_the_int8_kernel():
     check_cases(cases, sizes=[{"m": 1, "_h": 6}, {"m": 2, "_h": 9}], opset=13)
 
 
+def _dynamic_chains(rng: np.random.Generator) -> onnx.ModelProto:
+    """quantize_dynamic's chain DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul(a_scale
+    * b_scale) [-> Add(bias)] in the variants the fusion takes (operand orders, int8 and uint8
+    weights, zero points per tensor and per column, scales per tensor and per column, no
+    bias), one DynamicQuantizeLinear read by two chains, and a chain whose scaled product is
+    also a graph output (the bias Add then stays a node); a Gelu after the first (fused into
+    the kernel's epilogue). Odd K and N: the kernel's tails."""
+    nodes, inits, inputs, outputs = [], {}, [], []
+
+    def chain(i: int, x: str, k: int, n: int, b_dtype: str, b_zero: np.ndarray | None,
+              b_scale: np.ndarray, bias: bool, swap: bool, quantize: bool = True) -> str:
+        if quantize:
+            nodes.append(helper.make_node("DynamicQuantizeLinear", [x],
+                                          [f"{x}_q", f"{x}_s", f"{x}_z"]))
+        lo, hi = (-128, 128) if b_dtype == "int8" else (0, 256)
+        inits[f"b{i}"] = rng.integers(lo, hi, [k, n]).astype(b_dtype)
+        inits[f"bs{i}"] = b_scale
+        ins = [f"{x}_q", f"b{i}", f"{x}_z"]
+        if b_zero is not None:
+            inits[f"bz{i}"] = b_zero
+            ins.append(f"bz{i}")
+        nodes.extend([helper.make_node("MatMulInteger", ins, [f"acc{i}"]),
+                      helper.make_node("Cast", [f"acc{i}"], [f"f{i}"], to=1),
+                      helper.make_node("Mul", [f"bs{i}", f"{x}_s"][::-1 if swap else 1],
+                                       [f"s{i}"]),
+                      helper.make_node("Mul", [f"f{i}", f"s{i}"][::-1 if swap else 1],
+                                       [f"y{i}"])])
+        if not bias:
+            return f"y{i}"
+        inits[f"bias{i}"] = rng.standard_normal(n).astype(np.float32)
+        nodes.append(helper.make_node("Add", [f"y{i}", f"bias{i}"][::-1 if swap else 1],
+                                      [f"out{i}"]))
+        return f"out{i}"
+
+    def feed(name: str, shape: list) -> str:
+        inputs.append(helper.make_tensor_value_info(name, 1, shape))
+        return name
+
+    def scales(count: int) -> np.ndarray:
+        return (rng.random(count) * 0.02 + 0.001).astype(np.float32)
+
+    x1 = feed("x1", ["batch", "seq", 37])
+    out1 = chain(1, x1, 37, 45, "int8", np.array(0, np.int8), scales(1)[0], True, False)
+    inits.update(root2=np.array(np.sqrt(2), np.float32), one=np.array(1, np.float32),
+                 half=np.array(0.5, np.float32))
+    nodes.extend([helper.make_node("Div", [out1, "root2"], ["g_div"]),  # Gelu, Erf form
+                  helper.make_node("Erf", ["g_div"], ["g_erf"]),
+                  helper.make_node("Add", ["g_erf", "one"], ["g_add"]),
+                  helper.make_node("Mul", [out1, "g_add"], ["g_mul"]),
+                  helper.make_node("Mul", ["g_mul", "half"], ["gelu1"])])
+    outputs.append("gelu1")
+    outputs.append(chain(2, x1, 37, 70, "int8", rng.integers(-4, 5, 70).astype(np.int8),
+                         scales(70), False, True, quantize=False))
+    x3 = feed("x3", ["seq", 64])
+    outputs.append(chain(3, x3, 64, 33, "uint8", np.array(131, np.uint8), scales(1), True, True))
+    x4 = feed("x4", ["batch", "seq", 20])
+    outputs += [chain(4, x4, 20, 9, "int8", None, scales(9), True, False), "y4"]
+    shapes = [["batch", "seq", 45], ["batch", "seq", 70], ["seq", 33], ["batch", "seq", 9],
+              ["batch", "seq", 9]]
+    graph = helper.make_graph(nodes, "chains", inputs,
+                              [helper.make_tensor_value_info(o, 1, shape)
+                               for o, shape in zip(outputs, shapes)],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_dynamic_quantize_matmul_chains_fuse_and_match_onnxruntime():
+    """Each chain becomes one DynamicQuantizeMatMul on the int8 kernel, its float epilogue
+    scaling the sums and adding the bias; the outputs are onnxruntime's (which fuses the
+    chains into its own MatMulIntegerToFloat) up to float rounding."""
+    import onnxruntime as ort
+
+    model = _dynamic_chains(np.random.default_rng(8))
+    nodes = run_passes(import_model(model)).nodes
+    fused = [n for n in nodes if n.op_type == "DynamicQuantizeMatMul"]
+    assert len(fused) == 4 and not {"MatMulInteger", "Cast"} & {n.op_type for n in nodes}
+    # x4's bias Add stays a node: the scaled product is a graph output too
+    assert [n.op_type for n in nodes].count("Add") == 1
+    assert sum(len(n.inputs) == 4 for n in fused) == 2  # the biases of chains 1 and 3
+    assert [n.attrs.get(FUSED_ACTIVATION) for n in fused].count("Gelu") == 1
+    compiled = cuvil.compile(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(9)
+    for batch, seq in ((1, 1), (2, 13), (1, 29)):
+        feeds = {"x1": rng.standard_normal([batch, seq, 37]).astype(np.float32),
+                 "x3": (rng.standard_normal([seq, 64]) * 4 + 1).astype(np.float32),
+                 "x4": rng.standard_normal([batch, seq, 20]).astype(np.float32)}
+        got = compiled.run(feeds)
+        for out, want in zip(session.get_outputs(), session.run(None, feeds)):
+            assert got[out.name].shape == want.shape, out.name
+            np.testing.assert_allclose(got[out.name], want, rtol=1e-5,
+                                       atol=1e-6 * float(np.abs(want).max()), err_msg=out.name)
+
+
 # -- models quantized by onnxruntime ----------------------------------------------------------
 
 
@@ -221,11 +318,13 @@ def test_onnxruntime_quantized_models_match_onnxruntime(tmp_path, kind, how):
     model = _quantized(tmp_path, kind, how)
     nodes = run_passes(import_model(model)).nodes
     ops = {n.op_type for n in nodes}
-    integer = {"MatMulInteger", "ConvInteger"} if how == "dynamic" else {"QLinearConv",
-                                                                         "QLinearMatMul"}
+    integer = ({"MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul"} if how == "dynamic"
+               else {"QLinearConv", "QLinearMatMul"})
     assert ops & integer, ops
     if how != "dynamic":  # every product runs on integers: the QDQ pass fused them all
         assert not ops & {"Conv", "MatMul", "Gemm"}, ops
+    if kind == "mlp" and how == "dynamic":  # each MatMul's chain is one node
+        assert "DynamicQuantizeMatMul" in ops and not ops & {"MatMulInteger", "Cast"}, ops
     # and on the int8 kernel, their weights packed for it
     assert all(INT8_PACKED in n.attrs for n in nodes if n.op_type in integer), ops
     compiled = cuvil.compile(model)

@@ -65,6 +65,7 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
+from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.emitter import I8, I32, I64, PTR, Emitter, splat
 from cuvil.compiler.codegen.gemm_kernel import split_blocks
 
@@ -145,16 +146,22 @@ class QEpilogue:
     output: str = "int32"
     bias: str = "none"
     relu: bool = False
+    #: float32 output: an activation applied last (codegen/activation.py's names) and its
+    #: parameters (a fused Gelu after a dynamically quantized product)
+    activation: str | None = None
+    params: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         assert self.output in ("int32", "float32", "uint8", "int8"), self.output
         assert self.bias in ("none", "int32", "float32"), self.bias
         assert self.bias != "float32" or self.output == "float32", self
         assert not self.relu or self.output in ("uint8", "int8"), self
+        assert self.activation is None or self.output == "float32", self
 
     @property
     def suffix(self) -> str:
-        return f"{self.output}_{self.bias}{'_relu' if self.relu else ''}"
+        act = f"_{self.activation}{'_'.join(map(repr, self.params))}" if self.activation else ""
+        return f"{self.output}_{self.bias}{'_relu' if self.relu else ''}{act}"
 
 
 INT32 = QEpilogue()
@@ -647,7 +654,8 @@ class _Writer:
             x = b.add(x, bias)
         y = b.fmul(b.sitofp(x, vf), scale)
         if ep.output == "float32":
-            return b.fadd(y, bias) if ep.bias == "float32" else y
+            y = b.fadd(y, bias) if ep.bias == "float32" else y
+            return apply_activation(b, ep.activation, ep.params, y) if ep.activation else y
         lo, hi = (0, 255) if ep.output == "uint8" else (-128, 127)
         zero = b.sitofp(self.c_zero, F32)
         vf = ir.VectorType(F32, w)

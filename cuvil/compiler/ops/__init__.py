@@ -429,6 +429,7 @@ def _import_families() -> None:
         conv,
         deform_conv,
         detection,
+        dynamic_matmul,
         einsum,
         elementwise,
         gemm,

@@ -1,9 +1,10 @@
 """Floating-point operations of a node, counted from its IR shapes for the profiler.
 
 Only the ops whose time is dominated by multiply-adds are counted (two operations each, the
-convention of papers and of vendors' peak figures): convolutions, matrix products, Einsum
-and the recurrent cells. Every other op counts 0 and the profiler shows no GFLOP/s for it:
-a count of "one per element" would say little about an op bound by memory traffic.
+convention of papers and of vendors' peak figures): convolutions, matrix products (the
+integer ones too), Einsum and the recurrent cells. Every other op counts 0 and the profiler
+shows no GFLOP/s for it: a count of "one per element" would say little about an op bound by
+memory traffic.
 Symbolic dims stay sympy expressions; the signature carries them as Python expressions
 that the runtime evaluates with each call's dims.
 """
@@ -81,10 +82,19 @@ _MULTIPLY_ADDS: dict[str, Callable[[Node], Dim]] = {
 }
 
 
+#: integer products (A is input 0 in each; the weight may be a packed blob): their integer
+#: multiply-adds, counted as the float ones
+_INTEGER_PRODUCTS: dict[tuple[str, str], Callable[[Node], Dim]] = {
+    ("", "MatMulInteger"): _matmul, ("", "QLinearMatMul"): _matmul,
+    ("cuvil", "DynamicQuantizeMatMul"): _matmul,
+}
+
+
 def node_flops(node: Node) -> Dim:
     """2 x the node's multiply-adds (an int, or a sympy expression over symbolic dims); 0 for
     ops that are not counted."""
     count = _MULTIPLY_ADDS.get(node.op_type) if not node.domain else None
+    count = count or _INTEGER_PRODUCTS.get((node.domain, node.op_type))
     if count is None:
         return 0
     return simplify_dim(2 * sympy.sympify(count(node)))

@@ -39,7 +39,8 @@ from cuvil.compiler.ops import (
     register,
     required_input,
 )
-from cuvil.compiler.ops._window import Window, entry_alloca, window
+from cuvil.compiler.ops._dynamic_quantize_kernel import emit_dynamic_quantize
+from cuvil.compiler.ops._window import Window, window
 from cuvil.compiler.ops.conv import _walk_taps
 from cuvil.compiler.ops.elementwise import _round_half_even, emit_elementwise
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
@@ -312,29 +313,8 @@ class DynamicQuantizeLinear(Op):
     def lower(self, node: Node, k: Emitter) -> None:
         x = required_input(node, 0)
         y, y_scale, y_zero = node.outputs
-        f32 = np.dtype("float32")
-        b = k.b
-        flat = k.contiguous(k.buffers[x], f32, (x.type.numel,))
-        lo, hi = entry_alloca(k, k.const(f32, 0).type, "min"), entry_alloca(k, k.const(f32, 0).type,
-                                                                             "max")
-        b.store(k.const(f32, 0.0), lo)
-        b.store(k.const(f32, 0.0), hi)
-        with k.loop(flat.dims[0], name="mm") as i:
-            v = k.load(flat, [i])
-            b.store(k.fmin(b.load(lo), v), lo)
-            b.store(k.fmax(b.load(hi), v), hi)
-        mn, mx = b.load(lo), b.load(hi)
-        span = b.select(b.fcmp_ordered("==", mn, mx), k.const(f32, 1.0), b.fsub(mx, mn))
-        scale = b.fdiv(span, k.const(f32, 255.0))
-        zero = b.fsub(k.const(f32, 0.0), b.fdiv(mn, scale))
-        zero = saturate(k, zero, f32, np.dtype("uint8"))
-        b.store(scale, k.buffers[y_scale])
-        b.store(zero, k.buffers[y_zero])
-
-        def fn(k: Emitter, v: list[ir.Value]) -> ir.Value:
-            return saturate(k, k.b.fdiv(v[0], v[1]), f32, np.dtype("uint8"), v[2])
-
-        emit_elementwise(k, y, [x, y_scale, y_zero], fn, cost=4)
+        emit_dynamic_quantize(k, k.buffers[x], k.dim(x.type.numel), k.buffers[y],
+                              k.buffers[y_scale], k.buffers[y_zero])
 
 
 # -- integer products ------------------------------------------------------------------------

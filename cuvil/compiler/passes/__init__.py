@@ -15,6 +15,7 @@ from cuvil.compiler.passes.bf16_weights import bf16_weights
 from cuvil.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from cuvil.compiler.passes.fold_batchnorm import fold_batchnorm
 from cuvil.compiler.passes.fully_connected_convs import fully_connected_convs
+from cuvil.compiler.passes.fuse_dynamic_quantize import fuse_dynamic_quantize
 from cuvil.compiler.passes.fuse_epilogue import fuse_epilogue
 from cuvil.compiler.passes.fuse_qdq import fuse_qdq
 from cuvil.compiler.passes.pack_gemm_weights import pack_gemm_weights
@@ -25,14 +26,15 @@ from cuvil.compiler.passes.winograd_weights import winograd_weights
 
 #: the pipeline, in order (constant folding runs inside the frontend, which needs constants
 #: to type shape inputs)
-PIPELINE = (fuse_qdq, pack_int8_weights, eliminate_dead_code, widen_float16, fold_batchnorm,
-            pack_gemm_weights, fuse_epilogue, fully_connected_convs, winograd_weights,
-            bf16_weights)
+PIPELINE = (fuse_qdq, fuse_dynamic_quantize, pack_int8_weights, eliminate_dead_code,
+            widen_float16, fold_batchnorm, pack_gemm_weights, fuse_epilogue,
+            fully_connected_convs, winograd_weights, bf16_weights)
 
 #: passes of the pipeline that If/Loop/Scan bodies skip, and why; every other pass runs on
 #: each body too (`SUBGRAPH_PIPELINE`)
 TOP_LEVEL_ONLY = {
     fuse_qdq: "it follows producers, which for a body may lie outside it",
+    fuse_dynamic_quantize: "it follows producers, which for a body may lie outside it",
     widen_float16: "not yet tested on bodies (their float16 ops run as float16)",
     fold_batchnorm: "it follows producers, which for a body may lie outside it",
     fuse_epilogue: "not yet tested on bodies (their Conv and Gemm lowerings run unfused)",

@@ -10,7 +10,8 @@ must be read by that node only and not be a graph output:
 - residual: then Add (or a two-input Sum) of another tensor of exactly the product's type,
   computed before the product (input slot `RESIDUAL_SLOT`);
 - activation: then Relu, Clip with constant bounds (ReLU6), LeakyRelu, HardSigmoid,
-  HardSwish, Sigmoid, Tanh, Gelu, or x * Sigmoid(x) (SiLU);
+  HardSwish, Sigmoid, Tanh, Gelu, or x * Sigmoid(x) (SiLU); also after cuvil's
+  DynamicQuantizeMatMul (the int8 kernel's float epilogue);
 - gelu: the Erf form of Gelu, 0.5 * x * (1 + erf(x / sqrt 2)) in the orders exporters write
   it, becomes one Gelu node (fused by the previous rule, or run alone).
 
@@ -28,7 +29,14 @@ from cuvil.compiler.ops.gemm import (
     FUSED_ACTIVATION,
     RESIDUAL_SLOT,
 )
-from cuvil.compiler.passes.rewrite import Rule, apply_rules, const_operand, pattern, producer
+from cuvil.compiler.passes.rewrite import (
+    Rule,
+    apply_rules,
+    const_operand,
+    pattern,
+    producer,
+    sole_reader,
+)
 
 __all__ = ["RULES", "fuse_epilogue"]
 
@@ -155,8 +163,19 @@ def _set_activation(prod: Node, name: str, params: tuple[float, ...]) -> None:
     prod.attrs = {**prod.attrs, FUSED_ACTIVATION: name, ACTIVATION_PARAMS: params}
 
 
+def _dynamic_int8_product(graph: Graph, v: Value | None, reader: Node) -> Node | None:
+    """cuvil's DynamicQuantizeMatMul (ops/dynamic_matmul.py) producing v for `reader` only:
+    its int8 kernel's float epilogue applies an activation too."""
+    p = v.producer if v is not None else None
+    if (p is None or (p.domain, p.op_type) != ("cuvil", "DynamicQuantizeMatMul")
+            or _has_activation(p) or not sole_reader(graph, v, reader)):  # type: ignore[arg-type]
+        return None
+    return p
+
+
 def fuse_activation(graph: Graph, act: Node) -> Node | None:
-    prod = producer(graph, act.input(0), OPEN_FOR_ACTIVATION, act)
+    prod = (producer(graph, act.input(0), OPEN_FOR_ACTIVATION, act)
+            or _dynamic_int8_product(graph, act.input(0), act))
     params, name = ACTIVATION_OPS[act.op_type](act)
     if prod is None or params is None or name is None or len(act.outputs) != 1:
         return None
