@@ -8,6 +8,7 @@ and run under qemu where it is installed."""
 from __future__ import annotations
 
 import ctypes
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -47,7 +48,9 @@ KINDS = {
 }
 #: the epilogues, tested on vectors of 4 and 16 lanes
 EPILOGUES = {"f32": QEpilogue("float32", "float32"), "u8": QEpilogue("uint8", "int32"),
-             "s8": QEpilogue("int8")}
+             "s8": QEpilogue("int8"),
+             # a fused activation (DynamicQuantizeMatMul's Gelu)
+             "f32gelu": QEpilogue("float32", "float32", activation="Gelu")}
 EPILOGUE_KINDS = ("sse", "vnni512")
 SIGNS = [(False, False), (False, True), (True, False), (True, True)]  # (A int8, B int8)
 
@@ -220,6 +223,9 @@ def test_epilogues(lib, kind: str, epilogue: str) -> None:
         if ep.output == "float32":
             bias = rng.standard_normal(n).astype(np.float32)
             want = acc.astype(np.float32) * multiplier + bias
+            if ep.activation == "Gelu":
+                erf = np.vectorize(math.erf)(want.astype(np.float64) / math.sqrt(2))
+                want = (0.5 * want * (1 + erf)).astype(np.float32)
             out = np.zeros((m, n), np.float32)
         else:
             bias = rng.integers(-5000, 5000, n).astype(np.int32) if ep.bias == "int32" else None
@@ -233,7 +239,10 @@ def test_epilogues(lib, kind: str, epilogue: str) -> None:
               pack_b_int8(b, b_zero).data, out, scale=scale, bias=bias, a_scale=float(a_scale))
         if ep.output != "float32":
             assert len(np.unique(want)) > 10 and (want == lo).any() and (want == hi).any()
-        np.testing.assert_array_equal(out, want)
+        if ep.activation:  # vecmath's erf: to a few ulps
+            np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+        else:
+            np.testing.assert_array_equal(out, want)
 
 
 #: the AArch64 kinds (no such CPU here: they run under qemu when it is installed)

@@ -56,7 +56,8 @@ def _onnxruntime_optimized(source: Path, target: Path) -> onnx.ModelProto:
 def _on_int8_kernel(model: onnx.ModelProto) -> None:
     """The integer products of the expansions run on the int8 kernel (weights packed)."""
     nodes = run_passes(import_model(model)).nodes
-    products = [n for n in nodes if n.op_type in ("MatMulInteger", "QLinearConv", "QLinearMatMul")]
+    products = [n for n in nodes if n.op_type in ("MatMulInteger", "QLinearConv", "QLinearMatMul",
+                                                  "DynamicQuantizeMatMul")]
     assert products and all(INT8_PACKED in n.attrs for n in products), \
         [(n.op_type, INT8_PACKED in n.attrs) for n in products]
 
