@@ -103,7 +103,7 @@ def _fuse(graph: Graph, mmi: Node) -> bool:
         if bias is not None:
             last = add
     packed = pack_b_int8(w, zero)
-    inputs = [x, graph.constant(packed.data, f"{w_val.name}_int8_panels"),
+    inputs: list[Value | None] = [x, graph.constant(packed.data, f"{w_val.name}_int8_panels"),
               graph.constant(scale, f"{w_val.name}_scale")]
     if bias is not None:
         inputs.append(graph.constant(bias, f"{w_val.name}_bias"))
