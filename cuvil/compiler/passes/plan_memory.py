@@ -125,10 +125,10 @@ def plan_memory(graph: Graph, *, body: bool = False) -> MemoryPlan:
                 end = simplify_dim(last[0] + need)
                 return last[0], need
         else:
-            block = next((b for b in free if _fits(b[1], need)), None)
-            if block is not None:
-                free.remove(block)
-                return block
+            whole = next((b for b in free if _fits(b[1], need)), None)
+            if whole is not None:
+                free.remove(whole)
+                return whole
         block = (end, need)
         end = simplify_dim(end + need)
         return block
