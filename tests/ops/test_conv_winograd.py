@@ -5,12 +5,14 @@ spread over the threads), tile rows wider than a vector, a fused residual and Re
 threads; small images' transposed products (tiles as rows) at F(4x4) and F(2x2), channel
 counts off the transforms' groups of 16, and the cost rule's choices; the weights derived at
 the first run (first calls from several threads at once, in the library with CPU variants
-too); that the library keeps the 3x3 weights, not U; and that
+too); that the library keeps the 3x3 weights, not U, and lets go of their pages once U is
+derived; and that
 these convolutions do take the Winograd path (the compiled graph and the profile say so).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -26,6 +28,7 @@ from cuvil.compiler.ops._conv_winograd import WINOGRAD_TILE, _Plan
 from cuvil.compiler.ops.conv import conv_window
 from cuvil.compiler.passes import run_passes
 from cuvil.compiler.passes.plan_memory import plan_memory
+from cuvil.runtime._loader import Model
 
 #: F(4x4, 3x3) rounds more than a direct sum (about 1e-5 of the output's range here)
 TOL = {"rtol": 1e-4, "atol": 2e-4}
@@ -201,6 +204,34 @@ def test_library_keeps_the_3x3_weights(tmp_path) -> None:
     assert plan.derived_size == 2 * 16 * 256 * 256 * 4  # F(2x2): 4x4 points
     library = compile_model(model, "big", tmp_path).library
     assert library.stat().st_size < kernels + plan.derived_size / 2
+
+
+def _resident_bytes(library) -> int:
+    """Bytes of the library's file this process has resident (its mappings' Rss in smaps)."""
+    total, ours = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()
+            if "-" in head[0] and not head[0].endswith(":"):  # a mapping's first line
+                ours = len(head) >= 6 and head[-1] == str(library)
+            elif ours and head[0] == "Rss:":
+                total += int(head[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the release is Linux's madvise")
+def test_first_run_lets_go_of_the_3x3_weights(tmp_path) -> None:
+    """The fill reads every kernel to derive U, then drops their pages: after the first run
+    the library's resident file pages are its code, not the 4.7 MB of kernels; the results
+    (the first and later runs) are onnxruntime's."""
+    model = _big_model()
+    compiled = compile_model(model, "big", tmp_path, cpu="native")
+    loaded = Model(compiled.library, compiled.signature)
+    kernels = 2 * 256 * 256 * 9 * 4
+    for seed in (1, 2):
+        feeds = _feeds(model, 1, seed)
+        np.testing.assert_allclose(loaded.run(feeds)["y"], run_ort(model, feeds)[0], **TOL)
+        assert _resident_bytes(compiled.library.resolve()) < kernels / 4
 
 
 def test_profile_names_the_path() -> None:

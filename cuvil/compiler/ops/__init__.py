@@ -199,6 +199,11 @@ class Op:
         there in `lower` and `lower_derived`."""
         return 0
 
+    def replaced_inputs(self, node: Node) -> tuple[int, ...]:
+        """Input slots the node's derived weights replace: its run-time code never reads
+        them (the library's first run lets go of their pages once every reader is done)."""
+        return ()
+
     def lower_derived(self, node: Node, k: Emitter) -> None:
         """Fill `k.derived` (`derived_bytes` of them) from the node's constant inputs, whose
         pointers are in `k.buffers`. Runs once per process, before the first node."""

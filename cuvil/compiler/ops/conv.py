@@ -160,6 +160,9 @@ class Conv(Op):
     def derived_bytes(self, node: Node) -> int:
         return weight_bytes(node) if WINOGRAD_TILE in node.attrs else 0
 
+    def replaced_inputs(self, node: Node) -> tuple[int, ...]:
+        return (1,) if WINOGRAD_TILE in node.attrs else ()  # U replaces the 3x3 kernels
+
     def lower_derived(self, node: Node, k: Emitter) -> None:
         lower_weight_transform(node, k)
 
