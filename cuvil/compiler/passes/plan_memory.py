@@ -1,6 +1,7 @@
 """Decide where every value lives: caller buffers, the weights blob, or the workspace; and
 where the weights derived at run time go in their buffer (`Op.derived_bytes`), with the
-outputs of the nodes computed once from constants alone (`HOISTED_OPS`).
+outputs of the nodes computed once from constants alone (`HOISTED_OPS`); derived weights the
+compiler computes (`Op.derived_value`) go in the blob instead of the constants they replace.
 
 Intermediate values get offsets in one workspace whose size is an expression of the
 symbolic input dims. A block is reused by a later value once its last reader has run and
@@ -56,6 +57,27 @@ def plan_memory(graph: Graph, *, body: bool = False) -> MemoryPlan:
     for i, inp in enumerate(graph.inputs):
         plan.storage[inp] = Storage("input", i)
 
+    # derived weights the compiler computes: stored in the blob; the constants only they
+    # replace (`Op.replaced_inputs`) are not, their readers' code never touches them
+    replaced: dict[Value, int] = {}
+    for node in graph.nodes:
+        op = lookup(node.domain, node.op_type, node.opset)
+        value = op.derived_value(node) if op is not None else None
+        if value is not None:
+            plan.stored[node] = _add_bytes(plan, value.tobytes())
+            for slot in op.replaced_inputs(node):  # type: ignore[union-attr]
+                v = node.inputs[slot]
+                if v is not None and v.is_const:
+                    replaced.setdefault(v, plan.stored[node])
+    read = {v for node in graph.nodes for slot, v in enumerate(node.inputs)
+            if v is not None and not (node in plan.stored and slot in
+                                      lookup(node.domain, node.op_type, node.opset)
+                                      .replaced_inputs(node))}  # type: ignore[union-attr]
+    read.update(graph.outputs)
+    for v, offset in replaced.items():
+        if v not in read:
+            plan.storage[v] = Storage("weights", offset=offset)  # an address nothing reads
+
     for node in graph.nodes:
         for v in node.inputs:
             if v is not None and v.is_const and v not in plan.storage:
@@ -63,7 +85,7 @@ def plan_memory(graph: Graph, *, body: bool = False) -> MemoryPlan:
 
     for node in graph.nodes:
         op = lookup(node.domain, node.op_type, node.opset)
-        derived = op.derived_bytes(node) if op is not None else 0
+        derived = op.derived_bytes(node) if op is not None and node not in plan.stored else 0
         if derived:
             plan.derived[node] = plan.derived_size
             plan.derived_size += -(-derived // ALIGN) * ALIGN
@@ -197,8 +219,14 @@ def _hoistable(plan: MemoryPlan, graph: Graph, node: Node) -> bool:
 
 def _add_weight(plan: MemoryPlan, v: Value) -> None:
     assert v.const is not None
+    plan.storage[v] = Storage("weights", offset=_add_bytes(plan, v.const.tobytes()))
+
+
+def _add_bytes(plan: MemoryPlan, data: bytes) -> int:
+    """Append to the weights blob, aligned; returns the offset."""
     pad = (-len(plan.weights)) % ALIGN
     plan.weights.extend(b"\0" * pad)
-    plan.storage[v] = Storage("weights", offset=len(plan.weights))
+    offset = len(plan.weights)
     # a zero-size constant still needs an address inside the blob
-    plan.weights.extend(v.const.tobytes() or b"\0")
+    plan.weights.extend(data or b"\0")
+    return offset
