@@ -30,6 +30,9 @@ class MemoryPlan:
     #: (`Op.derived_bytes`), in the library's one buffer of them (codegen/derived.py)
     derived: dict[Node, int] = field(default_factory=dict)
     derived_size: int = 0
+    #: byte offset in the weights blob of the derived weights the compiler computed instead
+    #: (`Op.derived_value`): the library stores them, its first run derives nothing for the node
+    stored: dict[Node, int] = field(default_factory=dict)
     #: nodes computed from constants alone, too large to fold into the library (the light
     #: ONNX models' ConstantOfShape weights): run once, at the first run, their outputs kept in
     #: the derived buffer (Storage kind "derived") instead of recomputed by every run

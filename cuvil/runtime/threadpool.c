@@ -25,7 +25,8 @@
  * cuvil_populate(p, bytes) backs fresh zero memory that is about to be written whole (the
  * weights derived at the first run) with pages before the writes, in parallel on the pool:
  * in 2 MiB pages where the system allows, and in one system call per chunk instead of one page
- * fault per 4 KiB page.
+ * fault per 4 KiB page. cuvil_release(p, bytes) drops the library's weights that the first run
+ * transformed and nothing reads again from the process's resident memory.
  *
  * Threads: CUVIL_NUM_THREADS if set (1 disables the pool), else the CPUs this process may
  * run on. The pool is rebuilt in a forked child, whose threads do not survive fork, and its
@@ -443,6 +444,23 @@ HIDDEN void cuvil_populate(void *p, int64_t bytes) {
     int64_t chunks = (int64_t)((range[1] - base + HUGE_PAGE - 1) / HUGE_PAGE);
     /* cost: zeroing a chunk is about as much work as HUGE_PAGE / 4 multiply-adds */
     cuvil_parallel_for(populate_chunks, range, chunks, HUGE_PAGE / 4);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+/* cuvil_release(p, bytes): the library's own weights that nothing reads any more (the 3x3
+ * kernels a Winograd conv derived its transformed weights from, at the first run) leave the
+ * process's resident memory: they are pages of the library's file, which the kernel drops and
+ * would read again from the file if they were touched. Only the whole pages inside the range:
+ * its neighbours may share the edge pages. Elsewhere a no-op (the pages stay resident). */
+HIDDEN void cuvil_release(const void *p, int64_t bytes) {
+#ifdef __linux__
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1);
+    uintptr_t hi = ((uintptr_t)p + (uintptr_t)(bytes > 0 ? bytes : 0)) & ~(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 #else
     (void)p;
     (void)bytes;

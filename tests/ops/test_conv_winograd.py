@@ -5,12 +5,14 @@ spread over the threads), tile rows wider than a vector, a fused residual and Re
 threads; small images' transposed products (tiles as rows) at F(4x4) and F(2x2), channel
 counts off the transforms' groups of 16, and the cost rule's choices; the weights derived at
 the first run (first calls from several threads at once, in the library with CPU variants
-too); that the library keeps the 3x3 weights, not U; and that
+too); that the library keeps the 3x3 weights, not U, and lets go of their pages once U is
+derived, or with `U_IN_LIBRARY` stores U instead (both ways against onnxruntime); and that
 these convolutions do take the Winograd path (the compiled graph and the profile say so).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -26,6 +28,7 @@ from cuvil.compiler.ops._conv_winograd import WINOGRAD_TILE, _Plan
 from cuvil.compiler.ops.conv import conv_window
 from cuvil.compiler.passes import run_passes
 from cuvil.compiler.passes.plan_memory import plan_memory
+from cuvil.runtime._loader import Model
 
 #: F(4x4, 3x3) rounds more than a direct sum (about 1e-5 of the output's range here)
 TOL = {"rtol": 1e-4, "atol": 2e-4}
@@ -60,6 +63,19 @@ SMALL = [
 def small_blocks(monkeypatch):
     """2 MB blocks: the images of `LAYERS` then make one, two and four of them."""
     monkeypatch.setattr(_conv_winograd, "BLOCK_BYTES", 2 << 20)
+
+
+@pytest.fixture(params=[False, True], ids=["U-derived", "U-stored"])
+def u_in_library(request, monkeypatch) -> bool:
+    """Both places U can come from: derived at the first run, or computed by the compiler
+    and stored in the library (`U_IN_LIBRARY`)."""
+    monkeypatch.setattr(_conv_winograd, "U_IN_LIBRARY", request.param)
+    return request.param
+
+
+@pytest.fixture
+def u_derived(monkeypatch) -> None:
+    monkeypatch.setattr(_conv_winograd, "U_IN_LIBRARY", False)
 
 
 def _weights(rng: np.random.Generator, m: int, c: int) -> np.ndarray:
@@ -108,13 +124,13 @@ def test_layers_cover_both_ways_of_threading(small_blocks) -> None:
 
 
 @pytest.mark.parametrize("batch", [1, 2])
-def test_layers_match_onnxruntime(batch: int, small_blocks) -> None:
+def test_layers_match_onnxruntime(batch: int, small_blocks, u_in_library) -> None:
     model = _layers_model(batch)
     assert _winograd_convs(model) == [True] * len(LAYERS)
     assert_matches_ort(model, _feeds(model, batch), **TOL)
 
 
-def test_symbolic_batch_and_threads(small_blocks) -> None:
+def test_symbolic_batch_and_threads(small_blocks, u_in_library) -> None:
     model = _layers_model("n")
     assert _winograd_convs(model) == [True] * len(LAYERS)
     compiled = cuvil.compile(model)
@@ -129,7 +145,7 @@ def test_small_images_take_transposed_products() -> None:
         [(tile, True, 1, True) for *_, tile in SMALL]
 
 
-def test_small_images_match_onnxruntime() -> None:
+def test_small_images_match_onnxruntime(u_in_library) -> None:
     model = _layers_model("n", SMALL)
     compiled = cuvil.compile(model)
     for threads, batch in ((1, 1), (2, 1), (1, 2), (2, 3)):
@@ -168,7 +184,7 @@ def _big_model():
 
 
 @pytest.mark.parametrize("cpu", ["native", None])  # None: the baseline and its CPU variants
-def test_first_calls_from_threads_at_once(cpu: str | None) -> None:
+def test_first_calls_from_threads_at_once(cpu: str | None, u_derived) -> None:
     """U is derived by the first call; calls racing it must wait for it, not read zeros."""
     model = _big_model()
     compiled = compile_in_process(model, cpu=cpu)
@@ -191,7 +207,7 @@ def test_first_calls_from_threads_at_once(cpu: str | None) -> None:
         assert_matches_ort(model, f, compiled=compiled, **TOL)
 
 
-def test_library_keeps_the_3x3_weights(tmp_path) -> None:
+def test_library_keeps_the_3x3_weights(tmp_path, u_derived) -> None:
     """The weights blob holds the kernels as given; U (16/9 of their size for F(2x2)) is not
     in the file."""
     model = _big_model()
@@ -201,6 +217,50 @@ def test_library_keeps_the_3x3_weights(tmp_path) -> None:
     assert plan.derived_size == 2 * 16 * 256 * 256 * 4  # F(2x2): 4x4 points
     library = compile_model(model, "big", tmp_path).library
     assert library.stat().st_size < kernels + plan.derived_size / 2
+
+
+def test_library_can_store_u_instead(tmp_path, monkeypatch) -> None:
+    """With `U_IN_LIBRARY` the blob holds U (F(2x2): 16/9 of the kernels), the kernels
+    nothing reads are left out, and the first run derives nothing (no derived buffer)."""
+    monkeypatch.setattr(_conv_winograd, "U_IN_LIBRARY", True)
+    model = _big_model()
+    plan = plan_memory(run_passes(import_model(model, None, "m")))
+    u_bytes = 2 * 16 * 256 * 256 * 4
+    assert u_bytes <= len(plan.weights) < u_bytes + 4096
+    assert plan.derived_size == 0 and len(plan.stored) == 2
+    compiled = compile_model(model, "big", tmp_path, cpu="native")
+    loaded = Model(compiled.library, compiled.signature)
+    for seed in (1, 2):
+        feeds = _feeds(model, 1, seed)
+        np.testing.assert_allclose(loaded.run(feeds)["y"], run_ort(model, feeds)[0], **TOL)
+
+
+def _resident_bytes(library) -> int:
+    """Bytes of the library's file this process has resident (its mappings' Rss in smaps)."""
+    total, ours = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()
+            if "-" in head[0] and not head[0].endswith(":"):  # a mapping's first line
+                ours = len(head) >= 6 and head[-1] == str(library)
+            elif ours and head[0] == "Rss:":
+                total += int(head[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the release is Linux's madvise")
+def test_first_run_lets_go_of_the_3x3_weights(tmp_path, u_derived) -> None:
+    """The fill reads every kernel to derive U, then drops their pages: after the first run
+    the library's resident file pages are its code, not the 4.7 MB of kernels; the results
+    (the first and later runs) are onnxruntime's."""
+    model = _big_model()
+    compiled = compile_model(model, "big", tmp_path, cpu="native")
+    loaded = Model(compiled.library, compiled.signature)
+    kernels = 2 * 256 * 256 * 9 * 4
+    for seed in (1, 2):
+        feeds = _feeds(model, 1, seed)
+        np.testing.assert_allclose(loaded.run(feeds)["y"], run_ort(model, feeds)[0], **TOL)
+        assert _resident_bytes(compiled.library.resolve()) < kernels / 4
 
 
 def test_profile_names_the_path() -> None:

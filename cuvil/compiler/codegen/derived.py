@@ -22,7 +22,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from cuvil.compiler.codegen.emitter import I8, I32, PTR, Emitter
-from cuvil.compiler.ir import Graph, Node
+from cuvil.compiler.ir import Graph, Node, Value
 from cuvil.compiler.memory import MemoryPlan
 from cuvil.compiler.ops import lookup
 
@@ -34,6 +34,9 @@ SCHED_YIELD = "sched_yield"
 #: in parallel and huge where the system allows, before the fill writes it; faulting in its
 #: megabytes one 4 KiB page at a time took about as long as computing them
 POPULATE = "cuvil_populate"
+#: the runtime's release(p, bytes): the library's weights a derived weight replaced leave the
+#: resident memory once derived (VGG-19's 80 MB of 3x3 kernels, 4x their size in U)
+RELEASE = "cuvil_release"
 
 
 class DerivedWeights:
@@ -63,12 +66,14 @@ class DerivedWeights:
 
 
 def hide_derived(ir_text: str, names: dict[str, str]) -> str:
-    """The buffer, the state word and the runtime's populate are the library's own: hidden (see
+    """The buffer, the state word and the runtime's populate and release are the library's own: hidden (see
     module.hide_declarations)."""
     for sym in (names["derived"], names["derived_state"]):
         ir_text = (ir_text.replace(f'@"{sym}" = global', f'@"{sym}" = hidden global')
                    .replace(f'@"{sym}" = external global', f'@"{sym}" = external hidden global'))
-    return ir_text.replace(f'declare void @"{POPULATE}"', f'declare hidden void @"{POPULATE}"')
+    for fn in (POPULATE, RELEASE):
+        ir_text = ir_text.replace(f'declare void @"{fn}"', f'declare hidden void @"{fn}"')
+    return ir_text
 
 
 def _fill_function(module: ir.Module, graph: Graph, plan: MemoryPlan, buffer: ir.GlobalVariable,
@@ -79,6 +84,7 @@ def _fill_function(module: ir.Module, graph: Graph, plan: MemoryPlan, buffer: ir
     fill.linkage = "internal"
     fb = ir.IRBuilder(fill.append_basic_block("entry"))
     hoisted = set(plan.hoisted)
+    released = _released_after(graph, plan)
     for index, node in enumerate(graph.nodes):
         if node not in plan.derived and node not in hoisted:
             continue
@@ -110,8 +116,39 @@ def _fill_function(module: ir.Module, graph: Graph, plan: MemoryPlan, buffer: ir
             op.lower_derived(node, k)
             k.b.ret_void()
         fb.call(fn, [fill.args[0]])
+        for v in released.get(node, ()):
+            assert weights is not None
+            release = module.globals.get(RELEASE) or ir.Function(
+                module, ir.FunctionType(ir.VoidType(), [PTR, ir.IntType(64)]), RELEASE)
+            at = fb.gep(weights, [ir.Constant(ir.IntType(64), plan.storage[v].offset)],
+                        source_etype=I8, inbounds=True)
+            fb.call(release, [at, ir.Constant(ir.IntType(64), int(v.type.nbytes))])
     fb.ret_void()
     return fill
+
+
+def _released_after(graph: Graph, plan: MemoryPlan) -> dict[Node, list[Value]]:
+    """The library's weights that only derived weights read (`Op.replaced_inputs`), by the
+    node after whose fill none reads them. Dropping pages of the library's file is always
+    safe (touched again, they are read again): this only picks the ones nothing touches."""
+    last: dict[Value, Node] = {}
+    kept: set[Value] = set(graph.outputs)
+    for node in graph.nodes:
+        op = lookup(node.domain, node.op_type, node.opset)
+        replaced = op.replaced_inputs(node) if op is not None and node in plan.derived else ()
+        for slot, v in enumerate(node.inputs):
+            if v is None:
+                continue
+            s = plan.storage.get(v)
+            if s is None or s.kind != "weights" or slot not in replaced:
+                kept.add(v)
+            else:
+                last[v] = node
+    out: dict[Node, list[Value]] = {}
+    for v, node in last.items():
+        if v not in kept:
+            out.setdefault(node, []).append(v)
+    return out
 
 
 def _prepare_function(module: ir.Module, state: ir.GlobalVariable, buffer: ir.GlobalVariable,

@@ -174,6 +174,9 @@ def _run_function(module: ir.Module, name: str, graph: Graph, plan: MemoryPlan,
                                 inbounds=True))
         if derived is not None and node in plan.derived:
             args.append(derived.pointer(k.b, node))
+        elif node in plan.stored:  # derived by the compiler: in the blob
+            args.append(k.b.gep(weights, [k.i64(plan.stored[node])], source_etype=I8,
+                                inbounds=True))
         status = k.b.call(fn, [dims, *args])
         with k.b.if_then(k.b.icmp_signed("!=", status, ir.Constant(I32, 0)), likely=False):
             k.b.ret(k.b.or_(status, ir.Constant(I32, index << 8)))
@@ -253,7 +256,7 @@ def _node_function(module: ir.Module, graph: Graph, plan: MemoryPlan, index: int
         return None
     bufs = _buffers(node)
     scratch = node in plan.scratch
-    derived = node in plan.derived
+    derived = node in plan.derived or node in plan.stored
     noalias = _distinct(plan, bufs)
     key = _structure_key(node, bufs, (scratch, derived, noalias))
     found = shared.find(key, node)

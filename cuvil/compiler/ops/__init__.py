@@ -199,6 +199,16 @@ class Op:
         there in `lower` and `lower_derived`."""
         return 0
 
+    def derived_value(self, node: Node) -> np.ndarray | None:
+        """The node's derived weights computed by the compiler, for the library to store
+        instead of deriving them at its first run (None: derived at run time)."""
+        return None
+
+    def replaced_inputs(self, node: Node) -> tuple[int, ...]:
+        """Input slots the node's derived weights replace: its run-time code never reads
+        them (the library's first run lets go of their pages once every reader is done)."""
+        return ()
+
     def lower_derived(self, node: Node, k: Emitter) -> None:
         """Fill `k.derived` (`derived_bytes` of them) from the node's constant inputs, whose
         pointers are in `k.buffers`. Runs once per process, before the first node."""

@@ -97,6 +97,13 @@ TRANSPOSE_BELOW = 64
 GROUP = 16
 #: bytes of staged rows a thread may keep on its stack
 MAX_STACK_STAGE = 32 << 10
+#: U computed by the compiler and stored in the library (`weight_transform`), else derived at
+#: the first run from the 3x3 kernels the library keeps (`lower_weight_transform`). Stored, the
+#: first run writes no fresh memory for U: VGG-19's first result (fresh process, loaded host)
+#: went 0.44 -> 0.30 of onnxruntime's, peak RSS the same (815 MB), but the library grows by
+#: U - kernels (VGG-19 160 -> 313 MB, incompressible for real weights) and the light models'
+#: constant weights then compress past `cuvil check`'s zip-bomb limit (500x): off for now
+U_IN_LIBRARY = False
 #: lanes a transform handles at once is the target's vector width; buffers are padded for
 #: the widest (AVX-512)
 MAX_LANES = 16
@@ -260,6 +267,31 @@ def weight_bytes(node: Node) -> int:
     assert w is not None
     alpha = int(node.attrs[WINOGRAD_TILE]) + 2
     return alpha * alpha * int(w.type.shape[0]) * int(w.type.shape[1]) * 4
+
+
+def weight_transform(node: Node) -> np.ndarray:
+    """U as `lower_weight_transform` lays it out, computed by the compiler (float64, rounded
+    once to float32): the library stores it instead of the 3x3 kernels."""
+    w_val = node.inputs[1]
+    assert w_val is not None and w_val.const is not None
+    w = np.asarray(w_val.const, dtype=np.float64)
+    m_out, c_in = w.shape[:2]
+    alpha = int(node.attrs[WINOGRAD_TILE]) + 2
+    _, g, _ = transforms(alpha - 2)
+    # u[a, b, o, c] = sum_j,l G[a, j] w[o, c, j, l] G[b, l]
+    u = np.einsum("aj,ocjl,bl->aboc", g, w, g).reshape(alpha * alpha, m_out, c_in)
+    u = u.astype(np.float32)
+    if not _plan_of(node).transposed:
+        return u
+    # U^T[p] [C, M] as the kernel's pre-packed B: panels of PACK_COLS output channels, c-major
+    panels = [u[:, o:o + PACK_COLS, :].transpose(0, 2, 1).reshape(alpha * alpha, -1)
+              for o in range(0, m_out, PACK_COLS)]
+    return np.ascontiguousarray(np.concatenate(panels, axis=1))
+
+
+def stored_weight_transform(node: Node) -> np.ndarray | None:
+    """U for the library to store, where `U_IN_LIBRARY` says so (else None: derived)."""
+    return weight_transform(node) if U_IN_LIBRARY else None
 
 
 def lower_weight_transform(node: Node, k: Emitter) -> None:

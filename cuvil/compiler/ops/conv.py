@@ -54,6 +54,7 @@ from cuvil.compiler.ops._conv_winograd import (
     WINOGRAD_TILE,
     lower_conv_winograd,
     lower_weight_transform,
+    stored_weight_transform,
     weight_bytes,
     winograd_tile,
 )
@@ -159,6 +160,12 @@ class Conv(Op):
 
     def derived_bytes(self, node: Node) -> int:
         return weight_bytes(node) if WINOGRAD_TILE in node.attrs else 0
+
+    def derived_value(self, node: Node) -> np.ndarray | None:
+        return stored_weight_transform(node) if WINOGRAD_TILE in node.attrs else None
+
+    def replaced_inputs(self, node: Node) -> tuple[int, ...]:
+        return (1,) if WINOGRAD_TILE in node.attrs else ()  # U replaces the 3x3 kernels
 
     def lower_derived(self, node: Node, k: Emitter) -> None:
         lower_weight_transform(node, k)
