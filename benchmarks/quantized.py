@@ -108,9 +108,10 @@ def light_resnet50(cache: Path) -> Source:
         model.graph.ClearField("initializer")
         model.graph.initializer.extend([*inits, *values.values()])
         # weights listed as graph inputs too (an old exporter's habit) would be overridable
-        # inputs to onnxruntime: not folded, not quantized as constants
+        # inputs to onnxruntime: not folded, not quantized as constants; the ConstantOfShape
+        # shapes are read by nothing now
         weights = {t.name for t in model.graph.initializer}
-        data = [vi for vi in model.graph.input if vi.name not in weights]
+        data = [vi for vi in model.graph.input if vi.name not in weights and vi.name in kept]
         model.graph.ClearField("input")
         model.graph.input.extend(data)
         model.ir_version = max(model.ir_version, 7)  # weights need not be graph inputs

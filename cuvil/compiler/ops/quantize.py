@@ -369,26 +369,36 @@ class QuantizedAdd(Op):
         return [TensorType(dtype, broadcast_shapes(node, ctx, a.type.shape, b.type.shape))]
 
     def lower(self, node: Node, k: Emitter) -> None:
-        present = [i for i in range(8) if node.input(i) is not None]
-        slot = {i: n for n, i in enumerate(present)}
+        # constant parameters (a QDQ model's) go into the code: the loop then reads two
+        # tensors and writes one, with no other pointer to check for overlap, and vectorizes
+        constants = {i: v.const.reshape(-1)[0] for i in (1, 2, 4, 5, 6, 7)
+                     if (v := node.input(i)) is not None and v.const is not None}
+        loaded = [i for i in range(8) if node.input(i) is not None and i not in constants]
+        slot = {i: n for n, i in enumerate(loaded)}
         dtype = node.outputs[0].type.dtype
         f32 = np.dtype("float32")
         relu = node.attrs.get(FUSED_ACTIVATION) == "relu"
 
         def fn(k: Emitter, v: list[ir.Value]) -> ir.Value:
+            def param(i: int) -> ir.Value | None:
+                if i in constants:
+                    return k.const(required_input(node, i).type.dtype, constants[i].item())
+                return v[slot[i]] if i in slot else None
+
             def real(x: int) -> ir.Value:  # DequantizeLinear's (q - zero) * scale
                 q_dtype = required_input(node, x).type.dtype
                 d = k.convert(v[slot[x]], q_dtype, f32)
-                if x + 2 in slot:
-                    d = k.b.fsub(d, k.convert(v[slot[x + 2]], q_dtype, f32))
-                return k.b.fmul(d, v[slot[x + 1]])
+                zero = param(x + 2)
+                if zero is not None:
+                    d = k.b.fsub(d, k.convert(zero, q_dtype, f32))
+                return k.b.fmul(d, param(x + 1))
 
-            y = k.b.fdiv(k.b.fadd(real(0), real(3)), v[slot[6]])
-            zero = v[slot[7]] if 7 in slot else None
+            y = k.b.fdiv(k.b.fadd(real(0), real(3)), param(6))
+            zero = param(7)
             low = (zero if zero is not None else k.const(dtype, 0)) if relu else None
             return saturate(k, y, f32, dtype, zero, low)
 
-        emit_elementwise(k, node.outputs[0], [required_input(node, i) for i in present], fn,
+        emit_elementwise(k, node.outputs[0], [required_input(node, i) for i in loaded], fn,
                          cost=6)
 
 
