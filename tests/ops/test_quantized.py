@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 import cuvil
 from cuvil.compiler.frontend import import_model
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
-from cuvil.compiler.ops.quantize import INT8_PACKED
+from cuvil.compiler.ops.quantize import INT8_PACKED, QLINEAR_POST_SLOT
 from cuvil.compiler.passes import run_passes
 
 quantization = pytest.importorskip("onnxruntime.quantization")
@@ -102,7 +102,8 @@ def test_integer_products_with_zero_points_and_per_channel_scales():
 def test_integer_convs_on_the_int8_kernel():
     """The kernel's conv path (one group, packed weights): odd channel counts, strides,
     uneven padding, a dilated last axis (no runs of adjacent taps), pointwise 1x1 convs
-    (no columns), 1-D, and symbolic batch and spatial dims."""
+    (no columns), 1-D, and symbolic batch and spatial dims; channels and positions that
+    fill some of the transposes' 16 x 16 tiles and leave edges."""
     rng = np.random.default_rng(5)
 
     def qconv(x: tuple, w: np.ndarray, attrs: dict, xdtype: str, bias: bool = True) -> Case:
@@ -124,6 +125,11 @@ def test_integer_convs_on_the_int8_kernel():
         qconv(("m", 3, "_h", 7), _int8(rng, "int8", [6, 3, 3, 2]),
               {"pads": [1, 1, 1, 1], "dilations": [1, 2]}, "int8", bias=False),
         qconv(("m", 13, 5, 6), _int8(rng, "int8", [9, 13, 1, 1]), {}, "uint8"),
+        # the layout changes in 16 x 16 tiles and their edges: padded, pointwise, strided 1x1
+        qconv(("m", 19, 9, 11), _int8(rng, "int8", [33, 19, 3, 3]), {"pads": [1, 1, 1, 1]},
+              "int8"),
+        qconv(("m", 18, 5, "_h"), _int8(rng, "int8", [20, 18, 1, 1]), {}, "int8"),
+        qconv(("m", 17, 8, 9), _int8(rng, "int8", [16, 17, 1, 1]), {"strides": [2, 2]}, "uint8"),
         qconv(("m", 4, 11), _int8(rng, "int8", [5, 4, 3]), {"strides": [2],
                                                             "auto_pad": "SAME_UPPER"}, "int8"),
         Case("ConvInteger", ["x", "w", "xz"], {"strides": [2, 1]},
@@ -341,3 +347,111 @@ def test_onnxruntime_quantized_models_match_onnxruntime(tmp_path, kind, how):
         tol = step if step is not None else 0.01 * float(np.ptp(want))
         assert np.abs(got - want).max() <= tol * 1.001, (np.abs(got - want).max(), tol)
         assert np.array_equal(got.argmax(-1), want.argmax(-1))
+
+
+# -- a QDQ residual block, BatchNormalization folded or kept ------------------------------------
+
+
+def _residual_block(rng: np.random.Generator, group: int = 1) -> onnx.ModelProto:
+    """A ResNet block's ops: Conv-BN-Relu, Conv-BN (of `group` groups: the conv off the int8
+    kernel) and a Conv-BN shortcut, the residual Add and Relu, MaxPool, global pooling, a
+    Linear layer. One BN scale per layer is negative."""
+    inits = {"w1": _he(rng, 8, 4, 1, 1), "w2": _he(rng, 16, 8 // group, 3, 3),
+             "w3": _he(rng, 16, 4, 1, 1),
+             "w4": _he(rng, 10, 16), "b4": np.full(10, 0.1, np.float32)}
+    nodes = []
+    for i, c in ((1, 8), (2, 16), (3, 16)):
+        scale = rng.uniform(0.5, 1.5, c).astype(np.float32)
+        scale[1] *= -1
+        inits.update({f"s{i}": scale, f"b{i}": (rng.standard_normal(c) * 0.1).astype(np.float32),
+                      f"m{i}": (rng.standard_normal(c) * 0.1).astype(np.float32),
+                      f"v{i}": rng.uniform(0.5, 1.5, c).astype(np.float32)})
+        src = {1: "x", 2: "r1", 3: "x"}[i]
+        nodes += [helper.make_node("Conv", [src, f"w{i}"], [f"c{i}"], pads=[int(i == 2)] * 4,
+                                   group=group if i == 2 else 1),
+                  helper.make_node("BatchNormalization", [f"c{i}", f"s{i}", f"b{i}", f"m{i}",
+                                                          f"v{i}"], [f"n{i}"])]
+        if i == 1:
+            nodes.append(helper.make_node("Relu", ["n1"], ["r1"]))
+    nodes += [helper.make_node("Add", ["n2", "n3"], ["a"]),
+              helper.make_node("Relu", ["a"], ["r"]),
+              helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+              helper.make_node("GlobalAveragePool", ["p"], ["g"]),
+              helper.make_node("Flatten", ["g"], ["f"]),
+              helper.make_node("Gemm", ["f", "w4", "b4"], ["y"], transB=1)]
+    return _model(nodes, ["N", 4, 8, 8], inits)
+
+
+@pytest.mark.parametrize("variant", ["folded", "bn", "bn-grouped"])
+def test_qdq_residual_block_runs_on_integers(tmp_path, variant):
+    """quant_pre_process (its optimizations fold BN into the convs, "folded"; skipped, "bn":
+    BN stays between Q/DQ pairs) then quantize_static: every BN becomes a second
+    requantization of a QLinearConv's output, the residual Add a QuantizedAdd; within one
+    output step of onnxruntime."""
+    import onnxruntime as ort
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    src, pre, dst = (tmp_path / f"{n}.onnx" for n in ("float", "pre", "qdq"))
+    bn = variant.startswith("bn")
+    onnx.save(_residual_block(np.random.default_rng(5), 2 if "grouped" in variant else 1), src)
+    quant_pre_process(str(src), str(pre), skip_optimization=bn)
+    assert any(n.op_type == "BatchNormalization" for n in onnx.load(str(pre)).graph.node) == bn
+    quantization.quantize_static(str(pre), str(dst), _Random([4, 8, 8], 3),
+                                 quant_format=quantization.QuantFormat.QDQ, per_channel=True,
+                                 activation_type=quantization.QuantType.QInt8,
+                                 weight_type=quantization.QuantType.QInt8)
+    model = onnx.load(str(dst))
+    nodes = run_passes(import_model(model)).nodes
+    ops = [n.op_type for n in nodes]
+    assert ops.count("QLinearConv") == 3 and "QuantizedAdd" in ops, ops
+    assert not {"BatchNormalization", "Add", "Conv"} & set(ops), ops
+    posts = [n.input(QLINEAR_POST_SLOT) is not None for n in nodes if n.op_type == "QLinearConv"]
+    assert posts == [bn] * 3
+    compiled = cuvil.compile(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(6)
+    step = _output_step(model)
+    assert step is not None
+    for batch in (1, 5):
+        x = rng.standard_normal([batch, 4, 8, 8]).astype(np.float32)
+        want, got = session.run(None, {"x": x})[0], compiled(x)
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() <= step * 1.001, (np.abs(got - want).max(), step)
+
+
+def test_quantized_add_of_dequantized_tensors():
+    """DequantizeLinear(a) + DequantizeLinear(b) (-> Relu) -> QuantizeLinear as one
+    QuantizedAdd: uint8 and int8 operands, broadcasting, a symbolic dim, a zero point left
+    out; the same integers as onnxruntime running the float ops."""
+    import onnxruntime as ort
+
+    scalars = {"sa": _scalar(0.03, "float32"), "za": _scalar(131, "uint8"),
+               "sb": _scalar(0.05, "float32"), "zb": _scalar(-7, "int8"),
+               "sy": _scalar(0.07, "float32"), "zy": _scalar(-20, "int8"),
+               "sy2": _scalar(0.04, "float32")}
+    nodes = [helper.make_node("DequantizeLinear", ["a", "sa", "za"], ["da"]),
+             helper.make_node("DequantizeLinear", ["b", "sb", "zb"], ["db"]),
+             helper.make_node("Add", ["da", "db"], ["s"]),
+             helper.make_node("Relu", ["s"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "sy", "zy"], ["y"]),
+             helper.make_node("Add", ["db", "da"], ["s2"]),
+             helper.make_node("QuantizeLinear", ["s2", "sy2"], ["y2"])]
+    graph = helper.make_graph(
+        nodes, "qadd", [helper.make_tensor_value_info("a", onnx.TensorProto.UINT8, ["m", 3, 37]),
+                        helper.make_tensor_value_info("b", onnx.TensorProto.INT8, [3, 1])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.INT8, ["m", 3, 37]),
+         helper.make_tensor_value_info("y2", onnx.TensorProto.UINT8, ["m", 3, 37])],
+        [numpy_helper.from_array(v, k) for k, v in scalars.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    ops = [n.op_type for n in run_passes(import_model(model)).nodes]
+    assert ops == ["QuantizedAdd", "QuantizedAdd"], ops
+    compiled = cuvil.compile(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(7)
+    for m in (1, 4):
+        feeds = {"a": _uint8(rng, "uint8", [m, 3, 37]), "b": _int8(rng, "int8", [3, 1])}
+        got = compiled.run(feeds)
+        for name, want in zip(("y", "y2"), session.run(None, feeds)):
+            assert got[name].dtype == want.dtype
+            assert np.abs(got[name].astype(int) - want.astype(int)).max() <= 1, name

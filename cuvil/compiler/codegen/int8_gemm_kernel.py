@@ -54,7 +54,11 @@ calls SDOT directly, "-dotprod" never.
 
 The epilogue (`QEpilogue`) turns a finished tile into the output while it is in registers:
 int32 as is, float32 = (acc) * a_scale * scale[n] + bias[n], or uint8/int8 =
-saturate(round_half_even((acc + bias[n]) * a_scale * scale[n]) + c_zero) (QLinearMatMul/Conv).
+saturate(round_half_even((acc + bias[n]) * a_scale * scale[n]) + c_zero) (QLinearMatMul/Conv),
+optionally followed by a second per-column requantization of that byte q (`post`):
+saturate(round_half_even((q - c_zero) * post_scale[n] + post_shift[n])), a
+DequantizeLinear -> BatchNormalization -> QuantizeLinear after the product (the second zero
+point is in post_shift).
 """
 
 from __future__ import annotations
@@ -150,6 +154,8 @@ class QEpilogue:
     #: parameters (a fused Gelu after a dynamically quantized product)
     activation: str | None = None
     params: tuple[float, ...] = ()
+    #: the second requantization (post_scale, post_shift: float32 arrays of N)
+    post: bool = False
 
     def __post_init__(self) -> None:
         assert self.output in ("int32", "float32", "uint8", "int8"), self.output
@@ -157,11 +163,13 @@ class QEpilogue:
         assert self.bias != "float32" or self.output == "float32", self
         assert not self.relu or self.output in ("uint8", "int8"), self
         assert self.activation is None or self.output == "float32", self
+        assert not self.post or (self.output in ("uint8", "int8") and not self.relu), self
 
     @property
     def suffix(self) -> str:
         act = f"_{self.activation}{'_'.join(map(repr, self.params))}" if self.activation else ""
-        return f"{self.output}_{self.bias}{'_relu' if self.relu else ''}{act}"
+        return (f"{self.output}_{self.bias}{'_relu' if self.relu else ''}{act}"
+                f"{'_post' if self.post else ''}")
 
 
 INT32 = QEpilogue()
@@ -232,10 +240,11 @@ def int8_isa_of(module: ir.Module) -> Int8Isa:
 def int8_gemm_function(module: ir.Module, a_signed: bool, row_sums: bool,
                        epilogue: QEpilogue = INT32) -> ir.Function:
     """`void qgemm(M, N, K, A, lda, a_zero, B, colsum, beta, C, ldc, scale, a_scale, bias,
-    c_zero)`: C[M, N] (row stride ldc, elements of the epilogue's output type) from A[M, K]
-    (row stride lda, bytes) and a packed B whose panels start at B and whose colsum and beta
-    (int32) at colsum and beta. M, N, K, lda, ldc are i64, a_zero and c_zero i32, a_scale
-    float; scale and bias (N values) are read only when the epilogue uses them."""
+    c_zero, post_scale, post_shift)`: C[M, N] (row stride ldc, elements of the epilogue's
+    output type) from A[M, K] (row stride lda, bytes) and a packed B whose panels start at B
+    and whose colsum and beta (int32) at colsum and beta. M, N, K, lda, ldc are i64, a_zero and
+    c_zero i32, a_scale float; scale, bias, post_scale and post_shift (N values) are read only
+    when the epilogue uses them."""
     isa = int8_isa_of(module)
     key = f"{int(a_signed)}{int(row_sums)}.{epilogue.suffix}"
     name = f"cuvil.qgemm.{key}"
@@ -277,7 +286,7 @@ def int8_gemm_function(module: ir.Module, a_signed: bool, row_sums: bool,
 
 
 _QGEMM_TYPE = ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, I32, PTR, PTR, PTR, PTR,
-                                              I64, PTR, F32, PTR, I32])
+                                              I64, PTR, F32, PTR, I32, PTR, PTR])
 
 
 #: the runtime's CPUID query (cuvil/runtime/threadpool.c)
@@ -342,7 +351,7 @@ class _Writer:
         self.isa, self.row_sums, self.epilogue = isa, row_sums, epilogue
         (self.m, self.n, self.kk, self.a, self.lda, self.a_zero, self.bp, self.colsum,
          self.beta, self.c, self.ldc, self.scale, self.a_scale, self.bias,
-         self.c_zero) = fn.args
+         self.c_zero, self.post_scale, self.post_shift) = fn.args
         w = isa.vector
         self.w = w
         self.vi32 = ir.VectorType(I32, w)
@@ -610,6 +619,15 @@ class _Writer:
             biases = [self.vload(b.gep(self.bias, [b.add(j0, k.i64(v * w))],
                                        source_etype=bt.element), bt, masks[v])
                       for v in range(nv)]
+        posts: list[tuple[ir.Value, ir.Value]] = []
+        if ep.post:
+            vf = ir.VectorType(F32, w)
+
+            def column(p: ir.Value, v: int) -> ir.Value:
+                return self.vload(b.gep(p, [b.add(j0, k.i64(v * w))], source_etype=F32), vf,
+                                  masks[v])
+
+            posts = [(column(self.post_scale, v), column(self.post_shift, v)) for v in range(nv)]
         stores = []
         for r in range(rows):
             for v in range(nv):
@@ -618,7 +636,7 @@ class _Writer:
                 if sums is not None:
                     x = b.add(x, b.mul(betas[v], splat(b, sums[r], w)))
                 out = self.convert(x, scales[v] if scales else None,
-                                   biases[v] if biases else None)
+                                   biases[v] if biases else None, posts[v] if posts else None)
                 row = b.add(i0, k.i64(r))
                 ptr = b.gep(self.c, [b.add(b.mul(row, self.ldc), b.add(j0, k.i64(v * w)))],
                             source_etype=self.out_type)
@@ -644,7 +662,8 @@ class _Writer:
                              b.gep(buffer, [k.i64(r * nr)], source_etype=self.out_type),
                              b.mul(left, k.i64(size)))
 
-    def convert(self, x: ir.Value, scale: ir.Value | None, bias: ir.Value | None) -> ir.Value:
+    def convert(self, x: ir.Value, scale: ir.Value | None, bias: ir.Value | None,
+                post: tuple[ir.Value, ir.Value] | None = None) -> ir.Value:
         b, ep, w = self.k.b, self.epilogue, self.w
         if ep.output == "int32":
             return x
@@ -666,6 +685,13 @@ class _Writer:
         high = splat(b, b.fsub(ir.Constant(F32, float(hi)), zero), w)
         y = b.select(b.fcmp_ordered("<", y, low), low, y)
         y = b.select(b.fcmp_ordered(">", y, high), high, y)
+        if post is not None:  # y is q - c_zero: requantized again, its zero point in the shift
+            y = b.fadd(b.fmul(y, post[0]), post[1])
+            y = b.call(_intrinsic(self.module, f"llvm.roundeven.{_suffix(vf)}", vf, [vf]), [y])
+            low, high = (splat(b, ir.Constant(F32, float(v)), w) for v in (lo, hi))
+            y = b.select(b.fcmp_ordered("<", y, low), low, y)
+            y = b.select(b.fcmp_ordered(">", y, high), high, y)
+            return b.trunc(b.fptosi(y, self.vi32), ir.VectorType(I8, w))
         q = b.add(b.fptosi(y, self.vi32), splat(b, self.c_zero, w))
         return b.trunc(q, ir.VectorType(I8, w))
 
@@ -688,26 +714,30 @@ def emit_int8_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Val
                    ldc: ir.Value, *, a_signed: bool, row_sums: bool,
                    epilogue: QEpilogue = INT32, scale: ir.Value | None = None,
                    a_scale: ir.Value | None = None, bias: ir.Value | None = None,
-                   c_zero: ir.Value | None = None) -> None:
+                   c_zero: ir.Value | None = None, post_scale: ir.Value | None = None,
+                   post_shift: ir.Value | None = None) -> None:
     """C = the product of A and a packed B (`pack_b_int8` of the K x N matrix; `row_sums` is
     its PackedB.row_sums), on the calling thread. a_zero, c_zero: i32 values; a_scale: a float."""
     colsum, beta = _b_parts(k, b_packed, n, kk)
     _call(k, m, n, kk, a, lda, a_zero, b_packed, colsum, beta, c, ldc, a_signed, row_sums,
-          epilogue, scale, a_scale, bias, c_zero)
+          epilogue, scale, a_scale, bias, c_zero, post_scale, post_shift)
 
 
 def _call(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,
           a_zero: ir.Value, panels: ir.Value, colsum: ir.Value, beta: ir.Value, c: ir.Value,
           ldc: ir.Value, a_signed: bool, row_sums: bool, epilogue: QEpilogue,
           scale: ir.Value | None, a_scale: ir.Value | None, bias: ir.Value | None,
-          c_zero: ir.Value | None) -> None:
+          c_zero: ir.Value | None, post_scale: ir.Value | None = None,
+          post_shift: ir.Value | None = None) -> None:
     null = ir.Constant(PTR, None)
     fn = int8_gemm_function(k.module, a_signed, row_sums, epilogue)
     k.b.call(fn, [m, n, kk, a, lda, a_zero, panels, colsum, beta, c, ldc,
                   scale if scale is not None else null,
                   a_scale if a_scale is not None else ir.Constant(F32, 1.0),
                   bias if bias is not None else null,
-                  c_zero if c_zero is not None else ir.Constant(I32, 0)])
+                  c_zero if c_zero is not None else ir.Constant(I32, 0),
+                  post_scale if post_scale is not None else null,
+                  post_shift if post_shift is not None else null])
 
 
 def _out_type(epilogue: QEpilogue) -> ir.Type:
@@ -719,19 +749,21 @@ def emit_parallel_int8_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, 
                             ldc: ir.Value, *, a_signed: bool, row_sums: bool,
                             epilogue: QEpilogue = INT32, scale: ir.Value | None = None,
                             a_scale: ir.Value | None = None, bias: ir.Value | None = None,
-                            c_zero: ir.Value | None = None) -> None:
+                            c_zero: ir.Value | None = None, post_scale: ir.Value | None = None,
+                            post_shift: ir.Value | None = None) -> None:
     """`emit_int8_gemm` split over the threads into blocks of rows (or of whole panels of
     columns when M is the smaller side), as the float kernel's emit_parallel_gemm."""
     colsum, beta = _b_parts(k, b_packed, n, kk)
     _parallel(k, m, n, kk, a, lda, a_zero, b_packed, colsum, beta, c, ldc, a_signed, row_sums,
-              epilogue, scale, a_scale, bias, c_zero)
+              epilogue, scale, a_scale, bias, c_zero, post_scale, post_shift)
 
 
 def _parallel(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,
               a_zero: ir.Value, panels: ir.Value, colsum: ir.Value, beta: ir.Value,
               c: ir.Value, ldc: ir.Value, a_signed: bool, row_sums: bool, epilogue: QEpilogue,
               scale: ir.Value | None, a_scale: ir.Value | None, bias: ir.Value | None,
-              c_zero: ir.Value | None) -> None:
+              c_zero: ir.Value | None, post_scale: ir.Value | None = None,
+              post_shift: ir.Value | None = None) -> None:
     isa = int8_isa_of(k.module)
     b = k.b
     null = ir.Constant(PTR, None)
@@ -742,13 +774,14 @@ def _parallel(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, l
              scale if scale is not None else null, a_scale_bits,
              bias if bias is not None else null,
              b.sext(c_zero if c_zero is not None else ir.Constant(I32, 0), I64), block,
-             b.zext(by_rows, I64)]
+             b.zext(by_rows, I64), post_scale if post_scale is not None else null,
+             post_shift if post_shift is not None else null]
     out_t = _out_type(epilogue)
     bias_t = F32 if epilogue.bias == "float32" else I32
     with k.parallel_loop(count, cost=b.mul(b.mul(block, other), kk), name="qgemm",
                          carry=carry) as t:
         (m_, n_, kk_, a_, lda_, az_, panels_, colsum_, beta_, c_, ldc_, scale_, as_, bias_,
-         cz_, block_, rows_flag) = k.carried
+         cz_, block_, rows_flag, post_scale_, post_shift_) = k.carried
         bb = k.b
         start = bb.mul(t, block_)
         rows = bb.icmp_signed("!=", rows_flag, k.i64(0))
@@ -764,7 +797,9 @@ def _parallel(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, l
               ldc_, a_signed, row_sums, epilogue,
               bb.gep(scale_, [col0], source_etype=F32),
               bb.bitcast(bb.trunc(as_, I32), F32),
-              bb.gep(bias_, [col0], source_etype=bias_t), bb.trunc(cz_, I32))
+              bb.gep(bias_, [col0], source_etype=bias_t), bb.trunc(cz_, I32),
+              bb.gep(post_scale_, [col0], source_etype=F32),
+              bb.gep(post_shift_, [col0], source_etype=F32))
 
 
 def emit_parallel_int8_gemm_runtime_b(

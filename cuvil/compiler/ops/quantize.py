@@ -26,6 +26,7 @@ import onnx
 import sympy
 from llvmlite import ir
 
+from cuvil.compiler.codegen.byte_transpose import emit_byte_transpose
 from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.codegen.int8_gemm_kernel import INT32, QEpilogue, emit_parallel_int8_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
@@ -46,7 +47,7 @@ from cuvil.compiler.ops.elementwise import _round_half_even, emit_elementwise
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
 from cuvil.errors import ModelError, UnsupportedOpError
 
-__all__ = ["INT8_PACKED", "QLINEAR_BIAS_SLOT", "QUANT_DTYPES", "QuantLayout",
+__all__ = ["INT8_PACKED", "QLINEAR_BIAS_SLOT", "QLINEAR_POST_SLOT", "QUANT_DTYPES", "QuantLayout",
            "dequantize_array", "quant_layout", "weight_slot"]
 
 #: element types of quantized tensors cuvil compiles
@@ -57,6 +58,11 @@ FLOAT_SCALES = ("float32", "float16", "float64")
 #: input slot of QLinearMatMul's int32 bias (one per output column) that passes/fuse_qdq.py
 #: adds; QLinearConv has one of its own there already (B)
 QLINEAR_BIAS_SLOT = 8
+#: input slot of a QLinearConv's second requantization that passes/fuse_qdq.py adds when it
+#: takes a BatchNormalization between Q/DQ pairs after the conv: float32 [2, M], a scale and
+#: a shift per channel, y = saturate(round((q - y_zero) * scale[m] + shift[m])) (the second
+#: zero point is in the shift)
+QLINEAR_POST_SLOT = 9
 #: attribute passes/pack_int8_weights.py sets when the constant weight holds the int8 kernel's
 #: packed blob (codegen/int8_gemm_kernel.py `pack_b_int8`, one per group for convolutions):
 #: [the weight's dtype, row_sums (0/1), its ONNX shape...]; the node keeps its zero point
@@ -317,6 +323,65 @@ class DynamicQuantizeLinear(Op):
                               k.buffers[y_scale], k.buffers[y_zero])
 
 
+@register
+class QuantizedAdd(Op):
+    """cuvil's own: quantize(dequantize(a) + dequantize(b)) in one pass over the integers,
+    what passes/fuse_qdq.py makes of a QDQ model's DequantizeLinear -> Add (-> Relu) ->
+    QuantizeLinear (the residual sums of a ResNet). Inputs a, a_scale, a_zero, b, b_scale,
+    b_zero, y_scale, y_zero (per tensor; absent zero points are 0); the float32 arithmetic is
+    the three ops' own, so the result is theirs bit for bit."""
+
+    op_type = "QuantizedAdd"
+    domain = "cuvil"
+    dtypes = PRODUCT_DTYPES
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        a, b = required_input(node, 0), required_input(node, 3)
+        _check_operand(node, a, "a")
+        _check_operand(node, b, "b")
+        for slot, what, dtypes in ((1, "a_scale", ("float32",)), (2, "a_zero", (a.type.dtype.name,)),
+                                   (4, "b_scale", ("float32",)), (5, "b_zero", (b.type.dtype.name,)),
+                                   (6, "y_scale", ("float32",)), (7, "y_zero", PRODUCT_DTYPES)):
+            _check_param(node, node.input(slot), 1, what, dtypes)
+        required_input(node, 6)
+        y_zero = node.input(7)
+        dtype = y_zero.type.dtype if y_zero is not None else np.dtype("uint8")
+        return [TensorType(dtype, broadcast_shapes(node, ctx, a.type.shape, b.type.shape))]
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        # constant parameters (a QDQ model's) go into the code: the loop then reads two
+        # tensors and writes one, with no other pointer to check for overlap, and vectorizes
+        constants = {i: v.const.reshape(-1)[0] for i in (1, 2, 4, 5, 6, 7)
+                     if (v := node.input(i)) is not None and v.const is not None}
+        loaded = [i for i in range(8) if node.input(i) is not None and i not in constants]
+        slot = {i: n for n, i in enumerate(loaded)}
+        dtype = node.outputs[0].type.dtype
+        f32 = np.dtype("float32")
+        relu = node.attrs.get(FUSED_ACTIVATION) == "relu"
+
+        def fn(k: Emitter, v: list[ir.Value]) -> ir.Value:
+            def param(i: int) -> ir.Value | None:
+                if i in constants:
+                    return k.const(required_input(node, i).type.dtype, constants[i].item())
+                return v[slot[i]] if i in slot else None
+
+            def real(x: int) -> ir.Value:  # DequantizeLinear's (q - zero) * scale
+                q_dtype = required_input(node, x).type.dtype
+                d = k.convert(v[slot[x]], q_dtype, f32)
+                zero = param(x + 2)
+                if zero is not None:
+                    d = k.b.fsub(d, k.convert(zero, q_dtype, f32))
+                return k.b.fmul(d, param(x + 1))
+
+            y = k.b.fdiv(k.b.fadd(real(0), real(3)), param(6))
+            zero = param(7)
+            low = (zero if zero is not None else k.const(dtype, 0)) if relu else None
+            return saturate(k, y, f32, dtype, zero, low)
+
+        emit_elementwise(k, node.outputs[0], [required_input(node, i) for i in loaded], fn,
+                         cost=6)
+
+
 # -- integer products ------------------------------------------------------------------------
 
 
@@ -360,6 +425,8 @@ class Requantize:
     y_scale: Value
     y_zero: Value | None
     relu: bool
+    #: the second requantization (`QLINEAR_POST_SLOT`), or None
+    post: Value | None = None
 
     def multiplier(self, k: Emitter, j: ir.Value) -> ir.Value:
         """a_scale * b_scale[j] / y_scale in the scales' dtype, widened to float64."""
@@ -377,13 +444,24 @@ class Requantize:
         low = zero if self.relu else None
         if self.relu and zero is None:
             low = k.const(dtype, 0)
-        return saturate(k, v, f64, dtype, zero, low)
+        q = saturate(k, v, f64, dtype, zero, low)
+        if self.post is None:
+            return q
+        # in float32 as the kernel's epilogue: (q - zero) * scale[j] + shift[j]
+        f32 = np.dtype("float32")
+        d = k.convert(q, dtype, f32)
+        if zero is not None:
+            d = k.b.fsub(d, k.convert(zero, dtype, f32))
+        post = k.contiguous(k.buffers[self.post], f32, tuple(self.post.type.shape))
+        y = k.b.fadd(k.b.fmul(d, k.load(post, [k.i64(0), j])), k.load(post, [k.i64(1), j]))
+        return saturate(k, y, f32, dtype)
 
 
 def _requantize(node: Node, a_scale: int, b_scale: int) -> Requantize:
+    post = node.input(QLINEAR_POST_SLOT) if node.op_type == "QLinearConv" else None
     return Requantize(required_input(node, a_scale), required_input(node, b_scale),
                       required_input(node, 6), node.input(7),
-                      node.attrs.get(FUSED_ACTIVATION) == "relu")
+                      node.attrs.get(FUSED_ACTIVATION) == "relu", post)
 
 
 def _output_dtype(node: Node, a: Value) -> np.dtype:
@@ -649,6 +727,11 @@ class QLinearConv(Op):
                                                                     PRODUCT_DTYPES),
                                          (8, m, "B", ("int32",))):
             _check_param(node, node.input(slot), count, what, dtype)
+        post = node.input(QLINEAR_POST_SLOT)
+        if post is not None and (post.type.dtype.name != "float32"
+                                 or tuple(post.type.shape) != (2, m)):
+            raise ModelError(f"{node.describe()}: its second requantization {post.name!r} is "
+                             f"{post.type}; expected float32 [2, {m}]")
         return [TensorType(_output_dtype(node, x), out)]
 
     def scratch_bytes(self, node: Node) -> Dim:
@@ -711,11 +794,16 @@ def _fused_requantize(node: Node, k: Emitter, n: int, mult: ir.Value) -> dict:
         k.store(view, [j], k.b.fdiv(k.b.fmul(a, bs), ys))
     bias = node.input(8)
     y_dtype = node.outputs[0].type.dtype.name
+    post = {}
+    if requant.post is not None:
+        table = k.buffers[requant.post]
+        post = {"post_scale": table,
+                "post_shift": k.b.gep(table, [k.i64(n)], source_etype=ir.FloatType())}
     return {"epilogue": QEpilogue(y_dtype, "int32" if bias is not None else "none",
-                                  requant.relu),
+                                  requant.relu, post=requant.post is not None),
             "scale": mult, "a_scale": ir.Constant(ir.FloatType(), 1.0),
             "bias": k.buffers[bias] if bias is not None else None,
-            "c_zero": _param(k, requant.y_zero, k.i64(0), i32) or k.const(i32, 0)}
+            "c_zero": _param(k, requant.y_zero, k.i64(0), i32) or k.const(i32, 0), **post}
 
 
 def _packed_matmul_bytes(node: Node) -> Dim:
@@ -782,6 +870,12 @@ def _packed_conv_bytes(node: Node) -> Dim:
     _, padded, pointwise = _padded_spatial(node)
     image = numel(padded) * int(shape[1])
     cols = 0 if pointwise else positions * taps
+    x_spatial = tuple(required_input(node, 0).type.shape[2:])
+    if not pointwise and padded != x_spatial:
+        # x's image is transposed into the columns' space first, then copied into the padding
+        unpadded = numel(x_spatial) * int(shape[1])
+        cols = max(cols, unpadded) if isinstance(cols, int) and isinstance(unpadded, int) \
+            else cols + unpadded
     if _fuses_requantize(node):
         return _multiplier_bytes(m) + positions * m + image + cols
     return positions * m * 4 + image + cols
@@ -816,50 +910,83 @@ def _lower_packed_conv(node: Node, k: Emitter) -> None:
                       source_etype=i8)
     image = k.contiguous(image_ptr, x_val.type.dtype, (*padded, c_in))
     cols_ptr = b.gep(image_ptr, [k.dim(numel(image.shape))], source_etype=i8)
-    out_pos = k.contiguous(cols_ptr, x_val.type.dtype, spatial)  # its strides flatten o
-    kernel_pos = k.contiguous(cols_ptr, x_val.type.dtype, win.kernel)
     x_zero = _param(k, node.input(2), k.i64(0), x_val.type.dtype) or k.const(x_val.type.dtype, 0)
     requant = _requantize(node, 1, 4) if node.op_type == "QLinearConv" and not fused else None
     bias = node.input(8) if requant is not None else None
-    i32 = np.dtype("int32")
     # the taps of the last axis are one run when they are adjacent in the image
     run_axis = len(win.kernel) - 1 if win.dilations[-1] == 1 else len(win.kernel)
     run = c_in * (win.kernel[-1] if run_axis < len(win.kernel) else 1)
+    in_spatial = tuple(x_val.type.shape[2:])
+    unpadded = padded == in_spatial
     with k.loop(y.dims[0], name="n") as n:
-        if not pointwise:
+        # x[n] as [C, S] transposed into [S, C]: straight into the image when it has no
+        # padding, else into the columns' space, whose rows are then copied into the image
+        x_image = k.element_ptr(x, k.offset(x, [n, *[k.i64(0)] * (len(x.dims) - 1)]))
+        s_count = k.dim(numel(in_spatial))
+        emit_byte_transpose(k, x_image, s_count, image_ptr if unpadded else cols_ptr, k.i64(c_in),
+                            k.i64(c_in), s_count)
+        if not unpadded:
             with k.loops(image.dims, name="fill") as idx:
                 k.store(image, idx, x_zero)
-        with k.loop(c_in, name="c") as c, k.loops(x.dims[2:], name="hw") as i:
-            at = [b.add(v, k.dim(p)) for v, p in zip(i, win.pads_begin)]
-            k.store(image, [*at, c], k.load(x, [n, c, *i]))
+            row = k.dim(in_spatial[-1])
+            dense = k.contiguous(cols_ptr, x_val.type.dtype,
+                                 (*in_spatial[:-1], in_spatial[-1] * c_in))
+            with k.loops(x.dims[2:-1], name="row") as i:
+                at = [b.add(v, k.dim(p)) for v, p in zip(i, win.pads_begin)]
+                k.memcpy(k.element_ptr(image, k.offset(image, [*at, k.dim(win.pads_begin[-1]),
+                                                               k.i64(0)])),
+                         k.element_ptr(dense, k.offset(dense, [*i, k.i64(0)])),
+                         b.mul(row, k.i64(c_in)))
         if pointwise:
             a_ptr = image_ptr
         else:
             a_ptr = cols_ptr
             walked = win.kernel[:run_axis]
-            with k.loops(y.dims[2:], name="o") as o, k.loops(walked, name="kpos") as kpos:
-                taps = [*kpos, *[k.i64(0)] * (len(win.kernel) - len(walked))]
-                src = [b.add(b.mul(v, k.i64(s)), b.mul(t, k.i64(d)))
-                       for v, t, s, d in zip(o, taps, win.strides, win.dilations)]
-                dst = b.add(b.mul(k.offset(out_pos, o), k.i64(kk)),
-                            b.mul(k.offset(kernel_pos, taps), k.i64(c_in)))
-                k.memcpy(b.gep(cols_ptr, [dst], source_etype=i8),
-                         k.element_ptr(image, k.offset(image, [*src, k.i64(0)])), k.i64(run))
+            # rows of output positions spread over the threads
+            with k.parallel_loop(k.dim(spatial[0]), cost=k.dim(numel(spatial[1:]) * kk),
+                                 name="im2col", carry=[cols_ptr, image_ptr]) as o0:
+                cols_at, image_at = k.carried
+                bb = k.b
+                image_v = k.contiguous(image_at, x_val.type.dtype, (*padded, c_in))
+                out_pos = k.contiguous(cols_at, x_val.type.dtype, spatial)  # its strides flatten o
+                kernel_pos = k.contiguous(cols_at, x_val.type.dtype, win.kernel)
+                with k.loops([k.dim(d) for d in spatial[1:]], name="o") as rest, \
+                        k.loops(walked, name="kpos") as kpos:
+                    o = [o0, *rest]
+                    taps = [*kpos, *[k.i64(0)] * (len(win.kernel) - len(walked))]
+                    src = [bb.add(bb.mul(v, k.i64(s)), bb.mul(t, k.i64(d)))
+                           for v, t, s, d in zip(o, taps, win.strides, win.dilations)]
+                    dst = bb.add(bb.mul(k.offset(out_pos, o), k.i64(kk)),
+                                 bb.mul(k.offset(kernel_pos, taps), k.i64(c_in)))
+                    k.memcpy(bb.gep(cols_at, [dst], source_etype=i8),
+                             k.element_ptr(image_v, k.offset(image_v, [*src, k.i64(0)])),
+                             k.i64(run))
         _kernel_gemm(node, k, positions, m, kk, a_ptr, sums.ptr, fused)
-        # the transpose in blocks of positions whose rows of sums stay in L1 (the whole of
-        # [P, M] read column by column would come from L2 for every channel)
         count = k.dim(positions)
         y_image = k.contiguous(b.gep(y.ptr, [b.mul(n, b.mul(count, k.i64(m)))],
                                      source_etype=y.elem), y.dtype, (positions, m))
-        with k.loop(k.floordiv(b.add(count, k.i64(TRANSPOSE_BLOCK - 1)),
-                               k.i64(TRANSPOSE_BLOCK)), name="tb") as block:
-            p0 = b.mul(block, k.i64(TRANSPOSE_BLOCK))
-            size = k.minimum("int64", b.sub(count, p0), k.i64(TRANSPOSE_BLOCK))
-            with k.loop(k.i64(m), name="oc") as oc, k.loop(size, name="t") as q:
-                p = b.add(p0, q)
-                v = k.load_at(sums, b.add(b.mul(p, k.i64(m)), oc))
-                if requant is not None:
-                    if bias is not None:
-                        v = b.add(v, _param(k, bias, oc, i32))
-                    v = requant.store(k, v, oc, y.dtype)
-                k.store_at(y_image, b.add(b.mul(oc, count), p), v)
+        if fused:  # bytes: in vector tiles
+            emit_byte_transpose(k, sums.ptr, k.i64(m), y_image.ptr, count, count, k.i64(m))
+        else:
+            _transpose_sums(k, sums, y_image, count, m, requant, bias)
+
+
+def _transpose_sums(k: Emitter, sums: View, y_image: View, count: ir.Value, m: int,
+                    requant: Requantize | None, bias: Value | None) -> None:
+    """The int32 sums [P, M] into y's [M, P], requantized on the way for a QLinearConv whose
+    kernel does not (`requant`), in blocks of positions whose rows of sums stay in L1 (the
+    whole of [P, M] read column by column would come from L2 for every channel)."""
+    b = k.b
+    i32 = np.dtype("int32")
+    with k.loop(k.floordiv(b.add(count, k.i64(TRANSPOSE_BLOCK - 1)),
+                           k.i64(TRANSPOSE_BLOCK)), name="tb") as block:
+        p0 = b.mul(block, k.i64(TRANSPOSE_BLOCK))
+        size = k.minimum("int64", b.sub(count, p0), k.i64(TRANSPOSE_BLOCK))
+        with k.loop(k.i64(m), name="oc") as oc, k.loop(size, name="t") as q:
+            p = b.add(p0, q)
+            v = k.load_at(sums, b.add(b.mul(p, k.i64(m)), oc))
+            if requant is not None:
+                if bias is not None:
+                    v = b.add(v, _param(k, bias, oc, i32))
+                v = requant.store(k, v, oc, y_image.dtype)
+            k.store_at(y_image, b.add(b.mul(oc, count), p), v)

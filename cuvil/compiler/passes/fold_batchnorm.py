@@ -25,7 +25,7 @@ import numpy as np
 from cuvil.compiler.ir import Graph, Node, Value
 from cuvil.compiler.passes.rewrite import Rule, apply_rules, pattern, producer
 
-__all__ = ["fold_batchnorm"]
+__all__ = ["batchnorm_affine", "fold_batchnorm"]
 
 
 def _const_float(v: Value | None) -> np.ndarray | None:
@@ -34,15 +34,17 @@ def _const_float(v: Value | None) -> np.ndarray | None:
     return v.const
 
 
-def _affine(bn: Node) -> tuple[np.ndarray, np.ndarray] | None:
-    """(a, s) of an inference BatchNormalization with constant per-channel parameters."""
+def batchnorm_affine(bn: Node, value: Callable[[Value | None], np.ndarray | None] = _const_float
+                     ) -> tuple[np.ndarray, np.ndarray] | None:
+    """(a, s) of an inference BatchNormalization whose per-channel parameters `value` gives
+    (default: float constants; passes/fuse_qdq.py also takes dequantized ones)."""
     if bn.domain or len(bn.outputs) != 1 or len(bn.inputs) != 5:
         return None
     if bn.opset >= 14 and bn.attrs.get("training_mode", 0):
         return None
     if bn.opset < 9 and not bn.attrs.get("spatial", 1):
         return None  # per-activation parameters do not map onto output channels
-    params = [_const_float(v) for v in bn.inputs[1:5]]
+    params = [value(v) for v in bn.inputs[1:5]]
     if any(p is None or p.ndim != 1 for p in params):
         return None
     scale, bias, mean, var = (np.asarray(p, dtype=np.float64) for p in params)
@@ -117,7 +119,7 @@ def _fold(graph: Graph, bn: Node) -> Node | None:
     prod = producer(graph, x, FOLDABLE, bn)
     if x is None or prod is None or x.type.dtype != bn.outputs[0].type.dtype:
         return None
-    affine = _affine(bn)
+    affine = batchnorm_affine(bn)
     folded = FOLDS[prod.op_type](graph, prod, *affine) if affine is not None else None
     if folded is None:
         return None

@@ -9,6 +9,11 @@ The rules below, each anchored on the QuantizeLinear that ends a pattern:
   (with a bias, and a Relu the quantizer left in place) -> QuantizeLinear becomes
   QLinearConv or QLinearMatMul (ops/quantize.py): int32 sums, the bias in int32 at scale
   x_scale * w_scale, a requantize step and the Relu as a lower bound;
+- batchnorm: QLinearConv (made by the rule above) -> DequantizeLinear -> BatchNormalization
+  -> QuantizeLinear, as the quantizer writes a model whose normalizations were not folded,
+  becomes one QLinearConv with a second requantization of its bytes (`_fold_batchnorm`);
+- add: DequantizeLinear(a) + DequantizeLinear(b) (-> Relu) -> QuantizeLinear becomes
+  cuvil's QuantizedAdd, one pass over the integers (a ResNet's residual sums);
 - data movement: DequantizeLinear -> MaxPool, Flatten, Reshape, Transpose, Squeeze or
   Unsqueeze -> QuantizeLinear with the same scale and zero point becomes that op on the
   integers (they commute with a monotone per-tensor map).
@@ -25,11 +30,13 @@ from cuvil.compiler.ir import Graph, Node, Value
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
 from cuvil.compiler.ops.quantize import (
     QLINEAR_BIAS_SLOT,
+    QLINEAR_POST_SLOT,
     QuantLayout,
     dequantize_array,
     quant_layout,
 )
 from cuvil.compiler.passes.eliminate_dead_code import eliminate_dead_code
+from cuvil.compiler.passes.fold_batchnorm import batchnorm_affine
 from cuvil.compiler.passes.rewrite import Rule, apply_rules, const_operand, pattern, sole_reader
 
 __all__ = ["fuse_qdq"]
@@ -110,19 +117,28 @@ def _int32_bias(bias: Value | None, scale: np.ndarray, count: int) -> np.ndarray
     return rounded.astype(np.int32)
 
 
-def _fuse_product(graph: Graph, q: Node) -> Node | None:
-    if not (_per_tensor(q.input(1)) and _per_tensor(q.input(2)) and q.input(1) is not None):
-        return None
-    if q.outputs[0].type.dtype.name not in PRODUCT_DTYPES:
-        return None
+def _quantizes_per_tensor(q: Node) -> bool:
+    """A QuantizeLinear to int8/uint8 with a constant per-tensor scale and zero point."""
+    return (_per_tensor(q.input(1)) and _per_tensor(q.input(2)) and q.input(1) is not None
+            and q.outputs[0].type.dtype.name in PRODUCT_DTYPES)
+
+
+def _through_relu(graph: Graph, q: Node) -> tuple[Value | None, Node, list[Node]]:
+    """(what q quantizes, the node reading it, [the Relu]) past a Relu read only by q, which
+    the quantizer leaves in place when it does not merge it into the range; else (q's
+    input, q, [])."""
     x = q.inputs[0]
-    gone: list[Node] = []
-    relu = False
-    reader = q
     if x is not None and x.producer is not None and x.producer.op_type == "Relu" \
             and not x.producer.domain and sole_reader(graph, x, q):
-        gone.append(x.producer)
-        reader, x, relu = x.producer, x.producer.inputs[0], True
+        return x.producer.inputs[0], x.producer, [x.producer]
+    return x, q, []
+
+
+def _fuse_product(graph: Graph, q: Node) -> Node | None:
+    if not _quantizes_per_tensor(q):
+        return None
+    x, reader, gone = _through_relu(graph, q)
+    relu = bool(gone)
     if x is None or x.producer is None or not sole_reader(graph, x, reader):
         return None
     prod = x.producer
@@ -232,6 +248,97 @@ def _fuse_mover(graph: Graph, q: Node) -> Node | None:
     return moved
 
 
+def _float_param(v: Value | None) -> np.ndarray | None:
+    """A float constant, or the value of a DequantizeLinear of constants (the quantizer
+    quantizes a BatchNormalization's scale and bias as weights)."""
+    if v is None:
+        return None
+    if v.const is not None:
+        return v.const if v.type.dtype.kind == "f" else None
+    quantized = _constant_dequantize(v.producer)
+    if quantized is None:
+        return None
+    q, scale, zero, layout = quantized
+    return dequantize_array(q, scale, zero, layout, np.dtype("float32"))
+
+
+def _fold_batchnorm(graph: Graph, q: Node) -> Node | None:
+    """QLinearConv -> DequantizeLinear -> BatchNormalization -> QuantizeLinear: the
+    normalization's per-channel a * x + s and the second quantization become the conv's second
+    requantization (ops/quantize.py `QLINEAR_POST_SLOT`), applied to its output bytes q while
+    they are in registers: (q - zero) * (scale * a / q_scale) + s / q_scale + q_zero, the
+    three ops' arithmetic with both roundings (the model's), so it agrees with onnxruntime's
+    float BatchNormalization up to float rounding."""
+    if not _quantizes_per_tensor(q) or q.input(2) is None:
+        return None
+    x = q.inputs[0]
+    if x is None or x.producer is None or not sole_reader(graph, x, q):
+        return None
+    bn = x.producer
+    normalized = bn.inputs[0]
+    if bn.op_type != "BatchNormalization" or bn.domain or normalized is None:
+        return None
+    dq = _dq(normalized)
+    if dq is None or not sole_reader(graph, normalized, bn):
+        return None
+    sums = dq.inputs[0]
+    if sums is None or sums.producer is None or not sole_reader(graph, sums, dq):
+        return None
+    conv = sums.producer
+    if conv.op_type != "QLinearConv" or conv.domain or FUSED_ACTIVATION in conv.attrs \
+            or conv.input(QLINEAR_POST_SLOT) is not None \
+            or conv.outputs[0].type.dtype != q.outputs[0].type.dtype:
+        return None
+    for mine, theirs in ((dq.input(1), conv.input(6)), (dq.input(2), conv.input(7))):
+        pa, pb = const_operand(mine), const_operand(theirs)
+        if pa is None or pb is None or not np.array_equal(pa.reshape(-1), pb.reshape(-1)):
+            return None
+    affine = batchnorm_affine(bn, _float_param)
+    w = conv.input(3)
+    if affine is None or w is None or w.const is None or affine[0].shape != (w.const.shape[0],):
+        return None
+    a, s = affine
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(s))):
+        return None
+    conv_scale = float(_scale(conv.input(6))[0])
+    q_scale = float(_scale(q.input(1))[0])
+    q_zero = float(np.asarray(const_operand(q.input(2))).reshape(-1)[0])
+    post = np.stack([conv_scale * a / q_scale, s / q_scale + q_zero]).astype(np.float32)
+    inputs = list(conv.inputs) + [None] * (QLINEAR_POST_SLOT - len(conv.inputs))
+    made = Node("QLinearConv", [*inputs, graph.constant(post, "requantize_bn")], [],
+                dict(conv.attrs), name=conv.name, opset=conv.opset)
+    graph.replace_node(q, made)
+    graph.remove_nodes([bn, dq, conv])
+    return made
+
+
+def _fuse_add(graph: Graph, q: Node) -> Node | None:
+    """DequantizeLinear(a) + DequantizeLinear(b) (-> Relu) -> QuantizeLinear: one pass over
+    the integers (ops/quantize.py QuantizedAdd), the residual sums of a QDQ ResNet."""
+    if not _quantizes_per_tensor(q):
+        return None
+    x, reader, gone = _through_relu(graph, q)
+    if x is None or x.producer is None or not sole_reader(graph, x, reader):
+        return None
+    add = x.producer
+    if add.op_type != "Add" or add.domain or len(add.inputs) != 2 \
+            or add.outputs[0].type.dtype.name != "float32":
+        return None
+    dqs = [_dq(v) for v in add.inputs]
+    if not all(_activation(d) for d in dqs):
+        return None
+    operands: list[Value | None] = []
+    for d in dqs:
+        assert d is not None
+        operands += [d.inputs[0], d.input(1), d.input(2)]
+    made = Node("QuantizedAdd", [*operands, q.input(1), q.input(2)], [],
+                {FUSED_ACTIVATION: "relu"} if gone else {}, name=add.name, domain="cuvil",
+                opset=1)
+    graph.replace_node(q, made)
+    graph.remove_nodes([*gone, add])
+    return made
+
+
 def _fold_constant_dequantize(graph: Graph) -> None:
     """DequantizeLinear nodes of constants that no rule fused become float constants."""
     for node in list(graph.nodes):
@@ -251,6 +358,8 @@ def _fold_constant_dequantize(graph: Graph) -> None:
 
 QUANTIZE = pattern("QuantizeLinear", dtype=None)
 RULES = (Rule("qlinear product", QUANTIZE, _fuse_product),
+         Rule("batchnorm into the requantization", QUANTIZE, _fold_batchnorm),
+         Rule("quantized add", QUANTIZE, _fuse_add),
          Rule("quantized data movement", QUANTIZE, _fuse_mover))
 
 
