@@ -447,7 +447,8 @@ def _im2col(k: Emitter, x: ir.Value, in_shape: tuple[Dim, ...], win: Window, col
 
 
 def _copy_run(k: Emitter, dst: ir.Value, src: ir.Value, count: ir.Value) -> None:
-    """dst[:count] = src[:count] (floats) in whole vectors, then one by one: LLVM leaves the
+    """dst[:count] = src[:count] (floats) in whole vectors, then one by one (one masked
+    vector on AVX-512, `masked_tails`): LLVM leaves the
     generic copy scalar, since it cannot tell the input from the unfolded columns apart."""
     b = k.b
     width = isa_of(k.module).vector
@@ -494,7 +495,8 @@ def _copy_strided(k: Emitter, dst: ir.Value, src: ir.Value, axis: tuple[ir.Value
     """dst[o] = src[o * stride + start] for lo <= o < hi, where src is one input row of `size`
     floats: in vectors where the stride x lanes floats a vector reads lie inside the row (one
     wide load, every stride-th lane kept: a permute on AVX-512, ld2/ld3/ld4 on NEON), then
-    one by one. The element-by-element loop took a third to a half of strided convolutions."""
+    one by one (on AVX-512, by the same vectors with masked lanes: `masked_tails`). The
+    element-by-element loop took a third to a half of strided convolutions."""
     b = k.b
     start, stride, size = axis
     width = isa_of(k.module).vector
