@@ -448,8 +448,8 @@ def _im2col(k: Emitter, x: ir.Value, in_shape: tuple[Dim, ...], win: Window, col
 
 def _copy_run(k: Emitter, dst: ir.Value, src: ir.Value, count: ir.Value) -> None:
     """dst[:count] = src[:count] (floats) in whole vectors, then one by one (one masked
-    vector on AVX-512, `masked_tails`): LLVM leaves the
-    generic copy scalar, since it cannot tell the input from the unfolded columns apart."""
+    vector on AVX-512, `masked_tails`): LLVM leaves the generic copy scalar, since it cannot
+    tell the input from the unfolded columns apart."""
     b = k.b
     width = isa_of(k.module).vector
     vt = ir.VectorType(F32, width)
