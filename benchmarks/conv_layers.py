@@ -12,6 +12,8 @@ a run and would take a core from cuvil's next ones). The engines alternate in ro
     python benchmarks/conv_layers.py                 # every layer below
     python benchmarks/conv_layers.py --small         # the 3x3 layers at 14x14 and below
     CUVIL_NUM_THREADS=2 python benchmarks/conv_layers.py --small
+    python benchmarks/conv_layers.py --resnet50      # each distinct conv of ResNet-50, with
+                                                     # its count and the summed times
 
 Figures vary with the machine and its load; they belong in notes, not in tests.
 """
@@ -40,6 +42,17 @@ LAYERS = [(3, 64, 7, 224, 2), (64, 64, 3, 56, 1), (64, 256, 1, 56, 1), (128, 128
 SMALL = [(64, 256, 3, 13, 1), (48, 192, 3, 13, 1), (256, 256, 3, 14, 1), (512, 512, 3, 14, 1),
          (96, 128, 3, 14, 1), (160, 192, 3, 14, 1), (512, 512, 3, 7, 1), (192, 320, 3, 7, 1),
          (224, 224, 3, 7, 1), (64, 96, 3, 28, 1), (128, 128, 3, 28, 1)]
+
+#: every distinct conv of ResNet-50 (v1.5, onnx's light_resnet50) and how often it occurs:
+#: (in, out, kernel, input size, stride, pads, count)
+RESNET50 = [(3, 64, 7, 224, 2, 3, 1), (64, 64, 1, 56, 1, 0, 1), (64, 64, 3, 56, 1, 1, 3),
+            (64, 256, 1, 56, 1, 0, 4), (256, 64, 1, 56, 1, 0, 2), (256, 128, 1, 56, 1, 0, 1),
+            (128, 128, 3, 56, 2, 1, 1), (256, 512, 1, 56, 2, 0, 1), (128, 512, 1, 28, 1, 0, 4),
+            (512, 128, 1, 28, 1, 0, 3), (128, 128, 3, 28, 1, 1, 3), (512, 256, 1, 28, 1, 0, 1),
+            (256, 256, 3, 28, 2, 1, 1), (512, 1024, 1, 28, 2, 0, 1), (256, 1024, 1, 14, 1, 0, 6),
+            (1024, 256, 1, 14, 1, 0, 5), (256, 256, 3, 14, 1, 1, 5), (1024, 512, 1, 14, 1, 0, 1),
+            (512, 512, 3, 14, 2, 1, 1), (1024, 2048, 1, 14, 2, 0, 1), (512, 2048, 1, 7, 1, 0, 3),
+            (2048, 512, 1, 7, 1, 0, 2), (512, 512, 3, 7, 1, 1, 2)]
 
 
 def conv_relu(cin: int, cout: int, k: int, size: int, stride: int, pad: int | None = None,
@@ -77,6 +90,8 @@ def main() -> int:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--small", action="store_true", help="only the small 3x3 layers")
+    parser.add_argument("--resnet50", action="store_true",
+                        help="ResNet-50's distinct convs, with counts and summed times")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
@@ -87,7 +102,11 @@ def main() -> int:
     print(f"{threads} thread(s), batch {args.batch}, {'CPU' if cpu else 'wall'} time")
     print(f"{'layer':<26} {'path':<10} {'cuvil ms':>9} {'GF/s':>5} {'ort ms':>8} {'GF/s':>5} "
           f"{'ratio':>6} {'max err':>8}")
-    for cin, cout, k, size, stride, *pad in SMALL if args.small else LAYERS:
+    layers = ([(*layer, 1) for layer in (SMALL if args.small else LAYERS)] if not args.resnet50
+              else [(cin, cout, k, size, stride, pad, count)
+                    for cin, cout, k, size, stride, pad, count in RESNET50])
+    totals = [0.0, 0.0, 0.0]  # GFLOP, cuvil ms, onnxruntime ms, each times the layer's count
+    for cin, cout, k, size, stride, *pad, count in layers:
         model, out = conv_relu(cin, cout, k, size, stride, *pad, batch=args.batch)
         compiled = cuvil.compile(model)
         sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -102,10 +121,17 @@ def main() -> int:
             theirs += timed(sess.run, None, {"x": x}, calls=calls, cpu=cpu)
             time.sleep(0.1)  # onnxruntime's spinning workers
         ours_ms, theirs_ms = float(np.median(ours) * 1e3), float(np.median(theirs) * 1e3)
-        name = f"{cin}->{cout} {k}x{k}/{stride}{'' if not pad else f' p{pad[0]}'} at {size}x{size}"
+        totals = [totals[0] + gflop * count, totals[1] + ours_ms * count,
+                  totals[2] + theirs_ms * count]
+        name = (f"{cin}->{cout} {k}x{k}/{stride}{'' if not pad or args.resnet50 else f' p{pad[0]}'}"
+                f" at {size}x{size}{f' x{count}' if args.resnet50 else ''}")
         print(f"{name:<26} {path_of(compiled, x):<10} {ours_ms:9.3f} {gflop / ours_ms * 1e3:5.0f} "
               f"{theirs_ms:8.3f} {gflop / theirs_ms * 1e3:5.0f} {ours_ms / theirs_ms:6.2f} "
               f"{err:8.1e}", flush=True)
+    if args.resnet50:
+        gflop, ours_ms, theirs_ms = totals
+        print(f"{'all convs':<26} {'':<10} {ours_ms:9.3f} {gflop / ours_ms * 1e3:5.0f} "
+              f"{theirs_ms:8.3f} {gflop / theirs_ms * 1e3:5.0f} {ours_ms / theirs_ms:6.2f}")
     return 0
 
 

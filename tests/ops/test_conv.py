@@ -170,6 +170,12 @@ def test_gemm_path_unfolding_and_panels():
         case([8, 30, 30], (28, 4, 1, 1), group=2),
         case([16, 14, 14], (24, 16, 3, 3), strides=[2, 2], pads=[1, 1, 1, 1]),
         case([300, 7, 7], (20, 300, 1, 1)),
+        # rows shorter than a vector, copied with masked loads and stores on AVX-512: stride
+        # 3 (15 of 16 lanes), stride 2 onto 7 wide rows with pads, stride 1 rows of 7 and 9
+        case([4, 17, 47], (20, 4, 3, 3), strides=[3, 3], pads=[1, 1, 1, 1]),
+        case([6, 13, 13], (14, 6, 3, 3), strides=[2, 2], pads=[1, 0, 1, 2]),
+        case([5, 9, 9], (18, 5, 3, 3), pads=[1, 1, 1, 1]),
+        case([5, 7, 7], (16, 5, 3, 3), pads=[0, 2, 1, 0]),
     ]
     check_cases(cases, sizes=({"n": 1}, {"n": 2}), atol=1e-4)
 

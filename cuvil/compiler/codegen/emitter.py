@@ -512,6 +512,20 @@ def fmuladd_intrinsic(module: ir.Module, ty: ir.Type) -> ir.Function:
         return ir.Function(module, ir.FunctionType(ty, [ty, ty, ty]), name)
 
 
+def prefetch(b: ir.IRBuilder, ptr: ir.Value) -> None:
+    """A hint to bring the cache line at ptr into the innermost cache (llvm.prefetch: read,
+    high locality, data): it never faults, so ptr may lie past the end of a buffer."""
+    module = b.block.function.module
+    try:
+        fn = module.get_global("llvm.prefetch.p0")
+    except KeyError:
+        i32 = ir.IntType(32)
+        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, i32, i32, i32]),
+                         "llvm.prefetch.p0")
+    i32 = ir.IntType(32)
+    b.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+
+
 def masked_intrinsic(module: ir.Module, op: str, vt: ir.VectorType) -> ir.Function:
     """llvm.masked.load (op "load") or llvm.masked.store for vectors of float32: lanes whose
     mask bit is off are neither read nor written, so they may point outside the buffer."""

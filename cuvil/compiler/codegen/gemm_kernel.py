@@ -42,6 +42,7 @@ from cuvil.compiler.codegen.emitter import (
     Emitter,
     fmuladd_intrinsic,
     masked_intrinsic,
+    prefetch,
     splat,
 )
 
@@ -178,6 +179,14 @@ def gemm_function(module: ir.Module, epilogue: Epilogue = PLAIN,
 #: K is walked in blocks of KC: one packed panel of B (KC x NR floats, 16 KB with AVX2) then
 #: stays in L1 while every row tile of A runs over it
 KC = 256
+#: the K loop prefetches the rows of A and of B this many steps ahead: a tile's first pass
+#: over a block streams constant weights from L3 or memory (a panel of B is 32 KB, its
+#: rows cross a page every 32 steps, where the hardware's prefetchers stop), and a 7x7 map's
+#: weights are reused only 49 times (whole ResNet-50 at 1 thread: 1.22 -> 1.14 x onnxruntime)
+PREFETCH_A = 16
+PREFETCH_B = 16
+#: floats per cache line
+LINE_FLOATS = 16
 #: products at most this wide walk row tiles outside, column panels inside (`write`): the
 #: block of B (KC x N floats, 256 KB at most) stays in L2 while each tile of A is read once
 NARROW = 256
@@ -465,6 +474,12 @@ class _GemmWriter:
         b.position_at_end(body)
         bvals = [self.vload(b.gep(b_cur, [k.i64(v * width)], source_etype=F32, inbounds=True),
                             self.mask if v == nv - 1 else None) for v in range(nv)]
+        if PREFETCH_B:
+            for line in range(0, nv * width, LINE_FLOATS):  # B's row in this tile
+                ahead = b.add(b.mul(ldb, k.i64(PREFETCH_B)), k.i64(line))
+                prefetch(b, b.gep(b_cur, [ahead], source_etype=F32))
+        if PREFETCH_A:  # one line: a packed tile's 12 floats at one k, or a row's next 16
+            prefetch(b, b.gep(a_cur, [b.mul(a_step, k.i64(PREFETCH_A))], source_etype=F32))
         fma = fmuladd_intrinsic(k.module, vt)
         new = []
         for r in range(rows):

@@ -447,8 +447,9 @@ def _im2col(k: Emitter, x: ir.Value, in_shape: tuple[Dim, ...], win: Window, col
 
 
 def _copy_run(k: Emitter, dst: ir.Value, src: ir.Value, count: ir.Value) -> None:
-    """dst[:count] = src[:count] (floats) in whole vectors, then one by one: LLVM leaves the
-    generic copy scalar, since it cannot tell the input from the unfolded columns apart."""
+    """dst[:count] = src[:count] (floats) in whole vectors, then one by one (one masked
+    vector on AVX-512, `masked_tails`): LLVM leaves the generic copy scalar, since it cannot
+    tell the input from the unfolded columns apart."""
     b = k.b
     width = isa_of(k.module).vector
     vt = ir.VectorType(F32, width)
@@ -456,9 +457,32 @@ def _copy_run(k: Emitter, dst: ir.Value, src: ir.Value, count: ir.Value) -> None
     with k.loop(whole, step=width, name="cpv") as o:
         x = b.load(b.gep(src, [o], source_etype=F32), typ=vt, align=4)
         b.store(x, b.gep(dst, [o], source_etype=F32), align=4)
+    if masked_tails(k):
+        left = b.sub(count, whole)
+        with k.if_then(b.icmp_signed(">", left, k.i64(0))):
+            lanes = _lanes_below(b, left, width)
+            x = b.call(masked_intrinsic(k.module, "load", vt),
+                       [b.gep(src, [whole], source_etype=F32), _ALIGN4, lanes,
+                        ir.Constant(vt, None)])
+            b.call(masked_intrinsic(k.module, "store", vt),
+                   [x, b.gep(dst, [whole], source_etype=F32), _ALIGN4, lanes])
+        return
     with k.loop(count, start=whole, name="cps") as o:
         b.store(b.load(b.gep(src, [o], source_etype=F32), typ=F32),
                 b.gep(dst, [o], source_etype=F32))
+
+
+def masked_tails(k: Emitter) -> bool:
+    """Whether the fewer than a vector's floats left at the end of a run are copied by one
+    masked load and store: AVX-512 masks every lane for free, where AVX2 and NEON would
+    emulate them lane by lane. Rows of 7x7 and 14x14 maps are all tail at 16 lanes."""
+    return isa_of(k.module).vector == 16
+
+
+def _lanes_below(b: ir.IRBuilder, count: ir.Value, lanes: int) -> ir.Value:
+    """The mask of the lanes numbered below count (any i64)."""
+    iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+    return b.icmp_signed("<", iota, splat(b, count, lanes))
 
 
 #: input strides whose unfolding runs in vectors (one load of stride x lanes floats, then a
@@ -471,7 +495,8 @@ def _copy_strided(k: Emitter, dst: ir.Value, src: ir.Value, axis: tuple[ir.Value
     """dst[o] = src[o * stride + start] for lo <= o < hi, where src is one input row of `size`
     floats: in vectors where the stride x lanes floats a vector reads lie inside the row (one
     wide load, every stride-th lane kept: a permute on AVX-512, ld2/ld3/ld4 on NEON), then
-    one by one. The element-by-element loop took a third to a half of strided convolutions."""
+    one by one (on AVX-512, by the same vectors with masked lanes: `masked_tails`). The
+    element-by-element loop took a third to a half of strided convolutions."""
     b = k.b
     start, stride, size = axis
     width = isa_of(k.module).vector
@@ -490,6 +515,21 @@ def _copy_strided(k: Emitter, dst: ir.Value, src: ir.Value, axis: tuple[ir.Value
             x = b.load(b.gep(src, [i], source_etype=F32), typ=wide, align=4)
             b.store(b.shuffle_vector(x, ir.Constant(wide, None), keep),
                     b.gep(dst, [o], source_etype=F32), align=4)
+    if stride <= MAX_VECTOR_STRIDE and masked_tails(k):
+        # the rest by vectors of masked lanes: those a vector reads stop at its last value
+        vt = ir.VectorType(F32, width)
+        with k.loop(hi, start=lo_v, step=width, name="cpm") as o:
+            count = k.minimum("int64", b.sub(hi, o), k.i64(width))
+            i = b.add(b.mul(o, k.i64(stride)), start)
+            reads = _lanes_below(b, b.add(b.mul(b.sub(count, k.i64(1)), k.i64(stride)),
+                                          k.i64(1)), width * stride)
+            x = b.call(masked_intrinsic(k.module, "load", wide),
+                       [b.gep(src, [i], source_etype=F32), _ALIGN4, reads,
+                        ir.Constant(wide, None)])
+            b.call(masked_intrinsic(k.module, "store", vt),
+                   [b.shuffle_vector(x, ir.Constant(wide, None), keep),
+                    b.gep(dst, [o], source_etype=F32), _ALIGN4, _lanes_below(b, count, width)])
+        return
     with k.loop(hi, start=lo_v, name="cp") as o:
         i = b.add(b.mul(o, k.i64(stride)), start)
         b.store(b.load(b.gep(src, [i], source_etype=F32), typ=F32),
