@@ -3,8 +3,13 @@
  *
  * Generated code calls cuvil_parallel_for(fn, ctx, n, cost) for a loop of n independent
  * iterations; fn(ctx, begin, end) runs a contiguous range of them. The loop is cut into a few
- * chunks per thread, as even as whole iterations allow (sizes differ by at most one), which
- * the caller's thread and the workers claim one at a time. Jobs too
+ * chunks per thread, as even as whole iterations allow (sizes differ by at most one). Each
+ * thread taking part owns a run of consecutive chunks (the caller the first, worker i the
+ * (i + 2)-th), which it claims from the front; a thread done with its own takes the others'
+ * from their backs. So a thread runs the same part of every loop of the same shape, call
+ * after call: the rows of C a product's thread writes are those the next node's same thread
+ * reads, from its own cache (with chunks claimed first come, first served, half of them were
+ * in the other core's cache, and half of a product's weights too). Jobs too
  * small to amortise waking threads (n * cost below a threshold) run inline, and so does a job
  * submitted while the pool is busy (another thread calling a model, or a nested loop): the
  * pool serves one parallel loop at a time and never blocks one caller on another.
@@ -83,13 +88,15 @@ struct cuvil_pool {
 
 enum { SLOT_EMPTY, SLOT_RUNNING, SLOT_EXITED };
 
-/* The job word: generation (32 bits) | chunks in the job (16) | next chunk to claim (16).
-   A claim is a compare-and-swap on the whole word, so a worker that wakes late can never
-   claim a chunk of a later job, nor one past the end of its own. */
-#define JOB(gen, chunks, next) (((uint64_t)(gen) << 32) | ((uint64_t)(chunks) << 16) | (next))
+/* The job word, which workers wait on: the job's generation (32 bits, never 0) | its chunks.
+   Each thread taking part has a range word: generation | first chunk left (16) | end of its
+   chunks (16). A claim is a compare-and-swap on a whole range word, so a worker that wakes
+   late can never claim a chunk of a later job, nor one past the end of a range. */
+#define JOB(gen, chunks) (((uint64_t)(gen) << 32) | (uint64_t)(chunks))
 #define JOB_GEN(w) ((uint32_t)((w) >> 32))
-#define JOB_CHUNKS(w) ((uint32_t)((w) >> 16) & 0xFFFFu)
-#define JOB_NEXT(w) ((uint32_t)(w) & 0xFFFFu)
+#define RANGE(gen, front, back) (((uint64_t)(gen) << 32) | ((uint64_t)(front) << 16) | (back))
+#define RANGE_FRONT(w) ((uint32_t)(w) >> 16 & 0xFFFFu)
+#define RANGE_BACK(w) ((uint32_t)(w) & 0xFFFFu)
 
 static struct {
     pthread_mutex_t busy;  /* held by the thread whose job the pool runs */
@@ -106,11 +113,17 @@ static struct {
     _Alignas(CACHE_LINE) cuvil_task_fn fn;
     void *ctx;
     int64_t n;
+    int64_t chunks;
     int32_t workers;       /* workers 0 .. workers-1 take part */
     int sleepers;          /* workers waiting on `wake` */
     int submitter_asleep;
     _Alignas(CACHE_LINE) uint64_t word;
     _Alignas(CACHE_LINE) int64_t pending; /* chunks not finished yet */
+    /* the chunks each thread taking part owns: the caller's first, then worker i's at i + 1;
+       a line each, since every claim writes one */
+    struct {
+        _Alignas(CACHE_LINE) uint64_t word;
+    } range[MAX_THREADS];
     struct {
         pthread_t thread;
         int state;
@@ -137,25 +150,49 @@ static int64_t now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-/* Claim and run chunks of job `gen` until none are left. */
-static void run_chunks(uint32_t gen) {
-    uint64_t w = LOAD(pool.word);
+/* Claim one chunk of job `gen` from the range of thread `part`: its first chunk left (`own`)
+   or its last. Returns the chunk, or -1 when that range has none left. */
+static int64_t claim(uint32_t gen, int part, int own) {
+    uint64_t w = LOAD(pool.range[part].word);
     for (;;) {
-        if (JOB_GEN(w) != gen || JOB_NEXT(w) >= JOB_CHUNKS(w)) return;
-        if (!__atomic_compare_exchange_n(&pool.word, &w, w + 1, 1, __ATOMIC_ACQ_REL,
-                                         __ATOMIC_ACQUIRE))
-            continue; /* w now holds the current word */
-        /* the job cannot end before this chunk is done: its fields are stable */
-        int64_t n = LOAD_RELAXED(pool.n), chunks = JOB_CHUNKS(w), i = JOB_NEXT(w);
-        int64_t begin = i * n / chunks, end = (i + 1) * n / chunks; /* even: sizes differ by 1 */
-        LOAD_RELAXED(pool.fn)(LOAD_RELAXED(pool.ctx), begin, end);
-        if (__atomic_sub_fetch(&pool.pending, 1, __ATOMIC_SEQ_CST) == 0 &&
-            __atomic_load_n(&pool.submitter_asleep, __ATOMIC_SEQ_CST)) {
-            pthread_mutex_lock(&pool.lock);
-            pthread_cond_signal(&pool.done);
-            pthread_mutex_unlock(&pool.lock);
+        if (JOB_GEN(w) != gen || RANGE_FRONT(w) >= RANGE_BACK(w)) return -1;
+        uint64_t next = own ? w + (1u << 16) : w - 1;
+        if (__atomic_compare_exchange_n(&pool.range[part].word, &w, next, 1, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            return own ? RANGE_FRONT(w) : RANGE_BACK(w) - 1;
+        /* w now holds the current word */
+    }
+}
+
+static void run_chunk(int64_t i) {
+    /* the job cannot end before this chunk is done: its fields are stable */
+    int64_t n = LOAD_RELAXED(pool.n), chunks = LOAD_RELAXED(pool.chunks);
+    int64_t begin = i * n / chunks, end = (i + 1) * n / chunks; /* even: sizes differ by 1 */
+    LOAD_RELAXED(pool.fn)(LOAD_RELAXED(pool.ctx), begin, end);
+    if (__atomic_sub_fetch(&pool.pending, 1, __ATOMIC_SEQ_CST) == 0 &&
+        __atomic_load_n(&pool.submitter_asleep, __ATOMIC_SEQ_CST)) {
+        pthread_mutex_lock(&pool.lock);
+        pthread_cond_signal(&pool.done);
+        pthread_mutex_unlock(&pool.lock);
+    }
+}
+
+/* Run chunks of job `gen` as thread `self` (0: the caller, i + 1: worker i) until none are
+   left: its own range from the front, then the others' from their backs. */
+static void run_chunks(uint32_t gen, int self) {
+    int64_t i;
+    while ((i = claim(gen, self, 1)) >= 0) run_chunk(i);
+    /* a late worker may read a later job's count: its claims then fail on the generation */
+    int parts = LOAD_RELAXED(pool.workers) + 1;
+    for (int found = 1; found;) {
+        found = 0;
+        for (int q = 1; q < parts; q++) {
+            int part = (self + q) % parts;
+            while ((i = claim(gen, part, 0)) >= 0) {
+                run_chunk(i);
+                found = 1;
+            }
         }
-        w = LOAD(pool.word);
     }
 }
 
@@ -205,7 +242,7 @@ static void *worker(void *arg) {
     while ((gen = wait_for_job(gen, took_part, idle_until)) != 0) {
         took_part = index < LOAD_RELAXED(pool.workers);
         if (took_part) {
-            run_chunks(gen);
+            run_chunks(gen, index + 1);
             idle_until = now_ns() + IDLE_NS;
         }
     }
@@ -329,17 +366,22 @@ static void pool_parallel_for(cuvil_task_fn fn, void *ctx, int64_t n, int64_t co
     STORE_RELAXED(pool.fn, fn);
     STORE_RELAXED(pool.ctx, ctx);
     STORE_RELAXED(pool.n, n);
+    STORE_RELAXED(pool.chunks, chunks);
     STORE_RELAXED(pool.workers, workers);
     __atomic_store_n(&pool.pending, chunks, __ATOMIC_RELAXED);
     if (++gen == 0) gen = 1; /* 0 means "exit" to workers */
-    __atomic_store_n(&pool.word, JOB(gen, chunks, 0), __ATOMIC_SEQ_CST);
+    for (int part = 0; part <= workers; part++) /* as even as whole chunks allow */
+        __atomic_store_n(&pool.range[part].word,
+                         RANGE(gen, part * chunks / (workers + 1),
+                               (part + 1) * chunks / (workers + 1)), __ATOMIC_RELAXED);
+    __atomic_store_n(&pool.word, JOB(gen, chunks), __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&pool.sleepers, __ATOMIC_SEQ_CST) > 0) {
         pthread_mutex_lock(&pool.lock);
         pthread_cond_broadcast(&pool.wake);
         pthread_mutex_unlock(&pool.lock);
     }
 
-    run_chunks(gen);
+    run_chunks(gen, 0);
     int64_t spin_end = now_ns() + SPIN_NS;
     for (int i = 1; LOAD(pool.pending) > 0; i++) {
         cpu_relax();

@@ -74,6 +74,8 @@ def reference(a, b, c0, bias, residual, ep: Epilogue, accumulate: bool) -> np.nd
                                    (200, 3, 50), (3, 300, 17), (64, 4099, 27), (130, 130, 130),
                                    # partial panels of packed operands, parallel blocks
                                    (25, 49, 576), (64, 196, 40), (100, 1000, 9), (1000, 50, 20),
+                                   # 7 panels of columns: blocks of 3 and 4 panels
+                                   (160, 196, 72),
                                    # K over several blocks of KC, with and without packed panels
                                    (20, 40, 600), (13, 33, 513), (5, 20, 300), (150, 40, 300)])
 @pytest.mark.parametrize(("e", "layout"), KERNELS)

@@ -50,7 +50,7 @@ LAYERS = [
 #: small images, whose products run transposed: (C, M, height, width, attributes, bias,
 #: tile the cost rule picks)
 SMALL = [
-    (64, 256, 13, 13, {"pads": [1, 1, 1, 1]}, True, 4),  # SqueezeNet's
+    (64, 256, 13, 13, {"pads": [1, 1, 1, 1]}, True, 2),  # SqueezeNet's: F(4x4)'s U, 2.4 MB, streams
     (48, 56, 13, 11, {"pads": [1, 1, 1, 1]}, False, 2),  # channels off the groups of 16
     (24, 72, 12, 14, {"pads": [2, 0, 1, 1]}, True, 4),  # asymmetric, no right padding
     (256, 256, 14, 14, {"pads": [1, 1, 1, 1]}, True, 2),  # ResNet-50's at 14x14

@@ -50,7 +50,7 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.emitter import I1, I8, I32, I64, PTR, Emitter, splat
-from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue, split_blocks
+from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue, block_span, split_blocks
 
 F32 = ir.FloatType()
 I16 = ir.IntType(16)
@@ -628,18 +628,18 @@ def emit_parallel_bf16_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value,
     """The product split over the threads into blocks of rows (or of whole panels of columns
     when M is the smaller side), as the float kernel's emit_parallel_gemm."""
     b = k.b
-    by_rows, block, count, other = split_blocks(k, m, n, ROW_SPLIT, PACK_COLS,
-                                                MIN_ROW_TILES, MIN_COLUMN_TILES)
+    by_rows, block, count, other, tile = split_blocks(k, m, n, ROW_SPLIT, PACK_COLS,
+                                                      MIN_ROW_TILES, MIN_COLUMN_TILES)
     null = ir.Constant(PTR, None)
     carry = [m, n, kk, l_ptr, ldl, r_ptr, ldr, c, ldc, bias if bias is not None else null,
-             residual if residual is not None else null, block, b.zext(by_rows, I64)]
+             residual if residual is not None else null, count, tile, b.zext(by_rows, I64)]
     with k.parallel_loop(count, cost=b.mul(b.mul(block, other), kk), name="bf16gemm",
                          carry=carry) as t:
-        m_, n_, kk_, l_, ldl_, r_, ldr_, c_, ldc_, bias_, res_, block_, rows_flag = k.carried
+        (m_, n_, kk_, l_, ldl_, r_, ldr_, c_, ldc_, bias_, res_, count_, tile_,
+         rows_flag) = k.carried
         bb = k.b
-        start = bb.mul(t, block_)
         rows = bb.icmp_signed("!=", rows_flag, k.i64(0))
-        size = k.minimum("int64", bb.sub(bb.select(rows, m_, n_), start), block_)
+        start, size = block_span(k, t, count_, bb.select(rows, m_, n_), tile_)
         row0 = bb.select(rows, start, k.i64(0))
         col0 = bb.select(rows, k.i64(0), start)
         kp2 = bb.mul(bb.and_(bb.add(kk_, k.i64(K_ALIGN - 1)), k.i64(-K_ALIGN)), k.i64(2))

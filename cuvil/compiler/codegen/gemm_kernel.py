@@ -588,7 +588,8 @@ def split_blocks(k: Emitter, m: ir.Value, n: ir.Value, row_tile: int, column_til
     along the larger dimension, into blocks of whole tiles (row_tile rows or column_tile
     columns) of at least min_*_tiles each, as many as the threads that will run them share
     evenly (one block, the whole product, when the loop runs inline). Returns (by_rows,
-    block, count of blocks, the other dimension's extent)."""
+    the largest block, count of blocks, the other dimension's extent, the tile); block t
+    is `block_span(k, t, count, extent, tile)`."""
     b = k.b
     by_rows = b.icmp_signed(">=", m, n)
     extent = b.select(by_rows, m, n)
@@ -599,12 +600,23 @@ def split_blocks(k: Emitter, m: ir.Value, n: ir.Value, row_tile: int, column_til
     per_thread = k.floordiv(tiles, b.mul(threads, least))
     per_thread = k.minimum("int64", k.maximum("int64", per_thread, k.i64(1)),
                            k.i64(BLOCKS_PER_THREAD))
-    blocks = k.minimum("int64", b.mul(threads, per_thread), k.maximum("int64", tiles, k.i64(1)))
-    block_tiles = k.floordiv(b.add(tiles, b.sub(blocks, k.i64(1))), blocks)
+    count = k.minimum("int64", b.mul(threads, per_thread), k.maximum("int64", tiles, k.i64(1)))
+    block_tiles = k.floordiv(b.add(tiles, b.sub(count, k.i64(1))), count)
     block = b.mul(k.maximum("int64", block_tiles, k.i64(1)), tile)
-    count = k.floordiv(b.add(extent, b.sub(block, k.i64(1))), block)
     other = b.select(by_rows, n, m)
-    return by_rows, block, count, other
+    return by_rows, block, count, other, tile
+
+
+def block_span(k: Emitter, t: ir.Value, count: ir.Value, extent: ir.Value,
+               tile: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(first row or column, size) of block t of `count` (`split_blocks`): whole tiles, as
+    many in each block as they allow (counts differ by at most one). Ceiling-sized blocks
+    left the last one short: 7 panels of columns (N = 196) made blocks of 128 and 68."""
+    b = k.b
+    tiles = k.floordiv(b.add(extent, b.sub(tile, k.i64(1))), tile)
+    start = b.mul(k.floordiv(b.mul(t, tiles), count), tile)
+    end = b.mul(k.floordiv(b.mul(b.add(t, k.i64(1)), tiles), count), tile)
+    return start, b.sub(k.minimum("int64", end, extent), start)
 
 
 def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,
@@ -616,19 +628,19 @@ def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir
     isa = isa_of(k.module)
     b = k.b
     # (a block of a pre-packed operand starts on one of its panels)
-    by_rows, block, count, other = split_blocks(k, m, n, PACK_ROWS if layout.packed_a else isa.mr,
-                                                PACK_COLS if layout.packed_b else isa.nr)
+    by_rows, block, count, other, tile = split_blocks(
+        k, m, n, PACK_ROWS if layout.packed_a else isa.mr, PACK_COLS if layout.packed_b else isa.nr)
     bias_v = bias if bias is not None else ir.Constant(PTR, None)
     res_v = residual if residual is not None else ir.Constant(PTR, None)
-    carry = [m, n, kk, a, lda, b_ptr, ldb, c, ldc, bias_v, res_v, block, b.zext(by_rows, I64)]
+    carry = [m, n, kk, a, lda, b_ptr, ldb, c, ldc, bias_v, res_v, count, tile,
+             b.zext(by_rows, I64)]
     with k.parallel_loop(count, cost=b.mul(b.mul(block, other), kk), name="gemm",
                          carry=carry) as t:
-        (m_, n_, kk_, a_, lda_, b_, ldb_, c_, ldc_, bias_, res_, block_, rows_flag) = k.carried
+        (m_, n_, kk_, a_, lda_, b_, ldb_, c_, ldc_, bias_, res_, count_, tile_,
+         rows_flag) = k.carried
         bb = k.b
-        start = bb.mul(t, block_)
         rows = bb.icmp_signed("!=", rows_flag, k.i64(0))
-        extent_ = bb.select(rows, m_, n_)
-        size = k.minimum("int64", bb.sub(extent_, start), block_)
+        start, size = block_span(k, t, count_, bb.select(rows, m_, n_), tile_)
         # rows block: A and C move down; columns block: B and C move right (and the bias
         # with them when it is per column)
         a_off = bb.select(rows, start if layout.a_columns else bb.mul(start, lda_), k.i64(0))

@@ -71,7 +71,7 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.emitter import I8, I32, I64, PTR, Emitter, splat
-from cuvil.compiler.codegen.gemm_kernel import split_blocks
+from cuvil.compiler.codegen.gemm_kernel import block_span, split_blocks
 
 I16 = ir.IntType(16)
 F32 = ir.FloatType()
@@ -767,13 +767,13 @@ def _parallel(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, l
     isa = int8_isa_of(k.module)
     b = k.b
     null = ir.Constant(PTR, None)
-    by_rows, block, count, other = split_blocks(k, m, n, isa.mr, PACK_COLS)
+    by_rows, block, count, other, tile = split_blocks(k, m, n, isa.mr, PACK_COLS)
     a_scale_bits = b.zext(b.bitcast(a_scale if a_scale is not None else ir.Constant(F32, 1.0),
                                     I32), I64)
     carry = [m, n, kk, a, lda, b.sext(a_zero, I64), panels, colsum, beta, c, ldc,
              scale if scale is not None else null, a_scale_bits,
              bias if bias is not None else null,
-             b.sext(c_zero if c_zero is not None else ir.Constant(I32, 0), I64), block,
+             b.sext(c_zero if c_zero is not None else ir.Constant(I32, 0), I64), count, tile,
              b.zext(by_rows, I64), post_scale if post_scale is not None else null,
              post_shift if post_shift is not None else null]
     out_t = _out_type(epilogue)
@@ -781,11 +781,10 @@ def _parallel(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, l
     with k.parallel_loop(count, cost=b.mul(b.mul(block, other), kk), name="qgemm",
                          carry=carry) as t:
         (m_, n_, kk_, a_, lda_, az_, panels_, colsum_, beta_, c_, ldc_, scale_, as_, bias_,
-         cz_, block_, rows_flag, post_scale_, post_shift_) = k.carried
+         cz_, count_, tile_, rows_flag, post_scale_, post_shift_) = k.carried
         bb = k.b
-        start = bb.mul(t, block_)
         rows = bb.icmp_signed("!=", rows_flag, k.i64(0))
-        size = k.minimum("int64", bb.sub(bb.select(rows, m_, n_), start), block_)
+        start, size = block_span(k, t, count_, bb.select(rows, m_, n_), tile_)
         col0 = bb.select(rows, k.i64(0), start)
         kp = bb.and_(bb.add(kk_, k.i64(GROUP - 1)), k.i64(-GROUP))
         _call(k, bb.select(rows, size, m_), bb.select(rows, n_, size), kk_,

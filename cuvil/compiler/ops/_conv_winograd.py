@@ -72,10 +72,14 @@ WINOGRAD_TILE = "cuvil.winograd_tile"
 #: output tile edges `winograd_tile` chooses from (see the module docstring on accuracy)
 TILES = (2, 4)
 #: `winograd_cost`'s constants: multiply-adds per transformed element, per float of U that
-#: streams from memory, and the floats of U the caches keep from one call to the next
+#: streams from memory, and the floats of U the caches keep from one call to the next. In a
+#: model, the other layers' weights and maps pass through the cache between two calls of a
+#: layer: a quarter of a 2 MB L2 (1 << 20 floats, fitted to layers timed alone, chose F(4x4)
+#: for SqueezeNet's 13x13 layers, whose 2.4 MB U then streamed in: 500 us a call where F(2x2)
+#: takes 390, one thread, in the model)
 TRANSFORM = 16
 STREAM = 16
-CACHED = 1 << 20
+CACHED = 1 << 17
 #: interpolation points of F(m x m, 3 x 3) (alpha - 1 of them; the last point is infinity)
 POINTS = {2: (0, 1, -1), 4: (0, 1, -1, 2, -2), 6: (0, 1, -1, 2, -2, 0.5, -0.5)}
 #: below these the transforms cost more than the multiplies they save, and the products'
@@ -169,7 +173,8 @@ def winograd_cost(m: int, c: int, out_c: int, oh: int, ow: int) -> float:
         alpha^2 T (C M + TRANSFORM (C + M)) + STREAM max(0, alpha^2 C M - CACHED) blocks
 
     for T tiles: the point products, the transforms (per element of V and of the products),
-    and U's floats beyond what the caches keep, which stream from memory at every call and
+    and U's floats beyond what the caches keep from one call of the layer to the next in a
+    model (CACHED), which stream from memory at every call and
     for every block of tiles (see `_Plan`), each used only T times: U is 37 MB for a layer
     of 512 channels at F(4x4), 16 MB at F(2x2), which makes more products than F(4x4) but a
     U 2.25x smaller. The constants are fitted to layers of
