@@ -277,6 +277,27 @@ def test_qdq_model_has_per_channel_symmetric_int8_weights_and_keeps_float_layers
         quantize_model(CNN, QuantizeSettings([{"image": x_train[:8]}], keep_float=("/fc3/Gemm",)))
 
 
+def test_an_export_onnxruntime_cannot_infer_symbolically_still_quantizes() -> None:
+    # torch's attention export with symbolic batch and sequence stops onnxruntime's symbolic
+    # shape inference ("Incomplete symbolic shape inference"); onnx's shape inference is enough
+    model = onnx.load(REPO / "tests" / "data" / "transformer_encoder.onnx")
+    rng = np.random.default_rng(5)
+    feeds = [{"features": rng.standard_normal((2, 7, 12)).astype(np.float32),
+              "padding": np.zeros((2, 7), bool)} for _ in range(4)]
+    said: list[str] = []
+    qdq = quantize_model(model, QuantizeSettings(feeds), log=said.append)
+    assert any("symbolic shape inference failed" in line for line in said), said
+    products = [n for n in qdq.graph.node if n.op_type in ("MatMul", "Gemm")]
+    dequantized = {o for n in qdq.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    assert products and all(n.input[1] in dequantized for n in products)
+    test = {"features": rng.standard_normal((3, 5, 12)).astype(np.float32),
+            "padding": np.zeros((3, 5), bool)}
+    (want,) = ort.InferenceSession(qdq.SerializeToString(),
+                                   providers=["CPUExecutionProvider"]).run(None, test)
+    (got,) = cuvil.compile(qdq).run(test).values()
+    np.testing.assert_allclose(got, want, atol=0.05 * float(np.abs(want).max()))
+
+
 def test_missing_onnxruntime_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` fails
     monkeypatch.setitem(sys.modules, "onnxruntime.quantization", None)

@@ -105,8 +105,7 @@ def quantize_with_reference(source: str | Path | onnx.ModelProto, settings: Quan
         printed = io.StringIO()  # onnxruntime prints its calibration progress to stdout
         try:
             with contextlib.redirect_stdout(printed):
-                quantization.shape_inference.quant_pre_process(
-                    str(original), str(prepared), save_as_external_data=large)
+                _pre_process(quantization, original, prepared, large, say)
                 _flatten_gemm_biases(prepared, large)
                 quantization.quantize_static(
                     str(prepared), str(output), Reader(),
@@ -129,6 +128,19 @@ def quantize_with_reference(source: str | Path | onnx.ModelProto, settings: Quan
             if line.strip():
                 say(f"cuvil: onnxruntime: {line.strip()}")
         return Quantized(onnx.load(str(prepared)), onnx.load(str(output)), feeds)
+
+
+def _pre_process(quantization: Any, original: Path, prepared: Path, large: bool, say: Log) -> None:
+    """onnxruntime's pre-processing; its symbolic shape inference gives up on some exports
+    (torch's attention with symbolic batch and sequence: "Incomplete symbolic shape
+    inference"), and then onnx's own shape inference, which it also runs, is enough."""
+    run = quantization.shape_inference.quant_pre_process
+    try:
+        run(str(original), str(prepared), save_as_external_data=large)
+    except Exception as exc:  # onnxruntime raises a bare Exception here
+        say(f"cuvil: onnxruntime's symbolic shape inference failed ({exc}); pre-processing "
+            "with onnx's shape inference only")
+        run(str(original), str(prepared), save_as_external_data=large, skip_symbolic_shape=True)
 
 
 def _flatten_gemm_biases(path: Path, large: bool) -> None:
