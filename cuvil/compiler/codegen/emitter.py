@@ -9,7 +9,7 @@ that LLVM's vectorizer recognises them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -394,6 +394,18 @@ class Emitter:
         v = self.b.fadd(a, b)
         v.flags.extend(REDUCE_FLAGS)
         return v
+
+    def reduce_lanes(self, v: ir.Value, combine: Callable[[ir.Value, ir.Value], ir.Value]) -> ir.Value:
+        """combine over the lanes of vector v, halving it each step: log2(lanes) shuffles."""
+        lanes = v.type.count
+        while lanes > 1:
+            half = lanes // 2
+            mask = ir.VectorType(ir.IntType(32), half)
+            low = self.b.shuffle_vector(v, v, ir.Constant(mask, list(range(half))))
+            high = self.b.shuffle_vector(v, v, ir.Constant(mask, list(range(half, lanes))))
+            v = combine(low, high)
+            lanes = half
+        return self.b.extract_element(v, ir.Constant(ir.IntType(32), 0))
 
     def fmul_add(self, a: ir.Value, b: ir.Value, acc: ir.Value) -> ir.Value:
         """acc + a*b, allowed to fuse into one FMA and to be reassociated across a loop."""

@@ -98,8 +98,9 @@ class _Writer:
             b.store(larger(v, b.load(hi[lanes])), hi[lanes])
 
         self.passes(extremes)
-        mn = smaller(self.reduce(b.load(lo[w]), smaller), self.reduce(b.load(lo[1]), smaller))
-        mx = larger(self.reduce(b.load(hi[w]), larger), self.reduce(b.load(hi[1]), larger))
+        lanes_of = self.k.reduce_lanes
+        mn = smaller(lanes_of(b.load(lo[w]), smaller), lanes_of(b.load(lo[1]), smaller))
+        mx = larger(lanes_of(b.load(hi[w]), larger), lanes_of(b.load(hi[1]), larger))
         span = b.select(b.fcmp_ordered("==", mn, mx), ir.Constant(F32, 1.0), b.fsub(mx, mn))
         scale = b.fdiv(span, ir.Constant(F32, 255.0))
         zero = self.saturate(b.fsub(ir.Constant(F32, 0.0), b.fdiv(mn, scale)))
@@ -135,16 +136,3 @@ class _Writer:
         r = b.select(b.fcmp_unordered("<", r, lo), lo, r)
         r = b.select(b.fcmp_ordered(">", r, hi), hi, r)
         return b.fptosi(r, ir.VectorType(I32, lanes) if lanes else I32)
-
-    def reduce(self, v: ir.Value, combine: Callable[[ir.Value, ir.Value], ir.Value]) -> ir.Value:
-        """combine over the lanes of v, halving the vector each step."""
-        b = self.k.b
-        lanes = v.type.count
-        while lanes > 1:
-            half = lanes // 2
-            mask = ir.VectorType(I32, half)
-            low = b.shuffle_vector(v, v, ir.Constant(mask, list(range(half))))
-            high = b.shuffle_vector(v, v, ir.Constant(mask, list(range(half, lanes))))
-            v = combine(low, high)
-            lanes = half
-        return b.extract_element(v, ir.Constant(I32, 0))

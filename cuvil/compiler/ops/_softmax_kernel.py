@@ -71,19 +71,6 @@ class _Writer:
         with k.loop(self.n, start=self.full, name="s") as i:
             scalar(i)
 
-    def reduce(self, v: ir.Value, combine: Callable[[ir.Value, ir.Value], ir.Value]) -> ir.Value:
-        """combine over the lanes of v, halving the vector each step."""
-        b = self.k.b
-        lanes = self.width
-        while lanes > 1:
-            half = lanes // 2
-            mask = ir.VectorType(I32, half)
-            lo = b.shuffle_vector(v, v, ir.Constant(mask, list(range(half))))
-            hi = b.shuffle_vector(v, v, ir.Constant(mask, list(range(half, lanes))))
-            v = combine(lo, hi)
-            lanes = half
-        return b.extract_element(v, ir.Constant(I32, 0))
-
     def write(self) -> None:
         k = self.k
         b = k.b
@@ -109,7 +96,7 @@ class _Writer:
         vmax, top = self.slot(self.vt, self.splat(low)), self.slot(F32, low)
         self.passes(lambda i: b.store(larger(vload(self.x, i), b.load(vmax)), vmax),
                     lambda i: b.store(larger(sload(self.x, i), b.load(top)), top))
-        mx = larger(self.reduce(b.load(vmax), larger), b.load(top))
+        mx = larger(self.k.reduce_lanes(b.load(vmax), larger), b.load(top))
         mv = self.splat(mx)
         vsum = self.slot(self.vt, ir.Constant(self.vt, None))
         total = self.slot(F32, ir.Constant(F32, 0.0))
@@ -125,7 +112,7 @@ class _Writer:
             b.store(add(b.load(total), e), total)
 
         self.passes(vexp, sexp)
-        inv = b.fdiv(ir.Constant(F32, 1.0), add(self.reduce(b.load(vsum), add), b.load(total)))
+        inv = b.fdiv(ir.Constant(F32, 1.0), add(self.k.reduce_lanes(b.load(vsum), add), b.load(total)))
         iv = self.splat(inv)
         self.passes(lambda i: b.store(b.fmul(vload(self.y, i), iv), self.ptr(self.y, i), align=4),
                     lambda i: b.store(b.fmul(sload(self.y, i), inv), self.ptr(self.y, i)))
