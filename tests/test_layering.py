@@ -29,7 +29,7 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
             "cuvil/compiler/verify.py")),
     ("kernels", ("cuvil/compiler/codegen/emitter.py", "cuvil/compiler/codegen/gemm_kernel.py",
                  "cuvil/compiler/codegen/gemv_kernel.py", "cuvil/compiler/codegen/int8_gemm_kernel.py",
-                 "cuvil/compiler/codegen/bf16_gemm_kernel.py",
+                 "cuvil/compiler/codegen/bf16_gemm_kernel.py", "cuvil/compiler/codegen/byte_transpose.py",
                  "cuvil/compiler/codegen/vecmath.py", "cuvil/compiler/codegen/activation.py")),
     ("ops", ("cuvil/compiler/ops/",)),
     ("frontend", ("cuvil/compiler/frontend/",)),
