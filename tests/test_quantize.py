@@ -277,7 +277,8 @@ def test_qdq_model_has_per_channel_symmetric_int8_weights_and_keeps_float_layers
         quantize_model(CNN, QuantizeSettings([{"image": x_train[:8]}], keep_float=("/fc3/Gemm",)))
 
 
-def test_an_export_onnxruntime_cannot_infer_symbolically_still_quantizes() -> None:
+def test_an_export_onnxruntime_cannot_infer_symbolically_still_quantizes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # torch's attention export with symbolic batch and sequence stops onnxruntime's symbolic
     # shape inference ("Incomplete symbolic shape inference"); onnx's shape inference is enough
     model = onnx.load(REPO / "tests" / "data" / "transformer_encoder.onnx")
@@ -285,8 +286,10 @@ def test_an_export_onnxruntime_cannot_infer_symbolically_still_quantizes() -> No
     feeds = [{"features": rng.standard_normal((2, 7, 12)).astype(np.float32),
               "padding": np.zeros((2, 7), bool)} for _ in range(4)]
     said: list[str] = []
+    monkeypatch.chdir(tmp_path)
     qdq = quantize_model(model, QuantizeSettings(feeds), log=said.append)
     assert any("symbolic shape inference failed" in line for line in said), said
+    assert not list(tmp_path.iterdir())  # nothing left in the working directory
     products = [n for n in qdq.graph.node if n.op_type in ("MatMul", "Gemm")]
     dequantized = {o for n in qdq.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     assert products and all(n.input[1] in dequantized for n in products)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import io
+import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -135,12 +136,17 @@ def _pre_process(quantization: Any, original: Path, prepared: Path, large: bool,
     (torch's attention with symbolic batch and sequence: "Incomplete symbolic shape
     inference"), and then onnx's own shape inference, which it also runs, is enough."""
     run = quantization.shape_inference.quant_pre_process
+    cwd = os.getcwd()
+    os.chdir(original.parent)  # it leaves temporary files in the working directory when it fails
     try:
-        run(str(original), str(prepared), save_as_external_data=large)
-    except Exception as exc:  # onnxruntime raises a bare Exception here
-        say(f"cuvil: onnxruntime's symbolic shape inference failed ({exc}); pre-processing "
-            "with onnx's shape inference only")
-        run(str(original), str(prepared), save_as_external_data=large, skip_symbolic_shape=True)
+        try:
+            run(str(original), str(prepared), save_as_external_data=large)
+        except Exception as exc:  # onnxruntime raises a bare Exception here
+            say(f"cuvil: onnxruntime's symbolic shape inference failed ({exc}); pre-processing "
+                "with onnx's shape inference only")
+            run(str(original), str(prepared), save_as_external_data=large, skip_symbolic_shape=True)
+    finally:
+        os.chdir(cwd)
 
 
 def _flatten_gemm_biases(path: Path, large: bool) -> None:
