@@ -24,7 +24,7 @@ from llvmlite import ir
 from cuvil.compiler.codegen.emitter import I8, I32, PTR, Emitter
 from cuvil.compiler.ir import Graph, Node, Value
 from cuvil.compiler.memory import MemoryPlan
-from cuvil.compiler.ops import lookup
+from cuvil.compiler.ops import lookup, replaced_constants
 
 #: values of the state word
 EMPTY, BUSY, READY = 0, 1, 2
@@ -128,26 +128,12 @@ def _fill_function(module: ir.Module, graph: Graph, plan: MemoryPlan, buffer: ir
 
 
 def _released_after(graph: Graph, plan: MemoryPlan) -> dict[Node, list[Value]]:
-    """The library's weights that only derived weights read (`Op.replaced_inputs`), by the
+    """The library's weights that only derived weights read (`replaced_constants`), by the
     node after whose fill none reads them. Dropping pages of the library's file is always
     safe (touched again, they are read again): this only picks the ones nothing touches."""
-    last: dict[Value, Node] = {}
-    kept: set[Value] = set(graph.outputs)
-    for node in graph.nodes:
-        op = lookup(node.domain, node.op_type, node.opset)
-        replaced = op.replaced_inputs(node) if op is not None and node in plan.derived else ()
-        for slot, v in enumerate(node.inputs):
-            if v is None:
-                continue
-            s = plan.storage.get(v)
-            if s is None or s.kind != "weights" or slot not in replaced:
-                kept.add(v)
-            else:
-                last[v] = node
     out: dict[Node, list[Value]] = {}
-    for v, node in last.items():
-        if v not in kept:
-            out.setdefault(node, []).append(v)
+    for v, node in replaced_constants(graph, plan.derived).items():
+        out.setdefault(node, []).append(v)
     return out
 
 

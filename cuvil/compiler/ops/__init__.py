@@ -11,6 +11,7 @@ import copy
 import functools
 import keyword
 import re
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -51,6 +52,7 @@ __all__ = [
     "normalize_axis",
     "register",
     "registered_ops",
+    "replaced_constants",
     "required_input",
     "schema",
     "unregister",
@@ -254,6 +256,23 @@ def lookup(domain: str, op_type: str, opset: int) -> Op | None:
 
 def registered_ops() -> dict[tuple[str, str], list[Op]]:
     return dict(_REGISTRY)
+
+
+def replaced_constants(graph: Graph, nodes: Container[Node]) -> dict[Value, Node]:
+    """The constants that only derived weights of `nodes` read (in `Op.replaced_inputs`
+    slots; no other slot of any node, not a graph output), each with its last such reader:
+    the code of the model never touches them."""
+    last: dict[Value, Node] = {}
+    read: set[Value] = set(graph.outputs)
+    for node in graph.nodes:
+        op = lookup(node.domain, node.op_type, node.opset) if node in nodes else None
+        replaced = op.replaced_inputs(node) if op is not None else ()
+        for slot, v in enumerate(node.inputs):
+            if v is not None and v.is_const and slot in replaced:
+                last[v] = node
+            elif v is not None:
+                read.add(v)
+    return {v: node for v, node in last.items() if v not in read}
 
 
 # -- the node's ONNX schema -----------------------------------------------------------------

@@ -17,7 +17,7 @@ import sympy
 
 from cuvil.compiler.ir import Dim, Graph, Node, Value, simplify_dim
 from cuvil.compiler.memory import MemoryPlan, Storage
-from cuvil.compiler.ops import lookup
+from cuvil.compiler.ops import lookup, replaced_constants
 from cuvil.compiler.ops.control import PLANS, SubgraphOp, planning_graph
 
 ALIGN = 64
@@ -58,25 +58,14 @@ def plan_memory(graph: Graph, *, body: bool = False) -> MemoryPlan:
         plan.storage[inp] = Storage("input", i)
 
     # derived weights the compiler computes: stored in the blob; the constants only they
-    # replace (`Op.replaced_inputs`) are not, their readers' code never touches them
-    replaced: dict[Value, int] = {}
+    # replace are not, their readers' code never touches them
     for node in graph.nodes:
         op = lookup(node.domain, node.op_type, node.opset)
         value = op.derived_value(node) if op is not None else None
         if value is not None:
             plan.stored[node] = _add_bytes(plan, value.tobytes())
-            for slot in op.replaced_inputs(node):  # type: ignore[union-attr]
-                v = node.inputs[slot]
-                if v is not None and v.is_const:
-                    replaced.setdefault(v, plan.stored[node])
-    read = {v for node in graph.nodes for slot, v in enumerate(node.inputs)
-            if v is not None and not (node in plan.stored and slot in
-                                      lookup(node.domain, node.op_type, node.opset)
-                                      .replaced_inputs(node))}  # type: ignore[union-attr]
-    read.update(graph.outputs)
-    for v, offset in replaced.items():
-        if v not in read:
-            plan.storage[v] = Storage("weights", offset=offset)  # an address nothing reads
+    for const, reader in replaced_constants(graph, plan.stored).items():
+        plan.storage[const] = Storage("weights", offset=plan.stored[reader])  # nothing reads it
 
     for node in graph.nodes:
         for v in node.inputs:
