@@ -400,12 +400,12 @@ class Emitter:
         lanes = v.type.count
         while lanes > 1:
             half = lanes // 2
-            mask = ir.VectorType(ir.IntType(32), half)
+            mask = ir.VectorType(I32, half)
             low = self.b.shuffle_vector(v, v, ir.Constant(mask, list(range(half))))
             high = self.b.shuffle_vector(v, v, ir.Constant(mask, list(range(half, lanes))))
             v = combine(low, high)
             lanes = half
-        return self.b.extract_element(v, ir.Constant(ir.IntType(32), 0))
+        return self.b.extract_element(v, ir.Constant(I32, 0))
 
     def fmul_add(self, a: ir.Value, b: ir.Value, acc: ir.Value) -> ir.Value:
         """acc + a*b, allowed to fuse into one FMA and to be reassociated across a loop."""
@@ -528,13 +528,12 @@ def prefetch(b: ir.IRBuilder, ptr: ir.Value) -> None:
     """A hint to bring the cache line at ptr into the innermost cache (llvm.prefetch: read,
     high locality, data): it never faults, so ptr may lie past the end of a buffer."""
     module = b.block.function.module
+    i32 = ir.IntType(32)
     try:
         fn = module.get_global("llvm.prefetch.p0")
     except KeyError:
-        i32 = ir.IntType(32)
         fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, i32, i32, i32]),
                          "llvm.prefetch.p0")
-    i32 = ir.IntType(32)
     b.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
 
