@@ -61,8 +61,7 @@ def link(tmp_path: Path, arch_name: str, extra: tuple[str, ...] = ()) -> Path:
     source = tmp_path / "tiny.c"
     source.write_text("static int helper(int x) { return 2 * x; }\n" + SOURCE)
     objects = [zig.compile_c(source, tmp_path / f"tiny.{arch_name}.o", arch),
-               zig.compile_c(THREADPOOL_SOURCE, tmp_path / f"threadpool.{arch_name}.o", arch,
-                             defines={"CUVIL_MODEL": "tiny"}),
+               zig.compile_c(THREADPOOL_SOURCE, tmp_path / f"threadpool.{arch_name}.o", arch),
                zig.compile_c(CLOCK_SOURCE, tmp_path / f"clock.{arch_name}.o", arch)]
     return zig.link_shared(objects, tmp_path / arch_name / "_tiny.dylib", arch, "macho", "_tiny.dylib",
                            libs=("m", "pthread"), strip=True, extra_args=extra)

@@ -207,9 +207,7 @@ def _compile(source: Any, name: str, workdir: Path, tgt: Target, *,
         zig.embed_blob(blob, symbol_names(name)["weights"], weights_obj, arch, tgt.object_format,
                        log=log)
         runtime_objs = [
-            # the thread pool's exports are named after the model (CUVIL_MODEL)
-            zig.compile_c(RUNTIME_SOURCE, workdir / f"threadpool.{arch.name}.o", arch,
-                          defines={"CUVIL_MODEL": name}, log=log),
+            zig.compile_c(RUNTIME_SOURCE, workdir / f"threadpool.{arch.name}.o", arch, log=log),
             zig.compile_c(CLOCK_SOURCE, workdir / f"clock.{arch.name}.o", arch, log=log)]
         objects[arch.name] = [*objs, weights_obj, *runtime_objs]
     libs: tuple[str, ...] = ("m", "pthread")

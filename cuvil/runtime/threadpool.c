@@ -53,6 +53,7 @@
 #include <stdlib.h>
 #ifdef __linux__
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #endif
 #include <time.h>
 #include <unistd.h>
@@ -235,6 +236,12 @@ static uint32_t wait_for_job(uint32_t seen, int spin, int64_t idle_until) {
 
 static void *worker(void *arg) {
     int index = (int)(intptr_t)arg;
+    /* named, so that top -H, gdb and tests tell the pool's threads from the process's others */
+#if defined(__linux__)
+    prctl(PR_SET_NAME, "cuvil-pool", 0, 0, 0);
+#elif defined(__APPLE__)
+    pthread_setname_np("cuvil-pool");
+#endif
     uint32_t gen = pool.slot[index].seen; /* written before this thread was created */
     int took_part = 1;
     /* idle means not taking part: jobs limited to fewer threads do not keep this one alive */
@@ -563,21 +570,15 @@ HIDDEN int32_t cuvil_cpuid_bit(int32_t word, int32_t unused_a, int32_t unused_b,
 }
 #endif
 
-#ifdef CUVIL_MODEL
-/* the library's exports, cuvil_<model>_* like the rest of its C ABI (see the header) */
-#define CUVIL_PASTE(a, b, c) a##b##c
-#define CUVIL_NAME(a, b, c) CUVIL_PASTE(a, b, c)
-#ifdef _WIN32
-#define EXPORT(part) __declspec(dllexport) CUVIL_NAME(cuvil_, CUVIL_MODEL, part)
-#else
-#define EXPORT(part) __attribute__((visibility("default"))) CUVIL_NAME(cuvil_, CUVIL_MODEL, part)
-#endif
-
-const struct cuvil_pool *EXPORT(_thread_pool)(void) {
+/* What the library's exports cuvil_<model>_thread_pool, _use_thread_pool and
+   _set_thread_limit (see the header) call. The exported wrappers carry the model's name and
+   are generated with the CPU dispatcher (codegen/dispatch.py), so this file compiles to the
+   same object for every model: zig's cache serves it after the first build. */
+HIDDEN const struct cuvil_pool *cuvil_pool_active(void) {
     return __atomic_load_n(&active_pool, __ATOMIC_ACQUIRE);
 }
 
-int32_t EXPORT(_use_thread_pool)(const struct cuvil_pool *other) {
+HIDDEN int32_t cuvil_pool_use(const struct cuvil_pool *other) {
     if (other == NULL) other = &own_pool;
     /* a later version only adds fields at the end */
     if (other->version < POOL_VERSION || other->struct_size < sizeof(struct cuvil_pool)) return -1;
@@ -585,11 +586,10 @@ int32_t EXPORT(_use_thread_pool)(const struct cuvil_pool *other) {
     return 0;
 }
 
-void EXPORT(_set_thread_limit)(int32_t threads) {
+HIDDEN void cuvil_pool_set_thread_limit(int32_t threads) {
     if (threads < 0) threads = 0;
     if (threads == 0 && !__atomic_load_n(&limit_key_ready, __ATOMIC_ACQUIRE)) return;
     pthread_once(&limit_key_once, make_limit_key);
     if (__atomic_load_n(&limit_key_ready, __ATOMIC_ACQUIRE))
         pthread_setspecific(limit_key, (void *)(intptr_t)threads);
 }
-#endif

@@ -1,5 +1,6 @@
-"""The C source of the CPU check every library exports and of the exported `run` that picks
-the best copy of the model code for the CPU.
+"""The C source of the exports every library writes in C: the CPU check, the `run` that picks
+the best copy of the model code for the CPU, and the thread pool's exports (named after the
+model, so runtime/threadpool.c itself stays the same object for every model).
 
 `cuvil_<m>_cpu_check` (see header.py) tests the flags the lowest copy needs. This file is
 compiled for the architecture's first cpu (`Arch.plain`: x86-64 v1, Armv8.0-A), so that the
@@ -122,7 +123,8 @@ def render_dispatcher(model: str, requires: Sequence[Sequence[str]], x86: bool =
         lines.append(f"    else if ({cond}) level = {i};")
     lines += ["    else level = 0;",
               "    __atomic_store_n(&cuvil_level, level, __ATOMIC_RELAXED);", "    return level;",
-              "}", "", *_check_function(model, requires[0], "cuvil_pick()", x86), ""]
+              "}", "", *_check_function(model, requires[0], "cuvil_pick()", x86), "",
+              *_pool_exports(model), ""]
     for entry, params, args in _ENTRY_POINTS:
         lines += [f'CUVIL_EXPORT int32_t {symbol_names(model)[entry]}({params}) {{',
                   "    switch (cuvil_pick()) {",
@@ -149,6 +151,20 @@ def _check_function(model: str, flags: Sequence[str], level: str, x86: bool) -> 
                   "            missing[n++] = *name;"]
     lines += ["    missing[n] = 0;", f"    return {level};", "}"]
     return lines
+
+
+def _pool_exports(model: str) -> list[str]:
+    """The model's names for the thread pool's entry points (runtime/threadpool.c)."""
+    return ["struct cuvil_pool;",
+            "const struct cuvil_pool *cuvil_pool_active(void);",
+            "int32_t cuvil_pool_use(const struct cuvil_pool *other);",
+            "void cuvil_pool_set_thread_limit(int32_t threads);", "",
+            f"CUVIL_EXPORT const struct cuvil_pool *cuvil_{model}_thread_pool(void) {{",
+            "    return cuvil_pool_active();", "}", "",
+            f"CUVIL_EXPORT int32_t cuvil_{model}_use_thread_pool(const struct cuvil_pool *other) {{",
+            "    return cuvil_pool_use(other);", "}", "",
+            f"CUVIL_EXPORT void cuvil_{model}_set_thread_limit(int32_t threads) {{",
+            "    cuvil_pool_set_thread_limit(threads);", "}"]
 
 
 _PARAMS = "const void *const *inputs, void *const *outputs, const int64_t *dims, void *ws"
