@@ -135,8 +135,10 @@ class Built:
 
 def compile_harness(arch: Arch, include: Path, output: Path) -> Path:
     """The harness for `arch`, for model "net" whose header lies in `include`, compiled for
-    the plain architecture (it must run on CPUs below the library's baseline)."""
-    plain = arch.plain
+    the plain architecture (it must run on CPUs below the library's baseline). Not on
+    Windows: wine runs it on the host's CPU only, and zig builds MinGW's C runtime once for
+    each CPU model a program or DLL is compiled for, which takes minutes on a fresh cache."""
+    plain = arch if arch.os == "windows" else arch.plain
     mcpu = zig.zig_mcpu(plain)
     # musl: a dynamic executable (zig links musl statically by default), run by musl's loader
     linux = ["-ldl", *(["-dynamic"] if plain.libc == "musl" else [])] if plain.os == "linux" else []

@@ -7,6 +7,7 @@ does the same in a temporary directory and loads the result for calling.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import tempfile
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from cuvil.compiler.codegen.dispatch import render_dispatcher
+from cuvil.compiler.codegen.kernel_objects import KernelRequest, KernelSet, kernel_module_ir
 from cuvil.compiler.codegen.module import build_module, symbol_names
 from cuvil.compiler.frontend import import_model
 from cuvil.compiler.frontend.calibration import CalibrationSource
@@ -266,20 +268,56 @@ def _compile_arch(graph: Graph, plan: Any, sig: dict[str, Any], arch: Any, workd
         say(f"cuvil: {name}: generating code for {arch.llvm_triple} (cpu {level_cpu})")
         start = time.perf_counter()
         obj = workdir / f"{name}.{arch.name}.{index}.o"
+        kernels = KernelSet(kernel_tag(arch.llvm_triple, data_layout, features, machine))
         # LLVM's optimizer runs in a worker process: it keeps memory nothing frees
         obj.write_bytes(emit_object_isolated(build_module(graph, plan, name, sig["checksum"],
                                                           arch.llvm_triple, data_layout,
-                                                          features=features,
-                                                          variant=index),
+                                                          features=features, variant=index,
+                                                          kernels=kernels),
                                              machine))
-        say(f"cuvil: {name}: wrote {obj.name} (LLVM -O{opt_level}) in "
-            f"{time.perf_counter() - start:.2f} s")
         objects.append(obj)
+        for request in kernels.requests.values():
+            kernel_obj = workdir / f"{request.symbol}.o"
+            kernel_obj.write_bytes(_kernel_object(request, arch.llvm_triple, data_layout,
+                                                  features, machine))
+            objects.append(kernel_obj)
+        say(f"cuvil: {name}: wrote {obj.name} and {len(kernels.requests)} kernel objects "
+            f"(LLVM -O{opt_level}) in {time.perf_counter() - start:.2f} s")
     source = workdir / f"{name}.cpu_check.c"
     source.write_text(render_dispatcher(name, [requires for _, _, requires in levels], arch.is_x86))
     objects.append(zig.compile_c(source, workdir / f"{name}.{arch.name}.cpu_check.o",
                                  arch.plain, log=log))
     return objects
+
+
+def kernel_tag(triple: str, data_layout: str, features: str, machine: Mapping[str, Any]) -> str:
+    """What kernel symbols carry: a digest of everything their object code depends on beside
+    their name (codegen/kernel_objects.py)."""
+    text = repr((triple, data_layout, features, sorted(machine.items())))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+#: object code of the kernels this process compiled: (symbol, triple, layout, features,
+#: machine) -> bytes. Kernels depend on the compiler's code only, which a process does not
+#: change, and a model's build reuses what the previous ones compiled.
+_kernel_objects: dict[tuple[Any, ...], bytes] = {}
+#: bytes the cache may hold (a kernel object is some 10-100 KB)
+KERNEL_CACHE_BYTES = 256 << 20
+
+
+def _kernel_object(request: KernelRequest, triple: str, data_layout: str, features: str,
+                   machine: Mapping[str, Any]) -> bytes:
+    from cuvil.toolchains.llvm import emit_object_isolated
+
+    key = (request.symbol, triple, data_layout, features, tuple(sorted(machine.items())))
+    code = _kernel_objects.get(key)
+    if code is None:
+        code = emit_object_isolated(kernel_module_ir(request, triple, data_layout, features),
+                                    dict(machine))
+        if sum(map(len, _kernel_objects.values())) + len(code) > KERNEL_CACHE_BYTES:
+            _kernel_objects.clear()
+        _kernel_objects[key] = code
+    return code
 
 
 def compile_in_process(

@@ -51,6 +51,7 @@ from llvmlite import ir
 from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.emitter import I1, I8, I32, I64, PTR, Emitter, splat
 from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue, block_span, split_blocks
+from cuvil.compiler.codegen.kernel_objects import kernel_function
 
 F32 = ir.FloatType()
 I16 = ir.IntType(16)
@@ -184,15 +185,8 @@ def bf16_gemm_function(module: ir.Module, side: str, epilogue: Epilogue = PLAIN)
     elements; C's and the residual's rows are ldc apart."""
     assert side in ("a", "b"), side
     name = f"cuvil.bf16gemm.{side}.{epilogue.suffix}"
-    try:
-        return module.get_global(name)
-    except KeyError:
-        pass
-    chain = bf16_isas_of(module)
 
-    def define(fn_name: str, isa: Bf16Isa) -> ir.Function:
-        fn = ir.Function(module, _TYPE, fn_name)
-        fn.linkage = "internal"
+    def define_isa(module: ir.Module, fn: ir.Function, isa: Bf16Isa) -> None:
         fn.attributes.add("noinline")
         for i in (3, 5, 7, 10, 11):
             fn.args[i].add_attribute("noalias")
@@ -202,21 +196,25 @@ def bf16_gemm_function(module: ir.Module, side: str, epilogue: Epilogue = PLAIN)
             # llvmlite knows no string attributes: this one is written as it is
             set.add(fn.attributes, f'"target-features"="{features}"')
         _Writer(module, fn, isa, side, epilogue).write()
-        return fn
 
-    if len(chain) == 1:
-        return define(name, chain[0])
-    kernels = [define(f"{name}.{isa.kind}", isa) for isa in chain]
-    fn = ir.Function(module, _TYPE, name)
-    fn.linkage = "internal"
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    for isa, kernel in zip(chain[:-1], kernels[:-1]):
-        with b.if_then(_gate(module, b, isa)):
-            b.call(kernel, fn.args)
-            b.ret_void()
-    b.call(kernels[-1], fn.args)
-    b.ret_void()
-    return fn
+    def define(module: ir.Module, fn: ir.Function) -> None:
+        chain = bf16_isas_of(module)
+        if len(chain) == 1:
+            define_isa(module, fn, chain[0])
+            return
+        kernels = [ir.Function(module, _TYPE, f"{name}.{isa.kind}") for isa in chain]
+        for kernel, isa in zip(kernels, chain):
+            kernel.linkage = "internal"
+            define_isa(module, kernel, isa)
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        for isa, kernel in zip(chain[:-1], kernels[:-1]):
+            with b.if_then(_gate(module, b, isa)):
+                b.call(kernel, fn.args)
+                b.ret_void()
+        b.call(kernels[-1], fn.args)
+        b.ret_void()
+
+    return kernel_function(module, name, _TYPE, define)
 
 
 def _gate(module: ir.Module, b: ir.IRBuilder, isa: Bf16Isa) -> ir.Value:

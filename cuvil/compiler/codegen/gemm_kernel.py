@@ -45,6 +45,7 @@ from cuvil.compiler.codegen.emitter import (
     prefetch,
     splat,
 )
+from cuvil.compiler.codegen.kernel_objects import kernel_function
 
 F32 = ir.FloatType()
 
@@ -146,6 +147,10 @@ class Epilogue:
 PLAIN = Epilogue()
 
 
+_GEMM_TYPE = ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, PTR, I64, PTR, I64, I1, PTR,
+                                             PTR])
+
+
 def gemm_function(module: ir.Module, epilogue: Epilogue = PLAIN,
                   layout: Layout = ROW_MAJOR) -> ir.Function:
     """`void gemm(M, N, K, A, lda, B, ldb, C, ldc, accumulate, bias, residual)` (all i64 but
@@ -157,23 +162,18 @@ def gemm_function(module: ir.Module, epilogue: Epilogue = PLAIN,
     an A by columns has A[i, k] at a[k * lda + i]; a packed B, `pack_b` of the [K, N] one
     (ldb is not read).
     """
-    name = f"cuvil.gemm.{epilogue.suffix}{layout.suffix}"
-    try:
-        return module.get_global(name)
-    except KeyError:
-        pass
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, PTR, I64,
-                                                            PTR, I64, I1, PTR, PTR]), name)
-    fn.linkage = "internal"
-    # one shared copy: inlined into each caller, LLVM would specialize and unroll it for every
-    # call's constant sizes, multiplying compile time and code size for no speed
-    fn.attributes.add("noinline")
-    for i in (3, 5, 7, 10, 11):
-        fn.args[i].add_attribute("noalias")
-    isa = isa_of(module)
-    assert PACK_ROWS % isa.mr == 0 and PACK_COLS % isa.nr == 0, isa
-    _GemmWriter(module, fn, isa, epilogue, layout).write()
-    return fn
+    def define(module: ir.Module, fn: ir.Function) -> None:
+        # one shared copy: inlined into each caller, LLVM would specialize and unroll it for
+        # every call's constant sizes, multiplying compile time and code size for no speed
+        fn.attributes.add("noinline")
+        for i in (3, 5, 7, 10, 11):
+            fn.args[i].add_attribute("noalias")
+        isa = isa_of(module)
+        assert PACK_ROWS % isa.mr == 0 and PACK_COLS % isa.nr == 0, isa
+        _GemmWriter(module, fn, isa, epilogue, layout).write()
+
+    return kernel_function(module, f"cuvil.gemm.{epilogue.suffix}{layout.suffix}", _GEMM_TYPE,
+                           define)
 
 
 #: K is walked in blocks of KC: one packed panel of B (KC x NR floats, 16 KB with AVX2) then

@@ -39,6 +39,7 @@ from cuvil.compiler.codegen.emitter import (
     splat,
 )
 from cuvil.compiler.codegen.gemm_kernel import PACK_COLS, PLAIN, Epilogue, isa_of
+from cuvil.compiler.codegen.kernel_objects import kernel_function
 
 F32 = ir.FloatType()
 #: the most rows of A the kernel takes: each more row is one more set of accumulators
@@ -68,18 +69,18 @@ def gemv_function(module: ir.Module, rows: int, layout: str, epilogue: Epilogue,
     assert 1 <= rows <= MAX_ROWS and layout in LAYOUTS
     name = (f"cuvil.gemv{rows}.{layout}.{epilogue.suffix}"
             + (f".a{struct.pack('<f', alpha).hex()}" if alpha != 1.0 else ""))
-    try:
-        return module.get_global(name)
-    except KeyError:
-        pass
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64, I64, PTR, I64, PTR, I64, PTR,
-                                                            I64, I1, PTR, PTR, I64, I64]), name)
-    fn.linkage = "internal"
-    fn.attributes.add("noinline")
-    for i in (2, 4, 6, 9, 10):
-        fn.args[i].add_attribute("noalias")
-    _GemvWriter(module, fn, rows, layout, epilogue, alpha).write()
-    return fn
+
+    def define(module: ir.Module, fn: ir.Function) -> None:
+        fn.attributes.add("noinline")
+        for i in (2, 4, 6, 9, 10):
+            fn.args[i].add_attribute("noalias")
+        _GemvWriter(module, fn, rows, layout, epilogue, alpha).write()
+
+    return kernel_function(module, name, _GEMV_TYPE, define)
+
+
+_GEMV_TYPE = ir.FunctionType(ir.VoidType(), [I64, I64, PTR, I64, PTR, I64, PTR, I64, I1, PTR, PTR,
+                                             I64, I64])
 
 
 class _GemvWriter:

@@ -72,6 +72,7 @@ from llvmlite import ir
 from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.emitter import I8, I32, I64, PTR, Emitter, splat
 from cuvil.compiler.codegen.gemm_kernel import block_span, split_blocks
+from cuvil.compiler.codegen.kernel_objects import kernel_function
 
 I16 = ir.IntType(16)
 F32 = ir.FloatType()
@@ -245,17 +246,10 @@ def int8_gemm_function(module: ir.Module, a_signed: bool, row_sums: bool,
     and whose colsum and beta (int32) at colsum and beta. M, N, K, lda, ldc are i64, a_zero and
     c_zero i32, a_scale float; scale, bias, post_scale and post_shift (N values) are read only
     when the epilogue uses them."""
-    isa = int8_isa_of(module)
     key = f"{int(a_signed)}{int(row_sums)}.{epilogue.suffix}"
     name = f"cuvil.qgemm.{key}"
-    try:
-        return module.get_global(name)
-    except KeyError:
-        pass
 
-    def define(fn_name: str, kind_isa: Int8Isa) -> ir.Function:
-        fn = ir.Function(module, _QGEMM_TYPE, fn_name)
-        fn.linkage = "internal"
+    def define_isa(module: ir.Module, fn: ir.Function, kind_isa: Int8Isa) -> None:
         fn.attributes.add("noinline")
         for i in (3, 6, 9):
             fn.args[i].add_attribute("noalias")
@@ -265,24 +259,28 @@ def int8_gemm_function(module: ir.Module, a_signed: bool, row_sums: bool,
             # llvmlite knows no string attributes: this one is written as it is
             set.add(fn.attributes, f'"target-features"="{features}"')
         _Writer(module, fn, kind_isa, a_signed, row_sums, epilogue).write()
-        return fn
 
-    if isa.gate is None:
-        return define(name, isa)
-    assert isa.fallback is not None
-    fast = define(f"{name}.{isa.kind}", isa)
-    slow = define(f"{name}.{isa.fallback}", isa_named(isa.fallback))
-    fn = ir.Function(module, _QGEMM_TYPE, name)
-    fn.linkage = "internal"
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    has = _cpuid_gate(module, b, isa.gate)
-    with b.if_else(has) as (yes, no):
-        with yes:
-            b.call(fast, fn.args)
-        with no:
-            b.call(slow, fn.args)
-    b.ret_void()
-    return fn
+    def define(module: ir.Module, fn: ir.Function) -> None:
+        isa = int8_isa_of(module)
+        if isa.gate is None:
+            define_isa(module, fn, isa)
+            return
+        assert isa.fallback is not None
+        fast, slow = (ir.Function(module, _QGEMM_TYPE, f"{name}.{kind}")
+                      for kind in (isa.kind, isa.fallback))
+        for kernel, kind_isa in ((fast, isa), (slow, isa_named(isa.fallback))):
+            kernel.linkage = "internal"
+            define_isa(module, kernel, kind_isa)
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        has = _cpuid_gate(module, b, isa.gate)
+        with b.if_else(has) as (yes, no):
+            with yes:
+                b.call(fast, fn.args)
+            with no:
+                b.call(slow, fn.args)
+        b.ret_void()
+
+    return kernel_function(module, name, _QGEMM_TYPE, define)
 
 
 _QGEMM_TYPE = ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, I32, PTR, PTR, PTR, PTR,

@@ -25,7 +25,7 @@ them (Winograd convs) are computed at the first run into .bss (see `derived`).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 from llvmlite import ir
@@ -40,6 +40,7 @@ from cuvil.compiler.codegen.emitter import (
     PTR,
     Emitter,
 )
+from cuvil.compiler.codegen.kernel_objects import KernelSet
 from cuvil.compiler.ir import Graph, Node, Value
 from cuvil.compiler.memory import MemoryPlan
 from cuvil.compiler.ops import lookup
@@ -73,18 +74,21 @@ def variant_run_symbol(model: str, index: int, entry: str = "run") -> str:
 
 def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
                  triple: str, data_layout: str, *, features: str = "",
-                 variant: int | None = None) -> str:
+                 variant: int | None = None, kernels: KernelSet | None = None) -> str:
     """The LLVM IR text of the model's library.
 
     With `variant`, this is one of several copies of the code for different CPU levels: its
     entry points are the hidden `variant_run_symbol(model, variant, entry)` and only variant 0
     defines the checksum and workspace-size symbols (a dispatcher defines the exported ones).
+    With `kernels`, the module only declares the kernels it calls, and `kernels` collects them
+    (codegen/kernel_objects.py: the driver compiles each once).
     """
     names = symbol_names(model)
     module = ir.Module(name=model)
     module.triple = triple
     module.data_layout = data_layout
     module.cuvil_features = features  # read by kernels to size their register tiles
+    module.cuvil_kernels = kernels
     # the data-dependent dims' slots follow the input dims': their producers store them there
     symbols = [s.name for s in graph.symbols] + [d.symbol.name for d in graph.data_dims]
     primary = variant in (None, 0)
@@ -121,7 +125,8 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
         _run_function(module, fn_name, graph, plan, node_fns, weights, derived, symbols,
                       profiled=entry == "run_profiled")
 
-    ir_text = hide_derived(hide_declarations(str(module), names["weights"], hidden), names)
+    ir_text = hide_derived(hide_declarations(str(module), names["weights"], hidden,
+                                             kernels.requests if kernels else ()), names)
     return dll_exports(ir_text, model) if "windows" in triple or "mingw" in triple else ir_text
 
 
@@ -221,9 +226,10 @@ def _stamper(module: ir.Module, k: Emitter,
     return stamp
 
 
-def hide_declarations(ir_text: str, weights_symbol: str, functions: Sequence[str] = ()) -> str:
-    """Mark hidden the symbols other objects of the library define (weights, runtime) and the
-    `functions` defined here that must not be exported.
+def hide_declarations(ir_text: str, weights_symbol: str, functions: Sequence[str] = (),
+                      kernels: Iterable[str] = ()) -> str:
+    """Mark hidden the symbols other objects of the library define (weights, runtime,
+    `kernels`) and the `functions` defined here that must not be exported.
 
     llvmlite cannot set visibility; hidden lets the code reach them directly instead of
     through the GOT/PLT, and keeps them out of the library's exports.
@@ -238,6 +244,8 @@ def hide_declarations(ir_text: str, weights_symbol: str, functions: Sequence[str
                .replace(f'declare i64 @"{CLOCK_NS}"()', f'declare hidden i64 @"{CLOCK_NS}"()'))
     for name in functions:
         ir_text = ir_text.replace(f'define i32 @"{name}"', f'define hidden i32 @"{name}"')
+    for name in kernels:
+        ir_text = ir_text.replace(f'declare void @"{name}"', f'declare hidden void @"{name}"')
     return ir_text
 
 
