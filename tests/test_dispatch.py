@@ -12,6 +12,7 @@ import pytest
 
 from cuvil.compiler.codegen.dispatch import cpu_test, render_detector, render_dispatcher
 from cuvil.compiler.codegen.module import variant_run_symbol
+from cuvil.runtime import THREADPOOL_SOURCE
 from cuvil.toolchains import AARCH64_CPU_FLAGS, X86_CPU_FLAGS, get_target, host_target_name, zig
 
 pytestmark = pytest.mark.skipif(
@@ -34,12 +35,15 @@ def _cpuinfo_flags() -> set[str]:
 
 
 def _build(tmp_path: Path, source: str) -> ctypes.CDLL:
+    """`source` linked with the thread pool, whose functions a dispatcher's exports call."""
     target = get_target(host_target_name())
     arch = target.arches[0]
     c = tmp_path / "probe.c"
     c.write_text(source)
-    obj = zig.compile_c(c, tmp_path / "probe.o", arch)
-    lib = zig.link_shared([obj], tmp_path / "libprobe.so", arch, target.object_format, "libprobe.so")
+    objects = [zig.compile_c(c, tmp_path / "probe.o", arch),
+               zig.compile_c(THREADPOOL_SOURCE, tmp_path / "threadpool.o", arch)]
+    lib = zig.link_shared(objects, tmp_path / "libprobe.so", arch, target.object_format,
+                          "libprobe.so")
     return ctypes.CDLL(str(lib))
 
 
