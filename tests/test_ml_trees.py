@@ -123,6 +123,22 @@ def test_regressor_every_mode_and_missing_track(aggregate, base):
     _compare(_v3_regressor(nodes, leaves, 3, aggregate, base), _inputs(rng, thresholds))
 
 
+@pytest.mark.parametrize("aggregate", ["SUM", "AVERAGE", "MIN", "MAX"])
+@pytest.mark.parametrize("rows", [1, 5, 70])
+def test_large_forests(aggregate, rows):
+    """300 trees, every aggregate, at one block of rows or several, on one thread or two."""
+    rng = np.random.default_rng(rows)
+    nodes, leaves, thresholds = _random_trees(rng, trees=300, depth=4, targets=3)
+    model = _v3_regressor(nodes, leaves, 3, aggregate, [])
+    x = _inputs(rng, thresholds)
+    x = np.resize(x, (rows, x.shape[1]))
+    (want,) = run_ort(model, {"X": x})
+    compiled = cuvil.compile(model)
+    for threads in (1, 2):
+        compiled.num_threads = threads
+        np.testing.assert_allclose(compiled.run({"X": x})["Y"], want, rtol=1e-5, atol=1e-5)
+
+
 def test_single_target_regressor_with_one_base_value():
     rng = np.random.default_rng(7)
     nodes, leaves, thresholds = _random_trees(rng, trees=5, depth=4, targets=1)

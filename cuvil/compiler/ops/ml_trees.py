@@ -432,12 +432,21 @@ class TreeEnsembleScores(Op):
         features = x_val.type.shape[-1]
         targets = int(a["targets"])
         aggregate = str(a["aggregate"])
-        feature = _table(k, a["feature"], I32, "feature")
-        thresholds = _table(k, split.astype(cmp_dtype), cty, "split")
-        true_child = _table(k, a["true_child"], I32, "true")
-        false_child = _table(k, a["false_child"], I32, "false")
+        # a node's feature, float32 threshold and children side by side: a level of the
+        # descent reads one cache line, not four (a 1,000-tree forest is megabytes)
+        inline = cmp_dtype == np.float32
+        words = 4 if inline else 3
+        record = np.zeros((len(a["feature"]), words), np.int32)
+        record[:, 0] = a["feature"]
+        if inline:
+            record[:, 1] = split.astype(np.float32).view(np.int32)
+        record[:, -2], record[:, -1] = a["true_child"], a["false_child"]
+        nodes = _table(k, record.reshape(-1), I32, "nodes")
+        thresholds = None if inline else _table(k, split.astype(cmp_dtype), cty, "split")
         roots = _table(k, a["roots"], I32, "roots")
-        start = _table(k, a["leaf_start"], I32, "leaf_start")
+        leaf_start = np.asarray(a["leaf_start"])
+        one_weight_per_leaf = bool(np.array_equal(leaf_start, np.arange(len(leaf_start))))
+        start = _table(k, leaf_start, I32, "leaf_start")
         target = _table(k, a["leaf_target"], I32, "leaf_target")
         weight = _table(k, np.asarray(a["leaf_weight"]).astype(out_dtype), oty, "leaf_weight")
         modes = sorted(set(a["mode"]))
@@ -472,22 +481,28 @@ class TreeEnsembleScores(Op):
                     b.cbranch(b.icmp_signed(">=", here, ir.Constant(I32, 0)), step, leaf_block)
                     b.position_at_end(step)
                     i = b.zext(here, I64)
-                    f = b.zext(_load(k, feature, i), I64)
+                    at_node = b.mul(i, k.i64(words))
+
+                    def word(j: int) -> ir.Value:
+                        return _load(k, nodes, b.add(at_node, k.i64(j)))
+
+                    f = b.zext(word(0), I64)
                     v = k.convert(k.load(x, [r, f]), x_val.type.dtype, cmp_dtype)
-                    go = self._compare(k, v, _load(k, thresholds, i), modes,
+                    threshold = (b.bitcast(word(1), cty) if thresholds is None
+                                 else _load(k, thresholds, i))
+                    go = self._compare(k, v, threshold, modes,
                                        _load(k, mode, i) if mode is not None else None)
                     if missing is not None:
                         nan = b.fcmp_unordered("uno", v, v)
                         track = b.icmp_unsigned("!=", _load(k, missing, i), ir.Constant(I8, 0))
                         go = b.or_(go, b.and_(nan, track))
-                    b.store(b.select(go, _load(k, true_child, i), _load(k, false_child, i)), at)
+                    b.store(b.select(go, word(words - 2), word(words - 1)), at)
                     b.branch(head)
                     b.position_at_end(leaf_block)
                     leaf = b.zext(b.xor(here, ir.Constant(I32, -1)), I64)
-                    first = b.zext(_load(k, start, leaf), I64)
-                    last = b.zext(_load(k, start, b.add(leaf, k.i64(1))), I64)
-                    with k.loop(last, start=first, name="w") as e:
-                        tt = b.zext(_load(k, target, e), I64)
+
+                    def add_weight(e: ir.Value) -> None:
+                        tt = k.i64(0) if targets == 1 else b.zext(_load(k, target, e), I64)
                         w = _load(k, weight, e)
                         old = k.load(y, [r, tt])
                         if aggregate == "MIN":
@@ -497,6 +512,14 @@ class TreeEnsembleScores(Op):
                         else:
                             new = b.fadd(old, w)
                         k.store(y, [r, tt], new)
+
+                    if one_weight_per_leaf:  # regressors, binary classifiers: no CSR walk
+                        add_weight(leaf)
+                    else:
+                        first = b.zext(_load(k, start, leaf), I64)
+                        last = b.zext(_load(k, start, b.add(leaf, k.i64(1))), I64)
+                        with k.loop(last, start=first, name="w") as e:
+                            add_weight(e)
             if aggregate in ("AVERAGE", "MIN", "MAX"):
                 with k.loop(r1, start=r0, name="r") as r, k.loop(targets, name="t") as t:
                     v = k.load(y, [r, t])
