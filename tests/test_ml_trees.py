@@ -126,7 +126,11 @@ def test_regressor_every_mode_and_missing_track(aggregate, base):
 @pytest.mark.parametrize("aggregate", ["SUM", "AVERAGE", "MIN", "MAX"])
 @pytest.mark.parametrize("rows", [1, 5, 70])
 def test_large_forests(aggregate, rows):
-    """300 trees, every aggregate, at one block of rows or several, on one thread or two."""
+    """300 trees, every aggregate, at one block of rows or several, on one thread or two: the
+    trees score in groups, one task each, combined in group order."""
+    from cuvil.compiler.ops.ml_trees import tree_groups
+
+    assert tree_groups(300) > 1 and tree_groups(40) == 1
     rng = np.random.default_rng(rows)
     nodes, leaves, thresholds = _random_trees(rng, trees=300, depth=4, targets=3)
     model = _v3_regressor(nodes, leaves, 3, aggregate, [])

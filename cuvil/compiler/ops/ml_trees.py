@@ -30,7 +30,7 @@ from llvmlite import ir
 from onnx import helper, numpy_helper
 
 from cuvil.compiler.codegen.emitter import I8, I32, I64, Emitter, llvm_type
-from cuvil.compiler.ir import Node, TensorType, simplify_dim
+from cuvil.compiler.ir import Dim, Node, TensorType, simplify_dim
 from cuvil.compiler.ops import InferContext, Op, attr, register
 from cuvil.compiler.ops._ml_graph import Body, Expanded, ints, no_string_labels, post_transform, text
 from cuvil.compiler.ops._window import entry_alloca
@@ -42,6 +42,23 @@ _PREDICATES = ("<=", "<", ">=", ">", "==", "!=")
 _EQ, _MEMBER = MODES.index("BRANCH_EQ"), 6  # opset 5's mode numbers
 #: rows that descend a tree together
 _BLOCK = 32
+#: trees per group at least, and groups at most (`tree_groups`)
+_GROUP_TREES = 64
+_MAX_GROUPS = 8
+
+
+def tree_groups(n_trees: int) -> int:
+    """Groups the trees of a forest are split into, each a task of its own for every block of
+    rows: one row still makes several tasks. Fixed at compile time, not by the thread count,
+    so that the order of the sums is too."""
+    return max(1, min(_MAX_GROUPS, n_trees // _GROUP_TREES))
+
+
+def _padded_targets(targets: int, dtype: np.dtype) -> int:
+    """A group's scores of a row fill whole cache lines: groups on other threads must not
+    write into one line (each leaf is a write)."""
+    per_line = 64 // dtype.itemsize
+    return -(-targets // per_line) * per_line
 
 
 @dataclass
@@ -419,6 +436,16 @@ class TreeEnsembleScores(Op):
         out = np.dtype(helper.tensor_dtype_to_np_dtype(int(node.attrs["out_dtype"])))
         return [TensorType(out, (*rows, int(node.attrs["targets"])))]
 
+    def scratch_bytes(self, node: Node) -> Dim:
+        """The groups' scores (`tree_groups`): [rows, groups, padded targets]."""
+        groups = tree_groups(len(node.attrs["roots"]))
+        y = node.outputs[0]
+        assert y is not None
+        if groups == 1:
+            return 0
+        padded = _padded_targets(int(node.attrs["targets"]), y.type.dtype)
+        return simplify_dim(y.type.shape[0] * groups * padded * y.type.dtype.itemsize)
+
     def lower(self, node: Node, k: Emitter) -> None:
         a = node.attrs
         x_val, y_val = node.inputs[0], node.outputs[0]
@@ -457,18 +484,55 @@ class TreeEnsembleScores(Op):
         init = {"MIN": np.inf, "MAX": -np.inf}.get(aggregate, 0.0)
         blocks = simplify_dim(sympy.floor((rows + _BLOCK - 1) / _BLOCK))
         depth = 1 + max(1, len(a["feature"]) // max(n_trees, 1)).bit_length()
-        cost = _BLOCK * n_trees * depth * 4
-        with k.parallel_loop(blocks, cost=cost, name="block") as blk:
+        groups = tree_groups(n_trees)
+        cost = _BLOCK * (n_trees // groups) * depth * 4
+        padded = _padded_targets(targets, out_dtype)
+
+        def block_rows(blk: ir.Value, x: Any) -> tuple[ir.Value, ir.Value]:
+            r0 = k.b.mul(blk, k.i64(_BLOCK))
+            end = k.b.add(r0, k.i64(_BLOCK))
+            return r0, k.b.select(k.b.icmp_signed("<", end, x.dims[0]), end, x.dims[0])
+
+        def finish(v: ir.Value) -> ir.Value:
+            if aggregate == "AVERAGE":
+                return k.b.fdiv(v, ir.Constant(oty, float(n_trees)))
+            if aggregate in ("MIN", "MAX"):  # no leaf gave the target a weight: 0, as onnxruntime
+                return k.b.select(k.b.fcmp_ordered("==", v, ir.Constant(oty, init)),
+                                  ir.Constant(oty, 0.0), v)
+            return v
+
+        def combine(old: ir.Value, w: ir.Value) -> ir.Value:
+            if aggregate == "MIN":
+                return k.fmin(old, w)
+            if aggregate == "MAX":
+                return k.fmax(old, w)
+            return k.b.fadd(old, w)
+
+        with k.parallel_loop(simplify_dim(blocks * groups), cost=cost, name="task",
+                             carry=[k.scratch] if groups > 1 else []) as task:
             b = k.b
             x = k.contiguous(k.buffers[x_val], x_val.type.dtype, (rows, features))
-            y = k.contiguous(k.buffers[y_val], out_dtype, (rows, targets))
-            r0 = b.mul(blk, k.i64(_BLOCK))
-            end = b.add(r0, k.i64(_BLOCK))
-            r1 = b.select(b.icmp_signed("<", end, x.dims[0]), end, x.dims[0])
+            if groups > 1:  # the group's scores: [row, group, target] in the scratch
+                g = b.urem(task, k.i64(groups))
+                blk = b.udiv(task, k.i64(groups))
+                y = k.contiguous(k.carried[0], out_dtype, (rows, groups, padded))
+                first_tree = b.udiv(b.mul(g, k.i64(n_trees)), k.i64(groups))
+                last_tree = b.udiv(b.mul(b.add(g, k.i64(1)), k.i64(n_trees)), k.i64(groups))
+
+                def at_score(r: ir.Value, t: ir.Value) -> list[ir.Value]:
+                    return [r, g, t]
+            else:
+                blk = task
+                y = k.contiguous(k.buffers[y_val], out_dtype, (rows, targets))
+                first_tree, last_tree = k.i64(0), k.i64(n_trees)
+
+                def at_score(r: ir.Value, t: ir.Value) -> list[ir.Value]:
+                    return [r, t]
+            r0, r1 = block_rows(blk, x)
             with k.loop(r1, start=r0, name="r") as r, k.loop(targets, name="t") as t:
-                k.store(y, [r, t], ir.Constant(oty, init))
+                k.store(y, at_score(r, t), ir.Constant(oty, init))
             at = entry_alloca(k, I32, "node")
-            with k.loop(n_trees, name="tree") as tree:
+            with k.loop(last_tree, start=first_tree, name="tree") as tree:
                 root = _load(k, roots, tree)
                 with k.loop(r1, start=r0, name="r") as r:
                     b.store(root, at)
@@ -503,15 +567,8 @@ class TreeEnsembleScores(Op):
 
                     def add_weight(e: ir.Value) -> None:
                         tt = k.i64(0) if targets == 1 else b.zext(_load(k, target, e), I64)
-                        w = _load(k, weight, e)
-                        old = k.load(y, [r, tt])
-                        if aggregate == "MIN":
-                            new = k.fmin(old, w)
-                        elif aggregate == "MAX":
-                            new = k.fmax(old, w)
-                        else:
-                            new = b.fadd(old, w)
-                        k.store(y, [r, tt], new)
+                        score = at_score(r, tt)
+                        k.store(y, score, combine(k.load(y, score), _load(k, weight, e)))
 
                     if one_weight_per_leaf:  # regressors, binary classifiers: no CSR walk
                         add_weight(leaf)
@@ -520,15 +577,23 @@ class TreeEnsembleScores(Op):
                         last = b.zext(_load(k, start, b.add(leaf, k.i64(1))), I64)
                         with k.loop(last, start=first, name="w") as e:
                             add_weight(e)
-            if aggregate in ("AVERAGE", "MIN", "MAX"):
+            if groups == 1 and aggregate in ("AVERAGE", "MIN", "MAX"):
                 with k.loop(r1, start=r0, name="r") as r, k.loop(targets, name="t") as t:
-                    v = k.load(y, [r, t])
-                    if aggregate == "AVERAGE":
-                        v = b.fdiv(v, ir.Constant(oty, float(n_trees)))
-                    else:  # no leaf gave the target a weight: 0, as onnxruntime
-                        v = b.select(b.fcmp_ordered("==", v, ir.Constant(oty, init)),
-                                     ir.Constant(oty, 0.0), v)
-                    k.store(y, [r, t], v)
+                    k.store(y, [r, t], finish(k.load(y, [r, t])))
+        if groups == 1:
+            return
+        # the groups' scores combined in group order: the same sums on any number of threads
+        with k.parallel_loop(blocks, cost=_BLOCK * targets * groups, name="combine",
+                             carry=[k.scratch]) as blk:
+            x = k.contiguous(k.buffers[x_val], x_val.type.dtype, (rows, features))
+            y = k.contiguous(k.buffers[y_val], out_dtype, (rows, targets))
+            parts = k.contiguous(k.carried[0], out_dtype, (rows, groups, padded))
+            r0, r1 = block_rows(blk, x)
+            with k.loop(r1, start=r0, name="r") as r, k.loop(targets, name="t") as t:
+                v = k.load(parts, [r, k.i64(0), t])
+                for g in range(1, groups):
+                    v = combine(v, k.load(parts, [r, k.i64(g), t]))
+                k.store(y, [r, t], finish(v))
 
     @staticmethod
     def _compare(k: Emitter, v: ir.Value, threshold: ir.Value, modes: list[int],
