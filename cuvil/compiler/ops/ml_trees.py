@@ -1,14 +1,16 @@
 """ai.onnx.ml tree ensembles: TreeEnsembleClassifier, TreeEnsembleRegressor (opsets 1-3) and
 TreeEnsemble (opset 5), compiled to native code.
 
-At compile time every ensemble becomes one packed forest (`_Forest`): flat node tables stored
-as constants in the library (feature, threshold, comparison, missing-value track, and the two
-children, a child < 0 naming leaf ~child) and the leaves' weights in CSR form (the weights of
-leaf l are entries start[l] to start[l + 1] of target/weight). The native op
-(`cuvil.TreeEnsembleScores`) walks it: rows in blocks of `_BLOCK` spread over the thread pool;
-within a block, tree by tree (the tree stays in cache while the block's rows descend it), each
-row descends in a loop of a load, one comparison and a select per level until a leaf, whose
-weights it adds to its scores (or takes the min/max of). The comparison is emitted once when
+At compile time every ensemble becomes one packed forest (`_Forest`): node tables stored as
+constants in the library (one record per node of its feature, float32 threshold and two
+children, a child < 0 naming leaf ~child; comparison and missing-value track beside it when
+the forest needs them) and the leaves' weights in CSR form (the weights of leaf l are entries
+start[l] to start[l + 1] of target/weight). The native op (`cuvil.TreeEnsembleScores`) walks
+it in tasks of a block of `_BLOCK` rows and a group of trees (`tree_groups`) spread over the
+thread pool; within a task, tree by tree (the tree stays in cache while the block's rows
+descend it), each row descends in a loop of a load, one comparison and a select per level
+until a leaf, whose weights it adds to its group's scores (or takes the min/max of). A second
+pass combines the groups in group order. The comparison is emitted once when
 the forest uses one mode (scikit-learn's BRANCH_LEQ), else selected by the node's mode.
 
 What follows the sums (base values, post_transform, the labels and onnxruntime's two-class
