@@ -553,6 +553,19 @@ def masked_intrinsic(module: ir.Module, op: str, vt: ir.VectorType) -> ir.Functi
     return ir.Function(module, fnty, name)
 
 
+def store_lanes(b: ir.IRBuilder, x: ir.Value, ptr: ir.Value, mask: ir.Value,
+                whole: ir.Value) -> None:
+    """Store the lanes of float32 vector x that `mask` selects, as a plain store when the i1
+    `whole` says they all are: a masked store is one instruction with AVX-512 but some 20
+    micro-ops on AMD's AVX2 cores (Zen 3), so loops use it only at their ragged ends."""
+    with b.if_else(whole) as (plain, ragged):
+        with plain:
+            b.store(x, ptr, align=4)
+        with ragged:
+            b.call(masked_intrinsic(b.module, "store", x.type),
+                   [x, ptr, ir.Constant(I32, 4), mask])
+
+
 def _kind(dtype: np.dtype | str) -> str:
     """numpy's kind letter: f(loat), i(nt), u(nsigned), b(ool)."""
     return np.dtype(dtype).kind

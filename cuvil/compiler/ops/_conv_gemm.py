@@ -40,6 +40,7 @@ from cuvil.compiler.codegen.emitter import (
     View,
     masked_intrinsic,
     splat,
+    store_lanes,
     transpose_lanes,
 )
 from cuvil.compiler.codegen.gemm_kernel import (
@@ -284,8 +285,8 @@ def _untranspose(k: Emitter, ct: ir.Value, y: ir.Value, residual: ir.Value | Non
                         if epilogue.activation is not None:
                             line = apply_activation(b, epilogue.activation, epilogue.params,
                                                     line)
-                    b.call(masked_intrinsic(k.module, "store", vt),
-                           [line, b.gep(y_c, [off], source_etype=F32), _ALIGN4, positions])
+                    store_lanes(b, line, b.gep(y_c, [off], source_etype=F32), positions,
+                                b.icmp_signed("<=", b.add(x0, k.i64(lanes)), p_c))
 
 
 _ALIGN4 = ir.Constant(ir.IntType(32), 4)

@@ -19,7 +19,15 @@ import numpy as np
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I64, Emitter, View, llvm_type, masked_intrinsic, splat
+from cuvil.compiler.codegen.emitter import (
+    I64,
+    Emitter,
+    View,
+    llvm_type,
+    masked_intrinsic,
+    splat,
+    store_lanes,
+)
 from cuvil.compiler.codegen.gemm_kernel import isa_of
 from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
 from cuvil.compiler.ops import (
@@ -285,8 +293,8 @@ def _vector_row(k: Emitter, red: _Reduction, views: tuple, at: tuple[ir.Value, .
                     taps = b.add(taps, b.zext(m, it))
             count = b.mul(taps, splat(b, row_count, width))
             result = b.fdiv(result, b.sitofp(count, vt))
-        b.call(masked_intrinsic(k.module, "store", vt),
-               [result, k.element_ptr(y, k.offset(y, [n, c, oh, ow])), _ALIGN4, stored])
+        store_lanes(b, result, k.element_ptr(y, k.offset(y, [n, c, oh, ow])), stored,
+                    b.icmp_signed("<=", b.add(ow, k.i64(width)), out_w))
 
 
 _ALIGN4 = ir.Constant(ir.IntType(32), 4)
