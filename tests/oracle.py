@@ -6,7 +6,8 @@ compares outputs. Nothing here knows how cuvil computes anything.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,43 @@ def run_ort(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return sess.run(None, dict(feeds))
+
+
+@functools.cache
+def onnxruntime_int8_is_exact() -> bool:
+    """Whether onnxruntime's uint8 x int8 products are exact on this CPU. Without VNNI (AVX2
+    or AVX-512 alone: a Zen 3, a Skylake) its x86 kernels add pairs of byte products with
+    vpmaddubsw, which saturates at int16: 255 * -128 twice is -65280, read as -32768.
+    onnxruntime documents this (its quantization guide's `reduce_range`); cuvil's kernels
+    widen to int16 first and are exact everywhere."""
+    import onnxruntime as ort
+
+    a = np.full((4, 64), 255, np.uint8)
+    b = np.full((64, 16), -128, np.int8)
+    model = make_model([helper.make_node("MatMulInteger", ["a", "b"], ["y"])],
+                       {"a": ("uint8", a.shape)}, {"y": np.int32}, {"b": b}, opset=13)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"a": a})[0]
+    return bool(np.array_equal(got, a.astype(np.int64) @ b.astype(np.int64)))
+
+
+def int8_oracle(model: onnx.ModelProto) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
+    """feeds -> outputs of an integer or QDQ model (standard ONNX domains only): onnxruntime's
+    where its uint8 x int8 products are exact on this CPU (`onnxruntime_int8_is_exact`), else
+    onnx's reference evaluator, whose numpy integer arithmetic is exact everywhere."""
+    if onnxruntime_int8_is_exact():
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
+        return lambda feeds: session.run(None, dict(feeds))
+    from onnx.reference import ReferenceEvaluator
+    from onnx.version_converter import convert_version
+
+    # the evaluator implements the quantization ops from opset 19 on
+    opset = max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    reference = ReferenceEvaluator(convert_version(model, 21) if opset < 21 else model)
+    return lambda feeds: [np.asarray(r) for r in reference.run(None, dict(feeds))]
 
 
 def assert_matches_ort(
