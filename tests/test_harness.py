@@ -350,7 +350,13 @@ def _qdq_mlp(tmp_path: Path, activations: str) -> onnx.ModelProto:
                                  quant_format=quantization.QuantFormat.QDQ, per_channel=True,
                                  activation_type=kind[activations],
                                  weight_type=quantization.QuantType.QInt8)
-    return onnx.load(str(tmp_path / "qdq.onnx"))
+    model = onnx.load(str(tmp_path / "qdq.onnx"))
+    from cuvil.compiler.frontend import import_model
+    from cuvil.compiler.passes import run_passes
+
+    ops = [n.op_type for n in run_passes(import_model(model)).nodes]
+    assert ops.count("QLinearMatMul") == 2 and "MatMul" not in ops, ops  # both on integers
+    return model
 
 
 @pytest.fixture(scope="module", params=["uint8", "int8"])
