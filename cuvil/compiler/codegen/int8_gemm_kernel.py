@@ -576,9 +576,10 @@ class _Writer:
                   sums: list[ir.Value] | None) -> None:
         """The tile on I8MM: per 8 values of k, SMMLA/USMMLA multiply two rows of A (2 x 8
         bytes) by two columns of B (8 x 2) into a 2 x 2 block of sums. B's 8 x 2 blocks are
-        two groups' 32-bit lanes interleaved (zip1/zip2): the packing is the one every target
-        reads (see the module docstring), which the compile-time passes choose without
-        knowing the target; a layout of its own would double the weights in the library."""
+        two groups' 32-bit lanes interleaved (zip1/zip2, 4 per 24 MMLAs), from the packing
+        every target reads: a layout of I8MM's own would double the weights (packed both
+        ways, the i8mm kernel chosen at run time) or need the target in the packing pass,
+        which does not know it."""
         k, w = self.k, self.w
         b = k.b
         pairs, cols = (rows + 1) // 2, 2 * nv  # pairs of rows, pairs of columns
