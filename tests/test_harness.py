@@ -6,7 +6,9 @@ x86_64-linux runs on the host and under qemu-user CPU models spanning the baseli
 variant: Conroe (Core 2, below x86-64-v2) must get a clean refusal naming the missing flags,
 never SIGILL; Nehalem runs the baseline copy, Haswell the AVX2 copy, the host (if it has
 AVX-512; qemu 7.2 emulates none) the AVX-512 copy. aarch64-linux runs under qemu-aarch64 on
-cortex-a53, cortex-a72 and max; pinned to cortex-a76 it is refused on the first two. The
+cortex-a53, cortex-a72 and max; pinned to cortex-a76 it is refused on the first two; an int8
+QDQ model runs on each of its int8 kernels (I8MM on max, the dot product on neoverse-n1, NEON on
+cortex-a72) within one quantization step of onnxruntime. The
 Python loader is checked the same way: on a CPU below a
 library's baseline, importing the package raises ImportError naming what is missing.
 
@@ -100,12 +102,13 @@ def _tiny_model() -> onnx.ModelProto:
 class Built:
     """A wheel built for one target, unpacked, with the harness compiled for it."""
 
-    def __init__(self, root: Path, target: str, cpu: str | None = None) -> None:
+    def __init__(self, root: Path, target: str, cpu: str | None = None,
+                 model: onnx.ModelProto | None = None) -> None:
         import cuvil.build_backend as backend
 
         project = root / "project"
         (project / "models").mkdir(parents=True)
-        onnx.save(_tiny_model(), project / "models" / "net.onnx")
+        onnx.save(model or _tiny_model(), project / "models" / "net.onnx")
         (project / "pyproject.toml").write_text(textwrap.dedent("""
             [project]
             name = "tiny-cuvil"
@@ -313,6 +316,82 @@ def test_aarch64_variant_runs_where_the_cpu_has_its_flags(arm_dotprod: Built,
     qemu = _tool("qemu-aarch64-static")
     proc = _run(arm_dotprod, feeds, qemu, "-L", str(AARCH64_SYSROOT), "-cpu", model)
     assert _outputs(proc, feeds[1]) == copy
+
+
+def _qdq_mlp(tmp_path: Path, activations: str) -> onnx.ModelProto:
+    """MatMul-Add-Relu-MatMul-Add of odd sizes (5 x 37 -> 29 -> 11), quantized by onnxruntime
+    (QDQ, per-channel int8 weights, activations of the given type): its products run on the
+    int8 kernel, whose AArch64 form the CPU model picks at run time."""
+    quantization = pytest.importorskip("onnxruntime.quantization")
+    rng = np.random.default_rng(11)
+    inits = {"w1": rng.standard_normal((37, 29)) / 6, "b1": rng.standard_normal(29) / 10,
+             "w2": rng.standard_normal((29, 11)) / 5, "b2": rng.standard_normal(11) / 10}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Add", ["h", "b1"], ["hb"]), helper.make_node("Relu", ["hb"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["o"]), helper.make_node("Add", ["o", "b2"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 37])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 11])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    float_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    float_model.ir_version = 8
+
+    class Feeds(quantization.CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter([{"x": rng.standard_normal((5, 37)).astype(np.float32)}
+                               for _ in range(8)])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.feeds, None)
+
+    onnx.save(float_model, tmp_path / "float.onnx")
+    kind = {"uint8": quantization.QuantType.QUInt8, "int8": quantization.QuantType.QInt8}
+    quantization.quantize_static(str(tmp_path / "float.onnx"), str(tmp_path / "qdq.onnx"), Feeds(),
+                                 quant_format=quantization.QuantFormat.QDQ, per_channel=True,
+                                 activation_type=kind[activations],
+                                 weight_type=quantization.QuantType.QInt8)
+    model = onnx.load(str(tmp_path / "qdq.onnx"))
+    from cuvil.compiler.frontend import import_model
+    from cuvil.compiler.passes import run_passes
+
+    ops = [n.op_type for n in run_passes(import_model(model)).nodes]
+    assert ops.count("QLinearMatMul") == 2 and "MatMul" not in ops, ops  # both on integers
+    return model
+
+
+@pytest.fixture(scope="module", params=["uint8", "int8"])
+def arm_qdq(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+            ) -> tuple[Built, tuple[Path, np.ndarray], float]:
+    """A QDQ model built for aarch64-linux, its input file, onnxruntime's output for it and
+    the output's quantization step."""
+    root = tmp_path_factory.mktemp(f"aarch64_qdq_{request.param}")
+    model = _qdq_mlp(root, request.param)
+    x = np.random.default_rng(5).standard_normal((5, 37)).astype(np.float32)
+    (want,) = run_ort(model, {"x": x})
+    path = root / "inputs.bin"
+    path.write_bytes(struct.pack("<Q", x.nbytes) + x.tobytes() + b"\0" * (-x.nbytes % 8))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    (last,) = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "y"]
+    return Built(root, "aarch64-linux", model=model), (path, want), float(inits[last.input[1]])
+
+
+@pytest.mark.parametrize("model", ["max", "neoverse-n1", "cortex-a72"])
+def test_aarch64_int8_model_under_qemu(arm_qdq: tuple[Built, tuple[Path, np.ndarray], float],
+                                       model: str) -> None:
+    # I8MM's USMMLA/SMMLA on max, UDOT/SDOT on neoverse-n1, widening NEON on cortex-a72
+    # (tests/codegen/test_int8_gemm_kernel.py checks each kernel exactly): each within one
+    # step of the output's quantization of onnxruntime's result on the host
+    built, feeds, step = arm_qdq
+    qemu = _tool("qemu-aarch64-static")
+    if not (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").is_file():
+        _missing(str(AARCH64_SYSROOT))
+    proc = _run(built, feeds, qemu, "-L", str(AARCH64_SYSROOT), "-cpu", model)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr}"
+    lines = proc.stdout.splitlines()
+    want = feeds[1]
+    assert lines[1] == "output 0"
+    got = np.array([float(v) for v in lines[2:2 + want.size]], np.float32).reshape(want.shape)
+    assert np.abs(got - want).max() <= step * 1.001, (np.abs(got - want).max(), step)
 
 
 def test_python_import_below_the_baseline_raises_import_error(tmp_path: Path) -> None:

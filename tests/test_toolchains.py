@@ -571,10 +571,15 @@ def test_cmake_toolchain_builds_shared_library(tmp_path, built):
 
 
 @pytest.mark.parametrize(("target", "cpu", "float_lanes", "int8_kind"), [
-    ("x86_64-linux", None, 4, ("madd128", False)),
-    ("x86_64-linux", "x86-64-v3", 8, ("avxvnni", True)),  # AVX-VNNI behind a run-time test
-    ("arm64-macos", None, 4, ("sdot", False)),  # every Apple silicon CPU has the dot product
-    ("aarch64-linux", None, 4, ("sdot", True)),  # Armv8.0-A: SDOT behind a run-time test
+    ("x86_64-linux", None, 4, ("madd128", False, None, None)),
+    # AVX-VNNI behind a run-time test
+    ("x86_64-linux", "x86-64-v3", 8, ("avxvnni", True, "madd256", False)),
+    # every Apple silicon CPU has the dot product, the M2 on I8MM: I8MM behind a run-time test,
+    # over UDOT/SDOT
+    ("arm64-macos", None, 4, ("i8mm", True, "udot", False)),
+    # Armv8.0-A: I8MM, then the dot product, behind run-time tests
+    ("aarch64-linux", None, 4, ("i8mm", True, "udot", True)),
+    ("aarch64-linux", "neoverse-v1", 4, ("i8mm", False, None, None)),
 ])
 def test_baseline_kernels_get_what_the_cpu_implies(target, cpu, float_lanes, int8_kind):
     # a pinned or implied cpu's extensions (zig's cpu model) reach the kernels' tile choice
@@ -590,4 +595,6 @@ def test_baseline_kernels_get_what_the_cpu_implies(target, cpu, float_lanes, int
     module.cuvil_features, _ = baseline_features(arch, cpu)
     assert isa_of(module).vector == float_lanes
     isa = int8_isa_of(module)
-    assert (isa.kind, isa.gate is not None) == int8_kind
+    below = isa.fallback
+    assert (isa.kind, isa.gate is not None, below and below.kind,
+            below and below.gate is not None) == int8_kind

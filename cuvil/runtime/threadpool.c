@@ -552,15 +552,24 @@ HIDDEN int32_t cuvil_amx_ready(void) {
 }
 #elif defined(__aarch64__)
 /* AArch64 has no CPUID: (word, -, -, bit) names a bit of Linux's HWCAP words (1: AT_HWCAP = 16,
- * 2: AT_HWCAP2 = 26, the kernel's uapi auxvec.h). Windows is asked about the dot product
- * (HWCAP bit 20) only; other systems answer no, and the kernels take their plain path. */
+ * 2: AT_HWCAP2 = 26, the kernel's uapi auxvec.h). macOS is asked about I8MM (HWCAP2 bit 13)
+ * with sysctl, Windows about the dot product (HWCAP bit 20) only, as codegen's dispatcher
+ * asks them (AARCH64_CPU_FLAGS); other questions and systems answer no, and the kernels take
+ * their plain path. */
 #if defined(__linux__)
 #include <sys/auxv.h>
+#elif defined(__APPLE__)
+#include <sys/sysctl.h>
 #endif
 HIDDEN int32_t cuvil_cpuid_bit(int32_t word, int32_t unused_a, int32_t unused_b, int32_t bit) {
     (void)unused_a, (void)unused_b;
 #if defined(__linux__)
     return (int32_t)((getauxval(word == 2 ? 26 : 16) >> (bit & 63)) & 1ul);
+#elif defined(__APPLE__)
+    int value = 0;
+    size_t size = sizeof value;
+    return word == 2 && bit == 13
+           && sysctlbyname("hw.optional.arm.FEAT_I8MM", &value, &size, 0, 0) == 0 && value;
 #elif defined(_WIN32)
     return word == 1 && bit == 20 && IsProcessorFeaturePresent(43); /* PF_ARM_V82_DP_... */
 #else

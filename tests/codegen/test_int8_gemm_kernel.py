@@ -2,8 +2,9 @@
 definition): every x86 kernel kind the host can run (VNNI, AVX-VNNI, the vpmaddwd paths), odd
 sizes, K not a multiple of 4, every signedness of A and B, zero points at their extremes,
 per-column b_zero; B packed at compile time or at run time; the float32 and requantizing
-epilogues. The AArch64 kernels (widening NEON, SDOT) are compiled, their instructions checked,
-and run under qemu where it is installed."""
+epilogues. The AArch64 kernels (widening NEON, SDOT/UDOT, I8MM's SMMLA/USMMLA, and the one that
+picks among them at run time) are compiled, their instructions checked, and run under qemu's
+CPU models with and without each extension where qemu is installed."""
 
 from __future__ import annotations
 
@@ -245,12 +246,24 @@ def test_epilogues(lib, kind: str, epilogue: str) -> None:
             np.testing.assert_array_equal(out, want)
 
 
-#: the AArch64 kinds (no such CPU here: they run under qemu when it is installed)
-ARM_KINDS = {"neon": "+neon,-dotprod", "sdot": "+neon,+dotprod",
-             "gated": "+neon"}  # SDOT when the OS says the CPU has it, else NEON
-#: (mask, value) of the A64 encoding each must use (Arm ARM): SMLAL(2) Vd.4S, Vn.4H, Vm.4H and
-#: SDOT Vd.4S, Vn.16B, Vm.16B
-ARM_OPCODES = {"neon": (0xBFE0FC00, 0x0E608000), "sdot": (0xFFE0FC00, 0x4E809400)}
+#: the AArch64 kinds (no such CPU here: they run under qemu when it is installed), by the
+#: features their module is compiled with
+ARM_KINDS = {"neon": "+neon,-dotprod,-i8mm", "dot": "+neon,+dotprod,-i8mm",
+             "i8mm": "+neon,+dotprod,+i8mm",
+             "gated": "+neon"}  # I8MM, else the dot product, else NEON, as the OS says
+#: the kernel each selects for (uint8 A, int8 A), and whether behind a run-time test
+ARM_ISAS = {"neon": (("generic", "generic"), False), "dot": (("udot", "sdot"), False),
+            "i8mm": (("i8mm", "i8mm"), False), "gated": (("i8mm", "i8mm"), True)}
+#: (mask, value) of the A64 encoding of each instruction (Arm ARM): SMLAL(2) Vd.4S, Vn.4H,
+#: Vm.4H; SDOT and UDOT Vd.4S, Vn.16B, Vm.16B; SMMLA and USMMLA Vd.4S, Vn.16B, Vm.16B
+ARM_OPCODES = {"smlal": (0xBFE0FC00, 0x0E608000), "sdot": (0xFFE0FC00, 0x4E809400),
+               "udot": (0xFFE0FC00, 0x6E809400), "smmla": (0xFFE0FC00, 0x4E80A400),
+               "usmmla": (0xFFE0FC00, 0x4E80AC00)}
+ARM_USES = {"neon": ("smlal",), "dot": ("sdot", "udot"), "i8mm": ("smmla", "usmmla"),
+            "gated": ("smlal", "sdot", "udot", "smmla", "usmmla")}
+#: qemu's CPU models: max has I8MM and the dot product, neoverse-n1 (Armv8.2-A) the dot
+#: product only, cortex-a72 (Armv8.0-A) neither; (HWCAP_ASIMDDP, HWCAP2_I8MM) as the OS says
+ARM_CPUS = {"max": (1, 1), "neoverse-n1": (1, 0), "cortex-a72": (0, 0)}
 ARM_HARNESS = Path(__file__).parents[1] / "harness" / "run_int8_gemm.c"
 AARCH64_SYSROOT = Path("/usr/aarch64-linux-gnu")
 
@@ -273,8 +286,11 @@ def arm(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, bytes], Pat
         module.triple = arch.llvm_triple
         module.data_layout = str(tm.target_data)
         module.cuvil_features = features
-        assert int8_isa_of(module).kind == ("generic" if name == "neon" else "sdot")
-        _emit(module, name, False)
+        kinds, gated = ARM_ISAS[name]
+        for a_signed in (False, True):
+            isa = int8_isa_of(module, a_signed)
+            assert (isa.kind, isa.gate is not None) == (kinds[a_signed], gated)
+        _emit(module, name, False, only_packed=name == "gated")
         objects[name] = emit_object(hide_declarations(str(module), "-"), tm)
         (tmp / f"{name}.o").write_bytes(objects[name])
     runtime = zig.compile_c(RUNTIME_SOURCE, tmp / "rt.o", arch)
@@ -290,24 +306,33 @@ def arm(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, bytes], Pat
 @pytest.mark.parametrize("kind", list(ARM_KINDS))
 def test_aarch64_kernels_use_their_instructions(arm, kind: str) -> None:
     words = np.frombuffer(arm[0][kind][: len(arm[0][kind]) // 4 * 4], "<u4")
-    for used in ("neon", "sdot") if kind == "gated" else (kind,):
+    for used in ARM_USES[kind]:
         mask, value = ARM_OPCODES[used]
         assert np.count_nonzero(words & mask == value) >= 8, f"no {used} multiply-adds in {kind}"
 
 
-# qemu's max has the dot product (the gated kind takes SDOT), cortex-a72 not (it takes NEON)
-@pytest.mark.parametrize(("cpu", "kinds"), [("max", list(ARM_KINDS)), ("cortex-a72", ["neon", "gated"])])
-def test_aarch64_kernels_under_qemu(arm, cpu: str, kinds: list[str]) -> None:
+#: odd M, N and K: K's last 8 values whole (64), 1 to 4 of them (1, 5, 12, 100: one group of
+#: 4, the I8MM step's second group absent) and 5 to 7 (13, 63, 7)
+ARM_SHAPES = [(1, 1, 1), (3, 17, 5), (17, 63, 100), (100, 3, 63), (13, 70, 64), (5, 9, 12),
+              (25, 40, 13), (2, 33, 7)]
+
+
+@pytest.mark.parametrize("cpu", list(ARM_CPUS))
+def test_aarch64_kernels_under_qemu(arm, cpu: str) -> None:
+    # every kind the CPU model can run (the gated one takes I8MM on max, the dot product on
+    # neoverse-n1, NEON on cortex-a72: the harness reports the OS's answers first)
     qemu = shutil.which("qemu-aarch64-static")
     if qemu is None or not (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").is_file():
         pytest.skip("needs qemu-user-static and libc6-arm64-cross (tests/test_harness.py)")
+    dotprod, i8mm = ARM_CPUS[cpu]
+    kinds = ["neon", "gated", *(["dot"] if dotprod else []), *(["i8mm"] if i8mm else [])]
     rng = np.random.default_rng(15)
     names = _arm_names()
     records, wanted = [], []
     for index, kind in enumerate(ARM_KINDS):
         if kind not in kinds:
             continue
-        for (m, n, kk) in [(1, 1, 1), (3, 17, 5), (17, 63, 100), (100, 3, 63), (13, 70, 64)]:
+        for (m, n, kk) in ARM_SHAPES:
             for case, (a_signed, b_signed) in enumerate(SIGNS * 2):
                 a, b, a_zero, b_zero = _operands(rng, m, n, kk, a_signed, b_signed, case)
                 packed = pack_b_int8(b, b_zero)
@@ -316,6 +341,8 @@ def test_aarch64_kernels_under_qemu(arm, cpu: str, kinds: list[str]) -> None:
                 else:
                     name = f"runtime_{int(a_signed)}{int(b_signed)}{int(b_zero.size > 1)}"
                     operand = b
+                if kind == "gated" and name not in ("packed_00", "packed_11"):
+                    continue  # (built with these only: the gates are what it tests)
                 head = [index * len(names) + names.index(name), m, n, kk, a_zero, 0, a.nbytes,
                         operand.nbytes, b_zero.nbytes, 4 * m * n, packed_b_size(kk, n)]
                 records.append(np.array(head, "<i8").tobytes() + a.tobytes()
@@ -324,9 +351,10 @@ def test_aarch64_kernels_under_qemu(arm, cpu: str, kinds: list[str]) -> None:
     proc = subprocess.run([qemu, "-L", str(AARCH64_SYSROOT), "-cpu", cpu, str(arm[1])],
                           input=b"".join(records), capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    assert proc.stderr.decode().split() == [f"dotprod={dotprod}", f"i8mm={i8mm}"]
     at = 0
     for kind, name, want in wanted:
         got = np.frombuffer(proc.stdout[at:at + want.nbytes], "<i4").reshape(want.shape)
         at += want.nbytes
-        np.testing.assert_array_equal(got, want, err_msg=f"{kind} {name} {want.shape}")
+        np.testing.assert_array_equal(got, want, err_msg=f"{kind} {name} {want.shape} on {cpu}")
     assert at == len(proc.stdout)

@@ -24,8 +24,9 @@ B is packed (`pack_b_int8`) in panels of PACK_COLS columns, N padded with zero c
 panel, each panel k-major in groups of GROUP = 4 values of k: group g of a panel is 32 columns x
 4 bytes, column c's B[4g..4g+3, c] consecutive (K padded with zeros to a multiple of 4). One
 vector load then gives W columns' 4 values each, what a 4-way dot product instruction reads;
-every x86 level reads this one layout (the CPU variants of a library share one weights blob).
-After the panels come colsum and beta (int32, one per padded column).
+every x86 level and every AArch64 kernel reads this one layout (the CPU variants of a library
+share one weights blob; the packing pass does not know the target). After the panels come
+colsum and beta (int32, one per padded column).
 
 Instruction sets (`int8_isa_of`), each a register tile of MR rows x NV vectors of W columns whose
 int32 sums stay in registers over the whole of K:
@@ -35,9 +36,20 @@ int32 sums stay in registers over the whole of K:
 - "madd512" / "madd256" / "madd128" (AVX-512BW, AVX2, SSE2): bytes widened to int16 exactly
   and multiplied with vpmaddwd, each product pair summed into its own int32 lane ("pairs",
   combined at the end); vpmaddubsw is not used: it saturates;
-- "sdot": AArch64 SDOT (dotprod), on ua xor 0x80 (= ua - 128, plus 128 * colsum(sb));
+- "i8mm": AArch64 I8MM, 2 x 8 by 8 x 2 byte matrices into 2 x 2 int32 per instruction (twice
+  SDOT's multiply-adds): USMMLA on uint8 A as it is (no xor, no correction: the usual uint8
+  activations by int8 weights), SMMLA on int8 A as it is (plus 128 * colsum(sb), as SDOT's);
+  B's 8 x 2 blocks are two groups zipped in registers (`_Writer.tile_mmla`);
+- "sdot": AArch64 SDOT (dotprod) for int8 A, which it takes as it is (sa = ua xor 0x80 =
+  ua - 128, plus 128 * colsum(sb));
+- "udot": AArch64 UDOT (dotprod) for uint8 A: ua as it is by ub = sb xor 0x80 = sb + 128 (the
+  xor once per B vector, shared by the tile's 12 rows, where SDOT would xor each row's A),
+  minus 128 * rowsum(ua) (the row sums cost one pass over the tile's rows of A);
 - "generic": widening multiply-accumulate in plain LLVM vectors (NEON's smlal on AArch64
   without dotprod, and any other target), products summed in groups of 4 at the end.
+
+B is stored as sb (int8) whatever its ONNX type, so UMMLA (uint8 by uint8) would need the same
+xor and row sums as UDOT without doing more than USMMLA: it is not used.
 
 VNNI is not part of x86-64-v4 nor AVX-VNNI of v3, so the library has no copy that could assume
 them. Rather than a fourth and fifth copy of every model's code (compile time, library size and
@@ -47,10 +59,13 @@ once (the runtime's cuvil_cpuid_bit, its answer cached in an internal global lik
 dispatcher's level), see `_cpuid_gate`. The VNNI
 kernel itself is compiled with the extra feature as a function attribute. A module whose
 features name the flag ("+avx512vnni", e.g. cpu="native" here) calls it directly; one that
-excludes it ("-avx512vnni") never does. AArch64 does the same for SDOT: a baseline without
-dotprod (aarch64-linux's Armv8.0-A) holds the sdot and the generic kernel and asks the OS
-once (HWCAP_ASIMDDP from getauxval on Linux); "+dotprod" (apple-m1, a pinned cortex-a76)
-calls SDOT directly, "-dotprod" never.
+excludes it ("-avx512vnni") never does. AArch64 does the same, in two steps: a baseline
+without dotprod (aarch64-linux's Armv8.0-A) holds the i8mm, the sdot or udot (by A's type)
+and the generic kernel, and asks the OS once for each flag, I8MM first (HWCAP2_I8MM, then
+HWCAP_ASIMDDP, from getauxval on Linux); "+dotprod" (apple-m1, a pinned cortex-a76) holds
+i8mm and the dot product only, "+i8mm" (a pinned neoverse-v1) i8mm only. macOS is asked for
+I8MM with sysctl (FEAT_I8MM, the M2 on); Windows is asked for the dot product only, so it
+never runs the i8mm kernel (it has no documented I8MM query the runtime can rely on).
 
 The epilogue (`QEpilogue`) turns a finished tile into the output while it is in registers:
 int32 as is, float32 = (acc) * a_scale * scale[n] + bias[n], or uint8/int8 =
@@ -183,8 +198,9 @@ class Int8Isa:
     mr: int  # rows per tile
     nv: int  # vectors per tile row
     #: the CPUID test (leaf, subleaf, register, bit) under which `kind` runs, else `fallback`
+    #: (itself possibly gated: AArch64 tries I8MM, then the dot product, then plain NEON)
     gate: tuple[int, int, int, int] | None = None
-    fallback: str | None = None
+    fallback: Int8Isa | None = None
     #: extra LLVM target features the kind's function needs
     features: str = ""
 
@@ -194,7 +210,9 @@ class Int8Isa:
 
 
 _SHAPES = {"vnni512": (16, 12, 2), "avxvnni": (8, 6, 2), "madd512": (16, 6, 2),
-           "madd256": (8, 6, 1), "madd128": (4, 6, 1), "sdot": (4, 12, 2), "generic": (4, 4, 1)}
+           "madd256": (8, 6, 1), "madd128": (4, 6, 1), "sdot": (4, 12, 2), "udot": (4, 12, 2),
+           # 6 row pairs x 4 column pairs of 2 x 2 sums: 24 of the 32 registers
+           "i8mm": (4, 12, 2), "generic": (4, 4, 1)}
 #: kinds whose vector holds int16 pairs of sums (two accumulators per vector), or 4W products
 _PAIRS = ("madd512", "madd256", "madd128")
 #: CPUID leaf 7 bits (X86_CPU_FLAGS): AVX512_VNNI is ECX bit 11 of subleaf 0, AVX-VNNI EAX bit 4
@@ -202,8 +220,10 @@ _PAIRS = ("madd512", "madd256", "madd128")
 #: AVX state the dispatcher already checked to run the copy.
 _VNNI512_BIT = (7, 0, 2, 11)
 _AVXVNNI_BIT = (7, 1, 0, 4)
-#: AArch64: HWCAP_ASIMDDP, bit 20 of AT_HWCAP (the runtime reads it with getauxval)
+#: AArch64: HWCAP_ASIMDDP, bit 20 of AT_HWCAP, and HWCAP2_I8MM, bit 13 of AT_HWCAP2 (the
+#: runtime reads them with getauxval; macOS is asked for FEAT_I8MM with sysctl)
 _DOTPROD_BIT = (1, 0, 0, 20)
+_I8MM_BIT = (2, 0, 0, 13)
 
 
 def isa_named(kind: str, **extra: object) -> Int8Isa:
@@ -211,30 +231,31 @@ def isa_named(kind: str, **extra: object) -> Int8Isa:
     return Int8Isa(kind, vector, mr, nv, **extra)  # type: ignore[arg-type]
 
 
-def int8_isa_of(module: ir.Module) -> Int8Isa:
-    """The kernel for the module's target and features (see the module docstring)."""
+def _gated(features: set[str], flag: str, kind: str, bit: tuple[int, int, int, int],
+           fallback: Int8Isa) -> Int8Isa:
+    """`kind` where the module's features have `flag`, `fallback` where they exclude it, else
+    `kind` behind the run-time test of `bit`."""
+    if f"+{flag}" in features:
+        return isa_named(kind)
+    if f"-{flag}" in features:
+        return fallback
+    return isa_named(kind, gate=bit, fallback=fallback, features=f"+{flag}")
+
+
+def int8_isa_of(module: ir.Module, a_signed: bool = False) -> Int8Isa:
+    """The kernel for the module's target and features and A's signedness (see the module
+    docstring)."""
     features = set(getattr(module, "cuvil_features", "").split(","))
     if module.triple.startswith(("aarch64", "arm64")):
-        if "+dotprod" in features:
-            return isa_named("sdot")
-        if "-dotprod" in features:
-            return isa_named("generic")
-        return isa_named("sdot", gate=_DOTPROD_BIT, fallback="generic", features="+dotprod")
+        dot = _gated(features, "dotprod", "sdot" if a_signed else "udot", _DOTPROD_BIT,
+                     isa_named("generic"))
+        return _gated(features, "i8mm", "i8mm", _I8MM_BIT, dot)
     if not module.triple.startswith(("x86_64", "i686", "i386")):
         return isa_named("generic")
     if "+avx512bw" in features:
-        if "+avx512vnni" in features:
-            return isa_named("vnni512")
-        if "-avx512vnni" in features:
-            return isa_named("madd512")
-        return isa_named("vnni512", gate=_VNNI512_BIT, fallback="madd512",
-                         features="+avx512vnni")
+        return _gated(features, "avx512vnni", "vnni512", _VNNI512_BIT, isa_named("madd512"))
     if "+avx2" in features:
-        if "+avxvnni" in features:
-            return isa_named("avxvnni")
-        if "-avxvnni" in features:
-            return isa_named("madd256")
-        return isa_named("avxvnni", gate=_AVXVNNI_BIT, fallback="madd256", features="+avxvnni")
+        return _gated(features, "avxvnni", "avxvnni", _AVXVNNI_BIT, isa_named("madd256"))
     return isa_named("madd128")
 
 
@@ -260,17 +281,17 @@ def int8_gemm_function(module: ir.Module, a_signed: bool, row_sums: bool,
             set.add(fn.attributes, f'"target-features"="{features}"')
         _Writer(module, fn, kind_isa, a_signed, row_sums, epilogue).write()
 
-    def define(module: ir.Module, fn: ir.Function) -> None:
-        isa = int8_isa_of(module)
+    def define_gated(module: ir.Module, fn: ir.Function, isa: Int8Isa) -> None:
         if isa.gate is None:
             define_isa(module, fn, isa)
             return
         assert isa.fallback is not None
-        fast, slow = (ir.Function(module, _QGEMM_TYPE, f"{name}.{kind}")
-                      for kind in (isa.kind, isa.fallback))
-        for kernel, kind_isa in ((fast, isa), (slow, isa_named(isa.fallback))):
-            kernel.linkage = "internal"
-            define_isa(module, kernel, kind_isa)
+        # a gated fallback is its own gate's entry, not yet its kernel
+        fast, slow = (ir.Function(module, _QGEMM_TYPE, f"{name}.{kind}") for kind in (
+            isa.kind, isa.fallback.kind + (".gated" if isa.fallback.gate else "")))
+        fast.linkage = slow.linkage = "internal"
+        define_isa(module, fast, isa)
+        define_gated(module, slow, isa.fallback)
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         has = _cpuid_gate(module, b, isa.gate)
         with b.if_else(has) as (yes, no):
@@ -279,6 +300,9 @@ def int8_gemm_function(module: ir.Module, a_signed: bool, row_sums: bool,
             with no:
                 b.call(slow, fn.args)
         b.ret_void()
+
+    def define(module: ir.Module, fn: ir.Function) -> None:
+        define_gated(module, fn, int8_isa_of(module, a_signed))
 
     return kernel_function(module, name, _QGEMM_TYPE, define)
 
@@ -346,18 +370,22 @@ class _Writer:
                  row_sums: bool, epilogue: QEpilogue) -> None:
         self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {})
         self.module = module
-        self.isa, self.row_sums, self.epilogue = isa, row_sums, epilogue
+        self.isa, self.epilogue = isa, epilogue
         (self.m, self.n, self.kk, self.a, self.lda, self.a_zero, self.bp, self.colsum,
          self.beta, self.c, self.ldc, self.scale, self.a_scale, self.bias,
          self.c_zero, self.post_scale, self.post_shift) = fn.args
         w = isa.vector
         self.w = w
         self.vi32 = ir.VectorType(I32, w)
-        # the xor that turns A's bytes into the multiplied form: ua (signed A: a ^ 0x80), and
-        # for SDOT sa = ua ^ 0x80
-        flip = (0x80 if a_signed else 0) ^ (0x80 if isa.kind == "sdot" else 0)
-        self.a_xor = flip
+        # the xor that turns A's bytes into the multiplied form: ua (signed A: a ^ 0x80), or
+        # sa = ua ^ 0x80 where the instruction takes signed bytes (SDOT; SMMLA for int8 A,
+        # USMMLA takes uint8 A as it is)
+        self.signed_a = isa.kind == "sdot" or (isa.kind == "i8mm" and a_signed)
         self.ua_xor = 0x80 if a_signed else 0
+        self.a_xor = self.ua_xor ^ (0x80 if self.signed_a else 0)
+        # UDOT multiplies ub = sb ^ 0x80 = sb + 128 (B's xor, once per load for all rows)
+        # and takes 128 * rowsum(ua) off: every tile needs A's row sums
+        self.row_sums = row_sums or isa.kind == "udot"
         self.ca = -128 if a_signed else 0
         self._buffer: ir.Value | None = None
         self.out_type = {"int32": I32, "float32": F32, "uint8": I8, "int8": I8}[epilogue.output]
@@ -501,6 +529,9 @@ class _Writer:
         k, isa = self.k, self.isa
         b = k.b
         kind = isa.kind
+        if kind == "i8mm":
+            self.tile_mmla(i0, j0, rows, nv, left, sums)
+            return
         per_vec = 2 if kind in _PAIRS else 1
         acc_t = ir.VectorType(I32, 4 * self.w) if kind == "generic" else self.vi32
         accs = self.slots(rows * nv * per_vec, acc_t)
@@ -516,6 +547,8 @@ class _Writer:
             bsrc = b.gep(b_base, [b.mul(g, k.i64(PACK_COLS * GROUP))], source_etype=I8)
             bvec = [self.vload(b.gep(bsrc, [k.i64(v * self.w * GROUP)], source_etype=I8),
                             ir.VectorType(I8, self.w * GROUP), None) for v in range(nv)]
+            if kind == "udot":
+                bvec = [b.xor(x, self.byte_splat(0x80, self.w * GROUP)) for x in bvec]
             for r in range(rows):
                 at = b.gep(a_rows[r], [b.mul(g, k.i64(GROUP))], source_etype=I8)
                 if tail_mask is None:
@@ -532,17 +565,99 @@ class _Writer:
             step(g, None)
         with k.if_then(b.icmp_signed(">", self.tail, k.i64(0))):
             step(self.groups, self.lanes_below(self.tail, GROUP))
-        self.finish(accs, per_vec, i0, j0, rows, nv, left, sums)
+
+        def row_vector(r: int, v: int) -> ir.Value:
+            at = (r * nv + v) * per_vec
+            return self.reduce(accs[at:at + per_vec], per_vec)
+
+        self.finish(row_vector, i0, j0, rows, nv, left, sums)
+
+    def tile_mmla(self, i0: ir.Value, j0: ir.Value, rows: int, nv: int, left: ir.Value,
+                  sums: list[ir.Value] | None) -> None:
+        """The tile on I8MM: per 8 values of k, SMMLA/USMMLA multiply two rows of A (2 x 8
+        bytes) by two columns of B (8 x 2) into a 2 x 2 block of sums. B's 8 x 2 blocks are
+        two groups' 32-bit lanes interleaved (zip1/zip2, 4 per 24 MMLAs), from the packing
+        every target reads: a layout of I8MM's own would double the weights (packed both
+        ways, the i8mm kernel chosen at run time) or need the target in the packing pass,
+        which does not know it."""
+        k, w = self.k, self.w
+        b = k.b
+        pairs, cols = (rows + 1) // 2, 2 * nv  # pairs of rows, pairs of columns
+        v16 = ir.VectorType(I8, 16)
+        accs = self.slots(pairs * cols, self.vi32)
+        panel = b.udiv(j0, k.i64(PACK_COLS))
+        within = b.sub(j0, b.mul(panel, k.i64(PACK_COLS)))
+        b_base = b.gep(self.bp, [b.add(b.mul(panel, b.mul(self.kp, k.i64(PACK_COLS))),
+                                       b.mul(within, k.i64(GROUP)))], source_etype=I8)
+        a_rows = [b.gep(self.a, [b.mul(b.add(i0, k.i64(r)), self.lda)], source_etype=I8)
+                  for r in range(rows)]
+        name = f"llvm.aarch64.neon.{'smmla' if self.signed_a else 'usmmla'}.v4i32.v16i8"
+        mmla = _intrinsic(self.module, name, self.vi32, [self.vi32, v16, v16])
+        lo_hi = ir.VectorType(I32, 4)
+        assert self.a_xor == 0  # USMMLA takes uint8 A as it is, SMMLA int8 A
+
+        with b.goto_entry_block():
+            spare = b.alloca(I64)
+
+        def step(s: ir.Value, rest: ir.Value | None, second: ir.Value | None) -> None:
+            """k from 8s: groups 2s and 2s + 1; the last step has `rest` < 8 values of k
+            (`second`: whether group 2s + 1 is in B; A's zeros past K make its products 0)."""
+            first = b.gep(b_base, [b.mul(s, k.i64(2 * PACK_COLS * GROUP))], source_etype=I8)
+            after = b.gep(first, [k.i64(PACK_COLS * GROUP)], source_etype=I8)
+            if second is not None:
+                after = b.select(second, after, first)
+            blocks = []
+            for v in range(nv):
+                lo, hi = (self.vload(b.gep(p, [k.i64(v * w * GROUP)], source_etype=I8), lo_hi,
+                                     None) for p in (first, after))
+                for order in ([0, 4, 1, 5], [2, 6, 3, 7]):
+                    pair = b.shuffle_vector(lo, hi, ir.Constant(lo_hi, order))
+                    blocks.append(b.bitcast(pair, v16))
+            for p in range(pairs):
+                halves = ir.Constant(ir.VectorType(I64, 2), None)
+                for h in range(2):
+                    r = 2 * p + h
+                    if r >= rows:
+                        continue  # the odd last row's partner: zeros
+                    at = b.gep(a_rows[r], [b.mul(s, k.i64(2 * GROUP))], source_etype=I8)
+                    if rest is None:
+                        a8 = b.load(at, typ=I64, align=1)
+                    else:  # a copy, not a masked load: LLVM splits that into a branch a byte
+                        b.store(ir.Constant(I64, 0), spare)
+                        k.memcpy(spare, at, rest)
+                        a8 = b.load(spare)
+                    halves = b.insert_element(halves, a8, ir.Constant(I32, h))
+                a16 = b.bitcast(halves, v16)
+                for c in range(cols):
+                    acc = accs[p * cols + c]
+                    b.store(b.call(mmla, [b.load(acc), a16, blocks[c]]), acc)
+
+        steps = b.udiv(self.kk, k.i64(2 * GROUP))
+        rest = b.sub(self.kk, b.mul(steps, k.i64(2 * GROUP)))
+        with k.loop(steps, name="g") as s:
+            step(s, None, None)
+        with k.if_then(b.icmp_signed(">", rest, k.i64(0))):
+            step(steps, rest, b.icmp_signed(">", rest, k.i64(GROUP)))
+
+        def row_vector(r: int, v: int) -> ir.Value:
+            # a 2 x 2 block is [r c, r c+1, r+1 c, r+1 c+1]: row r's 4 columns from two blocks
+            p, h = divmod(r, 2)
+            left_, right = (b.load(accs[p * cols + 2 * v + i]) for i in (0, 1))
+            order = [0, 1, 4, 5] if h == 0 else [2, 3, 6, 7]
+            return b.shuffle_vector(left_, right, ir.Constant(lo_hi, order))
+
+        self.finish(row_vector, i0, j0, rows, nv, left, sums)
 
     def multiply(self, accs: list[ir.Value], a4: ir.Value, bv: ir.Value) -> None:
         """accs += ua . sb of this group of k for the W columns of `bv` (4W bytes)."""
         b, kind, w = self.k.b, self.isa.kind, self.w
         bytes_t = ir.VectorType(I8, 4 * w)
-        if kind in ("vnni512", "avxvnni", "sdot"):
+        if kind in ("vnni512", "avxvnni", "sdot", "udot"):
             a_vec = b.bitcast(splat(b, a4, w), bytes_t)
             name = {"vnni512": "llvm.x86.avx512.vpdpbusd.512",
                     "avxvnni": "llvm.x86.avx512.vpdpbusd.256",
-                    "sdot": f"llvm.aarch64.neon.sdot.v{w}i32.v{4 * w}i8"}[kind]
+                    "sdot": f"llvm.aarch64.neon.sdot.v{w}i32.v{4 * w}i8",
+                    "udot": f"llvm.aarch64.neon.udot.v{w}i32.v{4 * w}i8"}[kind]
             fn = _intrinsic(self.module, name, self.vi32, [self.vi32, bytes_t, bytes_t])
             b.store(b.call(fn, [b.load(accs[0]), a_vec, bv]), accs[0])
             return
@@ -588,9 +703,10 @@ class _Writer:
         assert total is not None
         return total
 
-    def finish(self, accs: list[ir.Value], per_vec: int, i0: ir.Value, j0: ir.Value, rows: int,
-               nv: int, left: ir.Value, sums: list[ir.Value] | None) -> None:
-        """The zero-point corrections, then the epilogue, and the stores."""
+    def finish(self, row_vector: Callable[[int, int], ir.Value], i0: ir.Value, j0: ir.Value,
+               rows: int, nv: int, left: ir.Value, sums: list[ir.Value] | None) -> None:
+        """The zero-point corrections, then the epilogue, and the stores; row_vector(r, v):
+        sum ua . sb (or its SDOT/UDOT/SMMLA form) of row r, columns v * W to v * W + W - 1."""
         k, w = self.k, self.w
         b = k.b
         ep = self.epilogue
@@ -600,9 +716,11 @@ class _Writer:
             colsum = self.vload(b.gep(self.colsum, [col], source_etype=I32), self.vi32, None)
             beta = self.vload(b.gep(self.beta, [col], source_etype=I32), self.vi32, None)
             term = b.mul(splat(b, self.alpha, w), b.add(colsum, b.mul(beta, splat(b, self.k32, w))))
-            if self.isa.kind == "sdot":  # sum ua.sb = sum (ua - 128).sb + 128 colsum
+            if self.signed_a:  # sum ua.sb = sum (ua - 128).sb + 128 colsum
                 term = b.add(term, b.shl(colsum, splat(b, self.i32(7), w)))
             col_terms.append(term)
+            if self.isa.kind == "udot":  # sum ua.sb = sum ua.(sb + 128) - 128 rowsum(ua)
+                beta = b.sub(beta, splat(b, self.i32(128), w))
             betas.append(beta)
             masks.append(self.lanes_below(b.sub(left, k.i64(v * w)), w))
         scales = biases = None
@@ -629,8 +747,7 @@ class _Writer:
         stores = []
         for r in range(rows):
             for v in range(nv):
-                at = (r * nv + v) * per_vec
-                x = b.add(self.reduce(accs[at:at + per_vec], per_vec), col_terms[v])
+                x = b.add(row_vector(r, v), col_terms[v])
                 if sums is not None:
                     x = b.add(x, b.mul(betas[v], splat(b, sums[r], w)))
                 out = self.convert(x, scales[v] if scales else None,
@@ -762,7 +879,7 @@ def _parallel(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, l
               scale: ir.Value | None, a_scale: ir.Value | None, bias: ir.Value | None,
               c_zero: ir.Value | None, post_scale: ir.Value | None = None,
               post_shift: ir.Value | None = None) -> None:
-    isa = int8_isa_of(k.module)
+    isa = int8_isa_of(k.module, a_signed)
     b = k.b
     null = ir.Constant(PTR, None)
     by_rows, block, count, other, tile = split_blocks(k, m, n, isa.mr, PACK_COLS)
