@@ -154,7 +154,7 @@ class _Product:
 
 def derive_float32_panels(node: Node, k: Emitter) -> None:
     """A conv with bf16 weights, on CPUs that run its float32 path: the weights as `pack_a`
-    panels per group into `k.derived` (their bytes: `weight_bytes`)."""
+    panels per group into `k.derived` (the float32 weight's bytes: `Conv.derived_bytes`)."""
     w = logical_weight(node)
     group = int(node.attrs.get("group", 1))
     assert k.derived is not None
