@@ -141,7 +141,7 @@ def test_every_copy_takes_this_cpus_path(tmp_path: Path) -> None:
 
 def test_the_avx512_copy_holds_both_paths() -> None:
     # its products ask the CPU (`bf16_hardware`), then call the bf16 kernel or the float32
-    # one; the AVX2 copy holds no bf16 kernel (checked on the modules, on any host)
+    # one; the AVX2 copy and AArch64 hold no bf16 kernel (checked on the modules, on any host)
     from cuvil.compiler.codegen.kernel_objects import KernelSet
     from cuvil.compiler.codegen.module import build_module
     from cuvil.toolchains import get_target, target_machine
@@ -150,18 +150,22 @@ def test_the_avx512_copy_holds_both_paths() -> None:
     graph.precision = "bf16"
     plan = plan_memory(run_passes(graph))
     arch = get_target("x86_64-linux").arches[0]
+    arm = get_target("aarch64-linux").arches[0]
     kernels = {}
-    for variant in arch.variants:
-        tm = target_machine(arch, cpu=variant.cpu, features=variant.features)
-        kernels[variant.cpu] = KernelSet(variant.cpu)
-        build_module(graph, plan, "m", "0", arch.llvm_triple, str(tm.target_data),
-                     features=variant.features, variant=1, kernels=kernels[variant.cpu])
+    for cpu, features, triple in [*((v.cpu, v.features, arch.llvm_triple) for v in arch.variants),
+                                  (arm.cpu, arm.features, arm.llvm_triple)]:
+        tm = target_machine(arm if triple == arm.llvm_triple else arch, cpu=cpu,
+                            features=features)
+        kernels[cpu] = KernelSet(cpu)
+        build_module(graph, plan, "m", "0", triple, str(tm.target_data), features=features,
+                     variant=1, kernels=kernels[cpu])
     names = {cpu: {symbol.rsplit(".", 1)[0] for symbol in ks.requests}
              for cpu, ks in kernels.items()}
     assert {"cuvil.bf16.hardware", "cuvil.bf16gemm.a.row_relu", "cuvil.bf16gemm.b.none"} <= \
         names["x86-64-v4"], names["x86-64-v4"]
     assert any(n.startswith("cuvil.gemm.") and n.endswith("_pa") for n in names["x86-64-v4"])
-    assert not any("bf16" in n for n in names["x86-64-v3"]), names["x86-64-v3"]
+    for cpu in ("x86-64-v3", arm.cpu):
+        assert not any("bf16" in n for n in names[cpu]), names[cpu]
 
 
 @pytest.fixture(scope="module")
