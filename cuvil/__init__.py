@@ -38,8 +38,8 @@ def compile(
     `keep_float` names nodes or op types to leave in float.
 
     `precision="bf16"` computes matrix products and convolutions in bfloat16 with float32
-    sums (weights stored as bf16; AMX or AVX-512 BF16 where the CPU has them, float32 FMAs
-    elsewhere): faster, within the error bound docs/precision.md gives.
+    sums (weights stored as bf16; AMX or AVX-512 BF16 where the CPU has them, float32 on the
+    bf16 weights elsewhere): faster, within the error bound docs/precision.md gives.
     """
     from cuvil.compiler.driver import compile_in_process
 

@@ -711,7 +711,8 @@ def _quantization_options(p: argparse.ArgumentParser, command: str) -> None:
 def _precision_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=("float32", "bf16"), default="float32",
                    help="bf16: matrix products and convolutions in bfloat16 with float32 sums, on "
-                        "AMX or AVX-512 BF16 where the CPU has them (docs/precision.md)")
+                        "AMX or AVX-512 BF16 where the CPU has them, else in float32 on the bf16 "
+                        "weights (docs/precision.md)")
 
 
 def _parser() -> argparse.ArgumentParser:

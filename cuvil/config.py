@@ -214,7 +214,7 @@ class ModelConfig:
             "weights, and the convolutions that run as matrix products; not Winograd or "
             "depthwise ones) compute in bfloat16 with float32 sums, their weights stored as "
             "bf16 (half the size): on AMX or AVX-512 BF16 where the CPU has them (picked at "
-            "run time), with float32 multiply-adds of the same bf16 operands elsewhere. Inputs "
+            "run time); elsewhere in float32 on the bf16 weights, at float32's speed. Inputs "
             "and outputs stay float32; results differ from float32 by about 1% of an output's "
             "scale at most (docs/precision.md).",
             "bf16",

@@ -1,19 +1,31 @@
 """precision = "bf16": models whose products compute in bfloat16 agree with onnxruntime (float32)
 within the bound docs/precision.md documents, take the bf16 paths (and only for the products it
 covers), keep a symbolic batch working, classify held-out digits as float32 does; the setting
-is read from the project and checked."""
+is read from the project and checked.
+
+Where the CPU has no bf16 instructions (a copy below AVX-512, or CUVIL_BF16=0) the products run
+float32 on the bf16 weights widened: they then match onnxruntime's float32 run of the model
+with those weights rounded to bf16 at float32's tolerance; the bf16 kernels (this host's, when
+it has AVX-512 BF16 or AMX) round the activations too, and do not."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import llvmlite.binding as llvm
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 from oracle import make_model, run_ort
 
 import cuvil
+from cuvil.compiler.driver import compile_in_process, compile_model
+from cuvil.compiler.frontend import import_model
+from cuvil.compiler.passes import run_passes
+from cuvil.compiler.passes.plan_memory import plan_memory
 from cuvil.errors import ConfigError
+from cuvil.runtime._loader import Model
 
 ROOT = Path(__file__).resolve().parent.parent
 #: docs/precision.md: an output is within this fraction of the largest output of its tensor;
@@ -48,6 +60,45 @@ def _mixed_model():
                       weights)
 
 
+#: the weights of _mixed_model's products that run in bf16 (not w4's, a Winograd conv's)
+BF16_PRODUCTS = ("w1", "w2", "w3", "wg", "wm")
+#: float32 arithmetic on the same weights: the tolerance of the float32 op tests
+F32_RTOL, F32_ATOL = 1e-4, 1e-5
+
+
+def _host_flags() -> set[str]:
+    return {f[1:] for f in llvm.get_host_cpu_features().flatten().split(",") if f[0] == "+"}
+
+
+def _rounded_to_bf16(model, names):
+    """The model with the initializers `names` rounded to bf16 (nearest, ties to even), as
+    numpy computes it: the weights a bf16 library holds, in a float32 model."""
+    out = type(model)()
+    out.CopyFrom(model)
+    for init in out.graph.initializer:
+        if init.name in names:
+            bits = numpy_helper.to_array(init).astype(np.float32).view(np.uint32).astype(np.uint64)
+            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+            init.CopyFrom(numpy_helper.from_array(bits.astype(np.uint32).view(np.float32),
+                                                  init.name))
+    return out
+
+
+def _errors(compiled, model, batch: int) -> tuple[float, float]:
+    """Largest error relative to the largest output: against onnxruntime's float32 run of the
+    model, and of the model with its bf16 products' weights rounded to bf16."""
+    x = np.random.default_rng(batch).standard_normal((batch, 3, 33, 33)).astype(np.float32)
+    got = compiled(x)
+    errs = []
+    for oracle in (model, _rounded_to_bf16(model, BF16_PRODUCTS)):
+        want = run_ort(oracle, {"x": x})[0]
+        errs.append(float(np.abs(got - want).max() / np.abs(want).max()))
+    if errs[1] < F32_RTOL:  # the float32 path: elementwise, as the float32 op tests compare
+        want = run_ort(_rounded_to_bf16(model, BF16_PRODUCTS), {"x": x})[0]
+        np.testing.assert_allclose(got, want, rtol=F32_RTOL, atol=F32_ATOL * np.abs(want).max())
+    return errs[0], errs[1]
+
+
 @pytest.fixture(scope="module")
 def mixed():
     model = _mixed_model()
@@ -63,6 +114,110 @@ def test_bf16_model_matches_onnxruntime_within_the_bound(mixed) -> None:
         err = np.abs(got - want).max() / np.abs(want).max()
         # within the bound, and not float32's result: the products did run in bf16
         assert 1e-5 < err < BOUND, err
+
+
+@pytest.mark.parametrize("cpu", ["x86-64-v3", "x86-64-v2"])
+def test_copies_without_bf16_kernels_compute_float32(cpu: str) -> None:
+    # the AVX2 and SSE copies (what Haswell and Nehalem run): float32 on the bf16 weights
+    model = _mixed_model()
+    compiled = compile_in_process(model, cpu=cpu, precision="bf16")
+    for batch in (1, 5):
+        err, err_rounded = _errors(compiled, model, batch)
+        assert err_rounded < F32_RTOL and 1e-5 < err < BOUND, (batch, err, err_rounded)
+
+
+def test_every_copy_takes_this_cpus_path(tmp_path: Path) -> None:
+    # the library a wheel holds (a copy per CPU level, picked at load): bf16 here only if the
+    # CPU has AVX-512 BF16 or AMX-BF16 (every AMX CPU has the former)
+    model = _mixed_model()
+    compiled = compile_model(model, "mixed", tmp_path, precision="bf16")
+    loaded = Model(compiled.library, compiled.signature)
+    err, err_rounded = _errors(loaded, model, 3)
+    if {"avx512f", "avx512bf16"} <= _host_flags():
+        assert err_rounded > 1e-4 and err < BOUND, (err, err_rounded)
+    else:
+        assert err_rounded < F32_RTOL and 1e-5 < err < BOUND, (err, err_rounded)
+
+
+def test_the_avx512_copy_holds_both_paths() -> None:
+    # its products ask the CPU (`bf16_hardware`), then call the bf16 kernel or the float32
+    # one; the AVX2 copy and AArch64 hold no bf16 kernel (checked on the modules, on any host)
+    from cuvil.compiler.codegen.kernel_objects import KernelSet
+    from cuvil.compiler.codegen.module import build_module
+    from cuvil.toolchains import get_target, target_machine
+
+    graph = import_model(_mixed_model(), None, "m")
+    graph.precision = "bf16"
+    plan = plan_memory(run_passes(graph))
+    arch = get_target("x86_64-linux").arches[0]
+    arm = get_target("aarch64-linux").arches[0]
+    kernels = {}
+    for cpu, features, triple in [*((v.cpu, v.features, arch.llvm_triple) for v in arch.variants),
+                                  (arm.cpu, arm.features, arm.llvm_triple)]:
+        tm = target_machine(arm if triple == arm.llvm_triple else arch, cpu=cpu,
+                            features=features)
+        kernels[cpu] = KernelSet(cpu)
+        build_module(graph, plan, "m", "0", triple, str(tm.target_data), features=features,
+                     variant=1, kernels=kernels[cpu])
+    names = {cpu: {symbol.rsplit(".", 1)[0] for symbol in ks.requests}
+             for cpu, ks in kernels.items()}
+    assert {"cuvil.bf16.hardware", "cuvil.bf16gemm.a.row_relu", "cuvil.bf16gemm.b.none"} <= \
+        names["x86-64-v4"], names["x86-64-v4"]
+    assert any(n.startswith("cuvil.gemm.") and n.endswith("_pa") for n in names["x86-64-v4"])
+    for cpu in ("x86-64-v3", arm.cpu):
+        assert not any("bf16" in n for n in names[cpu]), names[cpu]
+
+
+@pytest.fixture(scope="module")
+def avx512_copy(tmp_path_factory: pytest.TempPathFactory):
+    """The AVX-512 copy (x86-64-v4), which asks the CPU at its first product."""
+    if "avx512f" not in _host_flags():
+        pytest.skip("this CPU has no AVX-512: the x86-64-v4 copy cannot run")
+    model = _mixed_model()
+    return model, compile_model(model, "mixed", tmp_path_factory.mktemp("v4"), cpu="x86-64-v4",
+                                precision="bf16")
+
+
+def _fresh(compiled, tmp_path: Path) -> Model:
+    """The library loaded from a copy of its own (a library loaded once keeps its answers)."""
+    path = tmp_path / compiled.library.name
+    shutil.copy(compiled.library, path)
+    return Model(path, compiled.signature)
+
+
+def test_avx512_copy_computes_float32_when_told(avx512_copy, monkeypatch, tmp_path) -> None:
+    # CUVIL_BF16=0: the path of an AVX-512 CPU without bf16 (Skylake-X, Ice Lake), here
+    model, compiled = avx512_copy
+    monkeypatch.setenv("CUVIL_BF16", "0")
+    loaded = _fresh(compiled, tmp_path)
+    for batch in (1, 5):
+        err, err_rounded = _errors(loaded, model, batch)
+        assert err_rounded < F32_RTOL and 1e-5 < err < BOUND, (batch, err, err_rounded)
+
+
+def test_avx512_copy_runs_bf16_where_the_cpu_has_it(avx512_copy, tmp_path) -> None:
+    model, compiled = avx512_copy
+    if not _host_flags() & {"avx512bf16", "amx-bf16"}:
+        pytest.skip("this CPU has neither AVX-512 BF16 nor AMX-BF16")
+    loaded = _fresh(compiled, tmp_path)
+    for batch in (1, 5):
+        err, err_rounded = _errors(loaded, model, batch)
+        # the activations are rounded too: not float32's result on the rounded weights
+        assert err_rounded > 1e-4 and err < BOUND, (batch, err, err_rounded)
+
+
+def test_float32_panels_are_derived_last_and_on_demand() -> None:
+    # the first run populates the derived buffer up to them: a bf16 CPU never touches them
+    graph = import_model(_mixed_model(), None, "m")
+    graph.precision = "bf16"
+    plan = plan_memory(run_passes(graph))
+    bf16 = {node: at for node, at in plan.derived.items() if "cuvil.bf16_weights" in node.attrs}
+    assert len(bf16) == 5 and min(bf16.values()) >= plan.derived_eager_size
+    assert all(at < plan.derived_eager_size for node, at in plan.derived.items()
+               if node not in bf16)
+    fp32 = sum(int(np.prod(w.dims)) * 4 for w in _mixed_model().graph.initializer
+               if w.name in BF16_PRODUCTS)
+    assert plan.derived_size - plan.derived_eager_size >= fp32
 
 
 def test_bf16_paths_are_the_products_it_covers(mixed) -> None:

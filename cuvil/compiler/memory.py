@@ -30,6 +30,9 @@ class MemoryPlan:
     #: (`Op.derived_bytes`), in the library's one buffer of them (codegen/derived.py)
     derived: dict[Node, int] = field(default_factory=dict)
     derived_size: int = 0
+    #: the buffer's first bytes, which every first run fills; past them are the weights of the
+    #: nodes that derive theirs only on CPUs that need them (`Op.derived_on_demand`)
+    derived_eager_size: int = 0
     #: byte offset in the weights blob of the derived weights the compiler computed instead
     #: (`Op.derived_value`): the library stores them, its first run derives nothing for the node
     stored: dict[Node, int] = field(default_factory=dict)

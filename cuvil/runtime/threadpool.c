@@ -550,6 +550,14 @@ HIDDEN int32_t cuvil_amx_ready(void) {
 #endif
     return 1;
 }
+
+/* Whether bf16 products may use the CPU's bf16 instructions (the bf16 GEMM kernel's gate asks
+ * once): CUVIL_BF16=0 sends them to their float32 path, as on CPUs without (docs/precision.md;
+ * results then match those CPUs', and the tests run that path here). */
+HIDDEN int32_t cuvil_bf16_allowed(void) {
+    const char *env = getenv("CUVIL_BF16");
+    return !(env != NULL && env[0] == '0' && env[1] == 0);
+}
 #elif defined(__aarch64__)
 /* AArch64 has no CPUID: (word, -, -, bit) names a bit of Linux's HWCAP words (1: AT_HWCAP = 16,
  * 2: AT_HWCAP2 = 26, the kernel's uapi auxvec.h). macOS is asked about I8MM (HWCAP2 bit 13)

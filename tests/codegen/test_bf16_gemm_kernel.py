@@ -1,8 +1,10 @@
 """The bf16 GEMM kernel against numpy: A and B rounded to bf16 (to nearest, ties to even) and
 multiplied in float64, the kernel's float32 sums within their rounding of that. Every kernel
-kind the host can run (AMX, AVX-512 BF16, and the float32 fallbacks at 16, 8 and 4 lanes),
-both packed sides (weights on the right: Gemm/MatMul; on the left: convolutions), odd sizes,
-K over several blocks, the epilogues, threads; the fallback compiles for AArch64 too."""
+kind the host can run (AMX, AVX-512 BF16), both packed sides (weights on the right:
+Gemm/MatMul; on the left: convolutions), odd sizes, K over several blocks, the epilogues,
+threads. Copies without bf16 instructions hold no bf16 kernel: there the float32 kernel
+multiplies float32 panels derived from the bf16 weights, checked the same way (only B or W
+rounded)."""
 
 from __future__ import annotations
 
@@ -15,26 +17,25 @@ from kernel_library import FEATURES, host_module, link_modules
 from llvmlite import ir
 
 from cuvil.compiler.codegen.bf16_gemm_kernel import (
+    bf16_hardware,
     bf16_isa_of,
     bf16_isas_of,
+    emit_float32_panels,
     emit_parallel_bf16_gemm,
     from_bf16,
     pack_l,
     pack_r,
     to_bf16,
 )
-from cuvil.compiler.codegen.emitter import I32, I64, PTR, Emitter
-from cuvil.compiler.codegen.gemm_kernel import Epilogue
+from cuvil.compiler.codegen.emitter import I8, I32, I64, PTR, Emitter
+from cuvil.compiler.codegen.gemm_kernel import Epilogue, Layout, emit_parallel_gemm
 
 AVX512 = FEATURES["avx512"]
 #: name -> (LLVM features, host flags needed, the kind it must select first)
 KINDS = {
-    "sse": ("", (), "fma"),
-    "avx2": (FEATURES["avx2"], ("avx2",), "fma"),
-    "fma512": (AVX512 + ",-amx-bf16,-avx512bf16", ("avx512f",), "fma"),
     "dpbf16": (AVX512 + ",-amx-bf16,+avx512bf16", ("avx512bf16",), "dpbf16"),
-    # the v4 copy: AMX, else AVX512-BF16, else the fallback, tested at run time
-    "gated": (AVX512, ("avx512f",), "amx"),
+    # the v4 copy: AMX, else AVX512-BF16, tested at run time (every AMX CPU has AVX512-BF16)
+    "gated": (AVX512, ("avx512bf16",), "amx"),
 }
 EPILOGUES = [Epilogue(), Epilogue("row", residual=True, activation="Relu"),
              Epilogue("col", activation="Tanh")]
@@ -46,7 +47,7 @@ def _host_flags() -> set[str]:
 
 
 #: the kinds whose every epilogue is tested (the others: the plain one; compile time)
-EPILOGUE_KINDS = ("sse", "gated")
+EPILOGUE_KINDS = ("gated",)
 
 
 def _emit(module: ir.Module, prefix: str, epilogues: int = len(EPILOGUES)) -> None:
@@ -83,9 +84,10 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> tuple[ctypes.CDLL, dict[str
         # what the gated copy runs here: the first kind whose test this host passes
         runs = first if name != "gated" else next(
             isa.kind for isa in bf16_isas_of(module)
-            if isa.kind == "fma" or {"amx": {"amx-bf16", "amx-tile"},
-                                     "dpbf16": {"avx512bf16"}}[isa.kind] <= flags)
+            if {"amx": {"amx-bf16", "amx-tile"}, "dpbf16": {"avx512bf16"}}[isa.kind] <= flags)
         built[name] = runs
+    if not modules:
+        pytest.skip("this CPU has no bf16 instructions")
     return link_modules(tmp_path_factory.mktemp("bf16"), modules), built
 
 
@@ -148,7 +150,9 @@ def test_epilogues(lib, kind: str, e: int, accumulate: bool) -> None:
 def test_differs_from_float32_by_bf16_rounding(lib) -> None:
     # the rounding is there (results are not float32 products) and of the size bf16 gives
     library, built = lib
-    kind = "gated" if "gated" in built else "sse"
+    if "gated" not in built:
+        pytest.skip("this CPU has no bf16 instructions")
+    kind = "gated"
     got, _, _ = _run(library, kind, "b", 0, (20, 30, 256), seed=5)
     rng = np.random.default_rng(5 + 20 * 7919 + 30 * 31 + 256)
     a = rng.standard_normal((20, 256))
@@ -166,18 +170,81 @@ def test_to_bf16_rounds_to_nearest_even() -> None:
     assert got[5] == np.inf and got[6] == np.inf and np.isnan(got[7])
 
 
-def test_fallback_compiles_for_aarch64() -> None:
+def test_copies_without_bf16_instructions_hold_no_bf16_kernel() -> None:
     from cuvil.toolchains import get_target, target_machine
 
     arch = get_target("aarch64-linux").arches[0]
     tm = target_machine(arch, cpu=arch.cpu)
-    module = ir.Module("g")
-    module.triple = arch.llvm_triple
-    module.data_layout = str(tm.target_data)
-    module.cuvil_features = arch.features
-    assert [isa.kind for isa in bf16_isas_of(module)] == ["fma"]
-    _emit(module, "arm", 1)
-    from cuvil.compiler.codegen.module import hide_declarations
+    arm = ir.Module("g")
+    arm.triple = arch.llvm_triple
+    arm.data_layout = str(tm.target_data)
+    arm.cuvil_features = arch.features
+    for module in (arm, host_module("")[0], host_module(FEATURES["avx2"])[0],
+                   host_module(AVX512 + ",-amx-bf16,-avx512bf16")[0]):
+        fn = ir.Function(module, ir.FunctionType(I32, []), "f")
+        assert bf16_isas_of(module) == []
+        assert bf16_hardware(Emitter(module, fn, ir.Constant(PTR, None), [], {})) is None
 
-    asm = tm.emit_assembly(llvm.parse_assembly(hide_declarations(str(module), "-")))
-    assert "fmla" in asm
+
+#: copies with no bf16 kernel: their float32 GEMM kernel on the derived panels
+PANEL_KINDS = {"sse": "", "avx512": AVX512 + ",-amx-bf16,-avx512bf16"}
+#: (side, M, N, K, groups): side "a" W[M, K] per group @ X[K, N]; "b" A[M, K] @ B[K, N]
+PANEL_SHAPES = [("a", 13, 9, 70, 2), ("a", 30, 5, 33, 1), ("a", 1, 1, 1, 1),
+                ("b", 3, 45, 70, 1), ("b", 20, 70, 100, 1), ("b", 1, 1, 1, 1)]
+
+
+@pytest.fixture(scope="module")
+def panels_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """`int32 <kind>_<i>(L, R, C, panels)` for PANEL_SHAPES[i]: the float32 panels of the bf16
+    operand into `panels`, then C = L @ R on the float32 kernel over them."""
+    modules = []
+    for kind, features in PANEL_KINDS.items():
+        if kind == "avx512" and "avx512f" not in _host_flags():
+            continue
+        module, tm = host_module(features)
+        for i, (side, m, n, kk, groups) in enumerate(PANEL_SHAPES):
+            fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 4), f"{kind}_{i}")
+            k = Emitter(module, fn, ir.Constant(PTR, None), [], {})
+            left, right, c, panels = fn.args
+            b = k.b
+            rows, cols = (m, kk) if side == "a" else (kk, n)
+            emit_float32_panels(k, side, left if side == "a" else right, panels, rows, cols,
+                                groups)
+            for g in range(groups):
+                at = [b.gep(p, [k.i64(g * size * 4)], source_etype=I8)
+                      for p, size in ((panels, m * kk), (right, kk * n), (c, m * n))]
+                if side == "a":
+                    emit_parallel_gemm(k, k.i64(m), k.i64(n), k.i64(kk), at[0], k.i64(kk),
+                                       at[1], k.i64(n), at[2], k.i64(n),
+                                       layout=Layout(packed_a=True))
+                else:
+                    emit_parallel_gemm(k, k.i64(m), k.i64(n), k.i64(kk), left, k.i64(kk), panels,
+                                       k.i64(n), c, k.i64(n), layout=Layout(packed_b=True))
+            k.b.ret(ir.Constant(I32, 0))
+        modules.append((module, tm))
+    return link_modules(tmp_path_factory.mktemp("panels"), modules)
+
+
+@pytest.mark.parametrize("kind", list(PANEL_KINDS))
+def test_float32_panels_of_bf16_weights(panels_lib, kind: str) -> None:
+    if kind == "avx512" and "avx512f" not in _host_flags():
+        pytest.skip("this CPU has no AVX-512")
+    for i, (side, m, n, kk, groups) in enumerate(PANEL_SHAPES):
+        rng = np.random.default_rng(i)
+        w = rng.standard_normal((groups, m, kk) if side == "a" else (kk, n)).astype(np.float32)
+        x = rng.standard_normal((groups, kk, n) if side == "a" else (m, kk)).astype(np.float32)
+        rw = _rounded(w)
+        if side == "a":
+            left, right = np.stack([pack_l(g) for g in w]), x
+            want = rw @ x.astype(np.float64)
+            bound = 4e-6 * (np.abs(rw) @ np.abs(x)) + 1e-6
+        else:
+            left, right = x, pack_r(w)
+            want = x.astype(np.float64) @ rw
+            bound = 4e-6 * (np.abs(x) @ np.abs(rw)) + 1e-6
+        c = np.zeros(want.shape, np.float32)
+        panels = np.zeros(w.size, np.float32)
+        fn = getattr(panels_lib, f"{kind}_{i}")
+        fn.argtypes = [ctypes.c_void_p] * 4
+        fn(left.ctypes.data, right.ctypes.data, c.ctypes.data, panels.ctypes.data)
+        assert np.all(np.abs(c - want) <= bound), (kind, side, m, n, kk, groups)

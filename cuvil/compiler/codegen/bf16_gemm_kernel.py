@@ -29,15 +29,20 @@ Instruction sets (`bf16_isa_of`):
   float32 tiles, two tiles of L, two of R per 32 values of K); the tile configuration comes
   from LLVM (the `.internal` intrinsics carry the shapes). Linux hands a process the tile
   state only when asked (arch_prctl): the runtime's `cuvil_amx_ready` asks and tells.
-- "dpbf16": AVX-512 BF16 vdpbf16ps, a 12 x 32 register tile (as the float kernel's);
-- "fma": bf16 widened to float32 exactly (a shift), multiplied with FMAs: CPUs without bf16
-  instructions and other targets (AArch64). Same rounded operands, so the same accuracy.
+- "dpbf16": AVX-512 BF16 vdpbf16ps, a 12 x 32 register tile (as the float kernel's).
 
 AVX512-BF16 and AMX are not part of x86-64-v4, so, as the int8 kernel does for VNNI, the v4
-copy holds the amx, dpbf16 and fma kernels and picks one at its first call (a CPUID bit, and
-for AMX the OS's permission, each read once and kept in an internal global); each kernel is
-compiled with its extra features as a function attribute. The v3 and baseline copies and
-AArch64 run "fma".
+copy holds both kernels and picks one at its first call (a CPUID bit, and for AMX the OS's
+permission, each read once and kept in an internal global); each kernel is compiled with its
+extra features as a function attribute.
+
+Every other CPU runs float32 code (`bf16_hardware` says which path a call takes): bf16 widened
+to float32 on the fly ran at half the float32 kernel's speed, so there the products run on
+the float32 kernel (codegen/gemm_kernel.py), over float32 panels in its packed layouts that
+the first run derives from the bf16 weights (`emit_float32_panels`; exact: a shift) into the
+derived-weights buffer, only on those CPUs (`Op.derived_on_demand`). The library keeps the
+bf16 weights; the activations are then not rounded, so the results differ by CPU within the
+same bound (docs/precision.md). The v3 and baseline copies and AArch64 hold no bf16 kernel.
 """
 
 from __future__ import annotations
@@ -48,8 +53,20 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
+from cuvil.compiler.codegen import gemm_kernel
 from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.emitter import I1, I8, I32, I64, PTR, Emitter, splat
+from cuvil.compiler.codegen.emitter import (
+    CPUID_BIT,
+    I1,
+    I8,
+    I32,
+    I64,
+    POPULATE,
+    PTR,
+    RELEASE,
+    Emitter,
+    splat,
+)
 from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue, block_span, split_blocks
 from cuvil.compiler.codegen.kernel_objects import kernel_function
 
@@ -119,7 +136,7 @@ def pack_r(b: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Bf16Isa:
-    kind: str  # "amx", "dpbf16" or "fma" (module docstring)
+    kind: str  # "amx" or "dpbf16" (module docstring)
     vector: int  # float32 lanes per vector
     mr: int  # rows per register tile (AMX: per block)
     nv: int  # vectors per tile row (NR = vector * nv divides PACK_COLS)
@@ -135,35 +152,27 @@ AMX = Bf16Isa("amx", 16, AMX_ROWS, 2, "+amx-tile,+amx-bf16,+avx512bf16")
 DPBF16 = Bf16Isa("dpbf16", 16, 12, 2, "+avx512bf16")
 #: CPUID leaf 7 subleaf 1, EAX bit 5: AVX512_BF16 (its register state is AVX-512's)
 AVX512BF16_BIT = (7, 1, 0, 5)
-#: the runtime's checks (cuvil/runtime/threadpool.c)
-CPUID_BIT = "cuvil_cpuid_bit"
+#: the runtime's checks (cuvil/runtime/threadpool.c): AMX's, and CUVIL_BF16=0's
 AMX_READY = "cuvil_amx_ready"
-
-
-def _fma(vector: int, mr: int) -> Bf16Isa:
-    return Bf16Isa("fma", vector, mr, PACK_COLS // vector if vector >= 16 else 2)
+BF16_ALLOWED = "cuvil_bf16_allowed"
 
 
 def bf16_isas_of(module: ir.Module) -> list[Bf16Isa]:
-    """The kernels the module's copy holds, best first: each but the last runs only where its
-    run-time test passes (see the module docstring)."""
+    """The kernels the module's copy holds, best first, and whether the CPU must be asked
+    about the last one (the others: always): none outside x86's AVX-512 copies."""
+    return _chain(module)[0]
+
+
+def _chain(module: ir.Module) -> tuple[list[Bf16Isa], bool]:
     features = set(getattr(module, "cuvil_features", "").split(","))
-    if module.triple.startswith(("aarch64", "arm64")):
-        return [_fma(4, 8)]
-    if not module.triple.startswith(("x86_64", "i686", "i386")):
-        return [_fma(4, 4)]
-    if "+avx512f" in features:
-        chain = []
-        if "-amx-bf16" not in features and "-amx-tile" not in features:
-            chain.append(AMX)
-        if "-avx512bf16" not in features:
-            chain.append(DPBF16)
-        if "+avx512bf16" not in features:
-            chain.append(_fma(16, 8))
-        return chain
-    if "+avx2" in features:
-        return [_fma(8, 4)]
-    return [_fma(4, 4)]
+    if not module.triple.startswith(("x86_64", "i686", "i386")) or "+avx512f" not in features:
+        return [], False
+    chain = []
+    if "-amx-bf16" not in features and "-amx-tile" not in features:
+        chain.append(AMX)
+    if "-avx512bf16" not in features:
+        chain.append(DPBF16)
+    return chain, "+avx512bf16" not in features
 
 
 def bf16_isa_of(module: ir.Module) -> Bf16Isa:
@@ -179,7 +188,8 @@ _TYPE = ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, PTR, I64, PTR, 
 
 def bf16_gemm_function(module: ir.Module, side: str, epilogue: Epilogue = PLAIN) -> ir.Function:
     """`void bf16gemm(M, N, K, L, ldl, R, ldr, C, ldc, accumulate, bias, residual)`:
-    C[i, j] = act((accumulate ? C[i, j] : 0) + sum_k L[i, k] R[k, j] (+ bias) (+ residual)).
+    C[i, j] = act((accumulate ? C[i, j] : 0) + sum_k L[i, k] R[k, j] (+ bias) (+ residual)),
+    to call only where `bf16_hardware` says yes.
     `side` names the packed operand: "b" (R is `pack_r`; L float32, row stride ldl; ldr not
     read) or "a" (L is `pack_l`; R float32, row stride ldr; ldl not read). Strides are in
     elements; C's and the residual's rows are ldc apart."""
@@ -199,6 +209,7 @@ def bf16_gemm_function(module: ir.Module, side: str, epilogue: Epilogue = PLAIN)
 
     def define(module: ir.Module, fn: ir.Function) -> None:
         chain = bf16_isas_of(module)
+        assert chain, "no bf16 kernel in this copy: its products run float32 (bf16_hardware)"
         if len(chain) == 1:
             define_isa(module, fn, chain[0])
             return
@@ -211,6 +222,7 @@ def bf16_gemm_function(module: ir.Module, side: str, epilogue: Epilogue = PLAIN)
             with b.if_then(_gate(module, b, isa)):
                 b.call(kernel, fn.args)
                 b.ret_void()
+        # (`bf16_hardware` has said yes: if not to the others, then to this one)
         b.call(kernels[-1], fn.args)
         b.ret_void()
 
@@ -218,15 +230,18 @@ def bf16_gemm_function(module: ir.Module, side: str, epilogue: Epilogue = PLAIN)
 
 
 def _gate(module: ir.Module, b: ir.IRBuilder, isa: Bf16Isa) -> ir.Value:
-    """Whether the CPU (and OS) run `isa`: asked once per library and kept in an internal global
-    (1 yes, 2 no, 0 not asked yet), as the int8 kernel's CPUID gate: CPUID traps to the
-    hypervisor on virtual machines, too slow for every product. Racing threads store the same
-    answer."""
+    """Whether the CPU (and OS) run `isa` (`_asked`)."""
     if isa.kind == "amx":
-        name, query, args = "cuvil.amx_ready", AMX_READY, []
-    else:
-        name, query = "cuvil.cpuid." + ".".join(map(str, AVX512BF16_BIT)), CPUID_BIT
-        args = list(AVX512BF16_BIT)
+        return _asked(module, b, "cuvil.amx_ready", AMX_READY, [])
+    return _asked(module, b, "cuvil.cpuid." + ".".join(map(str, AVX512BF16_BIT)), CPUID_BIT,
+                  list(AVX512BF16_BIT))
+
+
+def _asked(module: ir.Module, b: ir.IRBuilder, name: str, query: str,
+           args: list[int]) -> ir.Value:
+    """query(*args) != 0, asked once per library and kept in the internal global `name` (1 yes,
+    2 no, 0 not asked yet), as the int8 kernel's CPUID gate: CPUID traps to the hypervisor on
+    virtual machines, too slow for every product. Racing threads store the same answer."""
     try:
         cache = module.get_global(name)
     except KeyError:
@@ -247,6 +262,108 @@ def _gate(module: ir.Module, b: ir.IRBuilder, isa: Bf16Isa) -> ir.Value:
         b.store_atomic(fresh, cache, "monotonic", 4)
         b.store(fresh, slot)
     return b.icmp_signed("==", b.load(slot), ir.Constant(I32, 1))
+
+
+_HARDWARE_TYPE = ir.FunctionType(I32, [])
+
+
+def bf16_hardware(k: Emitter) -> ir.Value | None:
+    """Whether a bf16 product runs on the bf16 kernel here (an i1), or None where the module's
+    copy holds none (the float32 path, always): the CPU and OS run one of the copy's bf16
+    kernels, and CUVIL_BF16 is not 0 (the runtime's `cuvil_bf16_allowed`)."""
+    if not bf16_isas_of(k.module):
+        return None
+    fn = kernel_function(k.module, "cuvil.bf16.hardware", _HARDWARE_TYPE, _define_hardware)
+    return k.b.icmp_signed("!=", k.b.call(fn, []), ir.Constant(I32, 0))
+
+
+def _define_hardware(module: ir.Module, fn: ir.Function) -> None:
+    chain, ask_last = _chain(module)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    with b.if_then(b.not_(_asked(module, b, "cuvil.bf16_allowed", BF16_ALLOWED, []))):
+        b.ret(ir.Constant(I32, 0))
+    for isa in chain if ask_last else chain[:-1]:
+        with b.if_then(_gate(module, b, isa)):
+            b.ret(ir.Constant(I32, 1))
+    b.ret(ir.Constant(I32, 0 if ask_last else 1))
+
+
+def bf16_or_float32(k: Emitter, bf16: Callable[[], None], float32: Callable[[], None]) -> None:
+    """bf16(): a product on the bf16 kernel, where `bf16_hardware` says so; else float32(): the
+    same on the float32 kernel, over the panels `emit_float32_panels` derived."""
+    gate = bf16_hardware(k)
+    if gate is None:
+        float32()
+        return
+    with k.b.if_else(gate) as (fast, other):
+        with fast:
+            bf16()
+        with other:
+            float32()
+
+
+def emit_float32_panels(k: Emitter, side: str, src: ir.Value, dst: ir.Value, rows: int,
+                        cols: int, groups: int = 1) -> None:
+    """Where this CPU takes the float32 path (`bf16_hardware`): dst = the float32 kernel's
+    packed weights of the bf16 ones in src, [rows, cols] matrices: side "a" (convolutions)
+    `pack_l` per group -> `gemm_kernel.pack_a` per group, side "b" `pack_r` -> `pack_b`. Then
+    src's pages leave the resident memory: nothing reads them on this CPU. For the first run
+    (`Op.lower_derived`): dst gets its pages first, as the derived buffer's others do."""
+    gate = bf16_hardware(k)
+    if gate is None:
+        _float32_panels(k, side, src, dst, rows, cols, groups)
+        return
+    with k.b.if_then(k.b.not_(gate)):
+        _float32_panels(k, side, src, dst, rows, cols, groups)
+
+
+def _float32_panels(k: Emitter, side: str, src: ir.Value, dst: ir.Value, rows: int, cols: int,
+                    groups: int) -> None:
+    b = k.b
+    m = k.module
+    kp = round_up(max(cols if side == "a" else rows, 1), K_ALIGN)
+    if side == "a":  # pack_l rows of Kp bf16 -> panels of PACK_ROWS rows, k-major
+        step, units = gemm_kernel.PACK_ROWS, -(-rows // gemm_kernel.PACK_ROWS)
+        src_group = round_up(max(rows, 1), ROW_ALIGN) * kp
+    else:  # pack_r panels of pair rows -> panels of PACK_COLS columns, k-major
+        step, units = gemm_kernel.PACK_COLS, -(-cols // gemm_kernel.PACK_COLS)
+        src_group = round_up(max(cols, 1), PACK_COLS) * kp
+    _declare(m, POPULATE, ir.VoidType(), [PTR, I64])
+    b.call(m.get_global(POPULATE), [dst, k.i64(groups * rows * cols * 4)])
+    with k.parallel_loop(groups * units, cost=step * (cols if side == "a" else rows),
+                         name="panels", carry=[src, dst]) as t:
+        bf, f32 = k.carried
+        bb = k.b
+        g, unit = bb.udiv(t, k.i64(units)), bb.urem(t, k.i64(units))
+        first = bb.mul(unit, k.i64(step))
+        width = k.minimum("int64", bb.sub(k.i64(rows if side == "a" else cols), first),
+                          k.i64(step))
+        out = bb.gep(f32, [bb.add(bb.mul(g, k.i64(rows * cols)),
+                                  bb.mul(first, k.i64(cols if side == "a" else rows)))],
+                     source_etype=F32)
+        if side == "a":
+            rows_in = bb.gep(bf, [bb.add(bb.mul(g, k.i64(src_group)), bb.mul(first, k.i64(kp)))],
+                             source_etype=I16)
+            with k.loop(width, name="r") as r, k.loop(cols, name="c") as c:
+                x = bb.load(bb.gep(rows_in, [bb.add(bb.mul(r, k.i64(kp)), c)],
+                                   source_etype=I16), typ=I16)
+                bb.store(_widened(bb, x), bb.gep(out, [bb.add(bb.mul(c, width), r)],
+                                                 source_etype=F32))
+        else:  # (step == PACK_COLS: a float32 panel is a bf16 one)
+            panel = bb.gep(bf, [bb.mul(unit, k.i64(kp * PACK_COLS))], source_etype=I16)
+            with k.loop(rows, name="r") as r, k.loop(width, name="c") as c:
+                pair = bb.mul(bb.lshr(r, k.i64(1)), k.i64(PACK_COLS * 2))
+                at = bb.add(pair, bb.add(bb.mul(c, k.i64(2)), bb.and_(r, k.i64(1))))
+                x = bb.load(bb.gep(panel, [at], source_etype=I16), typ=I16)
+                bb.store(_widened(bb, x), bb.gep(out, [bb.add(bb.mul(r, width), c)],
+                                                 source_etype=F32))
+    _declare(m, RELEASE, ir.VoidType(), [PTR, I64])
+    b.call(m.get_global(RELEASE), [src, k.i64(groups * src_group * 2)])
+
+
+def _widened(b: ir.IRBuilder, bits: ir.Value) -> ir.Value:
+    """bf16 bits (i16) -> the float32 of the same value (exact)."""
+    return b.bitcast(b.shl(b.zext(bits, I32), ir.Constant(I32, 16)), F32)
 
 
 class _Amx(ir.Type):
@@ -473,8 +590,6 @@ class _Writer:
             bsrc = self.at(r_src, b.mul(g, k.i64(PAIR_ROW)))
             bvec = [b.load(self.at(bsrc, k.i64(v * w * 4)), typ=vi, align=4)
                     for v in range(isa.nv)]
-            if isa.kind == "fma":
-                bvec = [self.widen(x) for x in bvec]
             for r in range(rows):
                 a2 = b.load(self.at(a_rows[r], b.mul(g, k.i64(4))), typ=I32, align=4)
                 for v in range(isa.nv):
@@ -486,27 +601,12 @@ class _Writer:
             self.store_row(b.add(i0, k.i64(r)), j0,
                            [b.load(accs[r * isa.nv + v]) for v in range(isa.nv)], masks)
 
-    def widen(self, pairs: ir.Value) -> tuple[ir.Value, ir.Value]:
-        """W pairs of bf16 (as i32) -> the float32 vectors of their first and second values."""
-        b, w = self.k.b, self.w
-        vi = ir.VectorType(I32, w)
-        first = b.shl(pairs, ir.Constant(vi, [16] * w))
-        second = b.and_(pairs, ir.Constant(vi, [-65536] * w))
-        return b.bitcast(first, self.vf), b.bitcast(second, self.vf)
-
-    def multiply(self, acc: ir.Value, a2: ir.Value, bv: ir.Value | tuple) -> ir.Value:
+    def multiply(self, acc: ir.Value, a2: ir.Value, bv: ir.Value) -> ir.Value:
         """acc + a[0] * b[.., 0] + a[1] * b[.., 1] for a pair of bf16 `a2` (i32) and W columns."""
         b, w = self.k.b, self.w
-        if self.isa.kind == "dpbf16":
-            vi = ir.VectorType(I32, w)
-            fn = _declare(self.module, "llvm.x86.avx512bf16.dpbf16ps.512", self.vf,
-                          [self.vf, vi, vi])
-            return b.call(fn, [acc, splat(b, a2, w), bv])
-        first = b.bitcast(b.shl(a2, ir.Constant(I32, 16)), F32)
-        second = b.bitcast(b.and_(a2, ir.Constant(I32, -65536)), F32)
-        fma = _declare(self.module, f"llvm.fmuladd.v{w}f32", self.vf, [self.vf] * 3)
-        acc = b.call(fma, [splat(b, first, w), bv[0], acc])
-        return b.call(fma, [splat(b, second, w), bv[1], acc])
+        vi = ir.VectorType(I32, w)
+        fn = _declare(self.module, "llvm.x86.avx512bf16.dpbf16ps.512", self.vf, [self.vf, vi, vi])
+        return b.call(fn, [acc, splat(b, a2, w), bv])
 
     def amx_block(self, l_src: ir.Value, lld: ir.Value, r_src: ir.Value, l_row0: ir.Value,
                   i0: ir.Value, j0: ir.Value, rows: int) -> None:

@@ -5,7 +5,10 @@ that a library carries only the constants.
 
 A library's derived weights live in one zero-initialised global (`derived` of
 `module.symbol_names`), which the linker puts in .bss: it takes no file space, and memory only
-as it is filled. The memory plan gives each node its offset there (`MemoryPlan.derived`).
+as it is filled. The memory plan gives each node its offset there (`MemoryPlan.derived`); the
+weights only some CPUs need (`Op.derived_on_demand`: the float32 copies of bf16 weights, for
+CPUs without bf16 instructions) come last, past `MemoryPlan.derived_eager_size`, and their
+nodes' `lower_derived` decides at run time whether to fill (and populate) their part.
 
 `run` first calls `prepare`, which reads a state word. The first caller to swap it from EMPTY
 to BUSY fills the buffer (each node's `Op.lower_derived`, parallel over the thread pool) and
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I8, I32, PTR, Emitter
+from cuvil.compiler.codegen.emitter import I8, I32, POPULATE, PTR, RELEASE, Emitter
 from cuvil.compiler.ir import Graph, Node, Value
 from cuvil.compiler.memory import MemoryPlan
 from cuvil.compiler.ops import lookup, replaced_constants
@@ -30,13 +33,11 @@ from cuvil.compiler.ops import lookup, replaced_constants
 EMPTY, BUSY, READY = 0, 1, 2
 #: POSIX: give the CPU to the thread filling the buffer (Linux and macOS libcs have it)
 SCHED_YIELD = "sched_yield"
-#: the runtime's populate(p, bytes) (cuvil/runtime/threadpool.c): pages for the whole buffer,
-#: in parallel and huge where the system allows, before the fill writes it; faulting in its
-#: megabytes one 4 KiB page at a time took about as long as computing them
-POPULATE = "cuvil_populate"
-#: the runtime's release(p, bytes): the library's weights a derived weight replaced leave the
-#: resident memory once derived (VGG-19's 80 MB of 3x3 kernels, 4x their size in U)
-RELEASE = "cuvil_release"
+# The runtime's populate(p, bytes) (cuvil/runtime/threadpool.c) gives the buffer its pages, in
+# parallel and huge where the system allows, before the fill writes it: faulting in its
+# megabytes one 4 KiB page at a time took about as long as computing them. Its release(p,
+# bytes) lets the library's weights a derived weight replaced leave the resident memory once
+# derived (VGG-19's 80 MB of 3x3 kernels, 4x their size in U).
 
 
 class DerivedWeights:
@@ -54,7 +55,8 @@ class DerivedWeights:
             else:
                 var.linkage = "external"
         fill = _fill_function(module, graph, plan, self.buffer, weights, symbols)
-        self.prepare = _prepare_function(module, self.state, self.buffer, plan.derived_size, fill)
+        self.prepare = _prepare_function(module, self.state, self.buffer, plan.derived_eager_size,
+                                         fill)
         self._offsets = plan.derived
 
     def pointer(self, b: ir.IRBuilder, node: Node) -> ir.Value:
@@ -139,7 +141,8 @@ def _released_after(graph: Graph, plan: MemoryPlan) -> dict[Node, list[Value]]:
 
 def _prepare_function(module: ir.Module, state: ir.GlobalVariable, buffer: ir.GlobalVariable,
                       size: int, fill: ir.Function) -> ir.Function:
-    """prepare(dims): returns once the buffer is READY, filling it if this caller is the first."""
+    """prepare(dims): returns once the buffer is READY, filling it if this caller is the first
+    (its first `size` bytes populated first)."""
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]),
                      module.get_unique_name("prepare_derived"))
     fn.linkage = "internal"
@@ -153,9 +156,10 @@ def _prepare_function(module: ir.Module, state: ir.GlobalVariable, buffer: ir.Gl
     b.position_at_end(claim)
     won = b.extract_value(b.cmpxchg(state, i32(EMPTY), i32(BUSY), "acq_rel", "acquire"), 1)
     with b.if_then(won):
-        populate = module.globals.get(POPULATE) or ir.Function(
-            module, ir.FunctionType(ir.VoidType(), [PTR, ir.IntType(64)]), POPULATE)
-        b.call(populate, [buffer, ir.Constant(ir.IntType(64), size)])
+        if size:  # (the on-demand part past it: see the module docstring)
+            populate = module.globals.get(POPULATE) or ir.Function(
+                module, ir.FunctionType(ir.VoidType(), [PTR, ir.IntType(64)]), POPULATE)
+            b.call(populate, [buffer, ir.Constant(ir.IntType(64), size)])
         b.call(fill, [fn.args[0]])
         b.store_atomic(i32(READY), state, "release", 4)
         b.branch(done)

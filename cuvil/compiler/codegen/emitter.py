@@ -575,6 +575,13 @@ def _kind(dtype: np.dtype | str) -> str:
 PARALLEL_FOR = "cuvil_parallel_for"
 #: and how many threads a parallel loop started now would get (1: it would run inline)
 PARALLEL_THREADS = "cuvil_parallel_threads"
+#: one bit of CPUID (x86) or of the OS's hardware capabilities (AArch64), for kernels that use
+#: instructions beyond their copy's CPU level (int8 VNNI, bf16): (leaf, subleaf, reg, bit) -> 0/1
+CPUID_BIT = "cuvil_cpuid_bit"
+#: populate(p, bytes): pages for derived weights about to be written whole (codegen/derived.py)
+POPULATE = "cuvil_populate"
+#: release(p, bytes): the library's weights nothing reads again leave the resident memory
+RELEASE = "cuvil_release"
 
 
 def _parallel_for(module: ir.Module) -> ir.Function:

@@ -85,7 +85,7 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.emitter import I8, I32, I64, PTR, Emitter, splat
+from cuvil.compiler.codegen.emitter import CPUID_BIT, I8, I32, I64, PTR, Emitter, splat
 from cuvil.compiler.codegen.gemm_kernel import block_span, split_blocks
 from cuvil.compiler.codegen.kernel_objects import kernel_function
 
@@ -309,10 +309,6 @@ def int8_gemm_function(module: ir.Module, a_signed: bool, row_sums: bool,
 
 _QGEMM_TYPE = ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, I32, PTR, PTR, PTR, PTR,
                                               I64, PTR, F32, PTR, I32, PTR, PTR])
-
-
-#: the runtime's CPUID query (cuvil/runtime/threadpool.c)
-CPUID_BIT = "cuvil_cpuid_bit"
 
 
 def _cpuid_gate(module: ir.Module, b: ir.IRBuilder, bit: tuple[int, int, int, int]) -> ir.Value:

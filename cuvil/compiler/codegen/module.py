@@ -244,8 +244,9 @@ def hide_declarations(ir_text: str, weights_symbol: str, functions: Sequence[str
                .replace(f'declare i64 @"{CLOCK_NS}"()', f'declare hidden i64 @"{CLOCK_NS}"()'))
     for name in functions:
         ir_text = ir_text.replace(f'define i32 @"{name}"', f'define hidden i32 @"{name}"')
-    for name in kernels:
-        ir_text = ir_text.replace(f'declare void @"{name}"', f'declare hidden void @"{name}"')
+    for name in kernels:  # (void, or i32: codegen/bf16_gemm_kernel.py's bf16_hardware)
+        for ret in ("void", "i32"):
+            ir_text = ir_text.replace(f'declare {ret} @"{name}"', f'declare hidden {ret} @"{name}"')
     return ir_text
 
 

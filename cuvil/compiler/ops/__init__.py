@@ -201,6 +201,13 @@ class Op:
         there in `lower` and `lower_derived`."""
         return 0
 
+    def derived_on_demand(self, node: Node) -> bool:
+        """The node's derived weights are needed on some CPUs only (float32 copies of bf16
+        weights, for CPUs without bf16 instructions): `lower_derived` decides at run time
+        whether to fill them, and gives their memory its pages first (the runtime's populate)
+        when it does; the first run populates only the others."""
+        return False
+
     def derived_value(self, node: Node) -> np.ndarray | None:
         """The node's derived weights computed by the compiler, for the library to store
         instead of deriving them at its first run (None: derived at run time)."""

@@ -28,7 +28,9 @@ from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.bf16_gemm_kernel import (
     K_ALIGN,
     ROW_ALIGN,
+    bf16_or_float32,
     emit_bf16_gemm,
+    emit_float32_panels,
     emit_parallel_bf16_gemm,
     round_up,
 )
@@ -123,12 +125,14 @@ def _aligned(size: int) -> int:
 
 
 class _Product:
-    """W[Mg, K] @ X' on the float32 kernel (W packed by passes/pack_gemm_weights.py) or, with
-    bf16 weights (passes/bf16_weights.py: `pack_l` per group), on the bf16 kernel."""
+    """W[Mg, K] @ X' on the float32 kernel (W packed by passes/pack_gemm_weights.py, or the
+    float32 panels derived from bf16 weights: `derive_float32_panels`) or, `bf16`, on the bf16
+    kernel (passes/bf16_weights.py: `pack_l` per group)."""
 
-    def __init__(self, node: Node, mg: int, kk: int) -> None:
-        self.bf16 = BF16_WEIGHTS in node.attrs
-        self.layout = weight_layout(node, "a")
+    def __init__(self, node: Node, mg: int, kk: int, bf16: bool) -> None:
+        self.bf16 = bf16
+        self.layout = Layout(packed_a=True) if BF16_WEIGHTS in node.attrs else weight_layout(
+            node, "a")
         self.group_bytes = (round_up(mg, ROW_ALIGN) * round_up(kk, K_ALIGN) * 2 if self.bf16
                             else mg * kk * 4)
 
@@ -149,7 +153,30 @@ class _Product:
                 epilogue=epilogue, layout=self.layout)
 
 
+def derive_float32_panels(node: Node, k: Emitter) -> None:
+    """A conv with bf16 weights, on CPUs that run its float32 path: the weights as `pack_a`
+    panels per group into `k.derived` (the float32 weight's bytes: `Conv.derived_bytes`)."""
+    w = logical_weight(node)
+    group = int(node.attrs.get("group", 1))
+    assert k.derived is not None
+    emit_float32_panels(k, "a", k.buffers[required_input(node, 1)], k.derived,
+                        int(w.type.shape[0]) // group, int(numel(w.type.shape[1:])), group)
+
+
 def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
+    """Y = W @ X' per image and group; bf16 weights: on the bf16 kernel where the CPU has bf16
+    instructions, else on the float32 panels derived from them (`bf16_or_float32`)."""
+    w_ptr = k.buffers[required_input(node, 1)]
+    if BF16_WEIGHTS not in node.attrs:
+        _lower_conv_gemm(node, k, win, False, w_ptr)
+        return
+    derived = k.derived
+    assert derived is not None
+    bf16_or_float32(k, lambda: _lower_conv_gemm(node, k, win, True, w_ptr),
+                    lambda: _lower_conv_gemm(node, k, win, False, derived))
+
+
+def _lower_conv_gemm(node: Node, k: Emitter, win: Window, bf16: bool, w_ptr: ir.Value) -> None:
     x_val, w_val, b_val = required_input(node, 0), logical_weight(node), node.input(2)
     y_val = node.outputs[0]
     b = k.b
@@ -163,12 +190,12 @@ def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
     c_in = x_val.type.shape[1]
     p = k.dim(numel(win.out))
     in_plane = k.dim(numel(x_val.type.shape[2:]))
-    x_ptr, w_ptr, y_ptr = k.buffers[x_val], k.buffers[required_input(node, 1)], k.buffers[y_val]
+    x_ptr, y_ptr = k.buffers[x_val], k.buffers[y_val]
     bias = k.buffers[b_val] if b_val is not None else None
     r_val = node.input(RESIDUAL_SLOT)
     residual = k.buffers[r_val] if r_val is not None else None
     epilogue = node_epilogue(node, "row" if bias is not None else "none")
-    product = _Product(node, mg, kk)
+    product = _Product(node, mg, kk, bf16)
     pointwise = is_pointwise(win)
     in_shape = x_val.type.shape[2:]
     # output rows per chunk of X': about CHUNK_COLUMNS positions

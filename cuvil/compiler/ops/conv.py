@@ -46,6 +46,7 @@ from cuvil.compiler.ops._conv_depthwise import (
 )
 from cuvil.compiler.ops._conv_gemm import (
     TRANSPOSED,
+    derive_float32_panels,
     im2col_bytes,
     lower_conv_gemm,
     transposed_product,
@@ -159,7 +160,12 @@ class Conv(Op):
         return "transposed" if node.attrs.get(TRANSPOSED) else ""
 
     def derived_bytes(self, node: Node) -> int:
+        if BF16_WEIGHTS in node.attrs:  # float32 panels, for CPUs without bf16 instructions
+            return int(logical_weight(node).type.nbytes)
         return weight_bytes(node) if WINOGRAD_TILE in node.attrs else 0
+
+    def derived_on_demand(self, node: Node) -> bool:
+        return BF16_WEIGHTS in node.attrs
 
     def derived_value(self, node: Node) -> np.ndarray | None:
         return stored_weight_transform(node) if WINOGRAD_TILE in node.attrs else None
@@ -168,6 +174,9 @@ class Conv(Op):
         return (1,) if WINOGRAD_TILE in node.attrs else ()  # U replaces the 3x3 kernels
 
     def lower_derived(self, node: Node, k: Emitter) -> None:
+        if BF16_WEIGHTS in node.attrs:
+            derive_float32_panels(node, k)
+            return
         lower_weight_transform(node, k)
 
     def lower(self, node: Node, k: Emitter) -> None:

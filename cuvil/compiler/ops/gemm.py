@@ -17,7 +17,11 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.bf16_gemm_kernel import emit_parallel_bf16_gemm
+from cuvil.compiler.codegen.bf16_gemm_kernel import (
+    bf16_or_float32,
+    emit_float32_panels,
+    emit_parallel_bf16_gemm,
+)
 from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.codegen.gemm_kernel import (
     PLAIN,
@@ -255,6 +259,15 @@ class Gemm(Op):
     def path(self, node: Node) -> str:
         return "bf16" if BF16_WEIGHTS in node.attrs else ""
 
+    def derived_bytes(self, node: Node) -> int:
+        return _derived_bytes(node)
+
+    def derived_on_demand(self, node: Node) -> bool:
+        return BF16_WEIGHTS in node.attrs
+
+    def lower_derived(self, node: Node, k: Emitter) -> None:
+        _derive_float32_panels(node, k)
+
     def lower(self, node: Node, k: Emitter) -> None:
         if BF16_WEIGHTS in node.attrs:
             _lower_gemm_bf16(node, k)
@@ -336,13 +349,51 @@ def _lower_gemm_bf16(node: Node, k: Emitter) -> None:
         _fill_scaled(k, c_val, y, y_val.type.shape, beta)
     r_val = node.input(RESIDUAL_SLOT)
     kk, n = k.dim(b_shape[0]), k.dim(b_shape[1])
-    emit_parallel_bf16_gemm(
-        k, k.dim(y_val.type.shape[0]), n, kk, k.buffers[a_val], kk,
-        k.buffers[required_input(node, 1)], n, k.buffers[y_val], n, side="b",
-        accumulate=accumulate and bias_kind is None,
-        bias=k.buffers[c_val] if bias_kind is not None and c_val is not None else None,
-        residual=k.buffers[r_val] if r_val is not None else None,
-        epilogue=replace(node_epilogue(node), bias=bias_kind or "none"))
+    _bf16_product(k, (k.dim(y_val.type.shape[0]), n, kk, k.buffers[a_val], kk,
+                      k.buffers[required_input(node, 1)], n, k.buffers[y_val], n),
+                  accumulate=accumulate and bias_kind is None,
+                  bias=k.buffers[c_val] if bias_kind is not None and c_val is not None else None,
+                  residual=k.buffers[r_val] if r_val is not None else None,
+                  epilogue=replace(node_epilogue(node), bias=bias_kind or "none"))
+
+
+def _bf16_product(k: Emitter, args: tuple[ir.Value, ...], *, accumulate: bool,
+                  bias: ir.Value | None, residual: ir.Value | None, epilogue: Epilogue) -> None:
+    """C = A @ B of a Gemm or MatMul with bf16 weights, args = (M, N, K, A, lda, B, ldb, C,
+    ldc): on the bf16 kernel where the CPU has bf16 instructions, else as float32 weights
+    would run, on the float32 panels derived from B (`_derive_float32_panels`)."""
+    assert k.derived is not None
+    on_panels = (*args[:5], k.derived, *args[6:])
+    bf16_or_float32(
+        k, lambda: emit_parallel_bf16_gemm(k, *args, side="b", accumulate=accumulate, bias=bias,
+                                           residual=residual, epilogue=epilogue),
+        lambda: _float32_product(k, on_panels, Layout(packed_b=True), accumulate=accumulate,
+                                 bias=bias, residual=residual, epilogue=epilogue))
+
+
+def _float32_product(k: Emitter, args: tuple[ir.Value, ...], layout: Layout, *,
+                     accumulate: bool = False, bias: ir.Value | None,
+                     residual: ir.Value | None, epilogue: Epilogue) -> None:
+    """C = A @ B, args = (M, N, K, A, lda, B, ldb, C, ldc), B row-major or packed (`layout`): on
+    the matrix-vector kernel for a few rows, else on the GEMM kernel."""
+    few_rows_or(k, args[0],
+                lambda: emit_parallel_gemv(k, *args, layout="packed" if layout.packed_b
+                                           else "rows", accumulate=accumulate, bias=bias,
+                                           residual=residual, epilogue=epilogue),
+                lambda: emit_parallel_gemm(k, *args, accumulate=accumulate, bias=bias,
+                                           residual=residual, epilogue=epilogue, layout=layout))
+
+
+def _derived_bytes(node: Node) -> int:
+    """Gemm and MatMul with bf16 weights: the float32 panels of CPUs without bf16 instructions."""
+    return int(logical_weight(node).type.nbytes) if BF16_WEIGHTS in node.attrs else 0
+
+
+def _derive_float32_panels(node: Node, k: Emitter) -> None:
+    """B's float32 panels (`pack_b`) from its bf16 ones, where the CPU runs the float32 path."""
+    kk, n = logical_weight(node).type.shape[-2:]
+    assert k.derived is not None
+    emit_float32_panels(k, "b", k.buffers[required_input(node, 1)], k.derived, int(kk), int(n))
 
 
 def _bias_kind(c: Value | None, out: tuple[Dim, ...]) -> str | None:
@@ -404,6 +455,15 @@ class MatMul(Op):
 
     def path(self, node: Node) -> str:
         return "bf16" if BF16_WEIGHTS in node.attrs else ""
+
+    def derived_bytes(self, node: Node) -> int:
+        return _derived_bytes(node)
+
+    def derived_on_demand(self, node: Node) -> bool:
+        return BF16_WEIGHTS in node.attrs
+
+    def lower_derived(self, node: Node, k: Emitter) -> None:
+        _derive_float32_panels(node, k)
 
     def lower(self, node: Node, k: Emitter) -> None:
         if on_one_gemm(node):
@@ -472,15 +532,10 @@ def _lower_one_gemm(node: Node, k: Emitter) -> None:
             k.buffers[required_input(node, 1)], k.dim(n), k.buffers[node.outputs[0]], k.dim(n))
     residual = k.buffers[r_val] if r_val is not None else None
     if BF16_WEIGHTS in node.attrs:
-        emit_parallel_bf16_gemm(k, *args, side="b", bias=bias, residual=residual,
-                                epilogue=epilogue)
+        _bf16_product(k, args, accumulate=False, bias=bias, residual=residual,
+                      epilogue=epilogue)
         return
-    few_rows_or(k, args[0],
-                lambda: emit_parallel_gemv(k, *args, layout="packed" if layout.packed_b
-                                           else "rows", bias=bias, residual=residual,
-                                           epilogue=epilogue),
-                lambda: emit_parallel_gemm(k, *args, bias=bias, residual=residual,
-                                           epilogue=epilogue, layout=layout))
+    _float32_product(k, args, layout, bias=bias, residual=residual, epilogue=epilogue)
 
 
 def _lower_batched_kernel(node: Node, k: Emitter) -> None:

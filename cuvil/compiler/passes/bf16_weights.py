@@ -1,6 +1,7 @@
 """precision = "bf16": the constant weights of float32 products that run on the GEMM kernel
 stored as bfloat16 in the bf16 kernel's layouts (codegen/bf16_gemm_kernel.py), so that those
-products compute in bf16 with float32 sums (AMX or AVX-512 BF16 where the CPU has them).
+products compute in bf16 with float32 sums where the CPU has AMX or AVX-512 BF16, and in
+float32 on the same weights elsewhere (float32 panels derived from them at the first run).
 
 Runs last, on the weights pack_gemm_weights and fully_connected_convs packed for the float
 kernel (`PACKED_WEIGHTS`): Conv weights become `pack_l` per group, Gemm and MatMul weights

@@ -72,10 +72,13 @@ def plan_memory(graph: Graph, *, body: bool = False) -> MemoryPlan:
             if v is not None and v.is_const and v not in plan.storage:
                 _add_weight(plan, v)
 
+    on_demand = []
     for node in graph.nodes:
         op = lookup(node.domain, node.op_type, node.opset)
         derived = op.derived_bytes(node) if op is not None and node not in plan.stored else 0
-        if derived:
+        if derived and op is not None and op.derived_on_demand(node):
+            on_demand.append((node, derived))
+        elif derived:
             plan.derived[node] = plan.derived_size
             plan.derived_size += -(-derived // ALIGN) * ALIGN
         elif not body and _hoistable(plan, graph, node):
@@ -83,6 +86,11 @@ def plan_memory(graph: Graph, *, body: bool = False) -> MemoryPlan:
             for v in node.outputs:
                 plan.storage[v] = Storage("derived", offset=plan.derived_size)
                 plan.derived_size += -(-max(int(v.type.nbytes), 1) // ALIGN) * ALIGN
+    # after the rest: the first run populates the buffer up to them (codegen/derived.py)
+    plan.derived_eager_size = plan.derived_size
+    for node, derived in on_demand:
+        plan.derived[node] = plan.derived_size
+        plan.derived_size += -(-derived // ALIGN) * ALIGN
 
     for i, v in enumerate(graph.outputs):
         if v in plan.storage or v.producer is None:
