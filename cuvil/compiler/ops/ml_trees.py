@@ -676,8 +676,15 @@ class TreeEnsembleScores(Op):
             if tracks:  # the missing-value track is the head word's sign bit
                 nan = b.fcmp_unordered("uno", v, v)
                 go = b.or_(go, b.and_(nan, b.icmp_signed("<", head_word, zero)))
+            # cmovs, not branches (LLVM branches around loads it can sink, and here a branch
+            # on the comparison, a NaN or whether the tree is done mispredicts often)
+            unpredictable = k.module.add_metadata([])
             nxt = b.select(go, word(layout.true_word), word(layout.true_word + 1))
-            following.append(b.select(leaf, here, nxt) if many else nxt)
+            nxt.set_metadata("unpredictable", unpredictable)
+            if many:
+                nxt = b.select(leaf, here, nxt)
+                nxt.set_metadata("unpredictable", unpredictable)
+            following.append(nxt)
         for phi, nxt in zip(at, following):
             phi.add_incoming(nxt, b.block)
         b.branch(head)
