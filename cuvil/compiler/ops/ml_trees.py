@@ -1,17 +1,19 @@
 """ai.onnx.ml tree ensembles: TreeEnsembleClassifier, TreeEnsembleRegressor (opsets 1-3) and
 TreeEnsemble (opset 5), compiled to native code.
 
-At compile time every ensemble becomes one packed forest (`_Forest`): node tables stored as
-constants in the library (one record per node of its feature, float32 threshold and two
-children, a child < 0 naming leaf ~child; comparison and missing-value track beside it when
-the forest needs them) and the leaves' weights in CSR form (the weights of leaf l are entries
-start[l] to start[l + 1] of target/weight). The native op (`cuvil.TreeEnsembleScores`) walks
-it in tasks of a block of `_BLOCK` rows and a group of trees (`tree_groups`) spread over the
-thread pool; within a task, tree by tree (the tree stays in cache while the block's rows
-descend it), each row descends in a loop of a load, one comparison and a select per level
-until a leaf, whose weights it adds to its group's scores (or takes the min/max of). A second
-pass combines the groups in group order. The comparison is emitted once when
-the forest uses one mode (scikit-learn's BRANCH_LEQ), else selected by the node's mode.
+At compile time every ensemble becomes one packed forest (`_Forest`): a table of node
+records stored as a constant in the library (`_Layout`: per node a head word of its feature,
+comparison and missing-value track, its threshold and two children, a child < 0 naming leaf
+~child) and the leaves' weights in CSR form (the weights of leaf l are entries start[l] to
+start[l + 1] of target/weight). The native op (`cuvil.TreeEnsembleScores`) walks it in tasks
+of a block of `_BLOCK` rows and a group of trees (`tree_groups`) spread over the thread pool;
+within a task, runs of `_LANES` trees at a time (they stay in cache while the block's rows
+descend them), each row descends the run's trees side by side, a level of each per iteration
+of one loop (a load, one comparison and a select each, branch-free), until all reached their
+leaves, whose weights it adds to its group's scores in tree order (or takes the min/max of).
+A second pass combines the groups in group order, so the sums do not depend on the thread
+count. The comparison is emitted once when the forest uses one mode (scikit-learn's
+BRANCH_LEQ), else selected by the mode bits of the node's head word.
 
 What follows the sums (base values, post_transform, the labels and onnxruntime's two-class
 conventions) is a graph of standard ops (`_ml_graph`), so its arithmetic is shared with every
