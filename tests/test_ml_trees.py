@@ -138,9 +138,13 @@ def test_large_forests(aggregate, rows):
     x = np.resize(x, (rows, x.shape[1]))
     (want,) = run_ort(model, {"X": x})
     compiled = cuvil.compile(model)
+    got = {}
     for threads in (1, 2):
         compiled.num_threads = threads
-        np.testing.assert_allclose(compiled.run({"X": x})["Y"], want, rtol=1e-5, atol=1e-5)
+        got[threads] = compiled.run({"X": x})["Y"]
+        np.testing.assert_allclose(got[threads], want, rtol=1e-5, atol=1e-5)
+    # the groups are summed in group order whatever the thread count: the same bits
+    assert np.array_equal(got[1], got[2])
 
 
 def test_single_target_regressor_with_one_base_value():
@@ -194,3 +198,39 @@ def test_opset5_set_membership_nodes():
     x = rng.integers(0, 6, (64, FEATURES)).astype(np.float32)
     x[rng.random(x.shape) < 0.1] = np.nan
     _compare(model, x)
+
+
+@pytest.mark.parametrize("trees", [13, 70])
+def test_float64_thresholds_and_features(trees):
+    """Double thresholds (nodes_values_as_tensor) and features compare in float64, from node
+    records of their own layout; 13 and 70 trees: runs of 8 trees side by side and the rest
+    one by one, in one group of trees or two."""
+    rng = np.random.default_rng(trees)
+    nodes, leaves, thresholds = _random_trees(rng, trees=trees, depth=4, targets=2)
+    model = _v3_regressor(nodes, leaves, 2, "SUM", [])
+    node = model.graph.node[0]
+    values = next(a for a in node.attribute if a.name == "nodes_values")
+    node.attribute.remove(values)
+    # thresholds a float32 cannot hold: inputs within a float32 step of them must still split
+    precise = np.asarray(values.floats, np.float64) + 1e-9
+    node.attribute.append(helper.make_attribute(
+        "nodes_values_as_tensor", numpy_helper.from_array(precise, "nodes_values_as_tensor")))
+    model.graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
+    onnx.checker.check_model(model)
+    x = _inputs(rng, thresholds).astype(np.float64)
+    x[1::4] += 1e-9  # equal to the thresholds in float64
+    _compare(model, x)
+
+
+def test_feature_index_beyond_the_node_records():
+    """A node's feature shares its record's head word with the mode and the missing track:
+    features from 2**24 on are refused with a message, not misread."""
+    from cuvil.errors import UnsupportedOpError
+
+    rng = np.random.default_rng(3)
+    nodes, leaves, _ = _random_trees(rng, trees=1, depth=1, targets=1)
+    nodes = [(*n[:2], 2 ** 24, *n[3:]) for n in nodes]
+    model = _v3_regressor(nodes, leaves, 1, "SUM", [])
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 2 ** 24 + 1
+    with pytest.raises(UnsupportedOpError, match="features"):
+        cuvil.compile(model)

@@ -1,17 +1,19 @@
 """ai.onnx.ml tree ensembles: TreeEnsembleClassifier, TreeEnsembleRegressor (opsets 1-3) and
 TreeEnsemble (opset 5), compiled to native code.
 
-At compile time every ensemble becomes one packed forest (`_Forest`): node tables stored as
-constants in the library (one record per node of its feature, float32 threshold and two
-children, a child < 0 naming leaf ~child; comparison and missing-value track beside it when
-the forest needs them) and the leaves' weights in CSR form (the weights of leaf l are entries
-start[l] to start[l + 1] of target/weight). The native op (`cuvil.TreeEnsembleScores`) walks
-it in tasks of a block of `_BLOCK` rows and a group of trees (`tree_groups`) spread over the
-thread pool; within a task, tree by tree (the tree stays in cache while the block's rows
-descend it), each row descends in a loop of a load, one comparison and a select per level
-until a leaf, whose weights it adds to its group's scores (or takes the min/max of). A second
-pass combines the groups in group order. The comparison is emitted once when
-the forest uses one mode (scikit-learn's BRANCH_LEQ), else selected by the node's mode.
+At compile time every ensemble becomes one packed forest (`_Forest`): a table of node
+records stored as a constant in the library (`_Layout`: per node a head word of its feature,
+comparison and missing-value track, its threshold and two children, a child < 0 naming leaf
+~child) and the leaves' weights in CSR form (the weights of leaf l are entries start[l] to
+start[l + 1] of target/weight). The native op (`cuvil.TreeEnsembleScores`) walks it in tasks
+of a block of `_BLOCK` rows and a group of trees (`tree_groups`) spread over the thread pool;
+within a task, runs of `_LANES` trees at a time (they stay in cache while the block's rows
+descend them), each row descends the run's trees side by side, a level of each per iteration
+of one loop (a load, one comparison and a select each, branch-free), until all reached their
+leaves, whose weights it adds to its group's scores in tree order (or takes the min/max of).
+A second pass combines the groups in group order, so the sums do not depend on the thread
+count. The comparison is emitted once when the forest uses one mode (scikit-learn's
+BRANCH_LEQ), else selected by the mode bits of the node's head word.
 
 What follows the sums (base values, post_transform, the labels and onnxruntime's two-class
 conventions) is a graph of standard ops (`_ml_graph`), so its arithmetic is shared with every
@@ -31,11 +33,10 @@ import sympy
 from llvmlite import ir
 from onnx import helper, numpy_helper
 
-from cuvil.compiler.codegen.emitter import I8, I32, I64, Emitter, llvm_type
+from cuvil.compiler.codegen.emitter import I32, I64, Emitter, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, simplify_dim
 from cuvil.compiler.ops import InferContext, Op, attr, register
 from cuvil.compiler.ops._ml_graph import Body, Expanded, ints, no_string_labels, post_transform, text
-from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError, UnsupportedOpError
 
 #: node comparisons, numbered as opset 5 numbers them
@@ -230,6 +231,11 @@ def _tensor_attr(b: Body, arr: np.ndarray) -> onnx.TensorProto:
 def _scores(b: Body, forest: _Forest, aggregate: str, out_dtype: Any) -> str:
     """The native op: per row and target, the SUM/AVERAGE/MIN/MAX of the leaves' weights."""
     f = forest
+    if max(f.feature, default=0) > _FEATURE_MASK:
+        raise UnsupportedOpError(f"{b.node.describe()}: the trees read feature "
+                                 f"{max(f.feature)}; cuvil compiles tree ensembles of up to "
+                                 f"{_FEATURE_MASK + 1} features (a node's feature shares a word "
+                                 "with its mode)")
     return b.op("TreeEnsembleScores", b.inputs[0], domain="cuvil",
                 # a forest of single leaves has no nodes: one unused node keeps the tables
                 feature=f.feature or [0],
@@ -391,6 +397,55 @@ class TreeEnsembleClassifier(Expanded):
 # -- the native traversal ----------------------------------------------------------------------
 
 
+#: trees a row descends side by side: each descent is a chain of dependent loads (a level's
+#: node names the next), which the CPU overlaps only across independent descents
+_LANES = 8
+#: a node record's head word: its feature in the low bits, its comparison (mode) above them
+#: and its missing-value track in the sign bit, so that a level reads no other table
+_FEATURE_BITS = 24
+_FEATURE_MASK = (1 << _FEATURE_BITS) - 1
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The node records of a forest compared in `dtype`, as int32 words: float32 thresholds
+    [head, threshold, true child, false child] (16 bytes); float64 ones [head, true child,
+    false child, unused, threshold] (24 bytes, the threshold 8-aligned). A level of the
+    descent reads one record, on one cache line."""
+
+    dtype: np.dtype
+
+    @property
+    def words(self) -> int:
+        return 4 if self.dtype == np.float32 else 6
+
+    @property
+    def true_word(self) -> int:  # the false child follows it
+        return 2 if self.dtype == np.float32 else 1
+
+    def records(self, node: Node) -> np.ndarray:
+        a = node.attrs
+        feature = np.asarray(a["feature"], np.int64)
+        head = (feature | np.asarray(a["mode"], np.int64) << _FEATURE_BITS
+                | (np.asarray(a["missing_true"], np.int64) != 0) << 31)
+        record = np.zeros((len(feature), self.words), np.int32)
+        record[:, 0] = head.astype(np.uint32).view(np.int32)
+        split = np.asarray(a["split"])
+        if self.dtype == np.float32:
+            record[:, 1] = split.astype(np.float32).view(np.int32)
+        else:
+            record[:, 4:6] = split.astype("<f8").view(np.int32).reshape(-1, 2)
+        record[:, self.true_word] = a["true_child"]
+        record[:, self.true_word + 1] = a["false_child"]
+        return record.reshape(-1)
+
+    def threshold(self, k: Emitter, nodes: ir.GlobalVariable, at_node: ir.Value) -> ir.Value:
+        if self.dtype == np.float32:
+            return k.b.bitcast(_load(k, nodes, k.b.add(at_node, k.i64(1))), llvm_type(self.dtype))
+        ptr = k.b.gep(nodes, [k.b.add(at_node, k.i64(4))], inbounds=True, source_etype=I32)
+        return k.b.load(ptr, typ=llvm_type(self.dtype))
+
+
 #: numpy dtypes of the table element types
 _NUMPY = {"i8": np.int8, "i32": np.int32, "float": np.float32, "double": np.float64}
 
@@ -456,22 +511,13 @@ class TreeEnsembleScores(Op):
         cmp_dtype = np.dtype(np.float64) if np.float64 in (split.dtype, x_val.type.dtype) \
             else np.dtype(np.float32)
         out_dtype = y_val.type.dtype
-        cty, oty = llvm_type(cmp_dtype), llvm_type(out_dtype)
+        oty = llvm_type(out_dtype)
         rows = x_val.type.shape[0] if x_val.type.rank == 2 else 1
         features = x_val.type.shape[-1]
         targets = int(a["targets"])
         aggregate = str(a["aggregate"])
-        # a node's feature, float32 threshold and children side by side: a level of the
-        # descent reads one cache line, not four (a 1,000-tree forest is megabytes)
-        inline = cmp_dtype == np.float32
-        words = 4 if inline else 3
-        record = np.zeros((len(a["feature"]), words), np.int32)
-        record[:, 0] = a["feature"]
-        if inline:
-            record[:, 1] = split.astype(np.float32).view(np.int32)
-        record[:, -2], record[:, -1] = a["true_child"], a["false_child"]
-        nodes = _table(k, record.reshape(-1), I32, "nodes")
-        thresholds = None if inline else _table(k, split.astype(cmp_dtype), cty, "split")
+        layout = _Layout(cmp_dtype)
+        nodes = _table(k, layout.records(node), I32, "nodes")
         roots = _table(k, a["roots"], I32, "roots")
         leaf_start = np.asarray(a["leaf_start"])
         one_weight_per_leaf = bool(np.array_equal(leaf_start, np.arange(len(leaf_start))))
@@ -479,15 +525,21 @@ class TreeEnsembleScores(Op):
         target = _table(k, a["leaf_target"], I32, "leaf_target")
         weight = _table(k, np.asarray(a["leaf_weight"]).astype(out_dtype), oty, "leaf_weight")
         modes = sorted(set(a["mode"]))
-        mode = _table(k, a["mode"], I8, "mode") if len(modes) > 1 else None
         tracks = any(a["missing_true"])
-        missing = _table(k, a["missing_true"], I8, "missing") if tracks else None
         n_trees = len(a["roots"])
         init = {"MIN": np.inf, "MAX": -np.inf}.get(aggregate, 0.0)
         blocks = simplify_dim(sympy.floor((rows + _BLOCK - 1) / _BLOCK))
         depth = 1 + max(1, len(a["feature"]) // max(n_trees, 1)).bit_length()
         groups = tree_groups(n_trees)
-        cost = _BLOCK * (n_trees // groups) * depth * 4
+        # the trees of a group come in runs of _LANES, which descend side by side; only the
+        # forest's last n_trees % _LANES trees descend one by one
+        runs = -(-n_trees // _LANES)
+        full = n_trees // _LANES * _LANES
+        # a task's work: the rows of its block (fewer than _BLOCK in a small batch, which
+        # should not wake a thread for a few trees) times its trees' levels
+        per_row = (n_trees // groups) * depth * 2
+        block_rows_v = k.dim(simplify_dim(sympy.Min(rows, _BLOCK)))
+        cost = k.b.mul(block_rows_v, k.i64(per_row))
         padded = _padded_targets(targets, out_dtype)
 
         def block_rows(blk: ir.Value, x: Any) -> tuple[ir.Value, ir.Value]:
@@ -510,6 +562,9 @@ class TreeEnsembleScores(Op):
                 return k.fmax(old, w)
             return k.b.fadd(old, w)
 
+        def smaller(p: ir.Value, q: ir.Value) -> ir.Value:
+            return k.b.select(k.b.icmp_signed("<", p, q), p, q)
+
         with k.parallel_loop(simplify_dim(blocks * groups), cost=cost, name="task",
                              carry=[k.scratch] if groups > 1 else []) as task:
             b = k.b
@@ -518,8 +573,11 @@ class TreeEnsembleScores(Op):
                 g = b.urem(task, k.i64(groups))
                 blk = b.udiv(task, k.i64(groups))
                 y = k.contiguous(k.carried[0], out_dtype, (rows, groups, padded))
-                first_tree = b.udiv(b.mul(g, k.i64(n_trees)), k.i64(groups))
-                last_tree = b.udiv(b.mul(b.add(g, k.i64(1)), k.i64(n_trees)), k.i64(groups))
+
+                def run_edge(h: ir.Value) -> ir.Value:
+                    first_run = b.udiv(b.mul(h, k.i64(runs)), k.i64(groups))
+                    return smaller(b.mul(first_run, k.i64(_LANES)), k.i64(n_trees))
+                first_tree, last_tree = run_edge(g), run_edge(b.add(g, k.i64(1)))
 
                 def at_score(r: ir.Value, t: ir.Value) -> list[ir.Value]:
                     return [r, g, t]
@@ -533,52 +591,34 @@ class TreeEnsembleScores(Op):
             r0, r1 = block_rows(blk, x)
             with k.loop(r1, start=r0, name="r") as r, k.loop(targets, name="t") as t:
                 k.store(y, at_score(r, t), ir.Constant(oty, init))
-            at = entry_alloca(k, I32, "node")
-            with k.loop(last_tree, start=first_tree, name="tree") as tree:
-                root = _load(k, roots, tree)
-                with k.loop(r1, start=r0, name="r") as r:
-                    b.store(root, at)
-                    head = k.function.append_basic_block("descend.head")
-                    step = k.function.append_basic_block("descend.step")
-                    leaf_block = k.function.append_basic_block("descend.leaf")
-                    b.branch(head)
-                    b.position_at_end(head)
-                    here = b.load(at)
-                    b.cbranch(b.icmp_signed(">=", here, ir.Constant(I32, 0)), step, leaf_block)
-                    b.position_at_end(step)
-                    i = b.zext(here, I64)
-                    at_node = b.mul(i, k.i64(words))
 
-                    def word(j: int) -> ir.Value:
-                        return _load(k, nodes, b.add(at_node, k.i64(j)))
+            def add_weights(r: ir.Value, leaf: ir.Value) -> None:
+                def add(e: ir.Value) -> None:
+                    tt = k.i64(0) if targets == 1 else b.zext(_load(k, target, e), I64)
+                    score = at_score(r, tt)
+                    k.store(y, score, combine(k.load(y, score), _load(k, weight, e)))
 
-                    f = b.zext(word(0), I64)
-                    v = k.convert(k.load(x, [r, f]), x_val.type.dtype, cmp_dtype)
-                    threshold = (b.bitcast(word(1), cty) if thresholds is None
-                                 else _load(k, thresholds, i))
-                    go = self._compare(k, v, threshold, modes,
-                                       _load(k, mode, i) if mode is not None else None)
-                    if missing is not None:
-                        nan = b.fcmp_unordered("uno", v, v)
-                        track = b.icmp_unsigned("!=", _load(k, missing, i), ir.Constant(I8, 0))
-                        go = b.or_(go, b.and_(nan, track))
-                    b.store(b.select(go, word(words - 2), word(words - 1)), at)
-                    b.branch(head)
-                    b.position_at_end(leaf_block)
-                    leaf = b.zext(b.xor(here, ir.Constant(I32, -1)), I64)
+                if one_weight_per_leaf:  # regressors, binary classifiers: no CSR walk
+                    add(leaf)
+                else:
+                    first = b.zext(_load(k, start, leaf), I64)
+                    last = b.zext(_load(k, start, b.add(leaf, k.i64(1))), I64)
+                    with k.loop(last, start=first, name="w") as e:
+                        add(e)
 
-                    def add_weight(e: ir.Value) -> None:
-                        tt = k.i64(0) if targets == 1 else b.zext(_load(k, target, e), I64)
-                        score = at_score(r, tt)
-                        k.store(y, score, combine(k.load(y, score), _load(k, weight, e)))
+            def trees(begin: ir.Value, end: ir.Value, lanes: int) -> None:
+                """Trees begin..end-1, `lanes` at a time, each row of the block down them; the
+                leaves' weights added in tree order."""
+                with k.loop(end, start=begin, step=lanes, name=f"trees{lanes}") as t0:
+                    tops = [_load(k, roots, b.add(t0, k.i64(j))) for j in range(lanes)]
+                    with k.loop(r1, start=r0, name="r") as r:
+                        for leaf in self._descend(k, layout, nodes, x, x_val.type.dtype, r,
+                                                  tops, modes, tracks):
+                            add_weights(r, leaf)
 
-                    if one_weight_per_leaf:  # regressors, binary classifiers: no CSR walk
-                        add_weight(leaf)
-                    else:
-                        first = b.zext(_load(k, start, leaf), I64)
-                        last = b.zext(_load(k, start, b.add(leaf, k.i64(1))), I64)
-                        with k.loop(last, start=first, name="w") as e:
-                            add_weight(e)
+            side_by_side_end = smaller(last_tree, k.i64(full))
+            trees(first_tree, side_by_side_end, _LANES)
+            trees(side_by_side_end, last_tree, 1)
             if groups == 1 and aggregate in ("AVERAGE", "MIN", "MAX"):
                 with k.loop(r1, start=r0, name="r") as r, k.loop(targets, name="t") as t:
                     k.store(y, [r, t], finish(k.load(y, [r, t])))
@@ -597,10 +637,67 @@ class TreeEnsembleScores(Op):
                     v = combine(v, k.load(parts, [r, k.i64(g), t]))
                 k.store(y, [r, t], finish(v))
 
+    def _descend(self, k: Emitter, layout: _Layout, nodes: ir.GlobalVariable, x: Any,
+                 x_dtype: np.dtype, r: ir.Value, tops: list[ir.Value], modes: list[int],
+                 tracks: bool) -> list[ir.Value]:
+        """Row r down the trees whose roots are `tops`, side by side: one loop, a level of
+        every tree per iteration, until all reached their leaves; returns the leaves (i64).
+        A tree at its leaf reads node 0 and stays where it is."""
+        b = k.b
+        many = len(tops) > 1
+        before = b.block
+        head = k.function.append_basic_block("descend.head")
+        step = k.function.append_basic_block("descend.step")
+        done = k.function.append_basic_block("descend.done")
+        b.branch(head)
+        b.position_at_end(head)
+        at = []
+        for top in tops:
+            phi = b.phi(I32, name="node")
+            phi.add_incoming(top, before)
+            at.append(phi)
+        zero = ir.Constant(I32, 0)
+        leaves = [b.icmp_signed("<", here, zero) for here in at]
+        all_leaves = leaves[0]
+        for leaf in leaves[1:]:
+            all_leaves = b.and_(all_leaves, leaf)
+        b.cbranch(all_leaves, done, step)
+        b.position_at_end(step)
+        following = []
+        for here, leaf in zip(at, leaves):
+            i = b.zext(b.select(leaf, zero, here) if many else here, I64)
+            at_node = b.mul(i, k.i64(layout.words))
+
+            def word(j: int, at_node: ir.Value = at_node) -> ir.Value:
+                return _load(k, nodes, b.add(at_node, k.i64(j)))
+
+            head_word = word(0)
+            f = b.zext(b.and_(head_word, ir.Constant(I32, _FEATURE_MASK)), I64)
+            v = k.convert(k.load(x, [r, f]), x_dtype, layout.dtype)
+            go = self._compare(k, v, layout.threshold(k, nodes, at_node), modes, head_word)
+            if tracks:  # the missing-value track is the head word's sign bit
+                nan = b.fcmp_unordered("uno", v, v)
+                go = b.or_(go, b.and_(nan, b.icmp_signed("<", head_word, zero)))
+            # cmovs, not branches (LLVM branches around loads it can sink, and here a branch
+            # on the comparison, a NaN or whether the tree is done mispredicts often)
+            unpredictable = k.module.add_metadata([])
+            nxt = b.select(go, word(layout.true_word), word(layout.true_word + 1))
+            nxt.set_metadata("unpredictable", unpredictable)
+            if many:
+                nxt = b.select(leaf, here, nxt)
+                nxt.set_metadata("unpredictable", unpredictable)
+            following.append(nxt)
+        for phi, nxt in zip(at, following):
+            phi.add_incoming(nxt, b.block)
+        b.branch(head)
+        b.position_at_end(done)
+        return [b.zext(b.xor(here, ir.Constant(I32, -1)), I64) for here in at]
+
     @staticmethod
     def _compare(k: Emitter, v: ir.Value, threshold: ir.Value, modes: list[int],
-                 mode: ir.Value | None) -> ir.Value:
-        """x <op> threshold; NEQ holds for NaN (as C's != does), the others do not."""
+                 head_word: ir.Value) -> ir.Value:
+        """x <op> threshold; NEQ holds for NaN (as C's != does), the others do not. One mode
+        is one comparison; several are selected by the mode bits of the node's head word."""
         b = k.b
 
         def one(m: int) -> ir.Value:
@@ -608,9 +705,10 @@ class TreeEnsembleScores(Op):
             return (b.fcmp_unordered(pred, v, threshold) if pred == "!="
                     else b.fcmp_ordered(pred, v, threshold))
 
-        if mode is None:
-            return one(modes[0])
         result = one(modes[0])
+        if len(modes) == 1:
+            return result
+        mode = b.and_(b.lshr(head_word, ir.Constant(I32, _FEATURE_BITS)), ir.Constant(I32, 7))
         for m in modes[1:]:
-            result = b.select(b.icmp_unsigned("==", mode, ir.Constant(I8, m)), one(m), result)
+            result = b.select(b.icmp_unsigned("==", mode, ir.Constant(I32, m)), one(m), result)
         return result
