@@ -63,6 +63,8 @@
 
 #define HIDDEN __attribute__((visibility("hidden")))
 #define MAX_THREADS 64
+/* each worker's stack (see start_workers) */
+#define WORKER_STACK_BYTES (4u << 20)
 #define CHUNKS_PER_THREAD 4 /* a few chunks per thread balance uneven iterations */
 /* below this much work (iterations x per-iteration cost, about one multiply-add each) a
    job runs inline: waking a sleeping thread costs some microseconds */
@@ -315,14 +317,21 @@ static int start_workers(int count, uint32_t gen) {
                                     GET_MODULE_HANDLE_EX_FLAG_PIN, (LPCWSTR)(void *)&pool, &self);
     if (!pinned) count = i; /* cannot pin: run on the calling thread alone */
 #endif
+    /* the GEMM kernel keeps a block of B's panels on its stack (128 KB with AVX-512):
+       musl gives threads 128 KB of stack by default, glibc 8 MB; the pages are only reserved */
+    pthread_attr_t attr;
+    int sized = pthread_attr_init(&attr) == 0;
+    if (sized) pthread_attr_setstacksize(&attr, WORKER_STACK_BYTES);
     for (; i < count && !pool.stopping; i++) {
         if (pool.slot[i].state == SLOT_RUNNING) continue;
         if (pool.slot[i].state == SLOT_EXITED) pthread_join(pool.slot[i].thread, NULL);
         pool.slot[i].state = SLOT_EMPTY;
         pool.slot[i].seen = gen;
-        if (pthread_create(&pool.slot[i].thread, NULL, worker, (void *)(intptr_t)i) != 0) break;
+        if (pthread_create(&pool.slot[i].thread, sized ? &attr : NULL, worker,
+                           (void *)(intptr_t)i) != 0) break;
         pool.slot[i].state = SLOT_RUNNING;
     }
+    if (sized) pthread_attr_destroy(&attr);
     pthread_mutex_unlock(&pool.lock);
     return i;
 }
