@@ -94,3 +94,93 @@ def test_outputs_equal_on_one_and_two_threads_and_match_onnxruntime(compiled, ba
     for name, want in expected.items():
         np.testing.assert_allclose(results[1][name], want, rtol=1e-4, atol=1e-5, err_msg=name)
         np.testing.assert_array_equal(results[2][name], results[1][name], err_msg=name)
+
+
+def batch_conv_model() -> onnx.ModelProto:
+    """Convs whose images share one parallel loop when the batch has several (ops/_conv_gemm.py
+    `_batch_pointwise`, `_batch_of_chunks`, `_batch_transposed`), with residual and
+    activation epilogues, and a grouped one ((image, group, chunk) tasks); at batch 1 they run
+    image by image."""
+    nodes = [
+        # pointwise on 23x29 (columns split per image), the residual and Relu fused
+        helper.make_node("Conv", ["x", "w_pw", "b_pw"], ["pw_pre"]),
+        helper.make_node("Add", ["pw_pre", "x_res"], ["pw_sum"]),
+        helper.make_node("Relu", ["pw_sum"], ["pw"]),
+        # 5x5 on 23x29: chunks of output rows; HardSigmoid fused
+        helper.make_node("Conv", ["x", "w_rows", "b_rows"], ["rows_pre"], pads=[2, 1, 2, 3]),
+        helper.make_node("HardSigmoid", ["rows_pre"], ["rows"]),
+        # 3x3 stride 2 on 23x29 -> 11x14: too few chunks for one image, the residual fused
+        helper.make_node("Conv", ["x", "w_few"], ["few_pre"], strides=[2, 2]),
+        helper.make_node("Add", ["few_pre", "few_res"], ["few"]),
+        # 7x7 maps (transposed products): pointwise with residual and Relu, 5x5 with bias
+        helper.make_node("Conv", ["s", "w_tpw", "b_tpw"], ["tpw_pre"]),
+        helper.make_node("Add", ["tpw_pre", "s_res"], ["tpw_sum"]),
+        helper.make_node("Relu", ["tpw_sum"], ["tpw"]),
+        helper.make_node("Conv", ["s", "w_t5", "b_t5"], ["t5_pre"], pads=[2, 2, 2, 2]),
+        helper.make_node("Relu", ["t5_pre"], ["t5"]),
+        # grouped 3x3 with bias and residual
+        helper.make_node("Conv", ["x", "w_g", "b_g"], ["g_pre"], group=2, pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["g_pre", "g_res"], ["g"]),
+    ]
+    inputs = {"x": (np.float32, ["batch", 12, 23, 29]),
+              "x_res": (np.float32, ["batch", 40, 23, 29]),
+              "few_res": (np.float32, ["batch", 33, 11, 14]),
+              "s": (np.float32, ["batch", 24, 7, 7]),
+              "s_res": (np.float32, ["batch", 48, 7, 7]),
+              "g_res": (np.float32, ["batch", 18, 23, 29])}
+    outputs = dict.fromkeys(("pw", "rows", "few", "tpw", "t5", "g"), np.float32)
+    inits = {
+        "w_pw": weights(40, 12, 1, 1), "b_pw": weights(40),
+        "w_rows": weights(26, 12, 5, 5), "b_rows": weights(26),
+        "w_few": weights(33, 12, 3, 3),
+        "w_tpw": weights(48, 24, 1, 1), "b_tpw": weights(48),
+        "w_t5": weights(32, 24, 5, 5), "b_t5": weights(32),
+        "w_g": weights(18, 6, 3, 3), "b_g": weights(18),
+    }
+    return make_model(nodes, inputs, outputs, inits)
+
+
+@pytest.fixture(scope="module")
+def batch_compiled():
+    model = batch_conv_model()
+    return model, cuvil.compile(model)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 5])
+def test_batched_convs_on_one_and_two_threads_match_onnxruntime(batch_compiled, batch) -> None:
+    model, m = batch_compiled
+    rng = np.random.default_rng(10 + batch)
+    feeds = {i.name: rng.standard_normal(
+        [batch if d.dim_param else d.dim_value for d in i.type.tensor_type.shape.dim]
+    ).astype(np.float32) for i in model.graph.input}
+    expected = dict(zip([o.name for o in model.graph.output], run_ort(model, feeds)))
+    results = {}
+    for threads in (1, 2):
+        m.num_threads = threads
+        results[threads] = m.run(feeds)
+    for name, want in expected.items():
+        for threads in (1, 2):
+            np.testing.assert_allclose(results[threads][name], want, rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{name} at {threads} threads")
+        np.testing.assert_array_equal(results[2][name], results[1][name], err_msg=name)
+
+
+def test_static_batch_convs_match_onnxruntime() -> None:
+    """A static batch of 4 compiles only the batched paths."""
+    model = batch_conv_model()
+    for i in model.graph.input:
+        i.type.tensor_type.shape.dim[0].dim_value = 4
+    for o in model.graph.output:
+        o.type.tensor_type.shape.dim[0].dim_value = 4
+    m = cuvil.compile(model)
+    rng = np.random.default_rng(4)
+    feeds = {i.name: rng.standard_normal(
+        [d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+        for i in model.graph.input}
+    expected = dict(zip([o.name for o in model.graph.output], run_ort(model, feeds)))
+    for threads in (1, 2):
+        m.num_threads = threads
+        got = m.run(feeds)
+        for name, want in expected.items():
+            np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{name} at {threads} threads")

@@ -15,13 +15,21 @@ into panels at compile time (passes/pack_gemm_weights.py); Y^T goes to the scrat
 into Y through in-register transposes of lanes x lanes blocks, the residual added on the way.
 onnxruntime (MLAS's NCHWc kernels) and oneDNN do the same for small maps: vectors run along
 output channels, positions along the registers of a tile.
+
+One image splits its product finely over the threads, one parallel loop (or three) per
+image. A batch of several runs one parallel loop for the whole layer instead, its tasks
+(image, chunk of rows), (image, block of columns) or, transposed, whole images, each product
+on one thread (`_batch_pointwise`, `_batch_of_chunks`, `_batch_transposed`): image by image,
+small maps (7x7, 14x14) made the threads meet 8 times a layer at batch 8, for little work.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
+import sympy
 from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
@@ -46,8 +54,11 @@ from cuvil.compiler.codegen.emitter import (
     transpose_lanes,
 )
 from cuvil.compiler.codegen.gemm_kernel import (
+    BLOCKS_PER_THREAD,
+    MIN_COLUMN_TILES,
     Epilogue,
     Layout,
+    block_span,
     emit_gemm,
     emit_parallel_gemm,
     isa_of,
@@ -70,6 +81,11 @@ F32_DTYPE = np.dtype(np.float32)
 CHUNK_COLUMNS = 128
 #: with fewer chunks (small outputs), X' is unfolded whole and the product split instead
 MIN_CHUNKS = 4
+#: a batch of several images runs one parallel loop over (image, chunk) tasks for the whole
+#: layer, cut into at most this many blocks of consecutive tasks: each block has a slot of
+#: the scratch of its own (blocks on different threads never share one); 8 blocks keep 2
+#: threads at 4 each, 8 threads at 1
+BATCH_SLOTS = 8
 
 
 def is_pointwise(win: Window) -> bool:
@@ -105,18 +121,29 @@ def transposed_product(node: Node, win: Window) -> bool:
 def im2col_bytes(node: Node, win: Window) -> Dim:
     """Scratch for X' of one image: one group's slice, or every group's (their tasks run side
     by side, `_grouped`); none for pointwise convolutions. A transposed product's Y^T of one
-    image follows X'."""
+    image follows X'. A batch of several images (`_batch_of_chunks`, `_batch_transposed`)
+    needs BATCH_SLOTS slots: a chunk of X' each, or a transposed image's X' and Y^T each."""
     w = logical_weight(node)
     cols: Dim = 0
+    group = int(node.attrs.get("group", 1))
+    taps = 1
+    for k in win.kernel:
+        taps *= k
+    kk = int(w.type.shape[1]) * taps
     if not is_pointwise(win):
-        cg = int(w.type.shape[1])
-        taps = 1
-        for k in win.kernel:
-            taps *= k
-        cols = numel([int(node.attrs.get("group", 1)), cg * taps, *win.out, 4])
+        cols = numel([group, kk, *win.out, 4])
+    many = not (isinstance(n := required_input(node, 0).type.shape[0], int) and n <= 1)
     if node.attrs.get(TRANSPOSED):
         assert isinstance(cols, int)
-        return _aligned(cols) + numel([int(w.type.shape[0]), *win.out, 4])
+        image = _aligned(cols) + numel([int(w.type.shape[0]), *win.out, 4])
+        assert isinstance(image, int)
+        return _aligned(image) * BATCH_SLOTS if many else image
+    if many and not is_pointwise(win):
+        # a slot holds rows_per_chunk * inner <= CHUNK_COLUMNS - 1 + inner columns
+        slots = BATCH_SLOTS * kk * 4 * (CHUNK_COLUMNS - 1 + numel(win.out[1:]))
+        if isinstance(cols, int) and isinstance(slots, int):
+            return max(cols, slots)
+        return sympy.Max(cols, slots)
     return cols
 
 
@@ -203,25 +230,89 @@ def _lower_conv_gemm(node: Node, k: Emitter, win: Window, bf16: bool, w_ptr: ir.
     rows_per_chunk = b.add(k.floordiv(k.i64(CHUNK_COLUMNS - 1), inner), k.i64(1))
     out0 = k.dim(win.out[0])
     chunks = k.floordiv(b.add(out0, b.sub(rows_per_chunk, k.i64(1))), rows_per_chunk)
+    images_dim = x_val.type.shape[0]
+    images = k.dim(images_dim)
     if node.attrs.get(TRANSPOSED):
-        _transposed(k, win, in_shape, (x_ptr, w_ptr, y_ptr, bias, residual), (cg, taps, m),
-                    (k.dim(x_val.type.shape[0]), k.dim(c_in), in_plane, p), pointwise,
-                    epilogue)
+        def one_by_one() -> None:
+            _transposed(k, win, in_shape, (x_ptr, w_ptr, y_ptr, bias, residual), (cg, taps, m),
+                        (images, k.dim(c_in), in_plane, p), pointwise, epilogue)
+
+        if isinstance(images_dim, int) and images_dim <= 1:
+            one_by_one()
+            return
+        # an image per task, when there are images enough to keep every thread busy
+        enough = b.icmp_signed(">=", images, b.mul(k.parallel_threads(), k.i64(2)))
+        with b.if_else(b.and_(enough, b.icmp_signed(">", images, k.i64(1)))) as (by_images, one):
+            with by_images:
+                _batch_transposed(k, win, in_shape, (x_ptr, w_ptr, y_ptr, bias, residual),
+                                  (cg, taps, m), (images, in_plane, p), pointwise, epilogue)
+            with one:
+                one_by_one()
         return
+    ptrs = (x_ptr, w_ptr, y_ptr, bias, residual)
+    split = (rows_per_chunk, chunks, inner, p, in_plane)
     if group > 1:
-        _grouped(k, win, in_shape, (group, cg, mg, kk), (x_ptr, w_ptr, y_ptr, bias, residual),
-                 (rows_per_chunk, chunks, inner, p, in_plane), pointwise, epilogue,
-                 (k.dim(x_val.type.shape[0]), k.dim(c_in), m), product)
+        def grouped() -> None:
+            _grouped(k, win, in_shape, (group, cg, mg, kk), ptrs, split, pointwise, epilogue,
+                     (images, k.dim(c_in), m), product)
+
+        def grouped_batch() -> None:
+            _batch_of_chunks(k, win, in_shape, (group, cg, mg, kk), ptrs, split, images,
+                             pointwise, epilogue, product)
+
+        _by_batch(k, images_dim, images, grouped_batch, grouped)
         return
-    with k.loop(k.dim(x_val.type.shape[0]), name="n") as n, k.loop(group, name="g") as g:
-        first_channel = b.add(b.mul(n, k.dim(c_in)), b.mul(g, k.i64(cg)))
+
+    def one_image_at_a_time() -> None:
+        _images(k, win, in_shape, (cg, mg, kk, taps), (x_ptr, w_ptr, y_ptr, bias, residual),
+                (rows_per_chunk, chunks, inner, p, in_plane), (images, k.dim(c_in)), pointwise,
+                epilogue, product)
+
+    def batch() -> None:
+        if pointwise:
+            _batch_pointwise(k, (mg, kk), ptrs, p, (images, in_plane), epilogue, product)
+        else:
+            _batch_of_chunks(k, win, in_shape, (1, cg, mg, kk), ptrs, split, images, False,
+                             epilogue, product)
+
+    _by_batch(k, images_dim, images, batch, one_image_at_a_time)
+
+
+def _by_batch(k: Emitter, images_dim: Dim, images: ir.Value, batch: Callable[[], None],
+              single: Callable[[], None]) -> None:
+    """batch() for several images, single() (each image's product split finely, as tuned for
+    one image) for one; a symbolic batch gets both, chosen at run time."""
+    if isinstance(images_dim, int):
+        (single if images_dim <= 1 else batch)()
+        return
+    with k.b.if_else(k.b.icmp_signed(">", images, k.i64(1))) as (several, one):
+        with several:
+            batch()
+        with one:
+            single()
+
+
+def _images(k: Emitter, win: Window, in_shape: tuple[Dim, ...], sizes: tuple[int, int, int, int],
+            ptrs: tuple[ir.Value, ir.Value, ir.Value, ir.Value | None, ir.Value | None],
+            split: tuple[ir.Value, ir.Value, ir.Value, ir.Value, ir.Value],
+            image: tuple[ir.Value, ir.Value], pointwise: bool, epilogue: Epilogue,
+            product: _Product) -> None:
+    """One group, image by image, each image's product split over the threads."""
+    b = k.b
+    cg, mg, kk, taps = sizes
+    x_ptr, w_ptr, y_ptr, bias, residual = ptrs
+    rows_per_chunk, chunks, inner, p, in_plane = split
+    images, c_in = image
+    m = mg
+    with k.loop(images, name="n") as n:
+        first_channel = b.mul(n, c_in)
         x_slice = b.gep(x_ptr, [b.mul(first_channel, in_plane)], source_etype=F32)
-        w_g = product.weights(b, w_ptr, g)
-        y_off = b.mul(b.add(b.mul(n, k.i64(m)), b.mul(g, k.i64(mg))), p)
+        w_g = w_ptr
+        y_off = b.mul(b.mul(n, k.i64(m)), p)
         y_g = b.gep(y_ptr, [y_off], source_etype=F32)
         # the residual has the output's layout
         r_g = b.gep(residual, [y_off], source_etype=F32) if residual is not None else None
-        bias_g = b.gep(bias, [b.mul(g, k.i64(mg))], source_etype=F32) if bias is not None else None
+        bias_g = bias
         if pointwise:
             product(k, True, k.i64(mg), p, k.i64(kk), w_g, x_slice, p, y_g, p, bias=bias_g,
                     residual=r_g, epilogue=epilogue)
@@ -237,6 +328,118 @@ def _lower_conv_gemm(node: Node, k: Emitter, win: Window, bf16: bool, w_ptr: ir.
                     _parallel_im2col(k, win, in_shape, cg, taps, x_slice, k.scratch, in_plane, p)
                     product(k, True, k.i64(mg), p, k.i64(kk), w_g, k.scratch, p, y_g, p,
                             bias=bias_g, residual=r_g, epilogue=epilogue)
+
+
+def _blocks(k: Emitter, tasks: ir.Value, task_cost: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(blocks, cost of one) for `tasks` cut into at most BATCH_SLOTS blocks of consecutive
+    tasks (`_block_tasks`)."""
+    b = k.b
+    blocks = k.minimum("int64", tasks, k.i64(BATCH_SLOTS))
+    per_block = k.floordiv(b.add(tasks, b.sub(blocks, k.i64(1))), blocks)
+    return blocks, b.mul(per_block, task_cost)
+
+
+def _block_tasks(k: Emitter, j: ir.Value, blocks: ir.Value, tasks: ir.Value) -> tuple[ir.Value,
+                                                                                     ir.Value]:
+    """(first task, end) of block j: as even as whole tasks allow."""
+    b = k.b
+    return (b.sdiv(b.mul(j, tasks), blocks),
+            b.sdiv(b.mul(b.add(j, k.i64(1)), tasks), blocks))
+
+
+def _batch_pointwise(k: Emitter, sizes: tuple[int, int],
+                     ptrs: tuple[ir.Value, ir.Value, ir.Value, ir.Value | None, ir.Value | None],
+                     p: ir.Value, image: tuple[ir.Value, ir.Value], epilogue: Epilogue,
+                     product: _Product) -> None:
+    """A pointwise convolution of several images: one parallel loop over (image, block of
+    columns) tasks, each a product on one thread; an image is cut into blocks only as far as
+    the threads need (a whole image's product reuses its weights best)."""
+    b = k.b
+    mg, kk = sizes
+    x, w, y, bias, residual = ptrs
+    images, in_plane = image
+    null = ir.Constant(PTR, None)
+    nr = isa_of(k.module).nr
+    tiles = k.floordiv(b.add(p, k.i64(nr - 1)), k.i64(nr))
+    wanted = k.floordiv(b.add(b.mul(k.parallel_threads(), k.i64(BLOCKS_PER_THREAD)),
+                              b.sub(images, k.i64(1))), images)
+    most = k.maximum("int64", k.floordiv(tiles, k.i64(MIN_COLUMN_TILES)), k.i64(1))
+    per_image = k.maximum("int64", k.minimum("int64", wanted, most), k.i64(1))
+    tasks = b.mul(images, per_image)
+    cost = b.mul(k.floordiv(p, per_image), k.i64(mg * kk))
+    carry = [x, w, y, bias if bias is not None else null,
+             residual if residual is not None else null, p, in_plane, per_image]
+    with k.parallel_loop(tasks, cost=cost, name="pwtask", carry=carry) as t:
+        x_c, w_c, y_c, bias_c, res_c, p_c, plane_c, per_c = k.carried
+        bb = k.b
+        n, blk = bb.sdiv(t, per_c), bb.srem(t, per_c)
+        start, width = block_span(k, blk, per_c, p_c, k.i64(nr))
+        x_n = bb.gep(x_c, [bb.add(bb.mul(bb.mul(n, k.i64(kk)), plane_c), start)],
+                     source_etype=F32)
+        y_at = bb.add(bb.mul(bb.mul(n, k.i64(mg)), p_c), start)
+        product(k, False, k.i64(mg), width, k.i64(kk), w_c, x_n, plane_c,
+                bb.gep(y_c, [y_at], source_etype=F32), p_c,
+                bias=bias_c if bias is not None else None, epilogue=epilogue,
+                residual=bb.gep(res_c, [y_at], source_etype=F32) if residual is not None
+                else None)
+
+
+def _batch_of_chunks(k: Emitter, win: Window, in_shape: tuple[Dim, ...],
+                     sizes: tuple[int, int, int, int],
+                     ptrs: tuple[ir.Value, ir.Value, ir.Value, ir.Value | None, ir.Value | None],
+                     split: tuple[ir.Value, ir.Value, ir.Value, ir.Value, ir.Value],
+                     images: ir.Value, pointwise: bool, epilogue: Epilogue,
+                     product: _Product) -> None:
+    """Several images: one parallel loop over (image, group, chunk of output rows) tasks, in
+    blocks of consecutive tasks (`_blocks`); each block unfolds its chunks one after the other
+    into its own slot of the scratch (a call of the body runs whole blocks: the slot of its
+    first block), each followed by its product on one thread. Pointwise groups read X."""
+    b = k.b
+    group, cg, mg, kk = sizes
+    x, w, y, bias, residual = ptrs
+    rows_per_chunk, chunks, inner, p, in_plane = split
+    null = ir.Constant(PTR, None)
+    cols = k.scratch if k.scratch is not None else null
+    assert pointwise or k.scratch is not None
+    tasks = b.mul(b.mul(images, chunks), k.i64(group))
+    task_cost = b.mul(b.mul(rows_per_chunk, inner), k.i64(mg * kk))
+    if pointwise:  # no slots: one task per iteration
+        blocks, cost = tasks, task_cost
+    else:
+        blocks, cost = _blocks(k, tasks, task_cost)
+    carry = [x, w, y, bias if bias is not None else null,
+             residual if residual is not None else null, cols, rows_per_chunk, chunks,
+             inner, p, in_plane, tasks, blocks]
+    with k.parallel_loop(blocks, cost=cost, name="bchunk", carry=carry) as j:
+        x_c, w_c, y_c, bias_c, res_c, cols_c, rpc, chunks_c, inner_c, p_c, plane_c, tasks_c, \
+            blocks_c = k.carried
+        bb = k.b
+        slot = bb.gep(cols_c, [bb.mul(bb.mul(bb.mul(k.task_first, rpc), inner_c), k.i64(kk))],
+                      source_etype=F32)
+        lo, hi = _block_tasks(k, j, blocks_c, tasks_c)
+        if pointwise:
+            lo, hi = j, bb.add(j, k.i64(1))
+        with k.loop(hi, start=lo, name="bt") as t:
+            plane_g, c = bb.sdiv(t, chunks_c), bb.srem(t, chunks_c)  # plane_g: n * group + g
+            g = bb.srem(plane_g, k.i64(group))
+            first = bb.mul(c, rpc)
+            count = k.minimum("int64", bb.sub(k.dim(win.out[0]), first), rpc)
+            width = bb.mul(count, inner_c)
+            col0 = bb.mul(first, inner_c)
+            x_g = bb.gep(x_c, [bb.mul(bb.mul(plane_g, k.i64(cg)), plane_c)], source_etype=F32)
+            y_at = bb.add(bb.mul(bb.mul(plane_g, k.i64(mg)), p_c), col0)
+            if pointwise:
+                b_ptr, ldb = bb.gep(x_g, [col0], source_etype=F32), p_c
+            else:
+                _im2col(k, x_g, in_shape, win, slot, cg, (first, count))
+                b_ptr, ldb = slot, width
+            product(k, False, k.i64(mg), width, k.i64(kk), product.weights(bb, w_c, g), b_ptr,
+                    ldb, bb.gep(y_c, [y_at], source_etype=F32), p_c,
+                    bias=(bb.gep(bias_c, [bb.mul(g, k.i64(mg))], source_etype=F32)
+                          if bias is not None else None),
+                    epilogue=epilogue,
+                    residual=bb.gep(res_c, [y_at], source_etype=F32) if residual is not None
+                    else None)
 
 
 def _transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: tuple,
@@ -272,6 +475,52 @@ def _transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: tuple,
                      (p, m), epilogue)
 
 
+def _batch_transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: tuple,
+                      sizes: tuple[int, int, int], image: tuple[ir.Value, ir.Value, ir.Value],
+                      pointwise: bool, epilogue: Epilogue) -> None:
+    """Several images of a transposed product (`_transposed`): one parallel loop over blocks
+    of images (`_blocks`), each image on one thread: its X', Y^T and Y in turn, X' and Y^T in
+    its block's slot of the scratch (one image's share each), where they stay in its cache."""
+    b = k.b
+    x, w, y, bias, residual = ptrs
+    cg, taps, m = sizes
+    images, in_plane, p = image
+    assert k.scratch is not None
+    kk = cg * taps
+    cols_bytes = 0 if pointwise else numel([kk, *win.out, 4])
+    assert isinstance(cols_bytes, int)
+    image_floats = _aligned(_aligned(cols_bytes) + int(numel([m, *win.out, 4]))) // 4
+    kernel_epilogue = replace(epilogue, bias="col" if bias is not None else "none",
+                              residual=False,
+                              activation=None if residual is not None else epilogue.activation)
+    layout = Layout(a_columns=True, packed_b=True)
+    lanes = isa_of(k.module).vector
+    null = ir.Constant(PTR, None)
+    blocks, cost = _blocks(k, images, b.mul(p, k.i64(kk * m)))
+    carry = [x, w, y, bias if bias is not None else null,
+             residual if residual is not None else null, k.scratch, in_plane, p, images, blocks]
+    with k.parallel_loop(blocks, cost=cost, name="btimage", carry=carry) as j:
+        x_c, w_c, y_c, bias_c, res_c, scratch_c, plane_c, p_c, images_c, blocks_c = k.carried
+        bb = k.b
+        slot = bb.gep(scratch_c, [bb.mul(k.task_first, k.i64(image_floats))], source_etype=F32)
+        ct = bb.gep(slot, [k.i64(_aligned(cols_bytes) // 4)], source_etype=F32)
+        lo, hi = _block_tasks(k, j, blocks_c, images_c)
+        with k.loop(hi, start=lo, name="bn") as n:
+            x_n = bb.gep(x_c, [bb.mul(bb.mul(n, k.i64(cg)), plane_c)], source_etype=F32)
+            y_off = bb.mul(bb.mul(n, k.i64(m)), p_c)
+            a = x_n
+            if not pointwise:
+                _im2col(k, x_n, in_shape, win, slot, cg)
+                a = slot
+            emit_gemm(k, p_c, k.i64(m), k.i64(kk), a, p_c, w_c, k.i64(0), ct, k.i64(m),
+                      bias=bias_c if bias is not None else None, epilogue=kernel_epilogue,
+                      layout=layout)
+            y_n = bb.gep(y_c, [y_off], source_etype=F32)
+            r_n = bb.gep(res_c, [y_off], source_etype=F32) if residual is not None else None
+            with k.loop(k.i64(-(-m // lanes)), name="ublk") as blk:
+                _untranspose_block(k, blk, ct, y_n, r_n, (p_c, m), epilogue)
+
+
 def _untranspose(k: Emitter, ct: ir.Value, y: ir.Value, residual: ir.Value | None,
                  sizes: tuple[ir.Value, int], epilogue: Epilogue) -> None:
     """Y[M, P] = Y^T[P, M] (+ residual, then the activation when there is one), by blocks of
@@ -284,36 +533,46 @@ def _untranspose(k: Emitter, ct: ir.Value, y: ir.Value, residual: ir.Value | Non
     with k.parallel_loop(k.i64(blocks), cost=k.b.mul(p, k.i64(lanes)), name="untranspose",
                          carry=[ct, y, residual if residual is not None else null, p]) as blk:
         ct_c, y_c, res_c, p_c = k.carried
-        b = k.b
-        vt = ir.VectorType(F32, lanes)
-        it = ir.VectorType(I64, lanes)
-        iota = ir.Constant(it, list(range(lanes)))
-        o = b.mul(blk, k.i64(lanes))
-        channels = b.icmp_signed("<", b.add(iota, splat(b, o, lanes)), splat(b, k.i64(m), lanes))
-        with k.loop(p_c, step=lanes, name="px") as x0:
-            positions = b.icmp_signed("<", b.add(iota, splat(b, x0, lanes)), splat(b, p_c, lanes))
-            rows = []
-            for j in range(lanes):
-                # rows past P read nothing (their lanes are not stored)
-                inside = b.icmp_signed("<", b.add(x0, k.i64(j)), p_c)
-                mask = b.and_(channels, splat(b, inside, lanes))
-                src = b.gep(ct_c, [b.add(b.mul(b.add(x0, k.i64(j)), k.i64(m)), o)],
-                            source_etype=F32)
-                rows.append(b.call(masked_intrinsic(k.module, "load", vt),
-                                   [src, _ALIGN4, mask, ir.Constant(vt, None)]))
-            for i, line in enumerate(transpose_lanes(b, rows)):  # line i: channel o + i
-                ch = b.add(o, k.i64(i))
-                with k.if_then(b.icmp_signed("<", ch, k.i64(m))):
-                    off = b.add(b.mul(ch, p_c), x0)
-                    if residual is not None:
-                        line = b.fadd(line, b.call(masked_intrinsic(k.module, "load", vt),
-                                                   [b.gep(res_c, [off], source_etype=F32),
-                                                    _ALIGN4, positions, ir.Constant(vt, None)]))
-                        if epilogue.activation is not None:
-                            line = apply_activation(b, epilogue.activation, epilogue.params,
-                                                    line)
-                    store_lanes(b, line, b.gep(y_c, [off], source_etype=F32), positions,
-                                b.icmp_signed("<=", b.add(x0, k.i64(lanes)), p_c))
+        _untranspose_block(k, blk, ct_c, y_c, res_c if residual is not None else None, (p_c, m),
+                           epilogue)
+
+
+def _untranspose_block(k: Emitter, blk: ir.Value, ct_c: ir.Value, y_c: ir.Value,
+                       res_c: ir.Value | None, sizes: tuple[ir.Value, int],
+                       epilogue: Epilogue) -> None:
+    """Channels blk * lanes ... of Y from Y^T (`_untranspose`)."""
+    p_c, m = sizes
+    lanes = isa_of(k.module).vector
+    b = k.b
+    vt = ir.VectorType(F32, lanes)
+    it = ir.VectorType(I64, lanes)
+    iota = ir.Constant(it, list(range(lanes)))
+    o = b.mul(blk, k.i64(lanes))
+    channels = b.icmp_signed("<", b.add(iota, splat(b, o, lanes)), splat(b, k.i64(m), lanes))
+    with k.loop(p_c, step=lanes, name="px") as x0:
+        positions = b.icmp_signed("<", b.add(iota, splat(b, x0, lanes)), splat(b, p_c, lanes))
+        rows = []
+        for j in range(lanes):
+            # rows past P read nothing (their lanes are not stored)
+            inside = b.icmp_signed("<", b.add(x0, k.i64(j)), p_c)
+            mask = b.and_(channels, splat(b, inside, lanes))
+            src = b.gep(ct_c, [b.add(b.mul(b.add(x0, k.i64(j)), k.i64(m)), o)],
+                        source_etype=F32)
+            rows.append(b.call(masked_intrinsic(k.module, "load", vt),
+                               [src, _ALIGN4, mask, ir.Constant(vt, None)]))
+        for i, line in enumerate(transpose_lanes(b, rows)):  # line i: channel o + i
+            ch = b.add(o, k.i64(i))
+            with k.if_then(b.icmp_signed("<", ch, k.i64(m))):
+                off = b.add(b.mul(ch, p_c), x0)
+                if res_c is not None:
+                    line = b.fadd(line, b.call(masked_intrinsic(k.module, "load", vt),
+                                               [b.gep(res_c, [off], source_etype=F32),
+                                                _ALIGN4, positions, ir.Constant(vt, None)]))
+                    if epilogue.activation is not None:
+                        line = apply_activation(b, epilogue.activation, epilogue.params,
+                                                line)
+                store_lanes(b, line, b.gep(y_c, [off], source_etype=F32), positions,
+                            b.icmp_signed("<=", b.add(x0, k.i64(lanes)), p_c))
 
 
 _ALIGN4 = ir.Constant(ir.IntType(32), 4)
