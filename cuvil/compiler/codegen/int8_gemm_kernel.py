@@ -531,12 +531,7 @@ class _Writer:
         per_vec = 2 if kind in _PAIRS else 1
         acc_t = ir.VectorType(I32, 4 * self.w) if kind == "generic" else self.vi32
         accs = self.slots(rows * nv * per_vec, acc_t)
-        panel = b.udiv(j0, k.i64(PACK_COLS))
-        within = b.sub(j0, b.mul(panel, k.i64(PACK_COLS)))
-        b_base = b.gep(self.bp, [b.add(b.mul(panel, b.mul(self.kp, k.i64(PACK_COLS))),
-                                       b.mul(within, k.i64(GROUP)))], source_etype=I8)
-        a_rows = [b.gep(self.a, [b.mul(b.add(i0, k.i64(r)), self.lda)], source_etype=I8)
-                  for r in range(rows)]
+        b_base, a_rows = self.tile_operands(i0, j0, rows)
         a_mask_vt = ir.VectorType(I8, GROUP)
 
         def step(g: ir.Value, tail_mask: ir.Value | None) -> None:
@@ -568,6 +563,20 @@ class _Writer:
 
         self.finish(row_vector, i0, j0, rows, nv, left, sums)
 
+    def tile_operands(self, i0: ir.Value, j0: ir.Value,
+                      rows: int) -> tuple[ir.Value, list[ir.Value]]:
+        """Where the tile at (i0, j0) reads: column j0's group 0 in the packed B (panels of
+        PACK_COLS columns, K padded to kp), and its rows of A."""
+        k = self.k
+        b = k.b
+        panel = b.udiv(j0, k.i64(PACK_COLS))
+        within = b.sub(j0, b.mul(panel, k.i64(PACK_COLS)))
+        b_base = b.gep(self.bp, [b.add(b.mul(panel, b.mul(self.kp, k.i64(PACK_COLS))),
+                                       b.mul(within, k.i64(GROUP)))], source_etype=I8)
+        a_rows = [b.gep(self.a, [b.mul(b.add(i0, k.i64(r)), self.lda)], source_etype=I8)
+                  for r in range(rows)]
+        return b_base, a_rows
+
     def tile_mmla(self, i0: ir.Value, j0: ir.Value, rows: int, nv: int, left: ir.Value,
                   sums: list[ir.Value] | None) -> None:
         """The tile on I8MM: per 8 values of k, SMMLA/USMMLA multiply two rows of A (2 x 8
@@ -581,12 +590,7 @@ class _Writer:
         pairs, cols = (rows + 1) // 2, 2 * nv  # pairs of rows, pairs of columns
         v16 = ir.VectorType(I8, 16)
         accs = self.slots(pairs * cols, self.vi32)
-        panel = b.udiv(j0, k.i64(PACK_COLS))
-        within = b.sub(j0, b.mul(panel, k.i64(PACK_COLS)))
-        b_base = b.gep(self.bp, [b.add(b.mul(panel, b.mul(self.kp, k.i64(PACK_COLS))),
-                                       b.mul(within, k.i64(GROUP)))], source_etype=I8)
-        a_rows = [b.gep(self.a, [b.mul(b.add(i0, k.i64(r)), self.lda)], source_etype=I8)
-                  for r in range(rows)]
+        b_base, a_rows = self.tile_operands(i0, j0, rows)
         name = f"llvm.aarch64.neon.{'smmla' if self.signed_a else 'usmmla'}.v4i32.v16i8"
         mmla = _intrinsic(self.module, name, self.vi32, [self.vi32, v16, v16])
         lo_hi = ir.VectorType(I32, 4)

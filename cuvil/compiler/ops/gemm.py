@@ -228,8 +228,30 @@ def _transposed(v: View) -> View:
     return replace(v, dims=v.dims[::-1], strides=v.strides[::-1], shape=v.shape[::-1])
 
 
+class _WeightProduct(Op):
+    """Gemm and MatMul: with bf16 weights (`BF16_WEIGHTS`), CPUs without bf16 instructions
+    multiply on float32 panels the first run derives from them (codegen/bf16_gemm_kernel.py)."""
+
+    def path(self, node: Node) -> str:
+        return "bf16" if BF16_WEIGHTS in node.attrs else ""
+
+    def derived_bytes(self, node: Node) -> int:
+        return int(logical_weight(node).type.nbytes) if BF16_WEIGHTS in node.attrs else 0
+
+    def derived_on_demand(self, node: Node) -> bool:
+        return BF16_WEIGHTS in node.attrs
+
+    def lower_derived(self, node: Node, k: Emitter) -> None:
+        """B's float32 panels (`pack_b`) from its bf16 ones, where the CPU runs the float32
+        path."""
+        kk, n = logical_weight(node).type.shape[-2:]
+        assert k.derived is not None
+        emit_float32_panels(k, "b", k.buffers[required_input(node, 1)], k.derived, int(kk),
+                            int(n))
+
+
 @register
-class Gemm(Op):
+class Gemm(_WeightProduct):
     """Y = alpha * A' @ B' + beta * C, with A' and B' optionally transposed."""
 
     op_type = "Gemm"
@@ -255,18 +277,6 @@ class Gemm(Op):
         y = TensorType(a.type.dtype, (m, n))
         check_fused_inputs(node, y)
         return [y]
-
-    def path(self, node: Node) -> str:
-        return "bf16" if BF16_WEIGHTS in node.attrs else ""
-
-    def derived_bytes(self, node: Node) -> int:
-        return _derived_bytes(node)
-
-    def derived_on_demand(self, node: Node) -> bool:
-        return BF16_WEIGHTS in node.attrs
-
-    def lower_derived(self, node: Node, k: Emitter) -> None:
-        _derive_float32_panels(node, k)
 
     def lower(self, node: Node, k: Emitter) -> None:
         if BF16_WEIGHTS in node.attrs:
@@ -361,7 +371,7 @@ def _bf16_product(k: Emitter, args: tuple[ir.Value, ...], *, accumulate: bool,
                   bias: ir.Value | None, residual: ir.Value | None, epilogue: Epilogue) -> None:
     """C = A @ B of a Gemm or MatMul with bf16 weights, args = (M, N, K, A, lda, B, ldb, C,
     ldc): on the bf16 kernel where the CPU has bf16 instructions, else as float32 weights
-    would run, on the float32 panels derived from B (`_derive_float32_panels`)."""
+    would run, on the float32 panels derived from B (`_WeightProduct.lower_derived`)."""
     assert k.derived is not None
     on_panels = (*args[:5], k.derived, *args[6:])
     bf16_or_float32(
@@ -382,18 +392,6 @@ def _float32_product(k: Emitter, args: tuple[ir.Value, ...], layout: Layout, *,
                                            residual=residual, epilogue=epilogue),
                 lambda: emit_parallel_gemm(k, *args, accumulate=accumulate, bias=bias,
                                            residual=residual, epilogue=epilogue, layout=layout))
-
-
-def _derived_bytes(node: Node) -> int:
-    """Gemm and MatMul with bf16 weights: the float32 panels of CPUs without bf16 instructions."""
-    return int(logical_weight(node).type.nbytes) if BF16_WEIGHTS in node.attrs else 0
-
-
-def _derive_float32_panels(node: Node, k: Emitter) -> None:
-    """B's float32 panels (`pack_b`) from its bf16 ones, where the CPU runs the float32 path."""
-    kk, n = logical_weight(node).type.shape[-2:]
-    assert k.derived is not None
-    emit_float32_panels(k, "b", k.buffers[required_input(node, 1)], k.derived, int(kk), int(n))
 
 
 def _bias_kind(c: Value | None, out: tuple[Dim, ...]) -> str | None:
@@ -422,7 +420,7 @@ def _fill_scaled(k: Emitter, c_val: Value | None, y: View, shape: tuple[Dim, ...
 
 
 @register
-class MatMul(Op):
+class MatMul(_WeightProduct):
     """numpy.matmul semantics: 1-D operands are promoted, batch dims broadcast."""
 
     op_type = "MatMul"
@@ -452,18 +450,6 @@ class MatMul(Op):
                              f"it must be one value per output column of matrices ({y})")
         check_fused_inputs(node, y)
         return [y]
-
-    def path(self, node: Node) -> str:
-        return "bf16" if BF16_WEIGHTS in node.attrs else ""
-
-    def derived_bytes(self, node: Node) -> int:
-        return _derived_bytes(node)
-
-    def derived_on_demand(self, node: Node) -> bool:
-        return BF16_WEIGHTS in node.attrs
-
-    def lower_derived(self, node: Node, k: Emitter) -> None:
-        _derive_float32_panels(node, k)
 
     def lower(self, node: Node, k: Emitter) -> None:
         if on_one_gemm(node):
