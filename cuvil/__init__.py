@@ -26,6 +26,7 @@ def compile(
     calibration_method: str = "minmax",
     keep_float: Sequence[str] = (),
     precision: str = "float32",
+    transformed_weights: str = "library",
 ) -> Model:
     """Compile an ONNX model (path or ModelProto) in-process and return a callable model.
 
@@ -40,12 +41,16 @@ def compile(
     `precision="bf16"` computes matrix products and convolutions in bfloat16 with float32
     sums (weights stored as bf16; AMX or AVX-512 BF16 where the CPU has them, float32 on the
     bf16 weights elsewhere): faster, within the error bound docs/precision.md gives.
+
+    `transformed_weights="first-run"` derives Winograd convolutions' transformed weights at
+    the first run instead of storing them in the library (smaller, a slower first run).
     """
     from cuvil.compiler.driver import compile_in_process
 
     return compile_in_process(model, inputs=inputs, target=target, quantize=quantize, name=name,
                               calibration=calibration, calibration_method=calibration_method,
-                              keep_float=keep_float, precision=precision)
+                              keep_float=keep_float, precision=precision,
+                              transformed_weights=transformed_weights)
 
 
 def register_op(domain: str, op_type: str, *, since: int = 1,

@@ -152,6 +152,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             calibration_method=args.calibration_method or "minmax",
             keep_float=args.keep_float,
             precision=args.precision,
+            transformed_weights=args.transformed_weights,
             log=log,
             library_file=output.name,
         )
@@ -631,7 +632,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if log:
         log(f"compiling {path} for this machine")
     start = time.perf_counter()
-    model = compile_in_process(path, precision=args.precision)
+    model = compile_in_process(path, precision=args.precision,
+                               transformed_weights=args.transformed_weights)
     model.num_threads = args.threads
     compile_time = time.perf_counter() - start
     dims: dict[str, int] = {}
@@ -713,6 +715,10 @@ def _precision_option(p: argparse.ArgumentParser) -> None:
                    help="bf16: matrix products and convolutions in bfloat16 with float32 sums, on "
                         "AMX or AVX-512 BF16 where the CPU has them, else in float32 on the bf16 "
                         "weights (docs/precision.md)")
+    p.add_argument("--transformed-weights", choices=("library", "first-run"), default="library",
+                   help="where Winograd convolutions' transformed weights come from: stored in "
+                        "the library (default), or computed at the first run (a smaller library, "
+                        "a slower first run)")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -35,6 +35,7 @@ __all__ = [
     "CUSTOM_OP_DTYPES",
     "DEFAULT_VERSION_REGEX",
     "ENTRY_POINT",
+    "TRANSFORMED_WEIGHTS",
     "AttributeSpec",
     "BuildSettings",
     "CustomOpConfig",
@@ -54,6 +55,8 @@ __all__ = [
 
 #: the calibration-method values, in the order docs/config.md lists them
 CALIBRATION_METHODS = ("minmax", "percentile", "entropy")
+#: the transformed-weights values: Winograd's weights stored, or computed at the first run
+TRANSFORMED_WEIGHTS = ("library", "first-run")
 # A calibration entry point: "package.module:function" (dotted names of identifiers).
 ENTRY_POINT = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\Z")
 # ASCII only: model names become C symbols, package names become file names in the wheel.
@@ -220,6 +223,21 @@ class ModelConfig:
             "bf16",
             default="float32",
             choices=("float32", "bf16"),
+        ),
+    )
+    transformed_weights: str = field(
+        default="library",
+        metadata=_option(
+            "string",
+            'Where the weights of Winograd convolutions (3x3, stride 1), transformed for it, '
+            'come from: "library" stores them in the library, 16/9 or 4 times the bytes of the '
+            '3x3 kernels they replace, so that the first run has nothing to compute; '
+            '"first-run" keeps the kernels and transforms them into fresh memory at the first '
+            "run of a process: a smaller wheel, a slower first run (ResNet-50: 30 MB, some "
+            "20 ms).",
+            "first-run",
+            default="library",
+            choices=TRANSFORMED_WEIGHTS,
         ),
     )
 

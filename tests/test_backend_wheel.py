@@ -90,6 +90,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> types.SimpleName
                     inputs={},
                     quantize="none",
                     precision="float32",
+                    transformed_weights="library",
                 ),
             ),
             settings=types.SimpleNamespace(

@@ -40,6 +40,7 @@ def test_defaults(tmp_path):
     assert model.name == "classifier"
     assert model.source == root / "models/classifier.onnx"
     assert (model.inputs, model.quantize, model.calibration) == ({}, "none", None)
+    assert (model.precision, model.transformed_weights) == ("float32", "library")
     s = cfg.settings
     assert (s.target, s.cpu, s.opt_level, s.verbose) == (None, None, 3, False)
     assert s.build_dir == root / "build/cuvil"
@@ -56,6 +57,7 @@ def test_full_example(tmp_path):
         'calibration = "data/calibration.npz"\n'
         "[tool.cuvil.models.detector]\n"
         'source = "models/detector.onnx"\n'
+        'transformed-weights = "first-run"\n'
     )
     files = ("models/classifier.onnx", "models/detector.onnx", "data/calibration.npz")
     cfg = load_project(make_project(tmp_path, text, files), environ={})
@@ -65,6 +67,7 @@ def test_full_example(tmp_path):
     assert classifier.quantize == "int8"
     assert classifier.calibration == tmp_path.resolve() / "data/calibration.npz"
     assert detector.name == "detector"
+    assert (classifier.transformed_weights, detector.transformed_weights) == ("library", "first-run")
 
 
 DYNAMIC = '[project]\nname = "digits"\ndynamic = ["version"]\n'
@@ -390,6 +393,12 @@ ERRORS = {
         PROJECT + MODEL + 'quantize = "fp16"\n',
         MISSING_FILE,
         ["tool.cuvil.models.classifier.quantize", 'one of "none", "int8"', 'quantize = "int8"'],
+    ),
+    "unknown transformed-weights": (
+        PROJECT + MODEL + 'transformed-weights = "derived"\n',
+        MISSING_FILE,
+        ["tool.cuvil.models.classifier.transformed-weights", 'one of "library", "first-run"',
+         'transformed-weights = "first-run"'],
     ),
     "int8 without calibration": (
         PROJECT + MODEL + 'quantize = "int8"\n',

@@ -1,8 +1,9 @@
 """What a fresh process pays before its first result (cuvil/runtime/_loader.py and the derived
 weights' populate in cuvil/runtime/threadpool.c): a generated package's import loads neither
 hashlib (OpenSSL) nor dataclasses, its ABI checksum is still the SHA-256 of the signature, and
-the Winograd weights derived at the first run land in pages populated beforehand (huge ones
-where the system allows) with outputs equal to onnxruntime's at 1 and 2 threads."""
+the Winograd weights derived at the first run (transformed-weights = "first-run") land in pages
+populated beforehand (huge ones where the system allows) with outputs equal to onnxruntime's at
+1 and 2 threads."""
 
 from __future__ import annotations
 
@@ -139,7 +140,7 @@ np.savez(sys.argv[1], first=first, second=second, huge=huge)
 def test_derived_weights_are_populated_and_right_at_the_first_run(tmp_path: Path,
                                                                   threads: int) -> None:
     model = _winograd_model()
-    compiled = compile_model(model, "m", tmp_path / "build")
+    compiled = compile_model(model, "m", tmp_path / "build", transformed_weights="first-run")
     assert [p["op"] for p in compiled.signature["node_profile"]] == [
         "Conv(winograd)+Relu", "Conv(winograd)"]
     root = _package(compiled, tmp_path / "site")

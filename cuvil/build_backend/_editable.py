@@ -51,6 +51,7 @@ def fingerprint(project: ProjectConfig, target: str, user_files: Mapping[str, Pa
                 "inputs": {k: list(v) for k, v in model.inputs.items()},
                 "quantize": model.quantize,
                 "precision": model.precision,
+                "transformed_weights": model.transformed_weights,
                 "quantization": [str(model.calibration), model.calibration_method,
                                  list(model.keep_float)] if model.quantize != "none" else None,
                 "files": {

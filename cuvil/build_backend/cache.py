@@ -140,6 +140,8 @@ def model_key(project: ProjectConfig, model: ModelConfig, target: Target, *,
     }
     if model.precision != "float32":
         state["model"]["precision"] = model.precision
+    if model.transformed_weights != "library":
+        state["model"]["transformed_weights"] = model.transformed_weights
     if model.quantize != "none":
         state["quantization"] = {
             "calibration": str(model.calibration) if isinstance(model.calibration, str) else None,

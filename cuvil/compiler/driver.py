@@ -31,6 +31,7 @@ from cuvil.compiler.passes import run_passes
 from cuvil.compiler.passes.bf16_weights import PRECISIONS
 from cuvil.compiler.passes.plan_memory import plan_memory
 from cuvil.compiler.symbolic import relational_to_python, to_python
+from cuvil.config import TRANSFORMED_WEIGHTS
 from cuvil.errors import ConfigError, ModelError
 from cuvil.runtime import CLOCK_SOURCE, THREADPOOL_SOURCE, Model, abi_checksum
 
@@ -124,6 +125,7 @@ def compile_model(
     calibration_method: str = "minmax",
     keep_float: Sequence[str] = (),
     precision: str = "float32",
+    transformed_weights: str = "library",
     log: Log | None = None,
     library_file: str | None = None,
     custom_ops: Sequence[NativeKernel] = (),
@@ -136,7 +138,9 @@ def compile_model(
     when first asked, their compiled files per arch name, linked into the library with the
     libraries `native_libs` ("c++" for C++ kernels). `precision="bf16"` computes the float32
     matrix products and convolutions in bf16 with float32 sums (passes/bf16_weights.py,
-    docs/precision.md)."""
+    docs/precision.md). `transformed_weights="first-run"` leaves Winograd convolutions'
+    transformed weights out of the library, which derives them at its first run ("library":
+    stores them; passes/winograd_weights.py)."""
     from cuvil.toolchains import get_target
 
     say = log or (lambda _msg: None)
@@ -145,6 +149,9 @@ def compile_model(
     if precision not in PRECISIONS:
         raise ConfigError(f"model {name}: precision = {precision!r} is not one of "
                           f"{', '.join(repr(p) for p in PRECISIONS)}")
+    if transformed_weights not in TRANSFORMED_WEIGHTS:
+        raise ConfigError(f"model {name}: transformed-weights = {transformed_weights!r} is not "
+                          f"one of {', '.join(repr(p) for p in TRANSFORMED_WEIGHTS)}")
     if quantize not in (None, "none", "int8"):
         raise ConfigError(f'model {name}: quantize = {quantize!r} is not one of "none", "int8"')
     if quantize == "int8":
@@ -171,19 +178,22 @@ def compile_model(
     with native_ops(custom_ops):
         return _compile(source, name, workdir, tgt, inputs=inputs, cpu=cpu, opt_level=opt_level,
                         log=log, library_file=library_file, native_objects=native_objects,
-                        native_libs=native_libs, start=start, precision=precision)
+                        native_libs=native_libs, start=start, precision=precision,
+                        transformed_weights=transformed_weights)
 
 
 def _compile(source: Any, name: str, workdir: Path, tgt: Target, *,
              inputs: Mapping[str, Sequence[int | str]] | None, cpu: str | None, opt_level: int,
              log: Log | None, library_file: str | None,
              native_objects: Callable[[], Mapping[str, Sequence[Path]]] | None,
-             native_libs: Sequence[str], start: float, precision: str) -> CompiledModel:
+             native_libs: Sequence[str], start: float, precision: str,
+             transformed_weights: str) -> CompiledModel:
     from cuvil.toolchains import zig
 
     say = log or (lambda _msg: None)
     graph = import_model(source, inputs, name)
     graph.precision = precision
+    graph.transformed_weights = transformed_weights
     graph = run_passes(graph)
     plan = plan_memory(graph)
     # the file name is also the library's SONAME / install name (`cuvil compile -o` picks it)
@@ -348,6 +358,7 @@ def compile_in_process(
     calibration_method: str = "minmax",
     keep_float: Sequence[str] = (),
     precision: str = "float32",
+    transformed_weights: str = "library",
 ) -> Model:
     from cuvil.toolchains import get_target
 
@@ -367,7 +378,8 @@ def compile_in_process(
         compiled = compile_model(model, name, Path(tmp.name), inputs=inputs, target=target,
                                  cpu=cpu if tgt.is_host() else None, quantize=quantize,
                                  calibration=calibration, calibration_method=calibration_method,
-                                 keep_float=keep_float, precision=precision)
+                                 keep_float=keep_float, precision=precision,
+                                 transformed_weights=transformed_weights)
     except BaseException:
         tmp.cleanup()
         raise

@@ -240,6 +240,9 @@ class Graph:
         #: what the model's matrix products compute in: "float32", or "bf16" (the model's
         #: precision setting; passes/bf16_weights.py)
         self.precision = "float32"
+        #: where Winograd convolutions' transformed weights come from: "library" (computed by
+        #: the compiler, stored) or "first-run" (derived at run time; passes/winograd_weights.py)
+        self.transformed_weights = "library"
         self._names: set[str] = set()
         self._counter = itertools.count()
 

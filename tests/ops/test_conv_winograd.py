@@ -4,10 +4,11 @@ images of one block, of a few (each step split over the threads) and of many (th
 spread over the threads), tile rows wider than a vector, a fused residual and Relu, 1 and 2
 threads; small images' transposed products (tiles as rows) at F(4x4) and F(2x2), channel
 counts off the transforms' groups of 16, and the cost rule's choices; the weights derived at
-the first run (first calls from several threads at once, in the library with CPU variants
-too); that the library keeps the 3x3 weights, not U, and lets go of their pages once U is
-derived, or with `U_IN_LIBRARY` stores U instead (both ways against onnxruntime); and that
-these convolutions do take the Winograd path (the compiled graph and the profile say so).
+the first run (transformed-weights = "first-run": first calls from several threads at once,
+in the library with CPU variants too; the library keeps the 3x3 weights, not U, and lets go of
+their pages once U is derived), or stored in the library (the default, "library": U in the
+blob, no kernels, nothing derived), both ways against onnxruntime; and that these
+convolutions do take the Winograd path (the compiled graph and the profile say so).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from cuvil.compiler.ops._conv_winograd import WINOGRAD_TILE, _Plan
 from cuvil.compiler.ops.conv import conv_window
 from cuvil.compiler.passes import run_passes
 from cuvil.compiler.passes.plan_memory import plan_memory
+from cuvil.errors import ConfigError
 from cuvil.runtime._loader import Model
 
 #: F(4x4, 3x3) rounds more than a direct sum (about 1e-5 of the output's range here)
@@ -65,17 +67,11 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(_conv_winograd, "BLOCK_BYTES", 2 << 20)
 
 
-@pytest.fixture(params=[False, True], ids=["U-derived", "U-stored"])
-def u_in_library(request, monkeypatch) -> bool:
-    """Both places U can come from: derived at the first run, or computed by the compiler
-    and stored in the library (`U_IN_LIBRARY`)."""
-    monkeypatch.setattr(_conv_winograd, "U_IN_LIBRARY", request.param)
+@pytest.fixture(params=["first-run", "library"], ids=["U-derived", "U-stored"])
+def transformed(request) -> str:
+    """Both places U can come from (the transformed-weights setting): derived at the first
+    run, or computed by the compiler and stored in the library."""
     return request.param
-
-
-@pytest.fixture
-def u_derived(monkeypatch) -> None:
-    monkeypatch.setattr(_conv_winograd, "U_IN_LIBRARY", False)
 
 
 def _weights(rng: np.random.Generator, m: int, c: int) -> np.ndarray:
@@ -106,6 +102,13 @@ def _feeds(model, batch: int, seed: int = 1) -> dict[str, np.ndarray]:
     return feeds
 
 
+def _planned(model, transformed: str = "library"):
+    """The compiled graph's memory plan, with the transformed-weights setting `transformed`."""
+    graph = import_model(model, None, "m")
+    graph.transformed_weights = transformed
+    return plan_memory(run_passes(graph))
+
+
 def _winograd_convs(model) -> list[bool]:
     graph = run_passes(import_model(model, None, "m"))
     return [WINOGRAD_TILE in n.attrs for n in graph.nodes if n.op_type == "Conv"]
@@ -124,16 +127,17 @@ def test_layers_cover_both_ways_of_threading(small_blocks) -> None:
 
 
 @pytest.mark.parametrize("batch", [1, 2])
-def test_layers_match_onnxruntime(batch: int, small_blocks, u_in_library) -> None:
+def test_layers_match_onnxruntime(batch: int, small_blocks, transformed) -> None:
     model = _layers_model(batch)
     assert _winograd_convs(model) == [True] * len(LAYERS)
-    assert_matches_ort(model, _feeds(model, batch), **TOL)
+    compiled = cuvil.compile(model, transformed_weights=transformed)
+    assert_matches_ort(model, _feeds(model, batch), compiled=compiled, **TOL)
 
 
-def test_symbolic_batch_and_threads(small_blocks, u_in_library) -> None:
+def test_symbolic_batch_and_threads(small_blocks, transformed) -> None:
     model = _layers_model("n")
     assert _winograd_convs(model) == [True] * len(LAYERS)
-    compiled = cuvil.compile(model)
+    compiled = cuvil.compile(model, transformed_weights=transformed)
     for threads, batch in ((2, 1), (1, 3), (2, 2)):
         compiled.num_threads = threads
         assert_matches_ort(model, _feeds(model, batch, seed=batch), compiled=compiled, **TOL)
@@ -145,9 +149,9 @@ def test_small_images_take_transposed_products() -> None:
         [(tile, True, 1, True) for *_, tile in SMALL]
 
 
-def test_small_images_match_onnxruntime(u_in_library) -> None:
+def test_small_images_match_onnxruntime(transformed) -> None:
     model = _layers_model("n", SMALL)
-    compiled = cuvil.compile(model)
+    compiled = cuvil.compile(model, transformed_weights=transformed)
     for threads, batch in ((1, 1), (2, 1), (1, 2), (2, 3)):
         compiled.num_threads = threads
         assert_matches_ort(model, _feeds(model, batch, seed=batch), compiled=compiled, **TOL)
@@ -184,10 +188,10 @@ def _big_model():
 
 
 @pytest.mark.parametrize("cpu", ["native", None])  # None: the baseline and its CPU variants
-def test_first_calls_from_threads_at_once(cpu: str | None, u_derived) -> None:
+def test_first_calls_from_threads_at_once(cpu: str | None) -> None:
     """U is derived by the first call; calls racing it must wait for it, not read zeros."""
     model = _big_model()
-    compiled = compile_in_process(model, cpu=cpu)
+    compiled = compile_in_process(model, cpu=cpu, transformed_weights="first-run")
     feeds = [_feeds(model, batch, seed=seed) for seed, batch in enumerate((1, 2, 1, 3, 1, 1))]
     start = threading.Barrier(len(feeds))
     results: dict[int, np.ndarray] = {}
@@ -207,28 +211,28 @@ def test_first_calls_from_threads_at_once(cpu: str | None, u_derived) -> None:
         assert_matches_ort(model, f, compiled=compiled, **TOL)
 
 
-def test_library_keeps_the_3x3_weights(tmp_path, u_derived) -> None:
-    """The weights blob holds the kernels as given; U (16/9 of their size for F(2x2)) is not
-    in the file."""
+def test_first_run_setting_keeps_the_3x3_weights(tmp_path) -> None:
+    """transformed-weights = "first-run": the weights blob holds the kernels as given; U
+    (16/9 of their size for F(2x2)) is not in the file."""
     model = _big_model()
-    plan = plan_memory(run_passes(import_model(model, None, "m")))
+    plan = _planned(model, "first-run")
     kernels = 2 * 256 * 256 * 9 * 4
     assert kernels <= len(plan.weights) < kernels + 4096
     assert plan.derived_size == 2 * 16 * 256 * 256 * 4  # F(2x2): 4x4 points
-    library = compile_model(model, "big", tmp_path).library
+    library = compile_model(model, "big", tmp_path, transformed_weights="first-run").library
     assert library.stat().st_size < kernels + plan.derived_size / 2
 
 
-def test_library_can_store_u_instead(tmp_path, monkeypatch) -> None:
-    """With `U_IN_LIBRARY` the blob holds U (F(2x2): 16/9 of the kernels), the kernels
+def test_library_stores_u_by_default(tmp_path) -> None:
+    """The default ("library"): the blob holds U (F(2x2): 16/9 of the kernels), the kernels
     nothing reads are left out, and the first run derives nothing (no derived buffer)."""
-    monkeypatch.setattr(_conv_winograd, "U_IN_LIBRARY", True)
     model = _big_model()
-    plan = plan_memory(run_passes(import_model(model, None, "m")))
+    plan = _planned(model)
     u_bytes = 2 * 16 * 256 * 256 * 4
     assert u_bytes <= len(plan.weights) < u_bytes + 4096
     assert plan.derived_size == 0 and len(plan.stored) == 2
     compiled = compile_model(model, "big", tmp_path, cpu="native")
+    assert compiled.library.stat().st_size > u_bytes
     loaded = Model(compiled.library, compiled.signature)
     for seed in (1, 2):
         feeds = _feeds(model, 1, seed)
@@ -249,12 +253,12 @@ def _resident_bytes(library) -> int:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the release is Linux's madvise")
-def test_first_run_lets_go_of_the_3x3_weights(tmp_path, u_derived) -> None:
+def test_first_run_lets_go_of_the_3x3_weights(tmp_path) -> None:
     """The fill reads every kernel to derive U, then drops their pages: after the first run
     the library's resident file pages are its code, not the 4.7 MB of kernels; the results
     (the first and later runs) are onnxruntime's."""
     model = _big_model()
-    compiled = compile_model(model, "big", tmp_path, cpu="native")
+    compiled = compile_model(model, "big", tmp_path, cpu="native", transformed_weights="first-run")
     loaded = Model(compiled.library, compiled.signature)
     kernels = 2 * 256 * 256 * 9 * 4
     for seed in (1, 2):
@@ -304,3 +308,8 @@ def test_other_convs_keep_im2col(case: dict) -> None:
     model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], **attrs)],
                        {"x": (np.float32, [1, c, size, size])}, {"y": np.float32}, {"w": w})
     assert _winograd_convs(model) == [False]
+
+
+def test_an_unknown_transformed_weights_setting_is_refused(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="transformed-weights = 'derived' is not one of"):
+        compile_model(_big_model(), "big", tmp_path, transformed_weights="derived")

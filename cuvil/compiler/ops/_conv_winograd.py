@@ -101,13 +101,13 @@ TRANSPOSE_BELOW = 64
 GROUP = 16
 #: bytes of staged rows a thread may keep on its stack
 MAX_STACK_STAGE = 32 << 10
-#: U computed by the compiler and stored in the library (`weight_transform`), else derived at
-#: the first run from the 3x3 kernels the library keeps (`lower_weight_transform`). Stored, the
-#: first run writes no fresh memory for U: VGG-19's first result (fresh process, loaded host)
-#: went 0.44 -> 0.30 of onnxruntime's, peak RSS the same (815 MB), but the library grows by
-#: U - kernels (VGG-19 160 -> 313 MB, incompressible for real weights) and the light models'
-#: constant weights then compress past `cuvil check`'s zip-bomb limit (500x): off for now
-U_IN_LIBRARY = False
+#: attribute passes/winograd_weights.py sets where the model's transformed-weights setting is
+#: "library": U computed by the compiler and stored in the library (`weight_transform`), else
+#: derived at the first run from the 3x3 kernels the library keeps (`lower_weight_transform`).
+#: Stored, the first run writes no fresh memory for U (fresh memory cost ~1 ms per MB on a
+#: virtual machine; ResNet-50's U is 30 MB), but the library grows by U - kernels (ResNet-50
+#: 101 -> 116 MB, VGG-19 160 -> 313 MB; incompressible for real weights)
+U_STORED = "cuvil.winograd_u_stored"
 #: lanes a transform handles at once is the target's vector width; buffers are padded for
 #: the widest (AVX-512)
 MAX_LANES = 16
@@ -295,8 +295,8 @@ def weight_transform(node: Node) -> np.ndarray:
 
 
 def stored_weight_transform(node: Node) -> np.ndarray | None:
-    """U for the library to store, where `U_IN_LIBRARY` says so (else None: derived)."""
-    return weight_transform(node) if U_IN_LIBRARY else None
+    """U for the library to store, where the node is marked `U_STORED` (else None: derived)."""
+    return weight_transform(node) if U_STORED in node.attrs else None
 
 
 def lower_weight_transform(node: Node, k: Emitter) -> None:

@@ -52,6 +52,7 @@ from cuvil.compiler.ops._conv_gemm import (
     transposed_product,
 )
 from cuvil.compiler.ops._conv_winograd import (
+    U_STORED,
     WINOGRAD_TILE,
     lower_conv_winograd,
     lower_weight_transform,
@@ -595,5 +596,5 @@ class Col2Im(Op):
 
 #: what passes read: the choice of Winograd tile (winograd_weights), and which convolutions
 #: read their weights in ONNX's layout (pack_gemm_weights)
-__all__ = ["TRANSPOSED", "WINOGRAD_TILE", "transposed_product", "uses_direct_depthwise",
+__all__ = ["TRANSPOSED", "U_STORED", "WINOGRAD_TILE", "transposed_product", "uses_direct_depthwise",
            "winograd_tile"]
