@@ -12,6 +12,7 @@ import base64
 import csv
 import hashlib
 import io
+import json
 import os
 import resource
 import stat
@@ -341,16 +342,21 @@ def test_a_library_of_one_constant_passes_but_the_same_bytes_elsewhere_are_a_bom
     # 1000 times, deflate's ceiling); only the size limits bound a native library
     data = np.full((32 << 20) // 4, 0.01, np.float32).tobytes()
     assert len(data) / len(zlib.compress(data, 9)) > 900
-    library = _wheel_with(tmp_path / "library", "tiny/_tiny.so", data)
-    assert read_wheel(library).members["tiny/_tiny.so"].size == len(data)
+    manifest = json.dumps({"models": [{"name": "m", "library": "_tiny.so"}]}).encode()
+    library = _wheel_with(tmp_path / "library", "tiny/_tiny.so", data, {"tiny/_models.json": manifest})
+    wheel = read_wheel(library)
+    assert wheel.members["tiny/_tiny.so"].size == len(data)
+    # the checks that read the library again (ELF, ABI) take it whole too
+    (again,) = wheel.libraries()
+    assert again.data == data
     with pytest.raises(CheckError, match=r"claims 32\.0 MiB, more than the per-member limit of 16\.0 MiB"):
         read_wheel(library, ArchiveLimits(max_member_size=16 << 20))
     with pytest.raises(CheckError, match="likely zip bomb"):
         read_wheel(_wheel_with(tmp_path / "data", "tiny/weights.bin", data))
 
 
-def _wheel_with(folder: Path, name: str, data: bytes) -> Path:
-    files = {**GOOD_FILES, name: data}
+def _wheel_with(folder: Path, name: str, data: bytes, more: Mapping[str, bytes] | None = None) -> Path:
+    files = {**GOOD_FILES, **(more or {}), name: data}
     folder.mkdir()
     wheel = folder / WHEEL_NAME
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:

@@ -171,7 +171,8 @@ class WheelArchive:
         with _open(self.path) as archive:
             info = archive.getinfo(name)
             out = io.BytesIO()
-            _stream(self.path, archive, info, self.limits, self.limits.max_member_size, [out.write])
+            _stream(self.path, archive, info, self.limits, self.limits.max_member_size, [out.write],
+                    ratio=not name.endswith(NATIVE_SUFFIXES))
         data = out.getvalue()
         if _digest("sha256", data) != self.members[name].digests["sha256"]:
             raise CheckError(f"{self.path}: member {name!r} changed while the wheel was being checked")
