@@ -710,12 +710,15 @@ def _quantization_options(p: argparse.ArgumentParser, command: str) -> None:
                    help=f"leave this node or op type in float {when} (repeatable)")
 
 
-def _precision_option(p: argparse.ArgumentParser) -> None:
+def _weights_options(p: argparse.ArgumentParser) -> None:
+    """--precision and --transformed-weights: what the model settings of those names set."""
+    from cuvil.config import TRANSFORMED_WEIGHTS
+
     p.add_argument("--precision", choices=("float32", "bf16"), default="float32",
                    help="bf16: matrix products and convolutions in bfloat16 with float32 sums, on "
                         "AMX or AVX-512 BF16 where the CPU has them, else in float32 on the bf16 "
                         "weights (docs/precision.md)")
-    p.add_argument("--transformed-weights", choices=("library", "first-run"), default="library",
+    p.add_argument("--transformed-weights", choices=TRANSFORMED_WEIGHTS, default="library",
                    help="where Winograd convolutions' transformed weights come from: stored in "
                         "the library (default), or computed at the first run (a smaller library, "
                         "a slower first run)")
@@ -766,7 +769,7 @@ def _parser() -> argparse.ArgumentParser:
         "-O", dest="opt_level", type=int, choices=(0, 1, 2, 3), default=3, help="optimization level"
     )
     _quantization_options(p, "compile")
-    _precision_option(p)
+    _weights_options(p)
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("build", parents=[common], help="build the wheel(s) of a model project")
@@ -855,7 +858,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="threads for both engines (default: cuvil's pool size and onnxruntime's default)")
     p.add_argument("--profile", action="store_true",
                    help="also time every node (--runs more runs) and print time per op type and node")
-    _precision_option(p)
+    _weights_options(p)
     p.set_defaults(func=cmd_bench)
     return parser
 

@@ -171,8 +171,7 @@ class WheelArchive:
         with _open(self.path) as archive:
             info = archive.getinfo(name)
             out = io.BytesIO()
-            _stream(self.path, archive, info, self.limits, self.limits.max_member_size, [out.write],
-                    ratio=not name.endswith(NATIVE_SUFFIXES))
+            _stream(self.path, archive, info, self.limits, self.limits.max_member_size, [out.write])
         data = out.getvalue()
         if _digest("sha256", data) != self.members[name].digests["sha256"]:
             raise CheckError(f"{self.path}: member {name!r} changed while the wheel was being checked")
@@ -337,8 +336,7 @@ def _hash_member(
             head.extend(chunk[: _HEAD - len(head)])
 
     sinks = [h.update for h in hashes.values()] + [keep_head]
-    size = _stream(path, archive, info, limits, limits.max_member_size, sinks,
-                   ratio=not info.filename.endswith(NATIVE_SUFFIXES))
+    size = _stream(path, archive, info, limits, limits.max_member_size, sinks)
     digests = {a: _b64(h.digest()) for a, h in hashes.items()}
     return Member(info.filename, size, digests, bytes(head))
 
@@ -350,11 +348,12 @@ def _stream(
     limits: ArchiveLimits,
     max_size: int,
     sinks: list[Any],
-    ratio: bool = True,
 ) -> int:
     """Decompress the member chunk by chunk into `sinks`, counting its bytes against the limits
-    (the compression ratio too, if `ratio`); return its size, which must equal the header's."""
+    (the compression ratio too, unless it is a native library); return its size, which must
+    equal the header's."""
     where = f"{path}: member {info.filename!r}"
+    ratio = not info.filename.endswith(NATIVE_SUFFIXES)
     # the compressed size bounds the ratio; it is a header field too, so at most the file's size
     compressed = max(1, min(info.compress_size, path.stat().st_size))
     count = 0
