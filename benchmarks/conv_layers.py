@@ -14,6 +14,7 @@ a run and would take a core from cuvil's next ones). The engines alternate in ro
     CUVIL_NUM_THREADS=2 python benchmarks/conv_layers.py --small
     python benchmarks/conv_layers.py --resnet50      # each distinct conv of ResNet-50, with
                                                      # its count and the summed times
+    python benchmarks/conv_layers.py --resnet50 --precision bf16   # cuvil's bf16 kernels
 
 Figures vary with the machine and its load; they belong in notes, not in tests.
 """
@@ -94,12 +95,15 @@ def main() -> int:
                         help="ResNet-50's distinct convs, with counts and summed times")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--precision", choices=("float32", "bf16"), default="float32",
+                        help="cuvil's precision (bf16: its kernels where the CPU has them)")
     args = parser.parse_args()
     threads = int(os.environ["CUVIL_NUM_THREADS"])
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     cpu = threads == 1
-    print(f"{threads} thread(s), batch {args.batch}, {'CPU' if cpu else 'wall'} time")
+    print(f"{threads} thread(s), batch {args.batch}, {'CPU' if cpu else 'wall'} time, "
+          f"cuvil in {args.precision}")
     print(f"{'layer':<26} {'path':<10} {'cuvil ms':>9} {'GF/s':>5} {'ort ms':>8} {'GF/s':>5} "
           f"{'ratio':>6} {'max err':>8}")
     layers = ([(*layer, 1) for layer in (SMALL if args.small else LAYERS)] if not args.resnet50
@@ -108,7 +112,7 @@ def main() -> int:
     totals = [0.0, 0.0, 0.0]  # GFLOP, cuvil ms, onnxruntime ms, each times the layer's count
     for cin, cout, k, size, stride, *pad, count in layers:
         model, out = conv_relu(cin, cout, k, size, stride, *pad, batch=args.batch)
-        compiled = cuvil.compile(model)
+        compiled = cuvil.compile(model, precision=args.precision)
         sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         x = np.random.default_rng(1).standard_normal((args.batch, cin, size, size)).astype(np.float32)
         ref = sess.run(None, {"x": x})[0]

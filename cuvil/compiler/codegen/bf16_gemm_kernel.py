@@ -18,7 +18,10 @@ a buffer on the stack:
 Both packed forms are shared by every instruction set below (one weights blob serves the CPU
 variants of a library), K padded with zeros to a multiple of K_ALIGN:
 
-- L: row-major bf16 [Mp, Kp], M padded to a multiple of ROW_ALIGN rows;
+- L: row-major bf16 [Mp, Kl], M padded to a multiple of ROW_ALIGN rows, rows of Kl =
+  `l_columns(K)` values: Kp, one cache line more where Kp's rows would be a multiple of
+  1 KiB apart (a register tile's 12 rows then fell into the same few sets of L1, ResNet-50's
+  K = 2048 convs ran at 95 GFLOP/s);
 - R: panels of PACK_COLS columns (N padded with zero columns), each Kp/2 "pair rows" of
   PACK_COLS x 2 bf16: column c's B[2g, c], B[2g+1, c] side by side, what a 2-way bf16 dot
   product reads (vdpbf16ps, AMX's B tile).
@@ -65,6 +68,7 @@ from cuvil.compiler.codegen.emitter import (
     PTR,
     RELEASE,
     Emitter,
+    prefetch,
     splat,
 )
 from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue, block_span, split_blocks
@@ -77,11 +81,19 @@ I16 = ir.IntType(16)
 PACK_COLS = 32
 K_ALIGN = 32
 ROW_ALIGN = 16
+#: rows of a packed L whose Kp is a multiple of this many values get K_ALIGN more (`l_columns`)
+L_SPREAD = 512
 #: bytes of one pair row of a panel (PACK_COLS columns x 2 bf16)
 PAIR_ROW = PACK_COLS * 4
 #: K is walked in blocks of KC values: the run-time operand's block is packed into a stack
-#: buffer of at most 32 KiB (32 rows x KC bf16, or KC / 2 pair rows of a panel)
-KC = 512
+#: buffer (32 rows x KC bf16, or PANELS panels of KC / 2 pair rows: 64 KiB), one panel of
+#: which (16 KiB) and a row tile of L (6 KiB) then share L1 (32 KiB on Zen 4) for every row
+#: tile; KC = 512 kept neither in it
+KC = 256
+#: side "a" packs this many panels of R at a time, reading PANELS x 32 consecutive floats of
+#: each row of X' (512 bytes, which the hardware prefetcher follows) instead of 128: ResNet-50's
+#: 1x1 convs on 56x56 maps, whose rows are 12 KiB apart, ran at 130 GFLOP/s
+PANELS = 4
 #: parallel split (gemm_kernel.split_blocks): fewest tiles per block; rows are split in
 #: multiples of ROW_SPLIT (whole tiles of every kind: 12-row register tiles, 16- and 32-row
 #: AMX blocks)
@@ -112,10 +124,24 @@ def round_up(x: int, to: int) -> int:
     return -(-x // to) * to
 
 
+def l_columns(kk: int) -> int:
+    """bf16 values per row of a packed L of K = kk (module docstring)."""
+    kp = round_up(max(kk, 1), K_ALIGN)
+    return kp + K_ALIGN if kp % L_SPREAD == 0 else kp
+
+
+def emit_l_row_bytes(k: Emitter, kk: ir.Value) -> ir.Value:
+    """`l_columns(kk)` * 2 at run time."""
+    b = k.b
+    kp = b.and_(b.add(k.maximum("int64", kk, k.i64(1)), k.i64(K_ALIGN - 1)), k.i64(-K_ALIGN))
+    spread = b.icmp_signed("==", b.and_(kp, k.i64(L_SPREAD - 1)), k.i64(0))
+    return b.mul(b.add(kp, b.select(spread, k.i64(K_ALIGN), k.i64(0))), k.i64(2))
+
+
 def pack_l(w: np.ndarray) -> np.ndarray:
-    """A constant left operand [M, K] as bf16 [Mp, Kp] (module docstring), zeros padding."""
+    """A constant left operand [M, K] as bf16 [Mp, Kl] (module docstring), zeros padding."""
     m, k = w.shape
-    out = np.zeros((round_up(max(m, 1), ROW_ALIGN), round_up(max(k, 1), K_ALIGN)), np.uint16)
+    out = np.zeros((round_up(max(m, 1), ROW_ALIGN), l_columns(k)), np.uint16)
     out[:m, :k] = to_bf16(w)
     return out
 
@@ -321,8 +347,8 @@ def _float32_panels(k: Emitter, side: str, src: ir.Value, dst: ir.Value, rows: i
                     groups: int) -> None:
     b = k.b
     m = k.module
-    kp = round_up(max(cols if side == "a" else rows, 1), K_ALIGN)
-    if side == "a":  # pack_l rows of Kp bf16 -> panels of PACK_ROWS rows, k-major
+    kp = l_columns(cols) if side == "a" else round_up(max(rows, 1), K_ALIGN)
+    if side == "a":  # pack_l rows of Kl bf16 -> panels of PACK_ROWS rows, k-major
         step, units = gemm_kernel.PACK_ROWS, -(-rows // gemm_kernel.PACK_ROWS)
         src_group = round_up(max(rows, 1), ROW_ALIGN) * kp
     else:  # pack_r panels of pair rows -> panels of PACK_COLS columns, k-major
@@ -389,20 +415,28 @@ def _declare(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) ->
         return ir.Function(module, ir.FunctionType(ret, args), name)
 
 
-def round_to_bf16(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """A vector of float32 -> the same lanes as i32 holding bf16 bits in their low half
-    (nearest, ties to even; NaN stays NaN), as `to_bf16`."""
+class _BFloat(ir.Type):
+    """LLVM's bfloat (llvmlite has no such type): a float32 `fptrunc` to it rounds to nearest,
+    ties to even, which the bf16 kernels' targets compile to vcvtne2ps2bf16 (inputs below
+    float32's normal range count as zero there: off by less than 2^-126)."""
+
+    def _to_string(self) -> str:
+        return "bfloat"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _BFloat)
+
+    def __hash__(self) -> int:
+        return hash("bfloat")
+
+
+BFLOAT = _BFloat()
+
+
+def to_bf16_bits(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """A vector of n float32 -> n i16 holding their bf16 bits (as `to_bf16`)."""
     n = x.type.count
-    vi = ir.VectorType(I32, n)
-
-    def c(v: int) -> ir.Constant:
-        return ir.Constant(vi, [v] * n)
-
-    bits = b.bitcast(x, vi)
-    high = b.lshr(bits, c(16))
-    rounded = b.lshr(b.add(b.add(bits, c(0x7FFF)), b.and_(high, c(1))), c(16))
-    nan = b.icmp_unsigned(">", b.and_(bits, c(0x7FFFFFFF)), c(0x7F800000))
-    return b.select(nan, b.or_(high, c(0x40)), rounded)
+    return b.bitcast(b.fptrunc(x, ir.VectorType(BFLOAT, n)), ir.VectorType(I16, n))
 
 
 class _Writer:
@@ -452,7 +486,8 @@ class _Writer:
         b = k.b
         self.kp = b.and_(b.add(self.kk, k.i64(K_ALIGN - 1)), k.i64(-K_ALIGN))
         rows = max(self.isa.mr, AMX_ROWS if self.isa.kind == "amx" else 0)
-        pack_buf = self.buffer(rows * KC * 2 if self.side == "b" else KC // 2 * PAIR_ROW)
+        panel_bytes = KC // 2 * PAIR_ROW
+        pack_buf = self.buffer(rows * KC * 2 if self.side == "b" else PANELS * panel_bytes)
         self.c_buf = self.buffer(AMX_ROWS * PACK_COLS * 4) if self.isa.kind == "amx" else None
         # K = 0 leaves C as the epilogue of nothing: one block of zeros
         blocks = k.maximum("int64", self.kk, k.i64(1))
@@ -476,18 +511,22 @@ class _Writer:
                                   k.i64(0), i0, j, height)
                 self.row_tiles(row_tile)
             else:
-                with k.loop(self.n, step=PACK_COLS, name="jp") as jp:
-                    self.pack_r_panel(pack_buf, jp)
-                    lld = b.mul(self.kp, k.i64(2))
-
-                    def tile(i0: ir.Value, height: int) -> None:
-                        l_rows = self.at(self.l, b.mul(k0, k.i64(2)))
-                        for sub in range(0, PACK_COLS, self.isa.nr):
-                            j = b.add(jp, k.i64(sub))
-                            with k.if_then(b.icmp_signed("<", j, self.n)):
-                                self.tile(l_rows, lld, self.at(pack_buf, k.i64(sub * 4)), i0,
-                                          i0, j, height)
-                    self.row_tiles(tile)
+                lld = emit_l_row_bytes(k, self.kk)
+                with k.loop(self.n, step=PACK_COLS * PANELS, name="jb") as jb:
+                    self.pack_r_panels(pack_buf, jb)
+                    for q in range(PANELS):
+                        jp = b.add(jb, k.i64(q * PACK_COLS))
+                        panel = self.at(pack_buf, k.i64(q * panel_bytes))
+                        with k.if_then(b.icmp_signed("<", jp, self.n)):
+                            def tile(i0: ir.Value, height: int, jp: ir.Value = jp,
+                                     panel: ir.Value = panel) -> None:
+                                l_rows = self.at(self.l, b.mul(k0, k.i64(2)))
+                                for sub in range(0, PACK_COLS, self.isa.nr):
+                                    j = b.add(jp, k.i64(sub))
+                                    with k.if_then(b.icmp_signed("<", j, self.n)):
+                                        self.tile(l_rows, lld, self.at(panel, k.i64(sub * 4)),
+                                                  i0, i0, j, height)
+                            self.row_tiles(tile)
         if self.isa.kind == "amx":  # the tile state back to its initial, cheap to switch
             b.call(_declare(self.module, "llvm.x86.tilerelease", ir.VoidType(), []), [])
         b.ret_void()
@@ -528,7 +567,6 @@ class _Writer:
         k = self.k
         b = k.b
         width = 16
-        vi16 = ir.VectorType(I16, width)
         valid = b.sub(self.m, i0)
         with k.loop(k.i64(height), name="pr") as r:
             inside = b.icmp_signed("<", r, valid)
@@ -539,34 +577,66 @@ class _Writer:
                 count = b.select(inside, b.sub(self.kc, p), k.i64(0))
                 x = self.masked_load(b.gep(row_src, [p], source_etype=F32),
                                      ir.VectorType(F32, width), self.lanes_below(count, width))
-                b.store(b.trunc(round_to_bf16(b, x), vi16),
-                        self.at(row_dst, b.mul(p, k.i64(2))), align=2)
+                b.store(to_bf16_bits(b, x), self.at(row_dst, b.mul(p, k.i64(2))), align=2)
 
-    def pack_r_panel(self, buf: ir.Value, jp: ir.Value) -> None:
-        """buf = the panel of R's columns jp..jp+31 for this block of K, as `pack_r` lays one
-        out (bf16 pairs; zeros past N and K)."""
+    def pack_r_panels(self, buf: ir.Value, jb: ir.Value) -> None:
+        """buf = the PANELS panels of R's columns from jb for this block of K, each as `pack_r`
+        lays one out (bf16 pairs; zeros past N and K), KC / 2 pair rows apart; panels wholly
+        past N are left as they are (never read). A whole panel's pairs of rows inside K are
+        copied without masks: the masked copy (the last pairs, partial panels) took 40% of the
+        stem conv's time."""
         k = self.k
         b = k.b
-        width = 16
-        cols = b.sub(self.n, jp)
-        masks = [self.lanes_below(b.sub(cols, k.i64(h * width)), width) for h in range(2)]
-        no = ir.Constant(ir.VectorType(I1, width), [0] * width)
-        with k.loop(self.pairs, name="pp") as g:
-            kr = b.add(self.k0, b.mul(g, k.i64(2)))
-            src = [b.gep(self.r, [b.add(b.mul(b.add(kr, k.i64(j)), self.ldr), jp)],
-                         source_etype=F32) for j in range(2)]
-            real = [b.icmp_signed("<", b.add(kr, k.i64(j)), self.kk) for j in range(2)]
-            dst = self.at(buf, b.mul(g, k.i64(PAIR_ROW)))
-            for h in range(2):
-                halves = []
-                for j in range(2):
-                    mask = b.select(real[j], masks[h], no)
-                    x = self.masked_load(b.gep(src[j], [k.i64(h * width)], source_etype=F32),
-                                         ir.VectorType(F32, width), mask)
-                    halves.append(round_to_bf16(b, x))
-                vi = ir.VectorType(I32, width)
-                word = b.or_(halves[0], b.shl(halves[1], ir.Constant(vi, [16] * width)))
-                b.store(word, self.at(dst, k.i64(h * 64)), align=4)
+        cols = b.sub(self.n, jb)
+        whole_pairs = b.udiv(self.kc, k.i64(2))
+        for q in range(PANELS):
+            col0 = q * PACK_COLS
+            panel = self.at(buf, k.i64(q * (KC // 2) * PAIR_ROW))
+            with k.if_then(b.icmp_signed(">", cols, k.i64(col0))):
+                whole = b.icmp_signed(">=", cols, k.i64(col0 + PACK_COLS))
+                first_masked = b.select(whole, whole_pairs, k.i64(0))
+                with k.loop(first_masked, name="pw") as g:
+                    self.pack_pair_row(panel, jb, col0, g, None)
+                masks = [self.lanes_below(b.sub(cols, k.i64(col0 + h * 16)), 16)
+                         for h in range(2)]
+                with k.loop(self.pairs, start=first_masked, name="pm") as g:
+                    self.pack_pair_row(panel, jb, col0, g, masks)
+
+    def pack_pair_row(self, panel: ir.Value, jb: ir.Value, col0: int, g: ir.Value,
+                      masks: list[ir.Value] | None) -> None:
+        """Pair row g of a panel: rows k0 + 2g and k0 + 2g + 1 of R's columns jb + col0 ...
+        + 31, interleaved column by column, as bf16; `masks`: lanes of columns inside N, and
+        rows past K read as zeros (else every value is read)."""
+        k = self.k
+        b = k.b
+        kr = b.add(self.k0, b.mul(g, k.i64(2)))
+        src = [b.gep(self.r, [b.add(b.mul(b.add(kr, k.i64(j)), self.ldr),
+                                    b.add(jb, k.i64(col0)))], source_etype=F32)
+               for j in range(2)]
+        if masks is None:
+            rows = [b.load(p, typ=ir.VectorType(F32, PACK_COLS), align=4) for p in src]
+            # the next group's lines of these rows (a few hundred rows of X', each read 128
+            # bytes at a time, from L3 or memory): asked for while this group is multiplied
+            for p in src:
+                for line in range(2):
+                    prefetch(b, b.gep(p, [k.i64(PANELS * PACK_COLS + line * 16)],
+                                      source_etype=F32))
+        else:
+            no = ir.Constant(ir.VectorType(I1, 16), [0] * 16)
+            rows = []
+            for j in range(2):
+                inside = b.icmp_signed("<", b.add(kr, k.i64(j)), self.kk)
+                halves = [self.masked_load(b.gep(src[j], [k.i64(h * 16)], source_etype=F32),
+                                           ir.VectorType(F32, 16), b.select(inside, masks[h], no))
+                          for h in range(2)]
+                rows.append(b.shuffle_vector(halves[0], halves[1], ir.Constant(
+                    ir.VectorType(I32, PACK_COLS), list(range(PACK_COLS)))))
+        # column c's two values side by side: lanes 2c (row kr), 2c + 1 (row kr + 1)
+        bits = [to_bf16_bits(b, row) for row in rows]
+        pairs = b.shuffle_vector(bits[0], bits[1], ir.Constant(
+            ir.VectorType(I32, 2 * PACK_COLS),
+            [i // 2 + (i % 2) * PACK_COLS for i in range(2 * PACK_COLS)]))
+        b.store(pairs, self.at(panel, b.mul(g, k.i64(PAIR_ROW))), align=4)
 
     # -- one tile ------------------------------------------------------------------------
     def tile(self, l_src: ir.Value, lld: ir.Value, r_src: ir.Value, l_row0: ir.Value,
@@ -744,8 +814,8 @@ def emit_parallel_bf16_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value,
         if side == "b":  # L float32 rows; R panels (a column block starts on a panel)
             l_off = bb.mul(bb.mul(row0, ldl_), k.i64(4))
             r_off = bb.mul(col0, kp2)
-        else:  # L bf16 rows of Kp; R float32 columns
-            l_off = bb.mul(row0, kp2)
+        else:  # L bf16 rows of Kl; R float32 columns
+            l_off = bb.mul(row0, emit_l_row_bytes(k, kk_))
             r_off = bb.mul(col0, k.i64(4))
         c_off = bb.add(bb.mul(row0, ldc_), col0)
         bias_off = row0 if epilogue.bias == "row" else col0

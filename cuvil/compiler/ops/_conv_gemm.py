@@ -34,12 +34,12 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.bf16_gemm_kernel import (
-    K_ALIGN,
     ROW_ALIGN,
     bf16_or_float32,
     emit_bf16_gemm,
     emit_float32_panels,
     emit_parallel_bf16_gemm,
+    l_columns,
     round_up,
 )
 from cuvil.compiler.codegen.emitter import (
@@ -160,7 +160,7 @@ class _Product:
         self.bf16 = bf16
         self.layout = Layout(packed_a=True) if BF16_WEIGHTS in node.attrs else weight_layout(
             node, "a")
-        self.group_bytes = (round_up(mg, ROW_ALIGN) * round_up(kk, K_ALIGN) * 2 if self.bf16
+        self.group_bytes = (round_up(mg, ROW_ALIGN) * l_columns(kk) * 2 if self.bf16
                             else mg * kk * 4)
 
     def weights(self, b: ir.IRBuilder, w: ir.Value, g: ir.Value) -> ir.Value:

@@ -5,11 +5,13 @@ float32 on the same weights elsewhere (float32 panels derived from them at the f
 
 Runs last, on the weights pack_gemm_weights and fully_connected_convs packed for the float
 kernel (`PACKED_WEIGHTS`): Conv weights become `pack_l` per group, Gemm and MatMul weights
-`pack_r`. Winograd and depthwise convolutions (whose kernels read float32 weights), the
-transposed products of convolutions over small maps (W^T packed, ops/_conv_gemm.py) and
-products of two activations stay float32. The packed bits are stored as a float32-typed 1-D
-constant (two bf16 per element, so dtype checks hold); the node's `BF16_WEIGHTS` attribute
-keeps the weight's shape for its shape rule (ops/gemm.py `logical_weight`).
+`pack_r`. Winograd and depthwise convolutions (whose kernels read float32 weights) and
+products of two activations stay float32. Convolutions over small maps are not made
+transposed products in a bf16 model (pack_gemm_weights `small_map_product`): on CPUs without
+bf16 instructions they then run W @ X' in float32, up to 1.15x slower than transposed. The
+packed bits are stored as a float32-typed 1-D constant (two bf16 per element, so dtype checks
+hold); the node's `BF16_WEIGHTS` attribute keeps the weight's shape for its shape rule
+(ops/gemm.py `logical_weight`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import numpy as np
 from cuvil.compiler.codegen.bf16_gemm_kernel import pack_l, pack_r
 from cuvil.compiler.codegen.gemm_kernel import PACK_COLS, PACK_ROWS
 from cuvil.compiler.ir import Graph
-from cuvil.compiler.ops.conv import TRANSPOSED
 from cuvil.compiler.ops.gemm import BF16_WEIGHTS, PACKED_WEIGHTS
 
 PRECISIONS = ("float32", "bf16")
@@ -31,7 +32,6 @@ def bf16_weights(graph: Graph) -> Graph:
     for node in graph.nodes:
         if (node.op_type not in ("Conv", "Gemm", "MatMul") or node.domain
                 or not node.attrs.get(PACKED_WEIGHTS) or node.attrs.get("transB", 0)
-                or node.attrs.get(TRANSPOSED)  # W^T of a small map's product: stays float32
                 or node.outputs[0].type.dtype != np.float32):
             continue
         w = node.inputs[1]
