@@ -119,8 +119,10 @@ def _run(lib, name: str, side: str, e: int, shape, accumulate: bool = False, see
     return c, want, bound
 
 
+#: odd sizes; K over several blocks; K = 512 and 2048, whose packed L rows get a cache line
+#: more (`l_columns`); N = 130: four whole panels packed together, then a group of one column
 SHAPES = [(1, 1, 1), (3, 5, 2), (12, 32, 32), (13, 33, 31), (17, 40, 70), (33, 70, 100),
-          (64, 49, 576), (100, 7, 33), (5, 300, 1100)]
+          (64, 49, 576), (100, 7, 33), (5, 300, 1100), (13, 130, 512), (17, 33, 2048)]
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -189,7 +191,8 @@ def test_copies_without_bf16_instructions_hold_no_bf16_kernel() -> None:
 #: copies with no bf16 kernel: their float32 GEMM kernel on the derived panels
 PANEL_KINDS = {"sse": "", "avx512": AVX512 + ",-amx-bf16,-avx512bf16"}
 #: (side, M, N, K, groups): side "a" W[M, K] per group @ X[K, N]; "b" A[M, K] @ B[K, N]
-PANEL_SHAPES = [("a", 13, 9, 70, 2), ("a", 30, 5, 33, 1), ("a", 1, 1, 1, 1),
+#: (K = 512: packed L rows of a cache line more, `l_columns`)
+PANEL_SHAPES = [("a", 13, 9, 70, 2), ("a", 30, 5, 33, 1), ("a", 1, 1, 1, 1), ("a", 14, 6, 512, 2),
                 ("b", 3, 45, 70, 1), ("b", 20, 70, 100, 1), ("b", 1, 1, 1, 1)]
 
 

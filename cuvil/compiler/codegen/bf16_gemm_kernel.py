@@ -417,7 +417,7 @@ def _declare(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) ->
 
 class _BFloat(ir.Type):
     """LLVM's bfloat (llvmlite has no such type): a float32 `fptrunc` to it rounds to nearest,
-    ties to even, which the bf16 kernels' targets compile to vcvtne2ps2bf16 (inputs below
+    ties to even, which the bf16 kernels' targets compile to vcvtneps2bf16 (inputs below
     float32's normal range count as zero there: off by less than 2^-126)."""
 
     def _to_string(self) -> str:
@@ -583,8 +583,8 @@ class _Writer:
         """buf = the PANELS panels of R's columns from jb for this block of K, each as `pack_r`
         lays one out (bf16 pairs; zeros past N and K), KC / 2 pair rows apart; panels wholly
         past N are left as they are (never read). A whole panel's pairs of rows inside K are
-        copied without masks: the masked copy (the last pairs, partial panels) took 40% of the
-        stem conv's time."""
+        copied without masks: with masks everywhere, the stem conv's product per chunk of X'
+        (64 x 224 x 147) ran at 116 GFLOP/s, without them at 158."""
         k = self.k
         b = k.b
         cols = b.sub(self.n, jb)
