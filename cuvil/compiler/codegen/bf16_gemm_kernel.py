@@ -480,8 +480,8 @@ class _Writer:
     # -- structure -----------------------------------------------------------------------
     def write(self) -> None:
         """K in blocks of KC; in each, the run-time operand's block is packed (side "b": a row
-        tile of L at a time, every column tile after it; side "a": a panel of R at a time,
-        every row tile after it)."""
+        tile of L at a time, every column tile after it; side "a": PANELS panels of R at a
+        time, then every row tile over each panel in turn)."""
         k = self.k
         b = k.b
         self.kp = b.and_(b.add(self.kk, k.i64(K_ALIGN - 1)), k.i64(-K_ALIGN))
