@@ -392,20 +392,28 @@ def _widened(b: ir.IRBuilder, bits: ir.Value) -> ir.Value:
     return b.bitcast(b.shl(b.zext(bits, I32), ir.Constant(I32, 16)), F32)
 
 
-class _Amx(ir.Type):
-    """LLVM's x86_amx, the type of a tile (llvmlite has no such type)."""
+class _NamedType(ir.Type):
+    """An LLVM type that llvmlite has no class for, written by its name."""
+
+    def __init__(self, llvm_name: str) -> None:
+        self.llvm_name = llvm_name
 
     def _to_string(self) -> str:
-        return "x86_amx"
+        return self.llvm_name
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Amx)
+        return isinstance(other, _NamedType) and other.llvm_name == self.llvm_name
 
     def __hash__(self) -> int:
-        return hash("x86_amx")
+        return hash(self.llvm_name)
 
 
-TILE = _Amx()
+#: the type of an AMX tile
+TILE = _NamedType("x86_amx")
+#: a float32 `fptrunc` to bfloat rounds to nearest, ties to even, which the bf16 kernels'
+#: targets compile to vcvtneps2bf16 (inputs below float32's normal range count as zero there:
+#: off by less than 2^-126)
+BFLOAT = _NamedType("bfloat")
 
 
 def _declare(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
@@ -413,24 +421,6 @@ def _declare(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) ->
         return module.get_global(name)
     except KeyError:
         return ir.Function(module, ir.FunctionType(ret, args), name)
-
-
-class _BFloat(ir.Type):
-    """LLVM's bfloat (llvmlite has no such type): a float32 `fptrunc` to it rounds to nearest,
-    ties to even, which the bf16 kernels' targets compile to vcvtneps2bf16 (inputs below
-    float32's normal range count as zero there: off by less than 2^-126)."""
-
-    def _to_string(self) -> str:
-        return "bfloat"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _BFloat)
-
-    def __hash__(self) -> int:
-        return hash("bfloat")
-
-
-BFLOAT = _BFloat()
 
 
 def to_bf16_bits(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
@@ -810,8 +800,9 @@ def emit_parallel_bf16_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value,
         start, size = block_span(k, t, count_, bb.select(rows, m_, n_), tile_)
         row0 = bb.select(rows, start, k.i64(0))
         col0 = bb.select(rows, k.i64(0), start)
-        kp2 = bb.mul(bb.and_(bb.add(kk_, k.i64(K_ALIGN - 1)), k.i64(-K_ALIGN)), k.i64(2))
-        if side == "b":  # L float32 rows; R panels (a column block starts on a panel)
+        if side == "b":  # L float32 rows; R panels of Kp / 2 pair rows (a column block
+            # starts on a panel)
+            kp2 = bb.mul(bb.and_(bb.add(kk_, k.i64(K_ALIGN - 1)), k.i64(-K_ALIGN)), k.i64(2))
             l_off = bb.mul(bb.mul(row0, ldl_), k.i64(4))
             r_off = bb.mul(col0, kp2)
         else:  # L bf16 rows of Kl; R float32 columns
