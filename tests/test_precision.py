@@ -36,7 +36,8 @@ PROBABILITY_BOUND = 5e-2
 
 def _mixed_model():
     """A strided 3x3 conv (im2col), a 1x1 conv with a residual, a grouped conv, a Winograd-size
-    3x3 conv (stays float32), Gemm (transB) and MatMul with constant weights, batch symbolic."""
+    3x3 conv (stays float32), a strided 3x3 conv and a 1x1 conv with a residual over a 9x9 map
+    (transposed products), Gemm (transB) and MatMul with constant weights, batch symbolic."""
     rng = np.random.default_rng(0)
 
     def w(*shape):
@@ -49,19 +50,25 @@ def _mixed_model():
         helper.make_node("Add", ["c2", "r1"], ["a2"]),
         helper.make_node("Conv", ["a2", "w3"], ["c3"], group=4, pads=[1, 1, 1, 1]),
         helper.make_node("Conv", ["c3", "w4"], ["c4"], pads=[1, 1, 1, 1]),
-        helper.make_node("GlobalAveragePool", ["c4"], ["p"]),
+        helper.make_node("Conv", ["c4", "w5", "b5"], ["c5"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c5"], ["r5"]),
+        helper.make_node("Conv", ["r5", "w6"], ["c6"]),
+        helper.make_node("Add", ["c6", "r5"], ["a6"]),
+        helper.make_node("Relu", ["a6"], ["r6"]),
+        helper.make_node("GlobalAveragePool", ["r6"], ["p"]),
         helper.make_node("Flatten", ["p"], ["f"]),
         helper.make_node("Gemm", ["f", "wg", "bg"], ["g"], transB=1),
         helper.make_node("MatMul", ["g", "wm"], ["y"]),
     ]
     weights = {"w1": w(40, 3, 3, 3), "b1": w(40), "w2": w(40, 40, 1, 1), "w3": w(40, 10, 3, 3),
-               "w4": w(64, 40, 3, 3), "wg": w(50, 64), "bg": w(50), "wm": w(50, 37)}
+               "w4": w(64, 40, 3, 3), "w5": w(48, 64, 3, 3), "b5": w(48), "w6": w(48, 48, 1, 1),
+               "wg": w(50, 48), "bg": w(50), "wm": w(50, 37)}
     return make_model(nodes, {"x": (np.float32, ["batch", 3, 33, 33])}, {"y": np.float32},
                       weights)
 
 
 #: the weights of _mixed_model's products that run in bf16 (not w4's, a Winograd conv's)
-BF16_PRODUCTS = ("w1", "w2", "w3", "wg", "wm")
+BF16_PRODUCTS = ("w1", "w2", "w3", "w5", "w6", "wg", "wm")
 #: float32 arithmetic on the same weights: the tolerance of the float32 op tests
 F32_RTOL, F32_ATOL = 1e-4, 1e-5
 
@@ -212,7 +219,7 @@ def test_float32_panels_are_derived_last_and_on_demand() -> None:
     graph.precision = "bf16"
     plan = plan_memory(run_passes(graph))
     bf16 = {node: at for node, at in plan.derived.items() if "cuvil.bf16_weights" in node.attrs}
-    assert len(bf16) == 5 and min(bf16.values()) >= plan.derived_eager_size
+    assert len(bf16) == len(BF16_PRODUCTS) and min(bf16.values()) >= plan.derived_eager_size
     assert all(at < plan.derived_eager_size for node, at in plan.derived.items()
                if node not in bf16)
     fp32 = sum(int(np.prod(w.dims)) * 4 for w in _mixed_model().graph.initializer
@@ -224,7 +231,7 @@ def test_bf16_paths_are_the_products_it_covers(mixed) -> None:
     _, compiled = mixed
     x = np.zeros((2, 3, 33, 33), np.float32)
     ops = [row.op for row in compiled.profile({"x": x}, runs=1).nodes]
-    assert sum("Conv(bf16)" in op for op in ops) == 3, ops
+    assert sum("Conv(bf16)" in op for op in ops) == 5, ops
     assert any(op.startswith("Conv(winograd)") for op in ops), ops
     assert any(op.startswith("Gemm(bf16)") for op in ops) and "MatMul(bf16)" in ops, ops
 

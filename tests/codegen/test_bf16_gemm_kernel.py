@@ -1,7 +1,8 @@
 """The bf16 GEMM kernel against numpy: A and B rounded to bf16 (to nearest, ties to even) and
 multiplied in float64, the kernel's float32 sums within their rounding of that. Every kernel
-kind the host can run (AMX, AVX-512 BF16), both packed sides (weights on the right:
-Gemm/MatMul; on the left: convolutions), odd sizes, K over several blocks, the epilogues,
+kind the host can run (AMX, AVX-512 BF16), every side (weights on the right: Gemm/MatMul,
+and the transposed convolutions, whose activations are read by columns; on the left:
+convolutions), odd sizes, K over several blocks, the epilogues,
 threads. Copies without bf16 instructions hold no bf16 kernel: there the float32 kernel
 multiplies float32 panels derived from the bf16 weights, checked the same way (only B or W
 rounded)."""
@@ -22,6 +23,7 @@ from cuvil.compiler.codegen.bf16_gemm_kernel import (
     bf16_isas_of,
     emit_float32_panels,
     emit_parallel_bf16_gemm,
+    SIDES,
     from_bf16,
     pack_l,
     pack_r,
@@ -53,7 +55,7 @@ EPILOGUE_KINDS = ("gated",)
 def _emit(module: ir.Module, prefix: str, epilogues: int = len(EPILOGUES)) -> None:
     """`int32 <prefix>_<side>_<e>(dims[M, N, K, acc], L, R, C, bias, residual)` per side and
     epilogue (the first `epilogues`)."""
-    for side in ("a", "b"):
+    for side in SIDES:
         for e, ep in enumerate(EPILOGUES[:epilogues]):
             fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 6), f"{prefix}_{side}_{e}")
             k = Emitter(module, fn, fn.args[0], [], {})
@@ -62,7 +64,9 @@ def _emit(module: ir.Module, prefix: str, epilogues: int = len(EPILOGUES)) -> No
             left, right, c, bias, residual = fn.args[1:]
             for flag in (0, 1):
                 with k.if_then(k.b.icmp_signed("==", acc, k.i64(flag))):
-                    emit_parallel_bf16_gemm(k, m, n, kk, left, kk, right, n, c, n, side=side,
+                    # side "bt": L by columns, [K, M]
+                    ldl = m if side == "bt" else kk
+                    emit_parallel_bf16_gemm(k, m, n, kk, left, ldl, right, n, c, n, side=side,
                                             accumulate=bool(flag), bias=bias,
                                             residual=residual if ep.residual else None,
                                             epilogue=ep)
@@ -111,7 +115,8 @@ def _run(lib, name: str, side: str, e: int, shape, accumulate: bool = False, see
     want = ACTIVATIONS[ep.activation](want)
     # float32 sums of rounded products: a few ulps of the sum of |products| per output
     bound = 4e-6 * (np.abs(ra) @ np.abs(rb) + np.abs(c) + 1) + 1e-6
-    left, right = (pack_l(a), b) if side == "a" else (a, pack_r(b))
+    left, right = ((pack_l(a), b) if side == "a" else
+                   (np.ascontiguousarray(a.T) if side == "bt" else a, pack_r(b)))
     fn = getattr(lib, f"{name}_{side}_{e}")
     fn.argtypes = [ctypes.c_void_p] * 6
     fn((ctypes.c_int64 * 4)(m, n, kk, int(accumulate)), left.ctypes.data, right.ctypes.data,
@@ -126,7 +131,7 @@ SHAPES = [(1, 1, 1), (3, 5, 2), (12, 32, 32), (13, 33, 31), (17, 40, 70), (33, 7
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-@pytest.mark.parametrize("side", ["a", "b"])
+@pytest.mark.parametrize("side", SIDES)
 def test_matches_rounded_numpy(lib, kind: str, side: str) -> None:
     library, built = lib
     if kind not in built:
@@ -144,7 +149,7 @@ def test_epilogues(lib, kind: str, e: int, accumulate: bool) -> None:
     library, built = lib
     if kind not in built:
         pytest.skip(f"this CPU cannot run the {kind} kernel")
-    for side, shape in (("a", (45, 37, 600)), ("b", (37, 45, 70))):
+    for side, shape in (("a", (45, 37, 600)), ("b", (37, 45, 70)), ("bt", (49, 45, 300))):
         got, want, bound = _run(library, kind, side, e, shape, accumulate)
         assert np.all(np.abs(got - want) <= bound), (kind, side, shape)
 

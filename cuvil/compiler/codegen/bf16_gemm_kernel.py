@@ -12,6 +12,10 @@ a buffer on the stack:
 
 - side "b" (Gemm, MatMul: weights on the right): L is the float32 activation [M, K] (row
   stride ldl), R the constant `pack_r` of B [K, N];
+- side "bt" (the transposed products of convolutions over small maps: Y^T[P, M] =
+  X'^T[P, K] @ W^T[K, M], ops/_conv_gemm.py): as "b", but L is stored by columns, L[i, k] at
+  l[k * ldl + i] (X' read in place); a row tile's block of it is packed with its rows side by
+  side (`pack_l_columns`);
 - side "a" (convolutions: Y[M, P] = W[M, K] @ X'[K, P]): L is the constant `pack_l` of W,
   R the float32 X' [K, N] (row stride ldr).
 
@@ -100,8 +104,13 @@ PANELS = 4
 MIN_ROW_TILES = 2
 MIN_COLUMN_TILES = 2
 ROW_SPLIT = 48
+#: side "bt": rows of L packed side by side at a time (one vector of float32 lanes)
+COLUMN_TILE = 16
 #: AMX: rows and columns of a block of C (2 x 2 tiles of 16 x 16)
 AMX_ROWS = 32
+#: the kernel's forms (`bf16_gemm_function`): which operand is the packed constant, and how
+#: the other is stored
+SIDES = ("a", "b", "bt")
 
 
 # ------------------------------------------------------------------------------ packing
@@ -217,9 +226,10 @@ def bf16_gemm_function(module: ir.Module, side: str, epilogue: Epilogue = PLAIN)
     C[i, j] = act((accumulate ? C[i, j] : 0) + sum_k L[i, k] R[k, j] (+ bias) (+ residual)),
     to call only where `bf16_hardware` says yes.
     `side` names the packed operand: "b" (R is `pack_r`; L float32, row stride ldl; ldr not
-    read) or "a" (L is `pack_l`; R float32, row stride ldr; ldl not read). Strides are in
-    elements; C's and the residual's rows are ldc apart."""
-    assert side in ("a", "b"), side
+    read), "bt" (the same with L by columns, column stride ldl) or "a" (L is `pack_l`; R
+    float32, row stride ldr; ldl not read). Strides are in elements; C's and the residual's
+    rows are ldc apart."""
+    assert side in SIDES, side
     name = f"cuvil.bf16gemm.{side}.{epilogue.suffix}"
 
     def define_isa(module: ir.Module, fn: ir.Function, isa: Bf16Isa) -> None:
@@ -477,7 +487,8 @@ class _Writer:
         self.kp = b.and_(b.add(self.kk, k.i64(K_ALIGN - 1)), k.i64(-K_ALIGN))
         rows = max(self.isa.mr, AMX_ROWS if self.isa.kind == "amx" else 0)
         panel_bytes = KC // 2 * PAIR_ROW
-        pack_buf = self.buffer(rows * KC * 2 if self.side == "b" else PANELS * panel_bytes)
+        pack_buf = self.buffer(PANELS * panel_bytes if self.side == "a" else
+                               max(rows * KC * 2, KC // 2 * COLUMN_TILE * 4))
         self.c_buf = self.buffer(AMX_ROWS * PACK_COLS * 4) if self.isa.kind == "amx" else None
         # K = 0 leaves C as the epilogue of nothing: one block of zeros
         blocks = k.maximum("int64", self.kk, k.i64(1))
@@ -488,17 +499,25 @@ class _Writer:
             self.load_c = b.or_(self.acc, b.icmp_signed(">", k0, k.i64(0)))
             self.last = b.icmp_signed(">=", b.add(k0, kc), self.kk)
             self.k0, self.kc = k0, kc
-            if self.side == "b":
+            if self.side != "a":
+                # L's packed rows: KC values apart, or (side "bt" on AVX-512) side by side,
+                # a pair of each row in turn
+                side_by_side = self.side == "bt" and self.isa.kind != "amx"
+                row_bytes, pair_bytes = (4, COLUMN_TILE * 4) if side_by_side else (KC * 2, 4)
+
                 def row_tile(i0: ir.Value, height: int) -> None:
-                    self.pack_l_rows(pack_buf, i0, height)
+                    if self.side == "b":
+                        self.pack_l_rows(pack_buf, i0, height)
+                    else:
+                        self.pack_l_columns(pack_buf, i0, height, side_by_side)
                     with k.loop(self.n, step=self.isa.nr, name="j") as j:
                         panel = b.udiv(j, k.i64(PACK_COLS))
                         within = b.sub(j, b.mul(panel, k.i64(PACK_COLS)))
                         off = b.add(b.mul(panel, b.mul(self.kp, k.i64(PAIR_ROW // 2))),
                                     b.add(b.mul(b.udiv(k0, k.i64(2)), k.i64(PAIR_ROW)),
                                           b.mul(within, k.i64(4))))
-                        self.tile(pack_buf, k.i64(KC * 2), self.at(self.r, off),
-                                  k.i64(0), i0, j, height)
+                        self.tile(pack_buf, k.i64(row_bytes), self.at(self.r, off),
+                                  k.i64(0), i0, j, height, pair_bytes)
                 self.row_tiles(row_tile)
             else:
                 lld = emit_l_row_bytes(k, self.kk)
@@ -569,6 +588,43 @@ class _Writer:
                                      ir.VectorType(F32, width), self.lanes_below(count, width))
                 b.store(to_bf16_bits(b, x), self.at(row_dst, b.mul(p, k.i64(2))), align=2)
 
+    def pack_l_columns(self, buf: ir.Value, i0: ir.Value, height: int,
+                       side_by_side: bool) -> None:
+        """As `pack_l_rows` for an L stored by columns (side "bt"): per pair of K's rows, the
+        tile's COLUMN_TILE consecutive values of each (zeros past M and K) rounded and
+        interleaved into a pair per row, stored `side_by_side` (COLUMN_TILE pairs at a time:
+        row r's pair g at g * COLUMN_TILE + r; heights up to COLUMN_TILE) or into each row of
+        `pack_l_rows`'s layout (AMX's tiles load rows)."""
+        k = self.k
+        b = k.b
+        lanes = COLUMN_TILE
+        assert side_by_side <= (height <= lanes)
+        for h0 in range(0, height, lanes):
+            valid = b.sub(self.m, b.add(i0, k.i64(h0)))
+            rows = self.lanes_below(k.minimum("int64", valid, k.i64(min(lanes, height - h0))),
+                                    lanes)
+            no = ir.Constant(ir.VectorType(I1, lanes), [0] * lanes)
+            with k.loop(self.pairs, name="pc") as g:
+                kr = b.add(self.k0, b.mul(g, k.i64(2)))
+                bits = []
+                for j in range(2):
+                    inside = b.icmp_signed("<", b.add(kr, k.i64(j)), self.kk)
+                    src = b.gep(self.l, [b.add(b.mul(b.add(kr, k.i64(j)), self.ldl),
+                                               b.add(i0, k.i64(h0)))], source_etype=F32)
+                    x = self.masked_load(src, ir.VectorType(F32, lanes), b.select(inside, rows, no))
+                    bits.append(to_bf16_bits(b, x))
+                pairs = b.bitcast(b.shuffle_vector(bits[0], bits[1], ir.Constant(
+                    ir.VectorType(I32, 2 * lanes), [i // 2 + (i % 2) * lanes
+                                                    for i in range(2 * lanes)])),
+                    ir.VectorType(I32, lanes))
+                if side_by_side:
+                    b.store(pairs, self.at(buf, b.mul(g, k.i64(lanes * 4))), align=4)
+                    continue
+                for r in range(min(lanes, height - h0)):
+                    b.store(b.extract_element(pairs, ir.Constant(I32, r)),
+                            self.at(buf, b.add(k.i64((h0 + r) * KC * 2), b.mul(g, k.i64(4)))),
+                            align=4)
+
     def pack_r_panels(self, buf: ir.Value, jb: ir.Value) -> None:
         """buf = the PANELS panels of R's columns from jb for this block of K, each as `pack_r`
         lays one out (bf16 pairs; zeros past N and K), KC / 2 pair rows apart; panels wholly
@@ -630,9 +686,10 @@ class _Writer:
 
     # -- one tile ------------------------------------------------------------------------
     def tile(self, l_src: ir.Value, lld: ir.Value, r_src: ir.Value, l_row0: ir.Value,
-             i0: ir.Value, j0: ir.Value, rows: int) -> None:
+             i0: ir.Value, j0: ir.Value, rows: int, pair_bytes: int = 4) -> None:
         """C[i0:i0+rows, j0:j0+NR] for this block of K: L's rows from l_src (row l_row0 there
-        is C's row i0; rows lld bytes apart), R's pair rows from r_src, PAIR_ROW bytes apart."""
+        is C's row i0; rows lld bytes apart, a row's pairs pair_bytes apart; AMX: 4), R's pair
+        rows from r_src, PAIR_ROW bytes apart."""
         if self.isa.kind == "amx":
             self.amx_block(l_src, lld, r_src, l_row0, i0, j0, rows)
             return
@@ -651,7 +708,7 @@ class _Writer:
             bvec = [b.load(self.at(bsrc, k.i64(v * w * 4)), typ=vi, align=4)
                     for v in range(isa.nv)]
             for r in range(rows):
-                a2 = b.load(self.at(a_rows[r], b.mul(g, k.i64(4))), typ=I32, align=4)
+                a2 = b.load(self.at(a_rows[r], b.mul(g, k.i64(pair_bytes))), typ=I32, align=4)
                 for v in range(isa.nv):
                     slot = accs[r * isa.nv + v]
                     b.store(self.multiply(b.load(slot), a2, bvec[v]), slot)
@@ -800,10 +857,10 @@ def emit_parallel_bf16_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value,
         start, size = block_span(k, t, count_, bb.select(rows, m_, n_), tile_)
         row0 = bb.select(rows, start, k.i64(0))
         col0 = bb.select(rows, k.i64(0), start)
-        if side == "b":  # L float32 rows; R panels of Kp / 2 pair rows (a column block
-            # starts on a panel)
+        if side != "a":  # L float32 rows (or columns); R panels of Kp / 2 pair rows (a column
+            # block starts on a panel)
             kp2 = bb.mul(bb.and_(bb.add(kk_, k.i64(K_ALIGN - 1)), k.i64(-K_ALIGN)), k.i64(2))
-            l_off = bb.mul(bb.mul(row0, ldl_), k.i64(4))
+            l_off = bb.mul(row0 if side == "bt" else bb.mul(row0, ldl_), k.i64(4))
             r_off = bb.mul(col0, kp2)
         else:  # L bf16 rows of Kl; R float32 columns
             l_off = bb.mul(row0, emit_l_row_bytes(k, kk_))

@@ -182,12 +182,17 @@ class _Product:
 
 def derive_float32_panels(node: Node, k: Emitter) -> None:
     """A conv with bf16 weights, on CPUs that run its float32 path: the weights as `pack_a`
-    panels per group into `k.derived` (the float32 weight's bytes: `Conv.derived_bytes`)."""
+    panels per group (a transposed product's W^T: `pack_b` panels) into `k.derived` (the
+    float32 weight's bytes: `Conv.derived_bytes`)."""
     w = logical_weight(node)
     group = int(node.attrs.get("group", 1))
+    m, kk = int(w.type.shape[0]), int(numel(w.type.shape[1:]))
+    src = k.buffers[required_input(node, 1)]
     assert k.derived is not None
-    emit_float32_panels(k, "a", k.buffers[required_input(node, 1)], k.derived,
-                        int(w.type.shape[0]) // group, int(numel(w.type.shape[1:])), group)
+    if node.attrs.get(TRANSPOSED):
+        emit_float32_panels(k, "b", src, k.derived, kk, m)
+    else:
+        emit_float32_panels(k, "a", src, k.derived, m // group, kk, group)
 
 
 def lower_conv_gemm(node: Node, k: Emitter, win: Window) -> None:
@@ -235,7 +240,7 @@ def _lower_conv_gemm(node: Node, k: Emitter, win: Window, bf16: bool, w_ptr: ir.
     if node.attrs.get(TRANSPOSED):
         def one_by_one() -> None:
             _transposed(k, win, in_shape, (x_ptr, w_ptr, y_ptr, bias, residual), (cg, taps, m),
-                        (images, k.dim(c_in), in_plane, p), pointwise, epilogue)
+                        (images, k.dim(c_in), in_plane, p), pointwise, epilogue, bf16)
 
         if isinstance(images_dim, int) and images_dim <= 1:
             one_by_one()
@@ -245,7 +250,7 @@ def _lower_conv_gemm(node: Node, k: Emitter, win: Window, bf16: bool, w_ptr: ir.
         with b.if_else(b.and_(enough, b.icmp_signed(">", images, k.i64(1)))) as (by_images, one):
             with by_images:
                 _batch_transposed(k, win, in_shape, (x_ptr, w_ptr, y_ptr, bias, residual),
-                                  (cg, taps, m), (images, in_plane, p), pointwise, epilogue)
+                                  (cg, taps, m), (images, in_plane, p), pointwise, epilogue, bf16)
             with one:
                 one_by_one()
         return
@@ -442,10 +447,25 @@ def _batch_of_chunks(k: Emitter, win: Window, in_shape: tuple[Dim, ...],
                     else None)
 
 
+def _transposed_product(k: Emitter, parallel: bool, bf16: bool, p: ir.Value, m: int, kk: int,
+                        a: ir.Value, w: ir.Value, ct: ir.Value, bias: ir.Value | None,
+                        epilogue: Epilogue) -> None:
+    """Y^T[P, M] = X'^T @ W^T into ct, X' [K, P] read by columns: on the float32 kernel (W^T in
+    `pack_b` panels) or, `bf16`, on the bf16 kernel's side "bt" (`pack_r` panels)."""
+    if bf16:
+        (emit_parallel_bf16_gemm if parallel else emit_bf16_gemm)(
+            k, p, k.i64(m), k.i64(kk), a, p, w, k.i64(0), ct, k.i64(m), side="bt", bias=bias,
+            epilogue=epilogue)
+    else:
+        (emit_parallel_gemm if parallel else emit_gemm)(
+            k, p, k.i64(m), k.i64(kk), a, p, w, k.i64(0), ct, k.i64(m), bias=bias,
+            epilogue=epilogue, layout=Layout(a_columns=True, packed_b=True))
+
+
 def _transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: tuple,
                 sizes: tuple[int, int, int],
                 image: tuple[ir.Value, ir.Value, ir.Value, ir.Value], pointwise: bool,
-                epilogue: Epilogue) -> None:
+                epilogue: Epilogue, bf16: bool) -> None:
     """Image by image: X' (unless pointwise), Y^T = X'^T @ W^T into the scratch (the bias
     per column, and the activation when no residual follows it), then Y from Y^T."""
     b = k.b
@@ -460,7 +480,6 @@ def _transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: tuple,
     kernel_epilogue = replace(epilogue, bias="col" if bias is not None else "none",
                               residual=False,
                               activation=None if residual is not None else epilogue.activation)
-    layout = Layout(a_columns=True, packed_b=True)
     with k.loop(images, name="n") as n:
         x_img = b.gep(x, [b.mul(b.mul(n, c_in), in_plane)], source_etype=F32)
         y_off = b.mul(b.mul(n, k.i64(m)), p)
@@ -468,8 +487,7 @@ def _transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: tuple,
         if not pointwise:
             _parallel_im2col(k, win, in_shape, cg, taps, x_img, k.scratch, in_plane, p)
             a = k.scratch
-        emit_parallel_gemm(k, p, k.i64(m), k.i64(kk), a, p, w, k.i64(0), ct, k.i64(m),
-                           bias=bias, epilogue=kernel_epilogue, layout=layout)
+        _transposed_product(k, True, bf16, p, m, kk, a, w, ct, bias, kernel_epilogue)
         _untranspose(k, ct, b.gep(y, [y_off], source_etype=F32),
                      b.gep(residual, [y_off], source_etype=F32) if residual is not None else None,
                      (p, m), epilogue)
@@ -477,7 +495,7 @@ def _transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: tuple,
 
 def _batch_transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: tuple,
                       sizes: tuple[int, int, int], image: tuple[ir.Value, ir.Value, ir.Value],
-                      pointwise: bool, epilogue: Epilogue) -> None:
+                      pointwise: bool, epilogue: Epilogue, bf16: bool) -> None:
     """Several images of a transposed product (`_transposed`): one parallel loop over blocks
     of images (`_blocks`), each image on one thread: its X', Y^T and Y in turn, X' and Y^T in
     its block's slot of the scratch (one image's share each), where they stay in its cache."""
@@ -493,7 +511,6 @@ def _batch_transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: 
     kernel_epilogue = replace(epilogue, bias="col" if bias is not None else "none",
                               residual=False,
                               activation=None if residual is not None else epilogue.activation)
-    layout = Layout(a_columns=True, packed_b=True)
     lanes = isa_of(k.module).vector
     null = ir.Constant(PTR, None)
     blocks, cost = _blocks(k, images, b.mul(p, k.i64(kk * m)))
@@ -512,9 +529,8 @@ def _batch_transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: 
             if not pointwise:
                 _im2col(k, x_n, in_shape, win, slot, cg)
                 a = slot
-            emit_gemm(k, p_c, k.i64(m), k.i64(kk), a, p_c, w_c, k.i64(0), ct, k.i64(m),
-                      bias=bias_c if bias is not None else None, epilogue=kernel_epilogue,
-                      layout=layout)
+            _transposed_product(k, False, bf16, p_c, m, kk, a, w_c, ct,
+                                bias_c if bias is not None else None, kernel_epilogue)
             y_n = bb.gep(y_c, [y_off], source_etype=F32)
             r_n = bb.gep(res_c, [y_off], source_etype=F32) if residual is not None else None
             with k.loop(k.i64(-(-m // lanes)), name="ublk") as blk:

@@ -8,10 +8,9 @@
   W[M/group, K] @ X'): stored as `pack_a` panels per group, so each step of the kernel's K
   loop reads a tile's rows as consecutive floats; those of convs over small maps, whose
   products run transposed (ops/_conv_gemm.py `transposed_product`), as `pack_b` panels of
-  W^T [C/group * kernel, M] (the node's `TRANSPOSED` attribute says so), unless the model's
-  precision is bf16: the bf16 kernel multiplies W @ X' (7x7 maps at 64 lanes for 49 values
-  there ran 1.5x faster than the float32 transposed product), so passes/bf16_weights.py makes
-  bf16 weights of them too. Not those of Winograd and depthwise convolutions, whose kernels
+  W^T [C/group * kernel, M] (the node's `TRANSPOSED` attribute says so; in a bf16 model,
+  passes/bf16_weights.py makes the bf16 kernel's panels of them). Not those of Winograd and
+  depthwise convolutions, whose kernels
   read ONNX's layout, nor of convs over 1x1 maps (made Gemm by
   passes/fully_connected_convs.py, which packs them itself).
 
@@ -57,7 +56,7 @@ def pack_gemm_weights(graph: Graph) -> Graph:
         if node.op_type == "Conv":
             if runs_off_the_gemm_kernel(node):
                 continue
-            if small_map_product(graph, node):
+            if transposed_product(node, conv_window(node, UNCHECKED)):
                 _set_packed(graph, node, pack_b(w.const.reshape(w.const.shape[0], -1).T))
                 node.attrs = {**node.attrs, TRANSPOSED: 1}
                 continue
@@ -68,11 +67,6 @@ def pack_gemm_weights(graph: Graph) -> Graph:
                 (node.op_type == "MatMul" and on_one_gemm(node)):
             _set_packed(graph, node, pack_b(w.const.reshape(w.const.shape[-2:])))
     return graph
-
-
-def small_map_product(graph: Graph, conv: Node) -> bool:
-    """Whether a conv's product runs transposed (module docstring)."""
-    return graph.precision != "bf16" and transposed_product(conv, conv_window(conv, UNCHECKED))
 
 
 def runs_off_the_gemm_kernel(conv: Node) -> bool:
