@@ -18,12 +18,12 @@ from kernel_library import FEATURES, host_module, link_modules
 from llvmlite import ir
 
 from cuvil.compiler.codegen.bf16_gemm_kernel import (
+    SIDES,
     bf16_hardware,
     bf16_isa_of,
     bf16_isas_of,
     emit_float32_panels,
     emit_parallel_bf16_gemm,
-    SIDES,
     from_bf16,
     pack_l,
     pack_r,
