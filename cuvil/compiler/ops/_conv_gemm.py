@@ -77,8 +77,12 @@ from cuvil.compiler.ops.gemm import (
 F32 = ir.FloatType()
 F32_DTYPE = np.dtype(np.float32)
 
-#: output positions per chunk of X' (`_chunked`)
+#: output positions per chunk of X' (`_chunked`): whole output rows, at least this many
 CHUNK_COLUMNS = 128
+#: ... for bf16 weights, whose kernel packs X' in panels of 32 columns: 224 is 7 whole panels
+#: for rows of 14, 28, 56 or 112 positions (128 made chunks of 5 rows of 28, 140 columns in
+#: 5 panels: ResNet-50's 56 -> 28 strided convs ran 1.13-1.19x slower on a Zen 4)
+BF16_CHUNK_COLUMNS = 224
 #: with fewer chunks (small outputs), X' is unfolded whole and the product split instead
 MIN_CHUNKS = 4
 #: a batch of several images runs one parallel loop over (image, chunk) tasks for the whole
@@ -139,12 +143,17 @@ def im2col_bytes(node: Node, win: Window) -> Dim:
         assert isinstance(image, int)
         return _aligned(image) * BATCH_SLOTS if many else image
     if many and not is_pointwise(win):
-        # a slot holds rows_per_chunk * inner <= CHUNK_COLUMNS - 1 + inner columns
-        slots = BATCH_SLOTS * kk * 4 * (CHUNK_COLUMNS - 1 + numel(win.out[1:]))
+        # a slot holds rows_per_chunk * inner <= chunk_columns - 1 + inner columns
+        slots = BATCH_SLOTS * kk * 4 * (chunk_columns(node) - 1 + numel(win.out[1:]))
         if isinstance(cols, int) and isinstance(slots, int):
             return max(cols, slots)
         return sympy.Max(cols, slots)
     return cols
+
+
+def chunk_columns(node: Node) -> int:
+    """The least output positions of a chunk of X' (both paths of bf16 weights alike)."""
+    return BF16_CHUNK_COLUMNS if BF16_WEIGHTS in node.attrs else CHUNK_COLUMNS
 
 
 def _aligned(size: int) -> int:
@@ -230,9 +239,9 @@ def _lower_conv_gemm(node: Node, k: Emitter, win: Window, bf16: bool, w_ptr: ir.
     product = _Product(node, mg, kk, bf16)
     pointwise = is_pointwise(win)
     in_shape = x_val.type.shape[2:]
-    # output rows per chunk of X': about CHUNK_COLUMNS positions
+    # output rows per chunk of X': about chunk_columns positions
     inner = k.dim(numel(win.out[1:]))
-    rows_per_chunk = b.add(k.floordiv(k.i64(CHUNK_COLUMNS - 1), inner), k.i64(1))
+    rows_per_chunk = b.add(k.floordiv(k.i64(chunk_columns(node) - 1), inner), k.i64(1))
     out0 = k.dim(win.out[0])
     chunks = k.floordiv(b.add(out0, b.sub(rows_per_chunk, k.i64(1))), rows_per_chunk)
     images_dim = x_val.type.shape[0]
@@ -652,7 +661,7 @@ def _chunked(k: Emitter, win: Window, in_shape: tuple[Dim, ...], cg: int, mg: in
              rows_per_chunk: ir.Value, chunks: ir.Value, inner: ir.Value, p: ir.Value,
              epilogue: Epilogue, product: _Product) -> None:
     """Y = W @ X' by chunks of output rows spread over the threads: each unfolds its chunk of
-    X' (K x ~CHUNK_COLUMNS floats, into its thread's slot of the scratch) and multiplies it
+    X' (K x ~`chunk_columns` floats, into its thread's slot of the scratch) and multiplies it
     while it is still in its cache. Unfolding X' whole would run on one thread before the
     product."""
     b = k.b
