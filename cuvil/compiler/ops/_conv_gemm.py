@@ -13,6 +13,7 @@ the output channels (a multiple of 16 in every common net) fill the kernel's vec
 positions make its rows. X' is read in place by columns (`Layout.a_columns`), W^T is packed
 into panels at compile time (passes/pack_gemm_weights.py); Y^T goes to the scratch, then
 into Y through in-register transposes of lanes x lanes blocks, the residual added on the way.
+With bf16 weights the same product runs on the bf16 kernel's side "bt" (W^T in its panels).
 onnxruntime (MLAS's NCHWc kernels) and oneDNN do the same for small maps: vectors run along
 output channels, positions along the registers of a tile.
 
