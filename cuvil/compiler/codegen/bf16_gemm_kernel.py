@@ -104,6 +104,9 @@ PANELS = 4
 MIN_ROW_TILES = 2
 MIN_COLUMN_TILES = 2
 ROW_SPLIT = 48
+#: side "a": how far ahead in its rows the tile asks for the weights' lines (a probe of
+#: ResNet-50's shapes on a Zen 4: 2-4% faster with 256 or 512 bytes)
+L_PREFETCH = 512
 #: side "bt": rows of L packed side by side at a time (one vector of float32 lanes)
 COLUMN_TILE = 16
 #: AMX: rows and columns of a block of C (2 x 2 tiles of 16 x 16)
@@ -704,6 +707,12 @@ class _Writer:
         a_rows = [self.at(l_src, b.mul(b.add(l_row0, k.i64(r)), lld)) for r in range(rows)]
         vi = ir.VectorType(I32, w)
         with k.loop(self.pairs, name="g") as g:
+            if self.side == "a":
+                # the weights' rows are far apart (a stream each); one row per step is asked
+                # for L_PREFETCH bytes ahead, so every line is before the tile reaches it
+                ahead = b.urem(g, k.i64(rows))
+                prefetch(b, self.at(a_rows[0], b.add(b.mul(ahead, lld), b.add(
+                    b.mul(g, k.i64(pair_bytes)), k.i64(L_PREFETCH)))))
             bsrc = self.at(r_src, b.mul(g, k.i64(PAIR_ROW)))
             bvec = [b.load(self.at(bsrc, k.i64(v * w * 4)), typ=vi, align=4)
                     for v in range(isa.nv)]
