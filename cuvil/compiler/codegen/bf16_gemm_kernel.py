@@ -706,7 +706,9 @@ class _Writer:
             b.store(ir.Constant(self.vf, None), a)
         a_rows = [self.at(l_src, b.mul(b.add(l_row0, k.i64(r)), lld)) for r in range(rows)]
         vi = ir.VectorType(I32, w)
-        with k.loop(self.pairs, name="g") as g:
+        # the pairs past K are zeros in both packed operands: vdpbf16ps skips them (AMX's
+        # tiles take 16 pairs at a time); the stem's K = 147 multiplies 74 pairs, not 80
+        with k.loop(b.udiv(b.add(self.kc, k.i64(1)), k.i64(2)), name="g") as g:
             if self.side == "a":
                 # the weights' rows are far apart (a stream each); one row per step is asked
                 # for L_PREFETCH bytes ahead, so every line is before the tile reaches it
