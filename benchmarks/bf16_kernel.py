@@ -34,7 +34,7 @@ from llvmlite import ir
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from kernel_library import FEATURES, host_module, link_modules
 
-from cuvil.compiler.codegen.bf16_gemm_kernel import SIDES, pack_l, pack_r
+from cuvil.compiler.codegen.bf16_gemm_kernel import SIDES, emit_parallel_bf16_gemm, pack_l, pack_r
 from cuvil.compiler.codegen.emitter import I32, I64, PTR, Emitter
 from cuvil.compiler.codegen.gemm_kernel import Epilogue
 
@@ -48,8 +48,6 @@ EPILOGUE = Epilogue("row", residual=True, activation="Relu")
 def build(tmp: Path) -> ctypes.CDLL:
     """`int32 bf16_<side>(dims[M, N, K], L, R, C, bias, residual)` per side, one thread each
     (the pool is left at one thread: CUVIL_NUM_THREADS=1)."""
-    from cuvil.compiler.codegen.bf16_gemm_kernel import emit_parallel_bf16_gemm
-
     module, tm = host_module(FEATURES["avx512"])
     for side in SIDES:
         fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 6), f"bf16_{side}")

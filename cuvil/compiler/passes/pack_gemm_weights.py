@@ -10,9 +10,8 @@
   products run transposed (ops/_conv_gemm.py `transposed_product`), as `pack_b` panels of
   W^T [C/group * kernel, M] (the node's `TRANSPOSED` attribute says so; in a bf16 model,
   passes/bf16_weights.py makes the bf16 kernel's panels of them). Not those of Winograd and
-  depthwise convolutions, whose kernels
-  read ONNX's layout, nor of convs over 1x1 maps (made Gemm by
-  passes/fully_connected_convs.py, which packs them itself).
+  depthwise convolutions, whose kernels read ONNX's layout, nor of convs over 1x1 maps (made
+  Gemm by passes/fully_connected_convs.py, which packs them itself).
 
 Packed constants keep their shape (the layouts only reorder elements); the node's
 `PACKED_WEIGHTS` attribute tells the lowering (ops/gemm.py, ops/_conv_gemm.py) how to read
