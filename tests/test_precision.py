@@ -35,8 +35,8 @@ PROBABILITY_BOUND = 5e-2
 
 
 def _mixed_model():
-    """A strided 3x3 conv (im2col), a 1x1 conv with a residual, a grouped conv, a Winograd-size
-    3x3 conv (stays float32), a strided 3x3 conv and a 1x1 conv with a residual over a 9x9 map
+    """A strided 3x3 conv (im2col), a 1x1 conv with a residual, a grouped conv, a Winograd
+    F(4x4) conv (stays float32), a strided 3x3 conv and a 1x1 conv with a residual over a 9x9 map
     (transposed products), Gemm (transB) and MatMul with constant weights, batch symbolic."""
     rng = np.random.default_rng(0)
 
@@ -67,7 +67,7 @@ def _mixed_model():
                       weights)
 
 
-#: the weights of _mixed_model's products that run in bf16 (not w4's, a Winograd conv's)
+#: the weights of _mixed_model's products that run in bf16 (not w4's, a Winograd F(4x4) conv's)
 BF16_PRODUCTS = ("w1", "w2", "w3", "w5", "w6", "wg", "wm")
 #: float32 arithmetic on the same weights: the tolerance of the float32 op tests
 F32_RTOL, F32_ATOL = 1e-4, 1e-5
@@ -234,6 +234,101 @@ def test_bf16_paths_are_the_products_it_covers(mixed) -> None:
     assert sum("Conv(bf16)" in op for op in ops) == 5, ops
     assert any(op.startswith("Conv(winograd)") for op in ops), ops
     assert any(op.startswith("Gemm(bf16)") for op in ops) and "MatMul(bf16)" in ops, ops
+
+
+# -- Winograd F(2x2) convolutions in bf16 -------------------------------------------------------
+
+#: Lavin & Gray's F(2x2, 3x3): Y = A^T [(G g G^T) * (B^T d B)] A per 4x4 input tile
+_BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)
+_G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64)
+_AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """float32 rounded to bf16 (nearest, ties to even), as float64."""
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def _winograd_f2(x: np.ndarray, w: np.ndarray, bias: np.ndarray, round_v: bool) -> np.ndarray:
+    """relu(conv(x, w, pads 1) + bias) by F(2x2, 3x3) in float64 with U rounded to bf16 (what
+    a bf16 library stores), and V too where `round_v` (what the bf16 kernel rounds)."""
+    n, c, h, wd = x.shape
+    th, tw = -(-h // 2), -(-wd // 2)
+    xp = np.zeros((n, c, 2 * th + 2, 2 * tw + 2))
+    xp[:, :, 1:h + 1, 1:wd + 1] = x
+    tiles = np.lib.stride_tricks.sliding_window_view(xp, (4, 4), axis=(2, 3))[:, :, ::2, ::2]
+    u = _bf16(np.einsum("aj,ocjl,bl->ocab", _G, w.astype(np.float64), _G).astype(np.float32))
+    v = np.einsum("ai,nctsij,bj->nctsab", _BT, tiles, _BT)
+    if round_v:
+        v = _bf16(v.astype(np.float32))
+    m = np.einsum("ocab,nctsab->notsab", u, v)
+    y = np.einsum("ia,notsab,jb->notisj", _AT, m, _AT).reshape(n, -1, 2 * th, 2 * tw)
+    return np.maximum(y[:, :, :h, :wd] + bias[None, :, None, None], 0)
+
+
+def _winograd_model(c: int, m: int, size: int):
+    rng = np.random.default_rng(c + m + size)
+    w = (rng.standard_normal((m, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = make_model(nodes, {"x": (np.float32, ["batch", c, size, size])}, {"y": np.float32},
+                       {"w": w, "b": b})
+    return model, w, b
+
+
+#: (C, M, image): a 14x14 image, whose products run transposed (side "b"), and a 21x21 one
+#: (side "a"); odd channel counts leave part of a panel and of a tile
+WINOGRAD_BF16_CONVS = [(100, 70, 14), (96, 90, 21)]
+
+
+@pytest.mark.parametrize("c,m,size", WINOGRAD_BF16_CONVS)
+def test_winograd_f2_convs_run_their_products_in_bf16(c: int, m: int, size: int) -> None:
+    model, w, b = _winograd_model(c, m, size)
+    compiled = cuvil.compile(model, precision="bf16")
+    x = np.random.default_rng(size).standard_normal((2, c, size, size)).astype(np.float32)
+    ops = [row.op for row in compiled.profile({"x": x}, runs=1).nodes]
+    assert ops == ["Conv(winograd bf16)+Relu"], ops
+    got = compiled(x)
+    want = run_ort(model, {"x": x})[0]
+    scale = np.abs(want).max()
+    err = np.abs(got - want).max() / scale
+    assert 1e-5 < err < BOUND, err
+    if _host_flags() & {"avx512bf16", "amx-bf16"}:
+        # both operands rounded: the reference with U and V rounded, but for V's that float32
+        # and float64 round to different bf16 values (each moves one term by 2^-8 of itself)
+        near = np.abs(got - _winograd_f2(x, w, b, round_v=True)).max() / scale
+        assert near < err / 10, (near, err)
+    else:
+        np.testing.assert_allclose(got, _winograd_f2(x, w, b, round_v=False), rtol=F32_RTOL,
+                                   atol=F32_ATOL * scale)
+
+
+@pytest.mark.parametrize("c,m,size", WINOGRAD_BF16_CONVS)
+def test_winograd_f2_convs_float32_path_uses_the_bf16_u(c: int, m: int, size: int) -> None:
+    # the AVX2 copy: float32 products on U widened from bf16, at float32's tolerance
+    model, w, b = _winograd_model(c, m, size)
+    compiled = compile_in_process(model, cpu="x86-64-v3", precision="bf16")
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, c, size, size)).astype(np.float32)
+        want = _winograd_f2(x, w, b, round_v=False)
+        np.testing.assert_allclose(compiled(x), want, rtol=F32_RTOL,
+                                   atol=F32_ATOL * np.abs(want).max())
+
+
+def test_winograd_f4_convs_and_small_ones_stay_float32() -> None:
+    # F(4x4) rounds too much for bf16 (docs/precision.md): the mixed model's 40 -> 64 conv at
+    # 17x17 keeps it, in float32; a 32-channel one at 14x14 runs im2col in bf16 instead
+    from cuvil.compiler.ops._conv_winograd import WINOGRAD_TILE
+
+    for (c, m, size), tile in (((40, 64, 17), 4), ((32, 32, 14), None), ((100, 70, 14), 2)):
+        graph = import_model(_winograd_model(c, m, size)[0], None, "m")
+        graph.precision = "bf16"
+        (conv,) = [n for n in run_passes(graph).nodes if n.op_type == "Conv"]
+        assert conv.attrs.get(WINOGRAD_TILE) == tile, (c, m, size, conv.attrs)
+        assert ("cuvil.bf16_weights" in conv.attrs) == (tile != 4), conv.attrs
 
 
 def test_digits_cnn_classifies_held_out_digits_as_float32_does() -> None:

@@ -344,8 +344,9 @@ def bf16_or_float32(k: Emitter, bf16: Callable[[], None], float32: Callable[[], 
 def emit_float32_panels(k: Emitter, side: str, src: ir.Value, dst: ir.Value, rows: int,
                         cols: int, groups: int = 1) -> None:
     """Where this CPU takes the float32 path (`bf16_hardware`): dst = the float32 kernel's
-    packed weights of the bf16 ones in src, [rows, cols] matrices: side "a" (convolutions)
-    `pack_l` per group -> `gemm_kernel.pack_a` per group, side "b" `pack_r` -> `pack_b`. Then
+    packed weights of the bf16 ones in src, `groups` [rows, cols] matrices one after the
+    other: side "a" (convolutions) `pack_l` -> `gemm_kernel.pack_a`, side "b" `pack_r` ->
+    `pack_b` (Winograd's transformed weights: a matrix per point). Then
     src's pages leave the resident memory: nothing reads them on this CPU. For the first run
     (`Op.lower_derived`): dst gets its pages first, as the derived buffer's others do."""
     gate = bf16_hardware(k)
@@ -389,7 +390,8 @@ def _float32_panels(k: Emitter, side: str, src: ir.Value, dst: ir.Value, rows: i
                 bb.store(_widened(bb, x), bb.gep(out, [bb.add(bb.mul(c, width), r)],
                                                  source_etype=F32))
         else:  # (step == PACK_COLS: a float32 panel is a bf16 one)
-            panel = bb.gep(bf, [bb.mul(unit, k.i64(kp * PACK_COLS))], source_etype=I16)
+            panel = bb.gep(bf, [bb.add(bb.mul(g, k.i64(src_group)),
+                                       bb.mul(unit, k.i64(kp * PACK_COLS)))], source_etype=I16)
             with k.loop(rows, name="r") as r, k.loop(width, name="c") as c:
                 pair = bb.mul(bb.lshr(r, k.i64(1)), k.i64(PACK_COLS * 2))
                 at = bb.add(pair, bb.add(bb.mul(c, k.i64(2)), bb.and_(r, k.i64(1))))

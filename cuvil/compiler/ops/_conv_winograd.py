@@ -38,6 +38,16 @@ Rounding grows with m (the points' powers grow): F(4x4) keeps cuvil within the c
 tolerances on ResNet/VGG. `winograd_tile` chooses F(2x2), F(4x4) or im2col per layer by one
 cost rule (`winograd_cost`): F(2x2) rounds less and has a smaller U, which pays where U
 streams from memory (512 channels at 14x14 and 7x7) or tiles are few.
+
+In models compiled with precision = "bf16" (docs/precision.md) the F(2x2) convolutions run
+their point products on the bf16 kernel (codegen/bf16_gemm_kernel.py): the compiler rounds U
+to bf16 once and the library stores it in that kernel's layout (`bf16_weight_transform`:
+`pack_l` per point, side "a"; for transposed products U^T as `pack_r` per point, side "b"),
+a little smaller than the 3x3 kernels in float32. CPUs without bf16 instructions widen it at
+the first run into the float32 kernel's packed layouts (`derive_float32_u`) and run the same
+algorithm in float32. F(4x4)'s transforms multiply by larger numbers, which carry bf16's
+rounding of U and V past the bound: it stays float32, and the cost rule weighs bf16's cheaper
+products (`BF16_PRODUCT`) against F(4x4) and against im2col, which is bf16 in those models.
 """
 
 from __future__ import annotations
@@ -50,8 +60,21 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
+from cuvil.compiler.codegen.bf16_gemm_kernel import (
+    K_ALIGN,
+    ROW_ALIGN,
+    bf16_or_float32,
+    emit_bf16_gemm,
+    emit_float32_panels,
+    l_columns,
+    pack_l,
+    pack_r,
+    round_up,
+)
+from cuvil.compiler.codegen.bf16_gemm_kernel import PACK_COLS as BF16_PACK_COLS
 from cuvil.compiler.codegen.emitter import (
     I1,
+    I8,
     I32,
     PTR,
     Emitter,
@@ -61,9 +84,9 @@ from cuvil.compiler.codegen.emitter import (
 )
 from cuvil.compiler.codegen.gemm_kernel import PACK_COLS, Epilogue, Layout, emit_gemm, isa_of
 from cuvil.compiler.ir import Dim, Node
-from cuvil.compiler.ops import UNCHECKED
+from cuvil.compiler.ops import UNCHECKED, required_input
 from cuvil.compiler.ops._window import Window, window
-from cuvil.compiler.ops.gemm import RESIDUAL_SLOT, node_epilogue
+from cuvil.compiler.ops.gemm import BF16_WEIGHTS, RESIDUAL_SLOT, logical_weight, node_epilogue
 
 F32 = ir.FloatType()
 
@@ -111,6 +134,11 @@ U_STORED = "cuvil.winograd_u_stored"
 #: lanes a transform handles at once is the target's vector width; buffers are padded for
 #: the widest (AVX-512)
 MAX_LANES = 16
+#: bf16 models: the tile whose products run in bf16 (module docstring), and the cost of a
+#: multiply-add on the bf16 kernel relative to the float32 kernel's, for `winograd_cost`
+#: (ResNet-50's products on a Zen 4 with AVX-512 BF16: 155-200 GFLOP/s against 105-115)
+BF16_TILE = 2
+BF16_PRODUCT = 0.6
 
 
 @functools.cache
@@ -138,12 +166,13 @@ def transforms(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return at, g, np.round(bt.reshape(alpha, alpha), 9)
 
 
-def winograd_tile(node: Node) -> int | None:
+def winograd_tile(node: Node, precision: str = "float32") -> int | None:
     """The tile edge m when this Conv runs as Winograd F(m x m, 3 x 3), else None (im2col).
 
     It must be 2-D float32 with a constant 3x3 weight, unit strides and dilations, one group,
     a static image (the batch may be symbolic) and enough channels and tiles to pay back the
-    transforms; m is the tile `winograd_cost` finds cheapest, if cheaper than im2col."""
+    transforms; m is the tile `winograd_cost` finds cheapest, if cheaper than im2col. In a
+    model of `precision` "bf16", F(2x2)'s products and im2col's run in bf16."""
     x, w = node.input(0), node.input(1)
     if (node.op_type != "Conv" or node.domain or x is None or w is None or w.const is None
             or WINOGRAD_TILE in node.attrs or x.type.dtype.name != "float32"
@@ -159,14 +188,16 @@ def winograd_tile(node: Node) -> int | None:
     if min(m_out, c_in) < MIN_CHANNELS:
         return None
     oh, ow = (int(d) for d in win.out)
-    costs = {m: winograd_cost(m, c_in, m_out, oh, ow) for m in TILES
-             if _ceil(oh, m) * _ceil(ow, m) >= MIN_TILES}
-    if not costs or min(costs.values()) >= 9 * oh * ow * c_in * m_out:  # im2col's
+    bf16 = precision == "bf16"
+    costs = {m: winograd_cost(m, c_in, m_out, oh, ow, bf16=bf16 and m == BF16_TILE)
+             for m in TILES if _ceil(oh, m) * _ceil(ow, m) >= MIN_TILES}
+    im2col = 9 * oh * ow * c_in * m_out * (BF16_PRODUCT if bf16 else 1)
+    if not costs or min(costs.values()) >= im2col:
         return None
     return min(costs, key=lambda m: costs[m])
 
 
-def winograd_cost(m: int, c: int, out_c: int, oh: int, ow: int) -> float:
+def winograd_cost(m: int, c: int, out_c: int, oh: int, ow: int, bf16: bool = False) -> float:
     """The cost rule that chooses between im2col and Winograd F(m x m, 3 x 3), per image, in
     multiply-adds (im2col's are 9 oh ow C M; its packed weights stay cached):
 
@@ -179,13 +210,15 @@ def winograd_cost(m: int, c: int, out_c: int, oh: int, ow: int) -> float:
     of 512 channels at F(4x4), 16 MB at F(2x2), which makes more products than F(4x4) but a
     U 2.25x smaller. The constants are fitted to layers of
     ResNet-50, VGG-19, SqueezeNet and Inception v2 at 7x7 to 28x28 (benchmarks/conv_layers.py
-    --small, one thread of a server core with 2 MB of L2)."""
+    --small, one thread of a server core with 2 MB of L2). `bf16`: the products run on the
+    bf16 kernel (`BF16_PRODUCT`) and U is bf16, half the bytes to stream."""
     alpha = m + 2
     tiles = _ceil(oh, m) * _ceil(ow, m)
-    u_floats = alpha * alpha * c * out_c
+    u_words = alpha * alpha * c * out_c // (2 if bf16 else 1)  # in floats' bytes
     blocks = _ceil(tiles * alpha * alpha * (c + out_c) * 4, BLOCK_BYTES)  # each reads U
-    return (alpha * alpha * tiles * (c * out_c + TRANSFORM * (c + out_c))
-            + STREAM * max(0, u_floats - CACHED) * blocks)
+    product = BF16_PRODUCT if bf16 else 1
+    return (alpha * alpha * tiles * (c * out_c * product + TRANSFORM * (c + out_c))
+            + STREAM * max(0, u_words - CACHED) * blocks)
 
 
 def transposed_products(tiles: int, blocks: int, out_c: int) -> bool:
@@ -207,9 +240,11 @@ class _Plan:
 
     def __init__(self, node: Node, win: Window) -> None:
         x = node.inputs[0]
-        w = node.inputs[1]
-        assert x is not None and w is not None
+        w = logical_weight(node)
+        assert x is not None
         self.m = m = int(node.attrs[WINOGRAD_TILE])
+        #: U is bf16 (`bf16_weight_transform`)
+        self.bf16 = BF16_WEIGHTS in node.attrs
         self.alpha = alpha = m + 2
         self.points = alpha * alpha
         self.c, self.h, self.w = (int(d) for d in x.type.shape[1:])
@@ -267,16 +302,15 @@ def scratch_bytes(node: Node, win: Window) -> Dim:
 
 
 def weight_bytes(node: Node) -> int:
-    """Bytes of U[alpha^2, M, C] (float32) for a node `winograd_tile` chose."""
-    w = node.inputs[1]
-    assert w is not None
+    """Bytes of U[alpha^2, M, C] in float32 for a node `winograd_tile` chose (for bf16 U, of
+    the float32 copy CPUs without bf16 instructions derive)."""
+    w = logical_weight(node)
     alpha = int(node.attrs[WINOGRAD_TILE]) + 2
     return alpha * alpha * int(w.type.shape[0]) * int(w.type.shape[1]) * 4
 
 
-def weight_transform(node: Node) -> np.ndarray:
-    """U as `lower_weight_transform` lays it out, computed by the compiler (float64, rounded
-    once to float32): the library stores it instead of the 3x3 kernels."""
+def _u(node: Node) -> np.ndarray:
+    """U[alpha^2, M, C] = G w G^T per (o, c), in float64."""
     w_val = node.inputs[1]
     assert w_val is not None and w_val.const is not None
     w = np.asarray(w_val.const, dtype=np.float64)
@@ -284,8 +318,26 @@ def weight_transform(node: Node) -> np.ndarray:
     alpha = int(node.attrs[WINOGRAD_TILE]) + 2
     _, g, _ = transforms(alpha - 2)
     # u[a, b, o, c] = sum_j,l G[a, j] w[o, c, j, l] G[b, l]
-    u = np.einsum("aj,ocjl,bl->aboc", g, w, g).reshape(alpha * alpha, m_out, c_in)
-    u = u.astype(np.float32)
+    return np.einsum("aj,ocjl,bl->aboc", g, w, g).reshape(alpha * alpha, m_out, c_in)
+
+
+def bf16_weight_transform(node: Node) -> np.ndarray:
+    """U rounded to bf16 (from float64 through float32; both round to nearest) in the bf16
+    kernel's layouts, one matrix per point: `pack_l` of U[p] [M, C] (side "a"), or for
+    transposed products `pack_r` of U^T[p] [C, M] (side "b"). The library stores it instead of
+    the 3x3 kernels (32 bytes per channel pair for F(2x2), the kernels' float32 36)."""
+    u = _u(node).astype(np.float32)
+    if _plan_of(node).transposed:
+        return np.stack([pack_r(up.T) for up in u])
+    return np.stack([pack_l(up) for up in u])
+
+
+def weight_transform(node: Node) -> np.ndarray:
+    """U as `lower_weight_transform` lays it out, computed by the compiler (float64, rounded
+    once to float32): the library stores it instead of the 3x3 kernels."""
+    u = _u(node).astype(np.float32)
+    m_out = u.shape[1]
+    alpha = int(node.attrs[WINOGRAD_TILE]) + 2
     if not _plan_of(node).transposed:
         return u
     # U^T[p] [C, M] as the kernel's pre-packed B: panels of PACK_COLS output channels, c-major
@@ -335,10 +387,35 @@ def lower_weight_transform(node: Node, k: Emitter) -> None:
                             b.gep(u, [off], source_etype=F32))
 
 
+def derive_float32_u(node: Node, k: Emitter) -> None:
+    """bf16 U, on CPUs that run its float32 path: U widened into `k.derived` in the float32
+    kernel's packed layouts, `pack_a` per point (a transposed product's U^T: `pack_b`)."""
+    plan = _plan_of(node)
+    src = k.buffers[required_input(node, 1)]
+    assert k.derived is not None
+    if plan.transposed:
+        emit_float32_panels(k, "b", src, k.derived, plan.c, plan.out_c, plan.points)
+    else:
+        emit_float32_panels(k, "a", src, k.derived, plan.out_c, plan.c, plan.points)
+
+
 def lower_conv_winograd(node: Node, k: Emitter, win: Window) -> None:
-    x_val, b_val = node.inputs[0], node.input(2)
-    assert x_val is not None and k.scratch is not None and k.derived is not None
+    """float32 U: from `k.derived`; bf16 U: the node's weight, on the bf16 kernel where the
+    CPU has bf16 instructions, else its float32 copy in `k.derived` (`derive_float32_u`)."""
     plan = _Plan(node, win)
+    derived = k.derived
+    assert derived is not None
+    if not plan.bf16:
+        _lower_conv_winograd(node, k, plan, derived, False)
+        return
+    w_ptr = k.buffers[required_input(node, 1)]
+    bf16_or_float32(k, lambda: _lower_conv_winograd(node, k, plan, w_ptr, True),
+                    lambda: _lower_conv_winograd(node, k, plan, derived, False))
+
+
+def _lower_conv_winograd(node: Node, k: Emitter, plan: _Plan, u: ir.Value, bf16: bool) -> None:
+    x_val, b_val = node.inputs[0], node.input(2)
+    assert x_val is not None and k.scratch is not None
     r_val = node.input(RESIDUAL_SLOT)
     b = k.b
     null = ir.Constant(PTR, None)
@@ -349,11 +426,11 @@ def lower_conv_winograd(node: Node, k: Emitter, win: Window) -> None:
         y_n = b.gep(y_ptr, [y_off], source_etype=F32)
         r_n = b.gep(k.buffers[r_val], [y_off], source_etype=F32) if r_val is not None else null
         bias = k.buffers[b_val] if b_val is not None else null
-        carry = [x_n, y_n, r_n, bias, k.derived, k.scratch]
+        carry = [x_n, y_n, r_n, bias, u, k.scratch]
         if plan.split:
-            _split_image(node, k, plan, carry)
+            _split_image(node, k, plan, carry, bf16)
         else:
-            _blocks_image(node, k, plan, carry)
+            _blocks_image(node, k, plan, carry, bf16)
 
 
 class _Block:
@@ -370,7 +447,8 @@ class _Block:
         self.tiles = b.mul(self.rows, k.i64(plan.tiles_w))
 
 
-def _blocks_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value]) -> None:
+def _blocks_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value],
+                  bf16: bool) -> None:
     """One image, its blocks spread over the threads: each block's V and products stay in
     its thread's cache from one step to the next."""
     has_bias, has_residual = node.input(2) is not None, node.input(RESIDUAL_SLOT) is not None
@@ -385,7 +463,7 @@ def _blocks_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value]) ->
         else:
             _input_transform(k, plan, x_c, blk, blk.stage, (k.i64(0), k.i64(plan.c)))
         with k.loop(plan.points, name="pt") as p:
-            _point_gemm(k, plan, u_c, blk, p)
+            _point_gemm(k, plan, u_c, blk, p, bf16)
         if plan.transposed:
             with k.loop(plan.ld // GROUP, name="og") as g:
                 _output_group(k, plan, blk, y_c, bias, residual, node_epilogue(node), g)
@@ -395,7 +473,8 @@ def _blocks_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value]) ->
                               (k.i64(0), k.i64(plan.out_c)))
 
 
-def _split_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value]) -> None:
+def _split_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value],
+                 bf16: bool) -> None:
     """One image of few blocks, each step spread over the threads on its own: the input
     transform by (block, channel or group of channels), the products by (block, point), the
     output transform by (block, output channel or group). Costs two more hand-overs between
@@ -420,7 +499,7 @@ def _split_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value]) -> 
                          carry=carry) as i:
         _, _, _, _, u_c, scratch = k.carried
         blk = _Block(k, plan, scratch, k.b.udiv(i, k.i64(plan.points)))
-        _point_gemm(k, plan, u_c, blk, k.b.urem(i, k.i64(plan.points)))
+        _point_gemm(k, plan, u_c, blk, k.b.urem(i, k.i64(plan.points)), bf16)
     out_parts = plan.ld // GROUP if plan.transposed else out_c
     with k.parallel_loop(plan.blocks * out_parts,
                          cost=tiles * plan.points * 4 * out_c // out_parts, name="wout",
@@ -436,25 +515,38 @@ def _split_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value]) -> 
                               (part, k.b.add(part, k.i64(1))))
 
 
-def _point_gemm(k: Emitter, plan: _Plan, u: ir.Value, blk: _Block, p: ir.Value) -> None:
+def _point_gemm(k: Emitter, plan: _Plan, u: ir.Value, blk: _Block, p: ir.Value,
+                bf16: bool) -> None:
     """The block's products at point p: prod[p] [M, tiles] = U[p] [M, C] @ V[p] [C, tiles],
-    or transposed, prod^T[p] [tiles, M] = V^T[p] [tiles, C] @ U^T[p] [C, M] (U^T pre-packed)."""
+    or transposed, prod^T[p] [tiles, M] = V^T[p] [tiles, C] @ U^T[p] [C, M] (U^T pre-packed);
+    `bf16`: on the bf16 kernel, U bf16 (`bf16_weight_transform`), else float32: row-major U[p],
+    or where U is bf16 its float32 copy (`derive_float32_u`), pre-packed."""
     b = k.b
+    m_out, c = k.i64(plan.out_c), k.i64(plan.c)
     if plan.transposed:
         tiles = plan.block_tiles
-        emit_gemm(k, blk.tiles, k.i64(plan.out_c), k.i64(plan.c),
-                  b.gep(blk.v, [b.mul(p, k.i64(tiles * plan.cp))], source_etype=F32),
-                  k.i64(plan.cp),
-                  b.gep(u, [b.mul(p, k.i64(plan.out_c * plan.c))], source_etype=F32),
-                  k.i64(plan.out_c),
-                  b.gep(blk.prod, [b.mul(p, k.i64(tiles * plan.ld))], source_etype=F32),
-                  k.i64(plan.ld), layout=Layout(packed_b=True))
+        v = b.gep(blk.v, [b.mul(p, k.i64(tiles * plan.cp))], source_etype=F32)
+        prod = b.gep(blk.prod, [b.mul(p, k.i64(tiles * plan.ld))], source_etype=F32)
+        if bf16:  # pack_r per point: panels of 32 columns, K padded
+            u_p = round_up(plan.out_c, BF16_PACK_COLS) * round_up(plan.c, K_ALIGN) * 2
+            emit_bf16_gemm(k, blk.tiles, m_out, c, v, k.i64(plan.cp),
+                           b.gep(u, [b.mul(p, k.i64(u_p))], source_etype=I8), k.i64(0),
+                           prod, k.i64(plan.ld), side="b")
+            return
+        emit_gemm(k, blk.tiles, m_out, c, v, k.i64(plan.cp),
+                  b.gep(u, [b.mul(p, k.i64(plan.out_c * plan.c))], source_etype=F32), m_out,
+                  prod, k.i64(plan.ld), layout=Layout(packed_b=True))
         return
-    emit_gemm(k, k.i64(plan.out_c), blk.tiles, k.i64(plan.c),
-              b.gep(u, [b.mul(p, k.i64(plan.out_c * plan.c))], source_etype=F32), k.i64(plan.c),
-              b.gep(blk.v, [b.mul(p, k.i64(plan.c * plan.ld))], source_etype=F32), k.i64(plan.ld),
-              b.gep(blk.prod, [b.mul(p, k.i64(plan.out_c * plan.ld))], source_etype=F32),
-              k.i64(plan.ld))
+    v = b.gep(blk.v, [b.mul(p, k.i64(plan.c * plan.ld))], source_etype=F32)
+    prod = b.gep(blk.prod, [b.mul(p, k.i64(plan.out_c * plan.ld))], source_etype=F32)
+    if bf16:  # pack_l per point: rows padded, of l_columns(C) values
+        u_p = round_up(plan.out_c, ROW_ALIGN) * l_columns(plan.c) * 2
+        emit_bf16_gemm(k, m_out, blk.tiles, c, b.gep(u, [b.mul(p, k.i64(u_p))], source_etype=I8),
+                       k.i64(0), v, k.i64(plan.ld), prod, k.i64(plan.ld), side="a")
+        return
+    emit_gemm(k, m_out, blk.tiles, c,
+              b.gep(u, [b.mul(p, k.i64(plan.out_c * plan.c))], source_etype=F32), c, v,
+              k.i64(plan.ld), prod, k.i64(plan.ld), layout=Layout(packed_a=plan.bf16))
 
 
 # -- the transforms --------------------------------------------------------------------------

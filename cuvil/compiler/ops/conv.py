@@ -52,8 +52,11 @@ from cuvil.compiler.ops._conv_gemm import (
     transposed_product,
 )
 from cuvil.compiler.ops._conv_winograd import (
+    BF16_TILE,
     U_STORED,
     WINOGRAD_TILE,
+    bf16_weight_transform,
+    derive_float32_u,
     lower_conv_winograd,
     lower_weight_transform,
     stored_weight_transform,
@@ -145,40 +148,47 @@ class Conv(Op):
         if node.outputs[0].type.dtype.name != "float32":
             return 0
         win = conv_window(node, UNCHECKED)
-        if BF16_WEIGHTS in node.attrs:
-            return im2col_bytes(node, win)
         if WINOGRAD_TILE in node.attrs:
             return winograd_bytes(node, win)
+        if BF16_WEIGHTS in node.attrs:
+            return im2col_bytes(node, win)
         if uses_direct_depthwise(node):
             return depthwise_scratch_bytes(node)
         return im2col_bytes(node, win)
 
     def path(self, node: Node) -> str:
         if WINOGRAD_TILE in node.attrs:
-            return "winograd"
+            return "winograd bf16" if BF16_WEIGHTS in node.attrs else "winograd"
         if BF16_WEIGHTS in node.attrs:
             return "bf16"
         return "transposed" if node.attrs.get(TRANSPOSED) else ""
 
     def derived_bytes(self, node: Node) -> int:
+        if WINOGRAD_TILE in node.attrs:  # U (bf16 U: its float32 copy, as below)
+            return weight_bytes(node)
         if BF16_WEIGHTS in node.attrs:  # float32 panels, for CPUs without bf16 instructions
             return int(logical_weight(node).type.nbytes)
-        return weight_bytes(node) if WINOGRAD_TILE in node.attrs else 0
+        return 0
 
     def derived_on_demand(self, node: Node) -> bool:
         return BF16_WEIGHTS in node.attrs
 
     def derived_value(self, node: Node) -> np.ndarray | None:
-        return stored_weight_transform(node) if WINOGRAD_TILE in node.attrs else None
+        if WINOGRAD_TILE in node.attrs and BF16_WEIGHTS not in node.attrs:
+            return stored_weight_transform(node)
+        return None
 
     def replaced_inputs(self, node: Node) -> tuple[int, ...]:
-        return (1,) if WINOGRAD_TILE in node.attrs else ()  # U replaces the 3x3 kernels
+        # U replaces the 3x3 kernels (bf16 U is the weight itself)
+        return (1,) if WINOGRAD_TILE in node.attrs and BF16_WEIGHTS not in node.attrs else ()
 
     def lower_derived(self, node: Node, k: Emitter) -> None:
-        if BF16_WEIGHTS in node.attrs:
+        if WINOGRAD_TILE in node.attrs and BF16_WEIGHTS in node.attrs:
+            derive_float32_u(node, k)
+        elif BF16_WEIGHTS in node.attrs:
             derive_float32_panels(node, k)
-            return
-        lower_weight_transform(node, k)
+        else:
+            lower_weight_transform(node, k)
 
     def lower(self, node: Node, k: Emitter) -> None:
         x_val, w_val, b_val = required_input(node, 0), required_input(node, 1), node.input(2)
@@ -596,5 +606,5 @@ class Col2Im(Op):
 
 #: what passes read: the choice of Winograd tile (winograd_weights), and which convolutions
 #: read their weights in ONNX's layout (pack_gemm_weights)
-__all__ = ["TRANSPOSED", "U_STORED", "WINOGRAD_TILE", "transposed_product", "uses_direct_depthwise",
-           "winograd_tile"]
+__all__ = ["BF16_TILE", "TRANSPOSED", "U_STORED", "WINOGRAD_TILE", "bf16_weight_transform",
+           "transposed_product", "uses_direct_depthwise", "winograd_tile"]

@@ -7,8 +7,10 @@ Runs last, on the weights pack_gemm_weights and fully_connected_convs packed for
 kernel (`PACKED_WEIGHTS`): Conv weights become `pack_l` per group, Gemm and MatMul weights
 `pack_r`, and so do the W^T of convolutions over small maps, whose products run transposed
 (`TRANSPOSED`: on the bf16 kernel's side "bt", 7x7 maps 1.2x faster than W @ X', which wastes
-15 of 64 lanes on 49 positions). Winograd and depthwise convolutions (whose kernels read
-float32 weights) and products of two activations stay float32. The packed bits are stored
+15 of 64 lanes on 49 positions). Winograd F(2x2) convolutions store their transformed weights
+U in bf16 instead of the 3x3 kernels (ops/_conv_winograd.py `bf16_weight_transform`: their
+point products run on the bf16 kernel); F(4x4) ones, depthwise convolutions (whose kernel
+reads float32 weights) and products of two activations stay float32. The packed bits are stored
 as a float32-typed 1-D constant (two bf16 per element, so dtype checks hold); the node's
 `BF16_WEIGHTS` attribute keeps the weight's shape for its shape rule (ops/gemm.py
 `logical_weight`).
@@ -20,8 +22,14 @@ import numpy as np
 
 from cuvil.compiler.codegen.bf16_gemm_kernel import pack_l, pack_r
 from cuvil.compiler.codegen.gemm_kernel import PACK_COLS, PACK_ROWS
-from cuvil.compiler.ir import Graph
-from cuvil.compiler.ops.conv import TRANSPOSED
+from cuvil.compiler.ir import Graph, Node
+from cuvil.compiler.ops.conv import (
+    BF16_TILE,
+    TRANSPOSED,
+    U_STORED,
+    WINOGRAD_TILE,
+    bf16_weight_transform,
+)
 from cuvil.compiler.ops.gemm import BF16_WEIGHTS, PACKED_WEIGHTS
 
 PRECISIONS = ("float32", "bf16")
@@ -31,6 +39,10 @@ def bf16_weights(graph: Graph) -> Graph:
     if graph.precision != "bf16":
         return graph
     for node in graph.nodes:
+        if node.op_type == "Conv" and node.attrs.get(WINOGRAD_TILE) == BF16_TILE:
+            _store(graph, node, bf16_weight_transform(node))
+            node.attrs = {key: value for key, value in node.attrs.items() if key != U_STORED}
+            continue
         if (node.op_type not in ("Conv", "Gemm", "MatMul") or node.domain
                 or not node.attrs.get(PACKED_WEIGHTS) or node.attrs.get("transB", 0)
                 or node.outputs[0].type.dtype != np.float32):
@@ -45,11 +57,18 @@ def bf16_weights(graph: Graph) -> Graph:
             packed = np.stack([pack_l(unpack_a(m)) for m in mats])
         else:
             packed = pack_r(unpack_b(w.const.reshape(w.const.shape[-2:])))
-        graph.set_input(node, 1, graph.constant(packed.reshape(-1).view(np.float32),
-                                                f"{w.name}_bf16"))
-        attrs = {key: value for key, value in node.attrs.items() if key != PACKED_WEIGHTS}
-        node.attrs = {**attrs, BF16_WEIGHTS: tuple(int(d) for d in w.type.shape)}
+        _store(graph, node, packed)
+        node.attrs = {key: value for key, value in node.attrs.items() if key != PACKED_WEIGHTS}
     return graph
+
+
+def _store(graph: Graph, node: Node, packed: np.ndarray) -> None:
+    """The node's weight replaced by the packed bf16 bits; `BF16_WEIGHTS` keeps its shape."""
+    w = node.inputs[1]
+    assert w is not None
+    graph.set_input(node, 1, graph.constant(packed.reshape(-1).view(np.float32),
+                                            f"{w.name}_bf16"))
+    node.attrs = {**node.attrs, BF16_WEIGHTS: tuple(int(d) for d in w.type.shape)}
 
 
 def unpack_a(packed: np.ndarray) -> np.ndarray:

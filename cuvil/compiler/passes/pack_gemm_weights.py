@@ -53,7 +53,7 @@ def pack_gemm_weights(graph: Graph) -> Graph:
                 or node.outputs[0].type.dtype != np.float32:
             continue
         if node.op_type == "Conv":
-            if runs_off_the_gemm_kernel(node):
+            if runs_off_the_gemm_kernel(node, graph.precision):
                 continue
             if transposed_product(node, conv_window(node, UNCHECKED)):
                 _set_packed(graph, node, pack_b(w.const.reshape(w.const.shape[0], -1).T))
@@ -68,10 +68,10 @@ def pack_gemm_weights(graph: Graph) -> Graph:
     return graph
 
 
-def runs_off_the_gemm_kernel(conv: Node) -> bool:
+def runs_off_the_gemm_kernel(conv: Node, precision: str) -> bool:
     """Winograd and depthwise convolutions read their weights in ONNX's layout; so do convs
     of 1x1 maps, which become Gemm later (passes/fully_connected_convs.py)."""
-    return (WINOGRAD_TILE in conv.attrs or winograd_tile(conv) is not None
+    return (WINOGRAD_TILE in conv.attrs or winograd_tile(conv, precision) is not None
             or uses_direct_depthwise(conv) or is_fully_connected(conv))
 
 

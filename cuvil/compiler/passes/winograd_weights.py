@@ -7,7 +7,8 @@ transformed-weights setting "library" (`Graph.transformed_weights`) the node is 
 `U_STORED`: the compiler computes U and the library stores it instead of the 3x3 weights;
 with "first-run" the library keeps the 3x3 weights and derives U at its first run. Runs after
 the passes that edit weights (batch-norm folding), which must leave a marked node's weight as
-it is.
+it is. In a bf16 model the choice weighs bf16 products (passes/bf16_weights.py then stores
+the F(2x2) convs' U as bf16, whatever the transformed-weights setting).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from cuvil.compiler.ops.conv import U_STORED, WINOGRAD_TILE, winograd_tile
 def winograd_weights(graph: Graph) -> Graph:
     stored = {U_STORED: 1} if graph.transformed_weights == "library" else {}
     for node in graph.nodes:
-        m = winograd_tile(node)
+        m = winograd_tile(node, graph.precision)
         if m is not None:
             node.attrs = {**node.attrs, WINOGRAD_TILE: m, **stored}
     return graph
