@@ -336,12 +336,11 @@ def weight_transform(node: Node) -> np.ndarray:
     """U as `lower_weight_transform` lays it out, computed by the compiler (float64, rounded
     once to float32): the library stores it instead of the 3x3 kernels."""
     u = _u(node).astype(np.float32)
-    m_out = u.shape[1]
-    alpha = int(node.attrs[WINOGRAD_TILE]) + 2
+    points, m_out, _ = u.shape
     if not _plan_of(node).transposed:
         return u
     # U^T[p] [C, M] as the kernel's pre-packed B: panels of PACK_COLS output channels, c-major
-    panels = [u[:, o:o + PACK_COLS, :].transpose(0, 2, 1).reshape(alpha * alpha, -1)
+    panels = [u[:, o:o + PACK_COLS, :].transpose(0, 2, 1).reshape(points, -1)
               for o in range(0, m_out, PACK_COLS)]
     return np.ascontiguousarray(np.concatenate(panels, axis=1))
 
