@@ -279,9 +279,9 @@ def _winograd_model(c: int, m: int, size: int):
     return model, w, b
 
 
-#: (C, M, image): a 14x14 image, whose products run transposed (side "b"), and a 21x21 one
-#: (side "a"); odd channel counts leave part of a panel and of a tile
-WINOGRAD_BF16_CONVS = [(100, 70, 14), (96, 90, 21)]
+#: (C, M, image): small images, whose products run transposed (one block of 49 tiles); odd
+#: channel counts leave part of a panel and of a register tile
+WINOGRAD_BF16_CONVS = [(100, 70, 14), (96, 90, 13)]
 
 
 @pytest.mark.parametrize("c,m,size", WINOGRAD_BF16_CONVS)
@@ -318,17 +318,22 @@ def test_winograd_f2_convs_float32_path_uses_the_bf16_u(c: int, m: int, size: in
                                    atol=F32_ATOL * np.abs(want).max())
 
 
-def test_winograd_f4_convs_and_small_ones_stay_float32() -> None:
+def test_which_winograd_convs_run_in_bf16() -> None:
     # F(4x4) rounds too much for bf16 (docs/precision.md): the mixed model's 40 -> 64 conv at
-    # 17x17 keeps it, in float32; a 32-channel one at 14x14 runs im2col in bf16 instead
+    # 17x17 and a 96 -> 90 one at 21x21 keep it, in float32; a 32-channel one at 14x14 runs
+    # im2col in bf16 instead; F(2x2) at 14x14 in bf16 (in a float32 model: F(4x4))
     from cuvil.compiler.ops._conv_winograd import WINOGRAD_TILE
 
-    for (c, m, size), tile in (((40, 64, 17), 4), ((32, 32, 14), None), ((100, 70, 14), 2)):
-        graph = import_model(_winograd_model(c, m, size)[0], None, "m")
-        graph.precision = "bf16"
-        (conv,) = [n for n in run_passes(graph).nodes if n.op_type == "Conv"]
-        assert conv.attrs.get(WINOGRAD_TILE) == tile, (c, m, size, conv.attrs)
-        assert ("cuvil.bf16_weights" in conv.attrs) == (tile != 4), conv.attrs
+    cases = {(40, 64, 17): (4, 4), (96, 90, 21): (4, 4), (32, 32, 14): (None, 4),
+             (100, 70, 14): (2, 4)}
+    for (c, m, size), tiles in cases.items():
+        for precision, tile in zip(("bf16", "float32"), tiles):
+            graph = import_model(_winograd_model(c, m, size)[0], None, "m")
+            graph.precision = precision
+            (conv,) = [n for n in run_passes(graph).nodes if n.op_type == "Conv"]
+            assert conv.attrs.get(WINOGRAD_TILE) == tile, (c, m, size, precision, conv.attrs)
+            bf16 = precision == "bf16" and tile != 4
+            assert ("cuvil.bf16_weights" in conv.attrs) == bf16, conv.attrs
 
 
 def test_digits_cnn_classifies_held_out_digits_as_float32_does() -> None:

@@ -39,15 +39,16 @@ tolerances on ResNet/VGG. `winograd_tile` chooses F(2x2), F(4x4) or im2col per l
 cost rule (`winograd_cost`): F(2x2) rounds less and has a smaller U, which pays where U
 streams from memory (512 channels at 14x14 and 7x7) or tiles are few.
 
-In models compiled with precision = "bf16" (docs/precision.md) the F(2x2) convolutions run
-their point products on the bf16 kernel (codegen/bf16_gemm_kernel.py): the compiler rounds U
-to bf16 once and the library stores it in that kernel's layout (`bf16_weight_transform`:
-`pack_l` per point, side "a"; for transposed products U^T as `pack_r` per point, side "b"),
-a little smaller than the 3x3 kernels in float32. CPUs without bf16 instructions widen it at
-the first run into the float32 kernel's packed layouts (`derive_float32_u`) and run the same
-algorithm in float32. F(4x4)'s transforms multiply by larger numbers, which carry bf16's
-rounding of U and V past the bound: it stays float32, and the cost rule weighs bf16's cheaper
-products (`BF16_PRODUCT`) against F(4x4) and against im2col, which is bf16 in those models.
+In models compiled with precision = "bf16" (docs/precision.md) the F(2x2) convolutions of
+small images, whose products run transposed, run them on the bf16 kernel's side "b"
+(codegen/bf16_gemm_kernel.py; `bf16_products` says which): the compiler rounds U to bf16 once
+and the library stores U^T in that kernel's layout, `pack_r` per point
+(`bf16_weight_transform`), a little smaller than the 3x3 kernels in float32. CPUs without bf16
+instructions widen it at the first run into the float32 kernel's packed layout
+(`derive_float32_u`) and run the same algorithm in float32. F(4x4)'s transforms multiply by
+larger numbers, which carry bf16's rounding of U and V past the bound: it stays float32, and
+the cost rule weighs bf16's cheaper products (`BF16_PRODUCT`) against F(4x4) and against
+im2col, which is bf16 in those models.
 """
 
 from __future__ import annotations
@@ -62,12 +63,9 @@ from llvmlite import ir
 from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.bf16_gemm_kernel import (
     K_ALIGN,
-    ROW_ALIGN,
     bf16_or_float32,
     emit_bf16_gemm,
     emit_float32_panels,
-    l_columns,
-    pack_l,
     pack_r,
     round_up,
 )
@@ -172,7 +170,8 @@ def winograd_tile(node: Node, precision: str = "float32") -> int | None:
     It must be 2-D float32 with a constant 3x3 weight, unit strides and dilations, one group,
     a static image (the batch may be symbolic) and enough channels and tiles to pay back the
     transforms; m is the tile `winograd_cost` finds cheapest, if cheaper than im2col. In a
-    model of `precision` "bf16", F(2x2)'s products and im2col's run in bf16."""
+    model of `precision` "bf16", im2col's products run in bf16, and some F(2x2) ones
+    (`bf16_products`)."""
     x, w = node.input(0), node.input(1)
     if (node.op_type != "Conv" or node.domain or x is None or w is None or w.const is None
             or WINOGRAD_TILE in node.attrs or x.type.dtype.name != "float32"
@@ -189,7 +188,8 @@ def winograd_tile(node: Node, precision: str = "float32") -> int | None:
         return None
     oh, ow = (int(d) for d in win.out)
     bf16 = precision == "bf16"
-    costs = {m: winograd_cost(m, c_in, m_out, oh, ow, bf16=bf16 and m == BF16_TILE)
+    costs = {m: winograd_cost(m, c_in, m_out, oh, ow,
+                              bf16=bf16 and bf16_products(m, c_in, m_out, oh, ow))
              for m in TILES if _ceil(oh, m) * _ceil(ow, m) >= MIN_TILES}
     im2col = 9 * oh * ow * c_in * m_out * (BF16_PRODUCT if bf16 else 1)
     if not costs or min(costs.values()) >= im2col:
@@ -235,6 +235,34 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _blocking(m: int, c: int, out_c: int, oh: int, ow: int) -> tuple[int, int]:
+    """(tile rows per block, blocks) of F(m x m) on an oh x ow output: blocks of about
+    BLOCK_BYTES of V and products, in whole rows of tiles."""
+    tiles_h, tiles_w = _ceil(oh, m), _ceil(ow, m)
+    per_tile = (m + 2) ** 2 * (c + out_c) * 4
+    rows = min(tiles_h, _ceil(max(1, BLOCK_BYTES // per_tile), tiles_w))
+    return rows, _ceil(tiles_h, rows)
+
+
+def bf16_products(m: int, c: int, out_c: int, oh: int, ow: int) -> bool:
+    """Whether a bf16 model runs the point products of F(m x m) in bf16: F(2x2) whose products
+    run transposed (images of one block of few tiles; the bf16 kernel's side "b"). Not F(4x4),
+    which rounds too much (module docstring), nor untransposed products (the kernel's side "a",
+    which packs V per call): those ran slower than float32 F(4x4), ResNet-50's 128-channel
+    28x28 layers 0.78 -> 0.88-0.98 ms, VGG-19's 512-channel ones 11.0 -> 13.2 ms (one thread,
+    a Zen 4, `cuvil bench --profile`)."""
+    if m != BF16_TILE:
+        return False
+    rows, blocks = _blocking(m, c, out_c, oh, ow)
+    return transposed_products(rows * _ceil(ow, m), blocks, out_c)
+
+
+def runs_in_bf16(node: Node) -> bool:
+    """Whether a Winograd conv of a bf16 model runs its products in bf16 (`bf16_products`)."""
+    plan = _plan_of(node)
+    return bf16_products(plan.m, plan.c, plan.out_c, plan.oh, plan.ow)
+
+
 class _Plan:
     """The static geometry of one node's Winograd convolution."""
 
@@ -254,10 +282,7 @@ class _Plan:
         self.tiles_h, self.tiles_w = _ceil(self.oh, m), _ceil(self.ow, m)
         # a staged row: the image row at pad_left, zeros around, long enough for whole vectors
         self.row = _ceil(self.tiles_w, MAX_LANES) * MAX_LANES * m + alpha - m
-        per_tile = self.points * (self.c + self.out_c) * 4
-        rows = _ceil(max(1, BLOCK_BYTES // per_tile), self.tiles_w)
-        self.block_rows = min(self.tiles_h, rows)
-        self.blocks = _ceil(self.tiles_h, self.block_rows)
+        self.block_rows, self.blocks = _blocking(m, self.c, self.out_c, self.oh, self.ow)
         self.block_tiles = tiles = self.block_rows * self.tiles_w
         self.transposed = transposed_products(tiles, self.blocks, self.out_c)
         if self.transposed:
@@ -322,14 +347,11 @@ def _u(node: Node) -> np.ndarray:
 
 
 def bf16_weight_transform(node: Node) -> np.ndarray:
-    """U rounded to bf16 (from float64 through float32; both round to nearest) in the bf16
-    kernel's layouts, one matrix per point: `pack_l` of U[p] [M, C] (side "a"), or for
-    transposed products `pack_r` of U^T[p] [C, M] (side "b"). The library stores it instead of
-    the 3x3 kernels (32 bytes per channel pair for F(2x2), the kernels' float32 36)."""
-    u = _u(node).astype(np.float32)
-    if _plan_of(node).transposed:
-        return np.stack([pack_r(up.T) for up in u])
-    return np.stack([pack_l(up) for up in u])
+    """U rounded to bf16 (from float64 through float32; both round to nearest) for a node that
+    `runs_in_bf16`: `pack_r` of U^T[p] [C, M] per point, the bf16 kernel's side "b". The library
+    stores it instead of the 3x3 kernels (32 bytes per channel pair, the kernels' float32 36)."""
+    assert runs_in_bf16(node)
+    return np.stack([pack_r(up.T) for up in _u(node).astype(np.float32)])
 
 
 def weight_transform(node: Node) -> np.ndarray:
@@ -387,15 +409,12 @@ def lower_weight_transform(node: Node, k: Emitter) -> None:
 
 
 def derive_float32_u(node: Node, k: Emitter) -> None:
-    """bf16 U, on CPUs that run its float32 path: U widened into `k.derived` in the float32
-    kernel's packed layouts, `pack_a` per point (a transposed product's U^T: `pack_b`)."""
+    """bf16 U, on CPUs that run its float32 path: U^T widened into `k.derived` as the float32
+    kernel's `pack_b` per point, the layout of float32 U^T (`weight_transform`)."""
     plan = _plan_of(node)
-    src = k.buffers[required_input(node, 1)]
     assert k.derived is not None
-    if plan.transposed:
-        emit_float32_panels(k, "b", src, k.derived, plan.c, plan.out_c, plan.points)
-    else:
-        emit_float32_panels(k, "a", src, k.derived, plan.out_c, plan.c, plan.points)
+    emit_float32_panels(k, "b", k.buffers[required_input(node, 1)], k.derived, plan.c,
+                        plan.out_c, plan.points)
 
 
 def lower_conv_winograd(node: Node, k: Emitter, win: Window) -> None:
@@ -517,9 +536,8 @@ def _split_image(node: Node, k: Emitter, plan: _Plan, carry: list[ir.Value],
 def _point_gemm(k: Emitter, plan: _Plan, u: ir.Value, blk: _Block, p: ir.Value,
                 bf16: bool) -> None:
     """The block's products at point p: prod[p] [M, tiles] = U[p] [M, C] @ V[p] [C, tiles],
-    or transposed, prod^T[p] [tiles, M] = V^T[p] [tiles, C] @ U^T[p] [C, M] (U^T pre-packed);
-    `bf16`: on the bf16 kernel, U bf16 (`bf16_weight_transform`), else float32: row-major U[p],
-    or where U is bf16 its float32 copy (`derive_float32_u`), pre-packed."""
+    or transposed, prod^T[p] [tiles, M] = V^T[p] [tiles, C] @ U^T[p] [C, M] (U^T pre-packed;
+    `bf16`: on the bf16 kernel, U^T bf16, `bf16_weight_transform`)."""
     b = k.b
     m_out, c = k.i64(plan.out_c), k.i64(plan.c)
     if plan.transposed:
@@ -536,16 +554,12 @@ def _point_gemm(k: Emitter, plan: _Plan, u: ir.Value, blk: _Block, p: ir.Value,
                   b.gep(u, [b.mul(p, k.i64(plan.out_c * plan.c))], source_etype=F32), m_out,
                   prod, k.i64(plan.ld), layout=Layout(packed_b=True))
         return
-    v = b.gep(blk.v, [b.mul(p, k.i64(plan.c * plan.ld))], source_etype=F32)
-    prod = b.gep(blk.prod, [b.mul(p, k.i64(plan.out_c * plan.ld))], source_etype=F32)
-    if bf16:  # pack_l per point: rows padded, of l_columns(C) values
-        u_p = round_up(plan.out_c, ROW_ALIGN) * l_columns(plan.c) * 2
-        emit_bf16_gemm(k, m_out, blk.tiles, c, b.gep(u, [b.mul(p, k.i64(u_p))], source_etype=I8),
-                       k.i64(0), v, k.i64(plan.ld), prod, k.i64(plan.ld), side="a")
-        return
     emit_gemm(k, m_out, blk.tiles, c,
-              b.gep(u, [b.mul(p, k.i64(plan.out_c * plan.c))], source_etype=F32), c, v,
-              k.i64(plan.ld), prod, k.i64(plan.ld), layout=Layout(packed_a=plan.bf16))
+              b.gep(u, [b.mul(p, k.i64(plan.out_c * plan.c))], source_etype=F32), c,
+              b.gep(blk.v, [b.mul(p, k.i64(plan.c * plan.ld))], source_etype=F32),
+              k.i64(plan.ld),
+              b.gep(blk.prod, [b.mul(p, k.i64(plan.out_c * plan.ld))], source_etype=F32),
+              k.i64(plan.ld))
 
 
 # -- the transforms --------------------------------------------------------------------------

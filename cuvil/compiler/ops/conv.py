@@ -52,13 +52,13 @@ from cuvil.compiler.ops._conv_gemm import (
     transposed_product,
 )
 from cuvil.compiler.ops._conv_winograd import (
-    BF16_TILE,
     U_STORED,
     WINOGRAD_TILE,
     bf16_weight_transform,
     derive_float32_u,
     lower_conv_winograd,
     lower_weight_transform,
+    runs_in_bf16,
     stored_weight_transform,
     weight_bytes,
     winograd_tile,
@@ -606,5 +606,5 @@ class Col2Im(Op):
 
 #: what passes read: the choice of Winograd tile (winograd_weights), and which convolutions
 #: read their weights in ONNX's layout (pack_gemm_weights)
-__all__ = ["BF16_TILE", "TRANSPOSED", "U_STORED", "WINOGRAD_TILE", "bf16_weight_transform",
+__all__ = ["TRANSPOSED", "U_STORED", "WINOGRAD_TILE", "bf16_weight_transform", "runs_in_bf16",
            "transposed_product", "uses_direct_depthwise", "winograd_tile"]

@@ -7,10 +7,11 @@ Runs last, on the weights pack_gemm_weights and fully_connected_convs packed for
 kernel (`PACKED_WEIGHTS`): Conv weights become `pack_l` per group, Gemm and MatMul weights
 `pack_r`, and so do the W^T of convolutions over small maps, whose products run transposed
 (`TRANSPOSED`: on the bf16 kernel's side "bt", 7x7 maps 1.2x faster than W @ X', which wastes
-15 of 64 lanes on 49 positions). Winograd F(2x2) convolutions store their transformed weights
-U in bf16 instead of the 3x3 kernels (ops/_conv_winograd.py `bf16_weight_transform`: their
-point products run on the bf16 kernel); F(4x4) ones, depthwise convolutions (whose kernel
-reads float32 weights) and products of two activations stay float32. The packed bits are stored
+15 of 64 lanes on 49 positions). Winograd F(2x2) convolutions of small images store their
+transformed weights U^T in bf16 instead of the 3x3 kernels (ops/_conv_winograd.py
+`runs_in_bf16`, `bf16_weight_transform`: their point products run on the bf16 kernel); other
+Winograd ones, depthwise convolutions (whose kernel reads float32 weights) and products of two
+activations stay float32. The packed bits are stored
 as a float32-typed 1-D constant (two bf16 per element, so dtype checks hold); the node's
 `BF16_WEIGHTS` attribute keeps the weight's shape for its shape rule (ops/gemm.py
 `logical_weight`).
@@ -24,11 +25,11 @@ from cuvil.compiler.codegen.bf16_gemm_kernel import pack_l, pack_r
 from cuvil.compiler.codegen.gemm_kernel import PACK_COLS, PACK_ROWS
 from cuvil.compiler.ir import Graph, Node
 from cuvil.compiler.ops.conv import (
-    BF16_TILE,
     TRANSPOSED,
     U_STORED,
     WINOGRAD_TILE,
     bf16_weight_transform,
+    runs_in_bf16,
 )
 from cuvil.compiler.ops.gemm import BF16_WEIGHTS, PACKED_WEIGHTS
 
@@ -39,7 +40,7 @@ def bf16_weights(graph: Graph) -> Graph:
     if graph.precision != "bf16":
         return graph
     for node in graph.nodes:
-        if node.op_type == "Conv" and node.attrs.get(WINOGRAD_TILE) == BF16_TILE:
+        if node.op_type == "Conv" and WINOGRAD_TILE in node.attrs and runs_in_bf16(node):
             _store(graph, node, bf16_weight_transform(node))
             node.attrs = {key: value for key, value in node.attrs.items() if key != U_STORED}
             continue
