@@ -11,7 +11,7 @@ import copy
 import functools
 import keyword
 import re
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -35,6 +35,8 @@ from cuvil.compiler.verify import use_shape_rules
 from cuvil.errors import ModelError, UnsupportedOpError
 
 if TYPE_CHECKING:
+    from llvmlite import ir
+
     from cuvil.compiler.codegen.emitter import Emitter
 
 __all__ = [
@@ -159,6 +161,17 @@ class _Unchecked(InferContext):
 UNCHECKED: InferContext = _Unchecked()
 
 
+@dataclass(frozen=True)
+class Element:
+    """An elementwise node's loop body (`Op.element`): out[i] = fn(k, [operands' elements at
+    i]) under numpy broadcasting, in the output's storage type (codegen's `emit_elementwise`
+    runs it); `cost` is the work of one element in multiply-adds."""
+
+    operands: list[Value]
+    fn: Callable[[Emitter, list[ir.Value]], ir.Value]
+    cost: int = 1
+
+
 class Op:
     """One ONNX operator (from opset `since` on). Subclasses set `op_type` and implement both."""
 
@@ -189,6 +202,16 @@ class Op:
     def scratch_bytes(self, node: Node) -> Dim:
         """Workspace bytes the lowering needs while it runs (`k.scratch` points there)."""
         return 0
+
+    def fusable(self, node: Node) -> bool:
+        """The node computes each output element from the same element of its operands
+        (broadcast): `element` describes it, and passes/fuse_elementwise.py may compute it in
+        one loop with its neighbours."""
+        return False
+
+    def element(self, node: Node, k: Emitter) -> Element:
+        """What a `fusable` node computes per output element."""
+        raise NotImplementedError
 
     def path(self, node: Node) -> str:
         """Which of the op's implementations the node runs, when it has several ("winograd"):
@@ -468,6 +491,7 @@ def _import_families() -> None:
         dynamic_matmul,
         einsum,
         elementwise,
+        fused,
         gemm,
         indexing,
         linalg,

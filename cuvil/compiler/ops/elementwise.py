@@ -25,6 +25,7 @@ from cuvil.compiler.codegen import vecmath
 from cuvil.compiler.codegen.emitter import I1, I8, I32, I64, Emitter, View, llvm_type
 from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, Value
 from cuvil.compiler.ops import (
+    Element,
     InferContext,
     Op,
     attr,
@@ -75,14 +76,16 @@ SERIAL_WORK = 32768
 
 def emit_elementwise(
     k: Emitter, out: Value, inputs: Sequence[Value],
-    fn: Callable[[Emitter, list[ir.Value]], ir.Value], cost: int = 1,
+    fn: Callable[[Emitter, list[ir.Value]], ir.Value], cost: int = 1, interleave: int = 0,
 ) -> None:
     """out[i] = fn(inputs[0][i], inputs[1][i], ...) under numpy broadcasting.
 
     Axes are merged where every operand allows it; the outermost merged axis (or blocks of
     a single contiguous one) is spread over the runtime's threads, the innermost stays a
     plain counted loop for the vectorizer. `cost` is the work of one element in
-    multiply-adds (the runtime runs small jobs inline).
+    multiply-adds (the runtime runs small jobs inline). `interleave`: the vectorizer runs
+    this many vector iterations side by side (0: its own choice, 1 for long bodies, whose
+    chains of dependent steps then leave the CPU waiting).
     """
     shape = out.type.shape
     groups = _collapse(shape, [v.type.shape for v in inputs])
@@ -110,7 +113,7 @@ def emit_elementwise(
         out_view, in_views = views()
         with k.loops(out_view.dims) as idx:
             body(out_view, in_views, idx)
-        _keep_rolled(k, loop_indices)
+        _keep_rolled(k, loop_indices, interleave)
         return
     if len(groups) == 1:
         total = k.dim(full[0])
@@ -123,18 +126,19 @@ def emit_elementwise(
             stop = k.b.select(k.b.icmp_signed("<", stop, n), stop, n)
             with k.loop(stop, start=start) as i:
                 body(out_view, in_views, [i])
-        _keep_rolled(k, loop_indices)
+        _keep_rolled(k, loop_indices, interleave)
         return
     inner = _product(full[1:])
     with k.parallel_loop(full[0], cost=inner * cost, name="row") as i0:
         out_view, in_views = views()
         with k.loops(out_view.dims[1:]) as idx:
             body(out_view, in_views, [i0, *idx])
-    _keep_rolled(k, loop_indices)
+    _keep_rolled(k, loop_indices, interleave)
 
 
-def _keep_rolled(k: Emitter, indices: Sequence[ir.Value]) -> None:
-    """Mark the closed loops of `indices` (loop phis) not to be unrolled.
+def _keep_rolled(k: Emitter, indices: Sequence[ir.Value], interleave: int = 0) -> None:
+    """Mark the closed loops of `indices` (loop phis) not to be unrolled (and to interleave
+    `interleave` vector iterations, when not 0).
 
     Fully unrolled short loops (a broadcast [4, 5] block, say) become long straight-line code
     that the SLP vectorizer spends seconds on; the loop vectorizer still handles the loops.
@@ -147,10 +151,15 @@ def _keep_rolled(k: Emitter, indices: Sequence[ir.Value]) -> None:
             term = block.terminator
             if term is None or "llvm.loop" in term.metadata:
                 continue
-            disable = k.module.add_metadata([ir.MetaDataString(k.module, "llvm.loop.unroll.disable")])
+            hints = [k.module.add_metadata([ir.MetaDataString(k.module,
+                                                              "llvm.loop.unroll.disable")])]
+            if interleave:
+                hints.append(k.module.add_metadata([
+                    ir.MetaDataString(k.module, "llvm.loop.interleave.count"),
+                    ir.Constant(I32, interleave)]))
             # a loop id is a node of its own whose first operand is itself
-            loop_id = ir.values.MDValue(k.module, [disable], name=str(len(k.module.metadata)))
-            loop_id.operands = (loop_id, disable)
+            loop_id = ir.values.MDValue(k.module, hints, name=str(len(k.module.metadata)))
+            loop_id.operands = (loop_id, *hints)
             term.set_metadata("llvm.loop", loop_id)
 
 
@@ -418,7 +427,14 @@ class Elementwise(Op):
         self.check(node, schema, bound)
         return [TensorType(self.out_dtype(node, schema, bound), self.out_shape(node, ctx))]
 
+    def fusable(self, node: Node) -> bool:
+        return True
+
     def lower(self, node: Node, k: Emitter) -> None:
+        form = self.element(node, k)
+        emit_elementwise(k, node.outputs[0], form.operands, form.fn, form.cost)
+
+    def element(self, node: Node, k: Emitter) -> Element:
         ops = self.operands(node)
         out = node.outputs[0]
         dtypes = [v.type.dtype for v in ops]
@@ -430,7 +446,7 @@ class Elementwise(Op):
                 xs = [_promote(k, x, d) for x, d in zip(xs, dtypes)]
             return _store_as(k, self.compute(k, node, xs, dt), out.type.dtype)
 
-        emit_elementwise(k, out, ops, fn, self.cost)
+        return Element(ops, fn, self.cost)
 
     def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         raise NotImplementedError
@@ -713,10 +729,10 @@ class Cast(Elementwise):
                   bound: dict[str, np.dtype]) -> np.dtype:
         return self.target(node)
 
-    def lower(self, node: Node, k: Emitter) -> None:
+    def element(self, node: Node, k: Emitter) -> Element:
         x = required_input(node, 0)
         src, dst = x.type.dtype, node.outputs[0].type.dtype
-        emit_elementwise(k, node.outputs[0], [x], lambda k, xs: emit_cast(k, xs[0], src, dst))
+        return Element([x], lambda k, xs: emit_cast(k, xs[0], src, dst))
 
 
 class CastLike(Cast):
@@ -914,7 +930,7 @@ class Clip(Elementwise):
                                  f"got shape {list(v.type.shape)}")
         return x.type.shape
 
-    def lower(self, node: Node, k: Emitter) -> None:
+    def element(self, node: Node, k: Emitter) -> Element:
         x = required_input(node, 0)
         if node.opset >= 11:
             # scalar bounds: read as rank-0 operands so that they broadcast
@@ -934,7 +950,7 @@ class Clip(Elementwise):
             xs = [_promote(k, v, x.type.dtype) for v in xs]
             return _store_as(k, self.compute(k, node, xs, dt), out.type.dtype)
 
-        emit_elementwise(k, out, ops, fn)
+        return Element(ops, fn)
 
     def compute(self, k: Emitter, node: Node, xs: list[ir.Value], dt: np.dtype) -> ir.Value:
         y = xs[0]

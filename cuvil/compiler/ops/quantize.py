@@ -32,6 +32,7 @@ from cuvil.compiler.codegen.int8_gemm_kernel import INT32, QEpilogue, emit_paral
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import (
     UNCHECKED,
+    Element,
     InferContext,
     Op,
     attr,
@@ -160,6 +161,14 @@ def dequantize_array(q: np.ndarray, scale: np.ndarray, zero: np.ndarray | None,
     return ((q.astype(np.float32) - z) * s).astype(dtype)
 
 
+#: a per-element body: fn(k, [loaded operands]) -> the output element
+ElementFn = Callable[[Emitter, list[ir.Value]], ir.Value]
+
+
+def _layout(node: Node) -> QuantLayout:
+    return quant_layout(node, required_input(node, 0), required_input(node, 1), node.input(2))
+
+
 def _shaped(k: Emitter, v: Value, rank: int, axis: int | None) -> Value:
     """A per-tensor or per-axis parameter as a value that broadcasts against the tensor."""
     shape: tuple[Dim, ...] = ()
@@ -176,8 +185,8 @@ def _per_element(k: Emitter, out: Value, x: Value, params: Sequence[Value], layo
                  fn: Callable[[Emitter, list[ir.Value]], ir.Value]) -> None:
     """out[i] = fn([x[i], params' entries for i...])."""
     if not layout.block:
-        shaped = [_shaped(k, p, x.type.rank, layout.axis) for p in params]
-        emit_elementwise(k, out, [x, *shaped], fn, cost=4)
+        form = _element(k, x, params, layout, fn)
+        emit_elementwise(k, out, form.operands, form.fn, form.cost)
         return
     assert layout.axis is not None
     xv, yv = k.view(x), k.view(out)
@@ -186,6 +195,12 @@ def _per_element(k: Emitter, out: Value, x: Value, params: Sequence[Value], layo
         pidx = list(idx)
         pidx[layout.axis] = k.b.sdiv(idx[layout.axis], k.i64(layout.block))
         k.store(yv, idx, fn(k, [k.load(xv, idx), *(k.load(p, pidx) for p in pv)]))
+
+
+def _element(k: Emitter, x: Value, params: Sequence[Value], layout: QuantLayout,
+             fn: Callable[[Emitter, list[ir.Value]], ir.Value]) -> Element:
+    """`_per_element` as an `Element` (per tensor or per axis, not blocked)."""
+    return Element([x, *(_shaped(k, p, x.type.rank, layout.axis) for p in params)], fn, 4)
 
 
 # -- the arithmetic --------------------------------------------------------------------------
@@ -250,9 +265,19 @@ class QuantizeLinear(Op):
         quant_layout(node, x, scale, zero)
         return [TensorType(self.out_dtype(node), x.type.shape)]
 
+    def fusable(self, node: Node) -> bool:
+        return not _layout(node).block
+
+    def element(self, node: Node, k: Emitter) -> Element:
+        x, params, fn = self._body(node)
+        return _element(k, x, params, _layout(node), fn)
+
     def lower(self, node: Node, k: Emitter) -> None:
+        x, params, fn = self._body(node)
+        _per_element(k, node.outputs[0], x, params, _layout(node), fn)
+
+    def _body(self, node: Node) -> tuple[Value, list[Value], ElementFn]:
         x, scale, zero = required_input(node, 0), required_input(node, 1), node.input(2)
-        layout = quant_layout(node, x, scale, zero)
         dtype = node.outputs[0].type.dtype
         ct = _compute_dtype(x.type.dtype, scale.type.dtype, _dtype_of(node, "precision"))
 
@@ -261,8 +286,7 @@ class QuantizeLinear(Op):
                          _to_float(k, v[1], scale.type.dtype, ct))
             return saturate(k, q, ct, dtype, v[2] if zero is not None else None)
 
-        _per_element(k, node.outputs[0], x, [p for p in (scale, zero) if p is not None], layout,
-                     fn)
+        return x, [p for p in (scale, zero) if p is not None], fn
 
 
 @register
@@ -285,9 +309,19 @@ class DequantizeLinear(Op):
             raise ModelError(f"{node.describe()}: the output dtype {out} must be a float")
         return [TensorType(out, x.type.shape)]
 
+    def fusable(self, node: Node) -> bool:
+        return not _layout(node).block
+
+    def element(self, node: Node, k: Emitter) -> Element:
+        x, params, fn = self._body(node)
+        return _element(k, x, params, _layout(node), fn)
+
     def lower(self, node: Node, k: Emitter) -> None:
+        x, params, fn = self._body(node)
+        _per_element(k, node.outputs[0], x, params, _layout(node), fn)
+
+    def _body(self, node: Node) -> tuple[Value, list[Value], ElementFn]:
         x, scale, zero = required_input(node, 0), required_input(node, 1), node.input(2)
-        layout = quant_layout(node, x, scale, zero)
         out = node.outputs[0].type.dtype
         ct = _compute_dtype(out, scale.type.dtype)
 
@@ -298,8 +332,7 @@ class DequantizeLinear(Op):
             y = k.b.fmul(d, _to_float(k, v[1], scale.type.dtype, ct))
             return k.convert(y, ct, out)
 
-        _per_element(k, node.outputs[0], x, [p for p in (scale, zero) if p is not None], layout,
-                     fn)
+        return x, [p for p in (scale, zero) if p is not None], fn
 
 
 @register
@@ -348,7 +381,14 @@ class QuantizedAdd(Op):
         dtype = y_zero.type.dtype if y_zero is not None else np.dtype("uint8")
         return [TensorType(dtype, broadcast_shapes(node, ctx, a.type.shape, b.type.shape))]
 
+    def fusable(self, node: Node) -> bool:
+        return True
+
     def lower(self, node: Node, k: Emitter) -> None:
+        form = self.element(node, k)
+        emit_elementwise(k, node.outputs[0], form.operands, form.fn, form.cost)
+
+    def element(self, node: Node, k: Emitter) -> Element:
         # constant parameters (a QDQ model's) go into the code: the loop then reads two
         # tensors and writes one, with no other pointer to check for overlap, and vectorizes
         constants = {i: v.const.reshape(-1)[0] for i in (1, 2, 4, 5, 6, 7)
@@ -378,8 +418,7 @@ class QuantizedAdd(Op):
             low = (zero if zero is not None else k.const(dtype, 0)) if relu else None
             return saturate(k, y, f32, dtype, zero, low)
 
-        emit_elementwise(k, node.outputs[0], [required_input(node, i) for i in loaded], fn,
-                         cost=6)
+        return Element([required_input(node, i) for i in loaded], fn, 6)
 
 
 # -- integer products ------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from cuvil.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from cuvil.compiler.passes.fold_batchnorm import fold_batchnorm
 from cuvil.compiler.passes.fully_connected_convs import fully_connected_convs
 from cuvil.compiler.passes.fuse_dynamic_quantize import fuse_dynamic_quantize
+from cuvil.compiler.passes.fuse_elementwise import fuse_elementwise
 from cuvil.compiler.passes.fuse_epilogue import fuse_epilogue
 from cuvil.compiler.passes.fuse_qdq import fuse_qdq
 from cuvil.compiler.passes.pack_gemm_weights import pack_gemm_weights
@@ -28,7 +29,7 @@ from cuvil.compiler.passes.winograd_weights import winograd_weights
 #: to type shape inputs)
 PIPELINE = (fuse_qdq, fuse_dynamic_quantize, pack_int8_weights, eliminate_dead_code,
             widen_float16, fold_batchnorm, pack_gemm_weights, fuse_epilogue,
-            fully_connected_convs, winograd_weights, bf16_weights)
+            fully_connected_convs, fuse_elementwise, winograd_weights, bf16_weights)
 
 #: passes of the pipeline that If/Loop/Scan bodies skip, and why; every other pass runs on
 #: each body too (`SUBGRAPH_PIPELINE`)
@@ -39,6 +40,7 @@ TOP_LEVEL_ONLY = {
     fold_batchnorm: "it follows producers, which for a body may lie outside it",
     fuse_epilogue: "not yet tested on bodies (their Conv and Gemm lowerings run unfused)",
     fully_connected_convs: "it follows fuse_epilogue (bodies' 1x1-map convs stay convs)",
+    fuse_elementwise: "it follows fuse_epilogue (bodies' elementwise ops run one by one)",
     winograd_weights: "its convs' weights are derived by the model's run, which bodies lack",
     bf16_weights: "the model's precision is the top-level graph's",
 }
