@@ -4,10 +4,10 @@ A node joins the chain of the nodes that read its output when it is elementwise
 (`Op.fusable`: arithmetic, math and activations, casts, per-tensor and per-axis
 Quantize/DequantizeLinear, QuantizedAdd), everything that reads its output is in that one
 chain, the output is not a graph output, and it has the shape of the chain's last output (so
-that no element is computed twice). Walking the graph backwards, each node meets its readers'
-chains already formed; a chain of two nodes or more becomes one Fused node in its last
-node's place. What a chain reads from outside stays in memory; what it passes between its
-members never leaves the registers.
+that no element is computed twice), up to `MAX_STEPS` nodes. Walking the graph backwards,
+each node meets its readers' chains already formed; a chain of two nodes or more becomes one
+Fused node in its last node's place. What a chain reads from outside stays in memory; what
+it passes between its members never leaves the registers.
 
 Runs after the passes that fuse elementwise ops into products and convolutions
 (fuse_epilogue, fuse_qdq's integer products), which take them first.
@@ -19,6 +19,10 @@ from cuvil.compiler.ir import Graph, Node, Value
 from cuvil.compiler.ops import lookup
 from cuvil.compiler.ops.fused import STEPS
 
+#: members of one chain at most: a longer one starts another (the loop body, which LLVM
+#: vectorizes and interleaves, stays of a bounded size)
+MAX_STEPS = 64
+
 
 def fuse_elementwise(graph: Graph) -> Graph:
     chain_of: dict[int, list[Node]] = {}  # node -> its chain, the last node first
@@ -29,7 +33,8 @@ def fuse_elementwise(graph: Graph) -> Graph:
         readers = {id(chain_of.get(id(u))) for u in out.users}
         chain = chain_of.get(id(out.users[0])) if out.users else None
         if (chain is not None and readers == {id(chain)} and out not in graph.outputs
-                and out.type.shape == chain[0].outputs[0].type.shape):
+                and out.type.shape == chain[0].outputs[0].type.shape
+                and len(chain) < MAX_STEPS):
             chain.append(node)
         else:
             chain = [node]
