@@ -161,6 +161,10 @@ class _Unchecked(InferContext):
 UNCHECKED: InferContext = _Unchecked()
 
 
+#: a per-element body: fn(k, [the operands' elements, loaded]) -> the output element
+ElementFn = Callable[["Emitter", list["ir.Value"]], "ir.Value"]
+
+
 @dataclass(frozen=True)
 class Element:
     """An elementwise node's loop body (`Op.element`): out[i] = fn(k, [operands' elements at
@@ -168,7 +172,7 @@ class Element:
     runs it); `cost` is the work of one element in multiply-adds."""
 
     operands: list[Value]
-    fn: Callable[[Emitter, list[ir.Value]], ir.Value]
+    fn: ElementFn
     cost: int = 1
 
 

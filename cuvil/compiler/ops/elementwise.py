@@ -26,6 +26,7 @@ from cuvil.compiler.codegen.emitter import I1, I8, I32, I64, Emitter, View, llvm
 from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, Value
 from cuvil.compiler.ops import (
     Element,
+    ElementFn,
     InferContext,
     Op,
     attr,
@@ -76,7 +77,7 @@ SERIAL_WORK = 32768
 
 def emit_elementwise(
     k: Emitter, out: Value, inputs: Sequence[Value],
-    fn: Callable[[Emitter, list[ir.Value]], ir.Value], cost: int = 1, interleave: int = 0,
+    fn: ElementFn, cost: int = 1, interleave: int = 0,
 ) -> None:
     """out[i] = fn(inputs[0][i], inputs[1][i], ...) under numpy broadcasting.
 

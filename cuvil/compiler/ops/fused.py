@@ -34,12 +34,12 @@ STEPS = "cuvil.steps"
 INTERLEAVE = 4
 
 
-def members(node: Node, ctx: InferContext) -> list[Node]:
-    """The member nodes `STEPS` describes, their outputs typed by their own shape rules
-    (outside any graph: their outputs are new values, read by the later members)."""
-    made: list[Node] = []
+def members(node: Node, ctx: InferContext) -> list[tuple[Node, Op]]:
+    """The member nodes `STEPS` describes and their ops, the outputs typed by the members' own
+    shape rules (outside any graph: their outputs are new values, read by the later members)."""
+    made: list[tuple[Node, Op]] = []
     for j, (op_type, domain, opset, attrs, refs) in enumerate(node.attrs[STEPS]):
-        inputs = [None if r is None else node.inputs[r] if r >= 0 else made[-r - 1].outputs[0]
+        inputs = [None if r is None else node.inputs[r] if r >= 0 else made[-r - 1][0].outputs[0]
                   for r in refs]
         member = Node(op_type, inputs, [], dict(attrs), name=f"{node.name}/{op_type}_{j}",
                       domain=domain, opset=opset)
@@ -48,7 +48,7 @@ def members(node: Node, ctx: InferContext) -> list[Node]:
             raise ModelError(f"{node.describe()}: member {j} ({op_type}) is not elementwise")
         (out,) = op.infer(member, ctx)
         member.outputs = [Value(f"{node.name}.{j}", out)]
-        made.append(member)
+        made.append((member, op))
     return made
 
 
@@ -69,21 +69,19 @@ class Fused(Op):
     dtypes = ()  # its members check theirs
 
     def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        return [members(node, ctx)[-1].outputs[0].type]
+        return [members(node, ctx)[-1][0].outputs[0].type]
 
     def path(self, node: Node) -> str:
         return "+".join(step[0] for step in node.attrs[STEPS])
 
     def lower(self, node: Node, k: Emitter) -> None:
         chain = members(node, UNCHECKED)
-        results = {id(m.outputs[0]): j for j, m in enumerate(chain)}
+        results = {id(m.outputs[0]): j for j, (m, _) in enumerate(chain)}
         loaded: list[Value] = []  # what the loop reads, each once
         slots: dict[int, int] = {}
         bodies = []
         cost = 0
-        for m in chain:
-            op = lookup(m.domain, m.op_type, m.opset)
-            assert op is not None
+        for m, op in chain:
             form = op.element(m, k)
             refs: list[int | ir.Value] = []  # >= 0: loaded; < 0: member -(j + 1)'s result
             for v in form.operands:

@@ -33,6 +33,7 @@ from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import (
     UNCHECKED,
     Element,
+    ElementFn,
     InferContext,
     Op,
     attr,
@@ -161,10 +162,6 @@ def dequantize_array(q: np.ndarray, scale: np.ndarray, zero: np.ndarray | None,
     return ((q.astype(np.float32) - z) * s).astype(dtype)
 
 
-#: a per-element body: fn(k, [loaded operands]) -> the output element
-ElementFn = Callable[[Emitter, list[ir.Value]], ir.Value]
-
-
 def _layout(node: Node) -> QuantLayout:
     return quant_layout(node, required_input(node, 0), required_input(node, 1), node.input(2))
 
@@ -182,7 +179,7 @@ def _shaped(k: Emitter, v: Value, rank: int, axis: int | None) -> Value:
 
 
 def _per_element(k: Emitter, out: Value, x: Value, params: Sequence[Value], layout: QuantLayout,
-                 fn: Callable[[Emitter, list[ir.Value]], ir.Value]) -> None:
+                 fn: ElementFn) -> None:
     """out[i] = fn([x[i], params' entries for i...])."""
     if not layout.block:
         form = _element(k, x, params, layout, fn)
@@ -198,7 +195,7 @@ def _per_element(k: Emitter, out: Value, x: Value, params: Sequence[Value], layo
 
 
 def _element(k: Emitter, x: Value, params: Sequence[Value], layout: QuantLayout,
-             fn: Callable[[Emitter, list[ir.Value]], ir.Value]) -> Element:
+             fn: ElementFn) -> Element:
     """`_per_element` as an `Element` (per tensor or per axis, not blocked)."""
     return Element([x, *(_shaped(k, p, x.type.rank, layout.axis) for p in params)], fn, 4)
 
@@ -235,8 +232,28 @@ def _compute_dtype(*dtypes: np.dtype | None) -> np.dtype:
 # -- QuantizeLinear / DequantizeLinear -------------------------------------------------------
 
 
+class _PerElement(Op):
+    """QuantizeLinear and DequantizeLinear: `_body` gives the input, its scale and zero point
+    (those present) and the per-element function; blocked scales run a loop of their own,
+    the others `emit_elementwise`'s, alone or in a chain (`element`)."""
+
+    def _body(self, node: Node) -> tuple[Value, list[Value], ElementFn]:
+        raise NotImplementedError
+
+    def fusable(self, node: Node) -> bool:
+        return not _layout(node).block
+
+    def element(self, node: Node, k: Emitter) -> Element:
+        x, params, fn = self._body(node)
+        return _element(k, x, params, _layout(node), fn)
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        x, params, fn = self._body(node)
+        _per_element(k, node.outputs[0], x, params, _layout(node), fn)
+
+
 @register
-class QuantizeLinear(Op):
+class QuantizeLinear(_PerElement):
     op_type = "QuantizeLinear"
     since = 10
     dtypes = (*FLOAT_SCALES, "int32")
@@ -265,17 +282,6 @@ class QuantizeLinear(Op):
         quant_layout(node, x, scale, zero)
         return [TensorType(self.out_dtype(node), x.type.shape)]
 
-    def fusable(self, node: Node) -> bool:
-        return not _layout(node).block
-
-    def element(self, node: Node, k: Emitter) -> Element:
-        x, params, fn = self._body(node)
-        return _element(k, x, params, _layout(node), fn)
-
-    def lower(self, node: Node, k: Emitter) -> None:
-        x, params, fn = self._body(node)
-        _per_element(k, node.outputs[0], x, params, _layout(node), fn)
-
     def _body(self, node: Node) -> tuple[Value, list[Value], ElementFn]:
         x, scale, zero = required_input(node, 0), required_input(node, 1), node.input(2)
         dtype = node.outputs[0].type.dtype
@@ -290,7 +296,7 @@ class QuantizeLinear(Op):
 
 
 @register
-class DequantizeLinear(Op):
+class DequantizeLinear(_PerElement):
     op_type = "DequantizeLinear"
     since = 10
     dtypes = (*QUANT_DTYPES, "int32")
@@ -308,17 +314,6 @@ class DequantizeLinear(Op):
         if out.name not in FLOAT_SCALES:
             raise ModelError(f"{node.describe()}: the output dtype {out} must be a float")
         return [TensorType(out, x.type.shape)]
-
-    def fusable(self, node: Node) -> bool:
-        return not _layout(node).block
-
-    def element(self, node: Node, k: Emitter) -> Element:
-        x, params, fn = self._body(node)
-        return _element(k, x, params, _layout(node), fn)
-
-    def lower(self, node: Node, k: Emitter) -> None:
-        x, params, fn = self._body(node)
-        _per_element(k, node.outputs[0], x, params, _layout(node), fn)
 
     def _body(self, node: Node) -> tuple[Value, list[Value], ElementFn]:
         x, scale, zero = required_input(node, 0), required_input(node, 1), node.input(2)

@@ -11,10 +11,9 @@ kernel (`PACKED_WEIGHTS`): Conv weights become `pack_l` per group, Gemm and MatM
 transformed weights U^T in bf16 instead of the 3x3 kernels (ops/_conv_winograd.py
 `runs_in_bf16`, `bf16_weight_transform`: their point products run on the bf16 kernel); other
 Winograd ones, depthwise convolutions (whose kernel reads float32 weights) and products of two
-activations stay float32. The packed bits are stored
-as a float32-typed 1-D constant (two bf16 per element, so dtype checks hold); the node's
-`BF16_WEIGHTS` attribute keeps the weight's shape for its shape rule (ops/gemm.py
-`logical_weight`).
+activations stay float32. The packed bits are stored as a float32-typed 1-D constant (two bf16
+per element, so dtype checks hold); the node's `BF16_WEIGHTS` attribute keeps the weight's
+shape for its shape rule (ops/gemm.py `logical_weight`).
 """
 
 from __future__ import annotations
