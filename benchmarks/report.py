@@ -87,22 +87,51 @@ def markdown(info: dict[str, Any], results: list[dict[str, Any]]) -> str:
               "(launch -> import + load + first run at batch 1; peak RSS: VmHWM). "
               "cuvil's process imports the unpacked wheel alone, without cuvil. *import + first "
               "run*: the engine's part of the first result, after the interpreter has started and "
-              "read the inputs with numpy."), "",
+              "read the inputs with numpy; right after `import numpy`, and *numpy idle*: once "
+              "numpy's BLAS threads, which spin for about 0.1 s after the import, have stopped."), "",
               ("| model | source | build s | wheel KB | library KB | first result ms cuvil / ort | "
-              "import + first run ms cuvil / ort | peak RSS MB cuvil / ort | error |"),
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+              "import + first run ms cuvil / ort (ratio) | the same, numpy idle | "
+              "peak RSS MB cuvil / ort | error |"),
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for result in results:
         fresh = result.get("fresh", {})
         first = " / ".join(_f(fresh.get(e, {}).get("first_result_ms"), ".0f") for e in ("cuvil", "ort"))
-        own = " / ".join(_f(fresh[e]["import_load_ms"] + fresh[e]["first_run_ms"] if e in fresh else None,
-                            ".1f") for e in ("cuvil", "ort"))
         rss = " / ".join(_f(fresh.get(e, {}).get("peak_rss_mb"), ".0f") for e in ("cuvil", "ort"))
         error = " ".join(result.get("error", "").split()).replace("|", "\\|")
         lines.append(f"| {result['model']} | {result.get('source', '—')} | "
                      f"{_f(result.get('build_s'), '.1f')} | {_f(result.get('wheel_kb'), '.0f')} | "
-                     f"{_f(result.get('library_kb'), '.0f')} | "
-                     f"{first} | {own} | {rss} | {error} |")
-    lines += ["", *[f"- {line}" for line in geomeans_text(results).splitlines()], ""]
+                     f"{_f(result.get('library_kb'), '.0f')} | {first} | "
+                     f"{_start_up(fresh)} | {_start_up(result.get('fresh_idle', {}))} | "
+                     f"{rss} | {error} |")
+    lines += ["", *[f"- {line}" for line in geomeans_text(results).splitlines()],
+              *[f"- {line}" for line in start_up_text(results).splitlines()], ""]
+    return "\n".join(lines)
+
+
+def _engine_part(fresh: dict[str, Any], engine: str) -> float | None:
+    """import + load + first run (ms) of one engine's fresh processes."""
+    f = fresh.get(engine)
+    return f["import_load_ms"] + f["first_run_ms"] if f else None
+
+
+def _start_up(fresh: dict[str, Any]) -> str:
+    ours, theirs = _engine_part(fresh, "cuvil"), _engine_part(fresh, "ort")
+    ratio = f" ({ours / theirs:.2f})" if ours is not None and theirs else ""
+    return f"{_f(ours, '.1f')} / {_f(theirs, '.1f')}{ratio}"
+
+
+def start_up_text(results: list[dict[str, Any]]) -> str:
+    """The largest start-up ratio cuvil / onnxruntime (import + first run) of each kind."""
+    lines = []
+    for key, label in (("fresh", "right after `import numpy`"), ("fresh_idle", "numpy idle")):
+        ratios = {r["model"]: _engine_part(r[key], "cuvil") / _engine_part(r[key], "ort")
+                  for r in results if _engine_part(r.get(key, {}), "cuvil") is not None
+                  and _engine_part(r[key], "ort")}
+        if ratios:
+            worst = max(ratios, key=ratios.__getitem__)
+            lines.append(f"start-up (import + first run) cuvil/onnxruntime, {label}: at most "
+                         f"{ratios[worst]:.2f} ({worst}); over 0.2 on {sum(v > 0.2 for v in ratios.values())}"
+                         f" of {len(ratios)} models")
     return "\n".join(lines)
 
 

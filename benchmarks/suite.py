@@ -160,6 +160,7 @@ _CHILD = """
 import json, resource, sys, time
 import numpy as np
 feeds = dict(np.load(sys.argv[1]))
+time.sleep({settle_s})
 t0 = time.time()
 {body}
 t2 = time.time()
@@ -176,8 +177,16 @@ _ORT_CHILD = ("import onnxruntime as ort\n"
               "run = lambda: session.run(None, feeds)")
 
 
-def fresh_process(body: str, args: list[str], env: dict[str, str], repeats: int) -> dict[str, Any]:
-    """Launch -> first result (median of `repeats` launches) and peak RSS of a new interpreter.
+#: seconds a fresh process waits after reading its inputs for the "numpy idle" start-up figure:
+#: numpy's OpenBLAS threads spin for about 0.1 s after `import numpy` (2**28 cycles) before
+#: they sleep, and on a 2-CPU machine one of them keeps a CPU the engine's threads then lack
+BLAS_SETTLE_S = 0.5
+
+
+def fresh_process(body: str, args: list[str], env: dict[str, str], repeats: int,
+                  settle_s: float = 0.0) -> dict[str, Any]:
+    """Launch -> first result (median of `repeats` launches) and peak RSS of a new interpreter
+    that waits `settle_s` after reading its inputs (not counted in the engine's part).
 
     The peak is VmHWM, the high-water mark of the child's own address space: Linux carries
     ru_maxrss over exec, so a child spawned from this (large) process would report ours.
@@ -185,10 +194,11 @@ def fresh_process(body: str, args: list[str], env: dict[str, str], repeats: int)
     firsts, runs = [], []
     for _ in range(repeats):
         launched = time.time()
-        out = subprocess.run([sys.executable, "-c", _CHILD.format(body=body), *args], env=env,
+        child = _CHILD.format(body=body, settle_s=settle_s)
+        out = subprocess.run([sys.executable, "-c", child, *args], env=env,
                              capture_output=True, text=True, check=True).stdout
         run = json.loads(out.strip().splitlines()[-1])
-        firsts.append(run["first_result"] - launched)
+        firsts.append(run["first_result"] - launched - settle_s)
         runs.append(run)
     return {"first_result_ms": float(np.median(firsts) * 1e3),
             "import_load_ms": float(np.median([r["import_load_s"] for r in runs]) * 1e3),
@@ -260,12 +270,16 @@ def bench_model(name: str, args: argparse.Namespace, peaks: dict[str, float]) ->
     feeds_file.parent.mkdir(parents=True, exist_ok=True)
     np.savez(feeds_file, **bench.feeds(model, 1))
     base_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CUVIL_NUM_THREADS")}
-    result["fresh"] = {"ort": fresh_process(_ORT_CHILD, [str(feeds_file), str(bench.path)], base_env,
-                                            args.launches)}
+    children = {"ort": (_ORT_CHILD, [str(feeds_file), str(bench.path)], base_env)}
     if any("cuvil" in row for row in result["runs"] if row["batch"] == 1):
         # only the unpacked wheel on the path: the package must not need cuvil itself
-        env = {**base_env, "PYTHONPATH": str(built["site"])}
-        result["fresh"]["cuvil"] = fresh_process(_CUVIL_CHILD, [str(feeds_file)], env, args.launches)
+        children["cuvil"] = (_CUVIL_CHILD, [str(feeds_file)],
+                             {**base_env, "PYTHONPATH": str(built["site"])})
+    # "fresh": the first call right after `import numpy`, as a script makes it; "fresh_idle":
+    # the same once numpy's BLAS threads have stopped spinning (BLAS_SETTLE_S)
+    for key, settle_s in (("fresh", 0.0), ("fresh_idle", BLAS_SETTLE_S)):
+        result[key] = {engine: fresh_process(body, child_args, env, args.launches, settle_s)
+                       for engine, (body, child_args, env) in children.items()}
     return result
 
 
@@ -295,13 +309,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="results, generated models and builds (default build/bench/)")
     parser.add_argument("--launches", type=int, default=None,
                         help="fresh processes per first-result figure, the median is kept "
-                             "(default 3, --quick 1)")
+                             "(default 5, --quick 1)")
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
     args.threads = [int(t) for t in args.threads.split(",")]
     args.sizes = {k: int(v) for k, v in (p.split("=") for p in args.sizes.split(",") if p)}
     launches = args.launches
-    args.budget, args.min_runs, args.launches = (0.25, 3, 1) if args.quick else (1.5, 10, 3)
+    args.budget, args.min_runs, args.launches = (0.25, 3, 1) if args.quick else (1.5, 10, 5)
     if launches is not None:
         if launches < 1:
             parser.error("--launches must be at least 1")
