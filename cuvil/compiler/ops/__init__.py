@@ -486,6 +486,7 @@ def normalize_axis(node: Node, axis: int, rank: int) -> int:
 def _import_families() -> None:
     # Imported for their registrations; the order does not matter.
     from cuvil.compiler.ops import (  # noqa: F401
+        attention,
         contrib,
         contrib_quantized,
         control,

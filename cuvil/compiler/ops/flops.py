@@ -82,11 +82,18 @@ _MULTIPLY_ADDS: dict[str, Callable[[Node], Dim]] = {
 }
 
 
-#: integer products (A is input 0 in each; the weight may be a packed blob): their integer
-#: multiply-adds, counted as the float ones
-_INTEGER_PRODUCTS: dict[tuple[str, str], Callable[[Node], Dim]] = {
+def _attention(node: Node) -> Dim:
+    # ops/attention.py: scores [..., s, t] of d terms each, then [..., s, dv] of t terms each
+    out, d, t = node.outputs[0].type.shape, _shape(node, 0)[-1], _shape(node, 1)[-1]
+    return numel(out[:-1]) * t * d + numel(out) * t
+
+
+#: products of ops keyed by domain too: integer products (A is input 0 in each; the weight may
+#: be a packed blob), their integer multiply-adds counted as float ones, and cuvil's attention
+_DOMAIN_PRODUCTS: dict[tuple[str, str], Callable[[Node], Dim]] = {
     ("", "MatMulInteger"): _matmul, ("", "QLinearMatMul"): _matmul,
     ("cuvil", "DynamicQuantizeMatMul"): _matmul,
+    ("cuvil", "Attention"): _attention,
 }
 
 
@@ -94,7 +101,7 @@ def node_flops(node: Node) -> Dim:
     """2 x the node's multiply-adds (an int, or a sympy expression over symbolic dims); 0 for
     ops that are not counted."""
     count = _MULTIPLY_ADDS.get(node.op_type) if not node.domain else None
-    count = count or _INTEGER_PRODUCTS.get((node.domain, node.op_type))
+    count = count or _DOMAIN_PRODUCTS.get((node.domain, node.op_type))
     if count is None:
         return 0
     return simplify_dim(2 * sympy.sympify(count(node)))

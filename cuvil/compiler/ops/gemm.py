@@ -459,11 +459,11 @@ class MatMul(_WeightProduct):
             _lower_batched_kernel(node, k)
             return
         a, b, y_full, batch_shape = _operands(node, k)
-        dot = compute_dtype(y_full.dtype) != y_full.dtype or prefers_dot(_at(k, a, None),
-                                                                        _at(k, b, None))
+        dot = compute_dtype(y_full.dtype) != y_full.dtype or prefers_dot(matrix_at(k, a, None),
+                                                                        matrix_at(k, b, None))
         kernel = emit_matmul_dot if dot else emit_matmul
         with k.loops([k.dim(d) for d in batch_shape], name="batch") as idx:
-            kernel(k, _at(k, a, idx), _at(k, b, idx), _at(k, y_full, idx))
+            kernel(k, matrix_at(k, a, idx), matrix_at(k, b, idx), matrix_at(k, y_full, idx))
         epilogue = node_epilogue(node)
         bias_val = node.input(MATMUL_BIAS_SLOT)
         if epilogue != PLAIN or bias_val is not None:
@@ -512,7 +512,7 @@ def _lower_one_gemm(node: Node, k: Emitter) -> None:
     for d in a_val.type.shape[:-1]:
         rows = rows * d
     epilogue, bias = _matmul_epilogue(node, k)
-    _zero_if_empty(k, node.outputs[0], kk)
+    zero_if_empty(k, node.outputs[0], kk)
     layout = weight_layout(node, "b")
     args = (k.dim(rows), k.dim(n), k.dim(kk), k.buffers[a_val], k.dim(kk),
             k.buffers[required_input(node, 1)], k.dim(n), k.buffers[node.outputs[0]], k.dim(n))
@@ -536,14 +536,14 @@ def _lower_batched_kernel(node: Node, k: Emitter) -> None:
     epilogue, bias = _matmul_epilogue(node, k)
     bld = k.b
     count_v = k.dim(count)
-    _zero_if_empty(k, node.outputs[0], kk)
+    zero_if_empty(k, node.outputs[0], kk)
 
     def matrices(t: ir.Value) -> tuple[View, View, View, ir.Value | None]:
         a, b, y, _ = _operands(node, k)
         r = _residual(node, k, y)
-        idx = _unravel(k, t, batch_shape)
-        am, bm, ym = (_at(k, v, idx) for v in (a, b, y))
-        return am, bm, ym, _at(k, r, idx).ptr if r is not None else None
+        idx = unravel(k, t, batch_shape)
+        am, bm, ym = (matrix_at(k, v, idx) for v in (a, b, y))
+        return am, bm, ym, matrix_at(k, r, idx).ptr if r is not None else None
 
     with bld.if_else(bld.icmp_signed("<", count_v, k.i64(MIN_PARALLEL_BATCH))) as (few, many):
         with few, k.loop(count_v, name="batch") as t:
@@ -558,7 +558,7 @@ def _lower_batched_kernel(node: Node, k: Emitter) -> None:
                       epilogue=epilogue)
 
 
-def _zero_if_empty(k: Emitter, y: Value, kk: Dim) -> None:
+def zero_if_empty(k: Emitter, y: Value, kk: Dim) -> None:
     """An empty sum (K = 0) is 0: the kernel, which loops over K, would not write Y at all."""
     if isinstance(kk, int) and kk > 0:
         return
@@ -566,7 +566,7 @@ def _zero_if_empty(k: Emitter, y: Value, kk: Dim) -> None:
         k.memset(k.buffers[y], 0, k.dim(y.type.nbytes))
 
 
-def _unravel(k: Emitter, flat: ir.Value, shape: tuple[Dim, ...]) -> list[ir.Value]:
+def unravel(k: Emitter, flat: ir.Value, shape: tuple[Dim, ...]) -> list[ir.Value]:
     """The multi-index of row-major position `flat` in `shape`."""
     idx: list[ir.Value] = []
     for d in reversed(shape):
@@ -591,11 +591,11 @@ def _operands(node: Node, k: Emitter) -> tuple[View, View, View, tuple[Dim, ...]
         b = replace(b, dims=(*b.dims, one), strides=(*b.strides, zero), shape=(*b.shape, 1))
     batch_shape = broadcast_shapes(node, UNCHECKED, a.shape[:-2], b.shape[:-2])
     y_full = k.contiguous(y.ptr, y.dtype, (*batch_shape, a.shape[-2], b.shape[-1]))
-    return (_broadcast_batch(k, a, batch_shape), _broadcast_batch(k, b, batch_shape), y_full,
+    return (broadcast_batch(k, a, batch_shape), broadcast_batch(k, b, batch_shape), y_full,
             batch_shape)
 
 
-def _broadcast_batch(k: Emitter, v: View, batch: tuple[Dim, ...]) -> View:
+def broadcast_batch(k: Emitter, v: View, batch: tuple[Dim, ...]) -> View:
     """Broadcast the batch dims of a [..., R, C] view to `batch`."""
     head = View(v.ptr, v.dtype, v.dims[:-2], v.strides[:-2], v.shape[:-2])
     hb = k.broadcast_to(head, batch)
@@ -603,7 +603,7 @@ def _broadcast_batch(k: Emitter, v: View, batch: tuple[Dim, ...]) -> View:
                    shape=(*batch, *v.shape[-2:]))
 
 
-def _at(k: Emitter, v: View, batch_index: list | None) -> View:
+def matrix_at(k: Emitter, v: View, batch_index: list | None) -> View:
     """The 2-D matrix of `v` at a batch index (None: the first one's layout, for decisions)."""
     if batch_index is None:
         return replace(v, dims=v.dims[-2:], strides=v.strides[-2:], shape=v.shape[-2:])

@@ -15,6 +15,7 @@ from cuvil.compiler.passes.bf16_weights import bf16_weights
 from cuvil.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from cuvil.compiler.passes.fold_batchnorm import fold_batchnorm
 from cuvil.compiler.passes.fully_connected_convs import fully_connected_convs
+from cuvil.compiler.passes.fuse_attention import fuse_attention
 from cuvil.compiler.passes.fuse_dynamic_quantize import fuse_dynamic_quantize
 from cuvil.compiler.passes.fuse_elementwise import fuse_elementwise
 from cuvil.compiler.passes.fuse_epilogue import fuse_epilogue
@@ -28,7 +29,7 @@ from cuvil.compiler.passes.winograd_weights import winograd_weights
 #: the pipeline, in order (constant folding runs inside the frontend, which needs constants
 #: to type shape inputs)
 PIPELINE = (fuse_qdq, fuse_dynamic_quantize, pack_int8_weights, eliminate_dead_code,
-            widen_float16, fold_batchnorm, pack_gemm_weights, fuse_epilogue,
+            widen_float16, fold_batchnorm, fuse_attention, pack_gemm_weights, fuse_epilogue,
             fully_connected_convs, fuse_elementwise, winograd_weights, bf16_weights)
 
 #: passes of the pipeline that If/Loop/Scan bodies skip, and why; every other pass runs on
@@ -38,6 +39,7 @@ TOP_LEVEL_ONLY = {
     fuse_dynamic_quantize: "it follows producers, which for a body may lie outside it",
     widen_float16: "not yet tested on bodies (their float16 ops run as float16)",
     fold_batchnorm: "it follows producers, which for a body may lie outside it",
+    fuse_attention: "it follows producers, which for a body may lie outside it",
     fuse_epilogue: "not yet tested on bodies (their Conv and Gemm lowerings run unfused)",
     fully_connected_convs: "it follows fuse_epilogue (bodies' 1x1-map convs stay convs)",
     fuse_elementwise: "it follows fuse_epilogue (bodies' elementwise ops run one by one)",

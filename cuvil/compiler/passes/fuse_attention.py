@@ -1,0 +1,93 @@
+"""Recognize scaled dot-product attention and compile it as cuvil's Attention node
+(ops/attention.py): one parallel loop over blocks of query rows instead of a loop per step
+over the whole scores tensor.
+
+The pattern, anchored on the second product, in float32:
+
+    scores = MatMul(q, k_t)
+    scores = Mul(scores, c) or Div(scores, c)     optional; c a constant of one element
+    scores = Add(scores, mask) or Add(mask, scores)  optional; mask broadcasts to scores
+    probs  = Softmax(scores) over the last axis
+    out    = MatMul(probs, v)
+
+as torch's exports, onnxruntime's contrib Attention (cuvil expands it so) and Hugging Face's
+encoders write it. Every intermediate must be read by the next step alone and not be a graph
+output; the heads may be any batch dims that broadcast.
+"""
+
+from __future__ import annotations
+
+from cuvil.compiler.ir import Graph, Node, Value
+from cuvil.compiler.ops import attr
+from cuvil.compiler.ops.attention import SCALE, SCALE_OP
+from cuvil.compiler.passes.rewrite import Rule, apply_rules, const_operand, pattern, producer
+
+_MATMUL = pattern("MatMul", where=lambda n: all(v is not None and v.type.rank >= 2
+                                                for v in n.inputs[:2]))
+_SCALE = pattern("Mul", "Div")
+_ADD = pattern("Add")
+_SOFTMAX = pattern("Softmax")
+
+
+def _last_axis_softmax(node: Node) -> bool:
+    rank = node.outputs[0].type.rank
+    axis = int(attr(node, "axis", -1 if node.opset >= 13 else 1))
+    return axis in (-1, rank - 1)
+
+
+def _scalar(v: Value | None) -> float | None:
+    c = const_operand(v)
+    return float(c.reshape(-1)[0]) if c is not None and c.size == 1 else None
+
+
+def fuse_attention(graph: Graph) -> Graph:
+    return apply_rules(graph, RULES)
+
+
+def recognize_attention(graph: Graph, second: Node) -> Node | None:
+    probs, v = second.inputs[0], second.inputs[1]
+    softmax = producer(graph, probs, _SOFTMAX, second)
+    if softmax is None or not _last_axis_softmax(softmax):
+        return None
+    inner = [softmax]
+    scores = softmax.inputs[0]
+    mask = None
+    add = producer(graph, scores, _ADD, softmax)
+    if add is not None:
+        a, b = add.inputs
+        # the scores side is the operand of the sum's own shape, made by the steps before
+        side, mask = (a, b) if a is not None and a.type.shape == add.outputs[0].type.shape \
+            else (b, a)
+        if side is None or mask is None or side.type.shape != add.outputs[0].type.shape:
+            return None
+        inner.append(add)
+        scores = side
+    scale = None
+    scaling = producer(graph, scores, _SCALE, inner[-1])
+    if scaling is not None:
+        c = _scalar(scaling.inputs[1])
+        if c is None and scaling.op_type == "Mul":
+            c, x = _scalar(scaling.inputs[0]), scaling.inputs[1]
+        else:
+            x = scaling.inputs[0]
+        if c is not None and x is not None and x.type.shape == scaling.outputs[0].type.shape:
+            inner.append(scaling)
+            scores, scale = x, (scaling.op_type, c)
+    first = producer(graph, scores, _MATMUL, inner[-1])
+    if first is None or v is None:
+        return None
+    q, k_t = first.inputs[0], first.inputs[1]
+    head = q.type.shape[-1] if q is not None else 0
+    # an empty sum (d = 0) leaves the kernel's scores unwritten: such a product stays unfused
+    if not (isinstance(head, int) and head > 0) or (
+            mask is not None and mask.type.rank > first.outputs[0].type.rank):
+        return None
+    attrs = {SCALE_OP: scale[0], SCALE: scale[1]} if scale is not None else {}
+    fused = Node("Attention", [q, k_t, v, mask] if mask is not None else [q, k_t, v], [], attrs,
+                 name=second.name, domain="cuvil", opset=1)
+    graph.replace_node(second, fused)
+    graph.remove_nodes([*inner, first])
+    return fused
+
+
+RULES = (Rule("attention", _MATMUL, recognize_attention),)

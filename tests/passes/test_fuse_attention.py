@@ -1,0 +1,126 @@
+"""fuse_attention: which MatMul -> (scale) -> (mask) -> Softmax -> MatMul chains become one
+cuvil Attention node, and the compiled model against onnxruntime running the graph as written,
+at several sequence lengths of symbolic dims (one query row, fewer rows than a task's block,
+several blocks), heads that broadcast, masks of every broadcast form; fusing changes no bit
+of the result (the same model compiled without the pass)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+from oracle import assert_matches_ort, make_model
+
+import cuvil
+import cuvil.compiler.passes as passes
+from cuvil.compiler.driver import _node_profile
+from cuvil.compiler.frontend import import_model
+from cuvil.compiler.ops.attention import ROWS
+from cuvil.compiler.passes import run_passes
+
+rng = np.random.default_rng(11)
+F32 = np.float32
+
+
+def ops(model) -> list[str]:
+    return [_node_profile(n)["op"] for n in run_passes(import_model(model)).nodes]
+
+
+def unfused(model):
+    saved = passes.PIPELINE
+    passes.PIPELINE = tuple(p for p in saved if p is not passes.fuse_attention)
+    try:
+        return cuvil.compile(model)
+    finally:
+        passes.PIPELINE = saved
+
+
+def attention(scale: tuple[str, float, bool] | None, mask: bool, mask_first: bool = False,
+              q_shape=("b", 3, "s", 24), kt_shape=("b", 3, 24, "t"), v_shape=("b", 3, "t", 16),
+              mask_shape=("b", 1, 1, "t")):
+    """softmax(q @ kt (scale) (+ mask)) @ v; scale = (Mul or Div, constant, constant first)."""
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["scores"])]
+    last = "scores"
+    if scale is not None:
+        op, _, first = scale
+        nodes.append(helper.make_node(op, ["c", last] if first else [last, "c"], ["scaled"]))
+        last = "scaled"
+    inputs = {"q": (F32, list(q_shape)), "kt": (F32, list(kt_shape)), "v": (F32, list(v_shape))}
+    if mask:
+        nodes.append(helper.make_node("Add", ["m", last] if mask_first else [last, "m"],
+                                      ["masked"]))
+        inputs["m"] = (F32, list(mask_shape))
+        last = "masked"
+    nodes += [helper.make_node("Softmax", [last], ["probs"], axis=-1),
+              helper.make_node("MatMul", ["probs", "v"], ["y"])]
+    consts = {"c": np.array(scale[1], F32)} if scale is not None else {}
+    return make_model(nodes, inputs, {"y": F32}, consts)
+
+
+def feeds_for(model, **dims: int) -> dict[str, np.ndarray]:
+    out = {}
+    for i in model.graph.input:
+        shape = [d.dim_value or dims[d.dim_param] for d in i.type.tensor_type.shape.dim]
+        scale = 4.0 if i.name == "m" else 1.0  # masks that move the softmax a lot
+        out[i.name] = (rng.standard_normal(shape) * scale).astype(F32)
+    return out
+
+
+def check(model, sizes: list[dict[str, int]]) -> None:
+    compiled, plain = cuvil.compile(model), unfused(model)
+    for dims in sizes:
+        feeds = feeds_for(model, **dims)
+        assert_matches_ort(model, feeds, compiled=compiled)
+        np.testing.assert_array_equal(compiled.run(feeds)["y"], plain.run(feeds)["y"],
+                                      err_msg=str(dims))
+
+
+SIZES = [{"b": 2, "s": 37, "t": 37}, {"b": 1, "s": 1, "t": 5},
+         {"b": 1, "s": ROWS + 3, "t": 200}]
+
+
+@pytest.mark.parametrize("scale", [None, ("Div", 4.89898, False), ("Mul", 0.2, True)])
+@pytest.mark.parametrize("mask,mask_first", [(False, False), (True, False), (True, True)])
+def test_scaled_masked_attention(scale, mask: bool, mask_first: bool) -> None:
+    model = attention(scale, mask, mask_first)
+    assert ops(model) == ["Attention"]
+    check(model, SIZES)
+
+
+@pytest.mark.parametrize("mask_shape", [("s", "t"), ("b", 3, "s", "t"), (1, 1, 1, "t")])
+def test_mask_forms(mask_shape) -> None:
+    # a causal-style [s, t] mask, one per head and query, one for every batch entry alike
+    model = attention(("Mul", 0.25, False), True, mask_shape=mask_shape)
+    assert ops(model) == ["Attention"]
+    check(model, [{"b": 2, "s": 9, "t": 9}, {"b": 1, "s": 40, "t": 40}])
+
+
+def test_broadcast_heads_and_cross_attention() -> None:
+    # one K and V for every query head ([b, 1, ...]: multi-query), queries of another length
+    # than the keys, V's width not Q's; rank-3 q against rank-4 keys
+    model = attention(None, False, q_shape=(3, "s", 8), kt_shape=("b", 1, 8, "t"),
+                      v_shape=("b", 1, "t", 20))
+    assert ops(model) == ["Attention"]
+    check(model, [{"b": 2, "s": 5, "t": 70}, {"b": 1, "s": 1, "t": 1}])
+
+
+def test_what_stays_unfused() -> None:
+    # the probabilities are also a graph output; a softmax over another axis; scores
+    # multiplied by a tensor, not a constant
+    base = [helper.make_node("MatMul", ["q", "kt"], ["scores"])]
+    inputs = {"q": (F32, [2, 5, 8]), "kt": (F32, [2, 8, 5]), "v": (F32, [2, 5, 4])}
+    probs_out = make_model([*base, helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+                            helper.make_node("MatMul", ["probs", "v"], ["y"])],
+                           inputs, {"y": F32, "probs": F32})
+    assert "Attention" not in ops(probs_out)
+    other_axis = make_model([*base, helper.make_node("Softmax", ["scores"], ["probs"], axis=1),
+                             helper.make_node("MatMul", ["probs", "v"], ["y"])],
+                            inputs, {"y": F32})
+    assert "Attention" not in ops(other_axis)
+    tensor_scale = make_model([*base, helper.make_node("Mul", ["scores", "w"], ["scaled"]),
+                               helper.make_node("Softmax", ["scaled"], ["probs"], axis=-1),
+                               helper.make_node("MatMul", ["probs", "v"], ["y"])],
+                              {**inputs, "w": (F32, [2, 5, 5])}, {"y": F32})
+    assert "Attention" not in ops(tensor_scale)
+    for model in (probs_out, other_axis, tensor_scale):
+        assert_matches_ort(model, feeds_for(model))
