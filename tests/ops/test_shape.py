@@ -238,6 +238,24 @@ def test_transpose_blocked_large() -> None:
                                  "x8": _data(rng, "uint8", (a, 33, b)), "s": s})
 
 
+def test_transposes_that_move_only_axes_of_one() -> None:
+    """[s, 1, h] -> [1, s, h] shares its input's bytes (plan_memory): read by a later node,
+    returned as an output (then copied), applied to a graph input and twice in a row."""
+    n = helper.make_node
+    model = _model([n("Relu", ["x"], ["a"]),
+                    n("Transpose", ["a"], ["t"], perm=[1, 0, 2]),
+                    n("Transpose", ["t"], ["t2"], perm=[1, 0, 2]),
+                    n("Neg", ["t2"], ["y"]),
+                    n("Transpose", ["x"], ["z"], perm=[1, 0, 2]),
+                    n("Transpose", ["a"], ["w"], perm=[1, 2, 0]),
+                    n("Transpose", ["a"], ["u"], perm=[1, 0, 2])],
+                   {"x": ("float32", ["s", 1, 6])}, ["y", "z", "w", "u"])
+    compiled = cuvil.compile(model)
+    rng = np.random.default_rng(3)
+    for s in (5, 1):
+        _check(compiled, model, {"x": rng.standard_normal((s, 1, 6)).astype(np.float32)})
+
+
 # -- opset forms ----------------------------------------------------------------------------
 
 def test_attribute_forms_of_old_opsets() -> None:

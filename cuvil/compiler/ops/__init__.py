@@ -207,6 +207,12 @@ class Op:
         """Workspace bytes the lowering needs while it runs (`k.scratch` points there)."""
         return 0
 
+    def aliases_input(self, node: Node) -> bool:
+        """The node's output 0 holds the bytes of its input 0 as they are (`is_view` ops; a
+        Transpose that only moves axes of size 1): the memory planner may let them share
+        storage and skip `lower`."""
+        return self.is_view
+
     def fusable(self, node: Node) -> bool:
         """The node computes each output element from the same element of its operands
         (broadcast): `element` describes it, and passes/fuse_elementwise.py may compute it in

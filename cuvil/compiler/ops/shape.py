@@ -310,6 +310,13 @@ class Transpose(Op):
         perm = self._perm(node, x.type.rank)
         return [TensorType(x.type.dtype, tuple(x.type.shape[p] for p in perm))]
 
+    def aliases_input(self, node: Node) -> bool:
+        # the axes longer than 1 keep their order ([seq, 1, hidden] -> [1, seq, hidden]): the
+        # bytes do not move
+        x = required_input(node, 0)
+        shape, perm = _collapse_perm(x.type.shape, self._perm(node, x.type.rank))
+        return perm == list(range(len(shape)))
+
     def lower(self, node: Node, k: Emitter) -> None:
         x = required_input(node, 0)
         emit_permute(k, k.buffers[x], k.buffers[node.outputs[0]], x.type.dtype, x.type.shape,

@@ -106,8 +106,8 @@ def plan_memory(graph: Graph, *, body: bool = False) -> MemoryPlan:
         op = lookup(node.domain, node.op_type, node.opset)
         out = node.outputs[0]
         src = node.input(0)
-        if op is not None and op.is_view and len(node.outputs) == 1 and src is not None \
-                and out not in plan.storage:
+        if (op is not None and len(node.outputs) == 1 and src is not None
+                and out not in plan.storage and op.aliases_input(node)):
             root[out] = root.get(src, src)
             plan.elided.add(node)
 
