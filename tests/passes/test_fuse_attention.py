@@ -104,6 +104,14 @@ def test_broadcast_heads_and_cross_attention() -> None:
     check(model, [{"b": 2, "s": 5, "t": 70}, {"b": 1, "s": 1, "t": 1}])
 
 
+def test_one_head() -> None:
+    # one matrix each (rank 2): the queries split into blocks for the threads
+    model = attention(("Div", 3.0, False), True, q_shape=("s", 8), kt_shape=(8, "t"),
+                      v_shape=("t", 6), mask_shape=("s", "t"))
+    assert ops(model) == ["Attention"]
+    check(model, [{"s": 100, "t": 33}, {"s": 1, "t": 2}, {"s": 17, "t": 300}])
+
+
 def test_what_stays_unfused() -> None:
     # the probabilities are also a graph output; a softmax over another axis; scores
     # multiplied by a tensor, not a constant

@@ -44,8 +44,15 @@ SCALE_OP = "cuvil.scale_op"
 #: query rows per task: the block's scores (ROWS x t floats, 64 KB at t = 128) stay in the
 #: core's cache from the first product to the second
 ROWS = 128
+#: the fewest query rows of a task (a block of the GEMM kernel's tiles)
+MIN_ROWS = 16
 
 F32 = ir.FloatType()
+
+
+def _ceildiv(k: Emitter, a: ir.Value, b: ir.Value) -> ir.Value:
+    """ceil(a / b) for a >= 0 and b > 0."""
+    return k.floordiv(k.b.add(a, k.b.sub(b, k.i64(1))), b)
 
 
 def geometry(node: Node, ctx: InferContext) -> tuple[tuple[Dim, ...], Dim, Dim, Dim, Dim]:
@@ -78,8 +85,8 @@ class Attention(Op):
         return [TensorType(required_input(node, 0).type.dtype, (*batch, s, dv))]
 
     def scratch_bytes(self, node: Node) -> Dim:
-        # a slot of min(ROWS, s) x t scores per task; the tasks' rows add up to less than
-        # s + min(ROWS, s) per batch entry
+        # a slot of at most min(ROWS, s) x t scores per task; the tasks' rows add up to less
+        # than s + min(ROWS, s) per batch entry
         out = node.outputs[0].type.shape
         s, t = out[-2], required_input(node, 1).type.shape[-1]
         rows = min(ROWS, s) if isinstance(s, int) else sympy.Min(ROWS, s)
@@ -89,10 +96,15 @@ class Attention(Op):
         batch, s, d, t, dv = geometry(node, UNCHECKED)
         zero_if_empty(k, node.outputs[0], t)
         b = k.b
-        s_v = k.dim(s)
-        rows = k.maximum("int64", k.minimum("int64", s_v, k.i64(ROWS)), k.i64(1))
-        blocks = k.floordiv(b.add(s_v, b.sub(rows, k.i64(1))), rows)
-        count = k.dim(numel(batch))
+        s_v, count = k.dim(s), k.dim(numel(batch))
+        # blocks of ROWS queries, or smaller ones (not under MIN_ROWS) when there are too
+        # few batch entries to give every thread two tasks
+        per_entry = _ceildiv(k, b.mul(k.parallel_threads(), k.i64(2)),
+                             k.maximum("int64", count, k.i64(1)))
+        rows = k.maximum("int64", _ceildiv(k, s_v, per_entry), k.i64(MIN_ROWS))
+        rows = k.maximum("int64", k.minimum("int64", rows, k.minimum("int64", s_v, k.i64(ROWS))),
+                         k.i64(1))
+        blocks = _ceildiv(k, s_v, rows)
         assert k.scratch is not None
         cost = b.mul(b.mul(rows, k.dim(t)), k.dim(d + dv + ROW_COST))
         with k.parallel_loop(b.mul(count, blocks), cost=cost, name="attn",

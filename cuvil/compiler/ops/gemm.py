@@ -459,8 +459,8 @@ class MatMul(_WeightProduct):
             _lower_batched_kernel(node, k)
             return
         a, b, y_full, batch_shape = _operands(node, k)
-        dot = compute_dtype(y_full.dtype) != y_full.dtype or prefers_dot(matrix_at(k, a, None),
-                                                                        matrix_at(k, b, None))
+        dot = (compute_dtype(y_full.dtype) != y_full.dtype
+               or prefers_dot(matrix_at(k, a, None), matrix_at(k, b, None)))
         kernel = emit_matmul_dot if dot else emit_matmul
         with k.loops([k.dim(d) for d in batch_shape], name="batch") as idx:
             kernel(k, matrix_at(k, a, idx), matrix_at(k, b, idx), matrix_at(k, y_full, idx))
