@@ -1,8 +1,8 @@
 """fuse_attention: which MatMul -> (scale) -> (mask) -> Softmax -> MatMul chains become one
 cuvil Attention node, and the compiled model against onnxruntime running the graph as written,
 at several sequence lengths of symbolic dims (one query row, fewer rows than a task's block,
-several blocks), heads that broadcast, masks of every broadcast form; fusing changes no bit
-of the result (the same model compiled without the pass)."""
+several blocks), heads that broadcast, masks of every broadcast form; and against the same
+model compiled without the pass."""
 
 from __future__ import annotations
 
@@ -71,8 +71,10 @@ def check(model, sizes: list[dict[str, int]]) -> None:
     for dims in sizes:
         feeds = feeds_for(model, **dims)
         assert_matches_ort(model, feeds, compiled=compiled)
-        np.testing.assert_array_equal(compiled.run(feeds)["y"], plain.run(feeds)["y"],
-                                      err_msg=str(dims))
+        # the same steps; a product of a few rows may take the matrix-vector kernel unfused
+        # (another order of the sums' terms), so not bit for bit
+        np.testing.assert_allclose(compiled.run(feeds)["y"], plain.run(feeds)["y"], rtol=1e-6,
+                                   atol=1e-6, err_msg=str(dims))
 
 
 SIZES = [{"b": 2, "s": 37, "t": 37}, {"b": 1, "s": 1, "t": 5},
@@ -87,10 +89,12 @@ def test_scaled_masked_attention(scale, mask: bool, mask_first: bool) -> None:
     check(model, SIZES)
 
 
-@pytest.mark.parametrize("mask_shape", [("s", "t"), ("b", 3, "s", "t"), (1, 1, 1, "t")])
-def test_mask_forms(mask_shape) -> None:
-    # a causal-style [s, t] mask, one per head and query, one for every batch entry alike
-    model = attention(("Mul", 0.25, False), True, mask_shape=mask_shape)
+@pytest.mark.parametrize("mask_shape,mask_first", [(("s", "t"), False), (("b", 3, "s", "t"), True),
+                                                   ((1, 1, 1, "t"), False)])
+def test_mask_forms(mask_shape, mask_first: bool) -> None:
+    # a causal-style [s, t] mask, one per head and query (the scores' shape: Add's first
+    # operand is the mask), one for every batch entry alike
+    model = attention(("Mul", 0.25, False), True, mask_first, mask_shape=mask_shape)
     assert ops(model) == ["Attention"]
     check(model, [{"b": 2, "s": 9, "t": 9}, {"b": 1, "s": 40, "t": 40}])
 

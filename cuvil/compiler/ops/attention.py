@@ -11,8 +11,9 @@ Unfused, the graph writes the scores [..., s, t] and reads them back three or fo
 scale, the mask, the softmax, the second product), each step a parallel loop over the whole
 tensor. Here a task is a block of up to ROWS query rows of one batch entry: its scores are
 computed into the task's scratch slot on the GEMM kernel, scaled, masked and normalized row by
-row while they are in the core's cache, and multiplied by V into the output. The arithmetic
-is the unfused graph's, step for step (the same kernels, the same order of operations).
+row while they are in the core's cache, and multiplied by V into the output. The steps are
+the unfused graph's, on the same kernels (bit for bit the same result where the unfused
+products run on the GEMM kernel too; for a few rows they may take the matrix-vector one).
 """
 
 from __future__ import annotations

@@ -54,22 +54,21 @@ def recognize_attention(graph: Graph, second: Node) -> Node | None:
     mask = None
     add = producer(graph, scores, _ADD, softmax)
     if add is not None:
-        a, b = add.inputs
-        # the scores side is the operand of the sum's own shape, made by the steps before
-        side, mask = (a, b) if a is not None and a.type.shape == add.outputs[0].type.shape \
-            else (b, a)
-        if side is None or mask is None or side.type.shape != add.outputs[0].type.shape:
+        # the scores: the operand of the sum's own shape that the steps before made (a mask
+        # may have that shape too)
+        found = [(x, m) for x, m in (add.inputs, add.inputs[::-1])
+                 if x is not None and m is not None and x.type.shape == add.outputs[0].type.shape
+                 and (producer(graph, x, _SCALE, add) or producer(graph, x, _MATMUL, add))]
+        if not found:
             return None
         inner.append(add)
-        scores = side
+        scores, mask = found[0]
     scale = None
     scaling = producer(graph, scores, _SCALE, inner[-1])
     if scaling is not None:
-        c = _scalar(scaling.inputs[1])
-        if c is None and scaling.op_type == "Mul":
-            c, x = _scalar(scaling.inputs[0]), scaling.inputs[1]
-        else:
-            x = scaling.inputs[0]
+        x, c = scaling.inputs[0], _scalar(scaling.inputs[1])
+        if c is None and scaling.op_type == "Mul":  # the constant first
+            x, c = scaling.inputs[1], _scalar(scaling.inputs[0])
         if c is not None and x is not None and x.type.shape == scaling.outputs[0].type.shape:
             inner.append(scaling)
             scores, scale = x, (scaling.op_type, c)
