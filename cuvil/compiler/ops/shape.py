@@ -217,10 +217,12 @@ def _collapse_perm(shape: Sequence[Dim], perm: Sequence[int]) -> tuple[list[Dim]
     return new_shape, [position[g] for g in range(len(groups))]
 
 
-#: tile edge of the blocked transpose: both tiles stay in L1
+#: tile edge of a transpose (elements of 4 bytes or more; twice as many of smaller ones)
 _TILE = 16
-#: a transpose whose two contiguous axes are both longer than this is blocked
-_NAIVE = 256
+#: output elements along its rows that one task of a transpose moves, tile by tile
+_CHUNK = 256
+#: a transpose with a contiguous axis this short or shorter moves element by element
+_SHORT = 8
 
 
 def emit_permute(k: Emitter, src: ir.Value, dst: ir.Value, dtype: np.dtype,
@@ -249,40 +251,69 @@ def emit_permute(k: Emitter, src: ir.Value, dst: ir.Value, dtype: np.dtype,
         return
     a = perm.index(last)  # the output axis holding the input's contiguous axis
     outer_axes = [o for o in range(rank) if o not in (a, last)]
-
-    def move(out_idx: list[ir.Value]) -> None:
-        src_idx = [k.i64(0)] * rank
-        for o in range(rank):
-            src_idx[perm[o]] = out_idx[o]
-        k.store(y, out_idx, k.load(x, src_idx))
-
-    small = [d for d in (out_shape[a], out_shape[last]) if isinstance(d, int) and d <= _NAIVE]
-    if small:
-        # one of the two contiguous axes is short: loop over it innermost, so the lines the
-        # other side touches stay in cache across the next outer iteration
-        inner = a if out_shape[a] == min(small) else last
+    short = [d for d in (out_shape[a], out_shape[last]) if isinstance(d, int) and d <= _SHORT]
+    if short:
+        # one of the two contiguous axes has a few elements (an image's channels): loop over
+        # it innermost, so the lines the other side touches stay in cache across the next
+        # outer iteration
+        inner = a if out_shape[a] == min(short) else last
         order = [*outer_axes, last if inner == a else a, inner]
         with k.loops([out_shape[o] for o in order], name="t") as idx:
             out_idx: list[ir.Value] = [k.i64(0)] * rank
             for o, i in zip(order, idx):
                 out_idx[o] = i
-            move(out_idx)
+            src_idx = [k.i64(0)] * rank
+            for o in range(rank):
+                src_idx[perm[o]] = out_idx[o]
+            k.store(y, out_idx, k.load(x, src_idx))
         return
-    # both long: blocked 2-D transpose; the innermost loop walks the input contiguously
-    tile = _TILE * 2 if dtype.itemsize == 1 else _TILE
-    with k.loops([out_shape[o] for o in outer_axes], name="t") as outer:
-        da, dl = k.dim(out_shape[a]), k.dim(out_shape[last])
-        with k.loop(da, step=tile, name="ta") as ia0, k.loop(dl, step=tile, name="tl") as il0:
-            ia_end = _min(k, k.b.add(ia0, k.i64(tile)), da)
-            il_end = _min(k, k.b.add(il0, k.i64(tile)), dl)
+    # Tiles of up to _TILE x _TILE elements: the input's _TILE lines (along its contiguous
+    # axis, output axis a) and the output's stay in L1 while a tile moves, where a whole row
+    # at a time touched a line per element on one side (a [1024, 64] -> [64, 1024] transpose
+    # wrote 64 lines 4 KB apart, all in one cache set). Tasks for the threads: a block of
+    # _TILE along a and a stretch of _CHUNK along the output's rows, per outer index.
+    tile = _TILE if dtype.itemsize >= 4 else _TILE * 2
+    outer_dims = [out_shape[o] for o in outer_axes]
+    da, dl = out_shape[a], out_shape[last]
+    a_blocks = (da + tile - 1) // tile
+    l_chunks = (dl + _CHUNK - 1) // _CHUNK
+    tasks = simplify_dim(numel(outer_dims) * a_blocks * l_chunks)
+    with k.parallel_loop(tasks, cost=tile * _CHUNK, name="perm", carry=[src, dst]) as t:
+        src_c, dst_c = k.carried
+        b = k.b
+        xv = k.contiguous(src_c, dtype, shape)
+        yv = k.contiguous(dst_c, dtype, out_shape)
+        da_v, dl_v = k.dim(da), k.dim(dl)
+        a_blocks_v, l_chunks_v = k.dim(a_blocks), k.dim(l_chunks)
+        rest, chunk = b.sdiv(t, l_chunks_v), b.srem(t, l_chunks_v)
+        outer_flat, block = b.sdiv(rest, a_blocks_v), b.srem(rest, a_blocks_v)
+        outer = _unravel_index(k, outer_flat, outer_dims)
+        ia0 = b.mul(block, k.i64(tile))
+        ia_end = _min(k, b.add(ia0, k.i64(tile)), da_v)
+        l_start = b.mul(chunk, k.i64(_CHUNK))
+        l_stop = _min(k, b.add(l_start, k.i64(_CHUNK)), dl_v)
+        with k.loop(l_stop, start=l_start, step=tile, name="tl") as il0:
+            il_end = _min(k, b.add(il0, k.i64(tile)), l_stop)
             with k.loop(il_end, start=il0, name="jl") as il, \
                     k.loop(ia_end, start=ia0, name="ja") as ia:
                 out_idx = [k.i64(0)] * rank
                 for o, i in zip(outer_axes, outer):
                     out_idx[o] = i
-                out_idx[a] = ia
-                out_idx[last] = il
-                move(out_idx)
+                out_idx[a], out_idx[last] = ia, il
+                src_idx = [k.i64(0)] * rank
+                for o in range(rank):
+                    src_idx[perm[o]] = out_idx[o]
+                k.store(yv, out_idx, k.load(xv, src_idx))
+
+
+def _unravel_index(k: Emitter, flat: ir.Value, dims: Sequence[Dim]) -> list[ir.Value]:
+    """The row-major multi-index of `flat` in `dims`."""
+    idx: list[ir.Value] = []
+    for d in reversed(dims):
+        dv = k.dim(d)
+        idx.append(k.b.srem(flat, dv))
+        flat = k.b.sdiv(flat, dv)
+    return idx[::-1]
 
 
 def _min(k: Emitter, a: ir.Value, b: ir.Value) -> ir.Value:
