@@ -10,29 +10,14 @@ import numpy as np
 import pytest
 from onnx import helper
 from oracle import assert_matches_ort, make_model
+from pipeline import compile_without, op_labels
 
 import cuvil
 import cuvil.compiler.passes as passes
-from cuvil.compiler.driver import _node_profile
-from cuvil.compiler.frontend import import_model
 from cuvil.compiler.ops.attention import ROWS
-from cuvil.compiler.passes import run_passes
 
 rng = np.random.default_rng(11)
 F32 = np.float32
-
-
-def ops(model) -> list[str]:
-    return [_node_profile(n)["op"] for n in run_passes(import_model(model)).nodes]
-
-
-def unfused(model):
-    saved = passes.PIPELINE
-    passes.PIPELINE = tuple(p for p in saved if p is not passes.fuse_attention)
-    try:
-        return cuvil.compile(model)
-    finally:
-        passes.PIPELINE = saved
 
 
 def attention(scale: tuple[str, float, bool] | None, mask: bool, mask_first: bool = False,
@@ -67,7 +52,7 @@ def feeds_for(model, **dims: int) -> dict[str, np.ndarray]:
 
 
 def check(model, sizes: list[dict[str, int]]) -> None:
-    compiled, plain = cuvil.compile(model), unfused(model)
+    compiled, plain = cuvil.compile(model), compile_without(model, passes.fuse_attention)
     for dims in sizes:
         feeds = feeds_for(model, **dims)
         assert_matches_ort(model, feeds, compiled=compiled)
@@ -85,7 +70,7 @@ SIZES = [{"b": 2, "s": 37, "t": 37}, {"b": 1, "s": 1, "t": 5},
 @pytest.mark.parametrize("mask,mask_first", [(False, False), (True, False), (True, True)])
 def test_scaled_masked_attention(scale, mask: bool, mask_first: bool) -> None:
     model = attention(scale, mask, mask_first)
-    assert ops(model) == ["Attention"]
+    assert op_labels(model) == ["Attention"]
     check(model, SIZES)
 
 
@@ -95,7 +80,7 @@ def test_mask_forms(mask_shape, mask_first: bool) -> None:
     # a causal-style [s, t] mask, one per head and query (the scores' shape: Add's first
     # operand is the mask), one for every batch entry alike
     model = attention(("Mul", 0.25, False), True, mask_first, mask_shape=mask_shape)
-    assert ops(model) == ["Attention"]
+    assert op_labels(model) == ["Attention"]
     check(model, [{"b": 2, "s": 9, "t": 9}, {"b": 1, "s": 40, "t": 40}])
 
 
@@ -104,7 +89,7 @@ def test_broadcast_heads_and_cross_attention() -> None:
     # than the keys, V's width not Q's; rank-3 q against rank-4 keys
     model = attention(None, False, q_shape=(3, "s", 8), kt_shape=("b", 1, 8, "t"),
                       v_shape=("b", 1, "t", 20))
-    assert ops(model) == ["Attention"]
+    assert op_labels(model) == ["Attention"]
     check(model, [{"b": 2, "s": 5, "t": 70}, {"b": 1, "s": 1, "t": 1}])
 
 
@@ -112,7 +97,7 @@ def test_one_head() -> None:
     # one matrix each (rank 2): the queries split into blocks for the threads
     model = attention(("Div", 3.0, False), True, q_shape=("s", 8), kt_shape=(8, "t"),
                       v_shape=("t", 6), mask_shape=("s", "t"))
-    assert ops(model) == ["Attention"]
+    assert op_labels(model) == ["Attention"]
     check(model, [{"s": 100, "t": 33}, {"s": 1, "t": 2}, {"s": 17, "t": 300}])
 
 
@@ -124,15 +109,15 @@ def test_what_stays_unfused() -> None:
     probs_out = make_model([*base, helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
                             helper.make_node("MatMul", ["probs", "v"], ["y"])],
                            inputs, {"y": F32, "probs": F32})
-    assert "Attention" not in ops(probs_out)
+    assert "Attention" not in op_labels(probs_out)
     other_axis = make_model([*base, helper.make_node("Softmax", ["scores"], ["probs"], axis=1),
                              helper.make_node("MatMul", ["probs", "v"], ["y"])],
                             inputs, {"y": F32})
-    assert "Attention" not in ops(other_axis)
+    assert "Attention" not in op_labels(other_axis)
     tensor_scale = make_model([*base, helper.make_node("Mul", ["scores", "w"], ["scaled"]),
                                helper.make_node("Softmax", ["scaled"], ["probs"], axis=-1),
                                helper.make_node("MatMul", ["probs", "v"], ["y"])],
                               {**inputs, "w": (F32, [2, 5, 5])}, {"y": F32})
-    assert "Attention" not in ops(tensor_scale)
+    assert "Attention" not in op_labels(tensor_scale)
     for model in (probs_out, other_axis, tensor_scale):
         assert_matches_ort(model, feeds_for(model))
