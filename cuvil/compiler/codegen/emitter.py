@@ -196,6 +196,16 @@ class Emitter:
         with self.b.goto_entry_block():
             return lower_dim(d, _LLVMIntOps(self), self._dim_memos.setdefault(self.function, {}))
 
+    def unravel(self, flat: ir.Value, shape: Sequence[Dim]) -> list[ir.Value]:
+        """The multi-index of row-major position `flat` (>= 0) in `shape`."""
+        idx: list[ir.Value] = []
+        for d in reversed(shape):
+            dv = self.dim(d)
+            q = self.b.sdiv(flat, dv)
+            idx.append(self.b.sub(flat, self.b.mul(q, dv)))
+            flat = q
+        return idx[::-1]
+
     def floordiv(self, a: ir.Value, b: ir.Value) -> ir.Value:
         """Python-style floor division of i64 values (sdiv rounds toward zero)."""
         if isinstance(b, ir.Constant) and isinstance(a, ir.Value) and int(b.constant) > 0:

@@ -36,7 +36,7 @@ from cuvil.compiler.ops import (
     required_input,
 )
 from cuvil.compiler.ops._softmax_kernel import emit_softmax_row
-from cuvil.compiler.ops.gemm import broadcast_batch, matrix_at, unravel, zero_if_empty
+from cuvil.compiler.ops.gemm import broadcast_batch, matrix_at, zero_if_empty
 from cuvil.compiler.ops.normalization import ROW_COST
 
 #: attributes (module docstring)
@@ -119,7 +119,7 @@ class Attention(Op):
         s, d, t, dv = sizes
         b = k.b
         entry, block = b.sdiv(task, blocks), b.srem(task, blocks)
-        index = unravel(k, entry, batch)
+        index = k.unravel(entry, batch)
         q, k_t, v = (matrix_at(k, broadcast_batch(k, k.view(required_input(node, i)), batch),
                                index) for i in range(3))
         y = matrix_at(k, k.contiguous(k.buffers[node.outputs[0]], node.outputs[0].type.dtype,

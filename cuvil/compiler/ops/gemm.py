@@ -541,7 +541,7 @@ def _lower_batched_kernel(node: Node, k: Emitter) -> None:
     def matrices(t: ir.Value) -> tuple[View, View, View, ir.Value | None]:
         a, b, y, _ = _operands(node, k)
         r = _residual(node, k, y)
-        idx = unravel(k, t, batch_shape)
+        idx = k.unravel(t, batch_shape)
         am, bm, ym = (matrix_at(k, v, idx) for v in (a, b, y))
         return am, bm, ym, matrix_at(k, r, idx).ptr if r is not None else None
 
@@ -564,17 +564,6 @@ def zero_if_empty(k: Emitter, y: Value, kk: Dim) -> None:
         return
     with k.if_then(k.b.icmp_signed("==", k.dim(kk), k.i64(0))):
         k.memset(k.buffers[y], 0, k.dim(y.type.nbytes))
-
-
-def unravel(k: Emitter, flat: ir.Value, shape: tuple[Dim, ...]) -> list[ir.Value]:
-    """The multi-index of row-major position `flat` in `shape`."""
-    idx: list[ir.Value] = []
-    for d in reversed(shape):
-        dv = k.dim(d)
-        q = k.b.sdiv(flat, dv)
-        idx.append(k.b.sub(flat, k.b.mul(q, dv)))
-        flat = q
-    return idx[::-1]
 
 
 def _operands(node: Node, k: Emitter) -> tuple[View, View, View, tuple[Dim, ...]]:

@@ -287,7 +287,7 @@ def emit_permute(k: Emitter, src: ir.Value, dst: ir.Value, dtype: np.dtype,
         a_blocks_v, l_chunks_v = k.dim(a_blocks), k.dim(l_chunks)
         rest, chunk = b.sdiv(t, l_chunks_v), b.srem(t, l_chunks_v)
         outer_flat, block = b.sdiv(rest, a_blocks_v), b.srem(rest, a_blocks_v)
-        outer = _unravel_index(k, outer_flat, outer_dims)
+        outer = k.unravel(outer_flat, outer_dims)
         ia0 = b.mul(block, k.i64(tile))
         ia_end = _min(k, b.add(ia0, k.i64(tile)), da_v)
         l_start = b.mul(chunk, k.i64(_CHUNK))
@@ -304,16 +304,6 @@ def emit_permute(k: Emitter, src: ir.Value, dst: ir.Value, dtype: np.dtype,
                 for o in range(rank):
                     src_idx[perm[o]] = out_idx[o]
                 k.store(yv, out_idx, k.load(xv, src_idx))
-
-
-def _unravel_index(k: Emitter, flat: ir.Value, dims: Sequence[Dim]) -> list[ir.Value]:
-    """The row-major multi-index of `flat` in `dims`."""
-    idx: list[ir.Value] = []
-    for d in reversed(dims):
-        dv = k.dim(d)
-        idx.append(k.b.srem(flat, dv))
-        flat = k.b.sdiv(flat, dv)
-    return idx[::-1]
 
 
 def _min(k: Emitter, a: ir.Value, b: ir.Value) -> ir.Value:
