@@ -91,6 +91,11 @@ def test_broadcast_heads_and_cross_attention() -> None:
                       v_shape=("b", 1, "t", 20))
     assert op_labels(model) == ["Attention"]
     check(model, [{"b": 2, "s": 5, "t": 70}, {"b": 1, "s": 1, "t": 1}])
+    # one key and value matrix for every batch entry and head, a mask of one row
+    model = attention(("Mul", 0.5, False), True, q_shape=(2, 3, "s", 8), kt_shape=(8, "t"),
+                      v_shape=("t", 5), mask_shape=("t",))
+    assert op_labels(model) == ["Attention"]
+    check(model, [{"s": 7, "t": 9}, {"s": 130, "t": 3}])
 
 
 def test_one_head() -> None:
