@@ -17,7 +17,7 @@ import onnx
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import Emitter
+from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, Value, dim_str, numel, simplify_dim
 from cuvil.compiler.ops import (
     UNCHECKED,
@@ -251,6 +251,13 @@ def emit_permute(k: Emitter, src: ir.Value, dst: ir.Value, dtype: np.dtype,
         return
     a = perm.index(last)  # the output axis holding the input's contiguous axis
     outer_axes = [o for o in range(rank) if o not in (a, last)]
+
+    def move(x: View, y: View, out_idx: list[ir.Value]) -> None:
+        src_idx = [k.i64(0)] * rank
+        for o in range(rank):
+            src_idx[perm[o]] = out_idx[o]
+        k.store(y, out_idx, k.load(x, src_idx))
+
     short = [d for d in (out_shape[a], out_shape[last]) if isinstance(d, int) and d <= _SHORT]
     if short:
         # one of the two contiguous axes has a few elements (an image's channels): loop over
@@ -262,10 +269,7 @@ def emit_permute(k: Emitter, src: ir.Value, dst: ir.Value, dtype: np.dtype,
             out_idx: list[ir.Value] = [k.i64(0)] * rank
             for o, i in zip(order, idx):
                 out_idx[o] = i
-            src_idx = [k.i64(0)] * rank
-            for o in range(rank):
-                src_idx[perm[o]] = out_idx[o]
-            k.store(y, out_idx, k.load(x, src_idx))
+            move(x, y, out_idx)
         return
     # Tiles of up to _TILE x _TILE elements: the input's _TILE lines (along its contiguous
     # axis, output axis a) and the output's stay in L1 while a tile moves, where a whole row
@@ -300,10 +304,7 @@ def emit_permute(k: Emitter, src: ir.Value, dst: ir.Value, dtype: np.dtype,
                 for o, i in zip(outer_axes, outer):
                     out_idx[o] = i
                 out_idx[a], out_idx[last] = ia, il
-                src_idx = [k.i64(0)] * rank
-                for o in range(rank):
-                    src_idx[perm[o]] = out_idx[o]
-                k.store(yv, out_idx, k.load(xv, src_idx))
+                move(xv, yv, out_idx)
 
 
 def _min(k: Emitter, a: ir.Value, b: ir.Value) -> ir.Value:
