@@ -92,9 +92,9 @@ def entry_alloca(k: Emitter, ty: ir.Type, name: str = "") -> ir.Value:
         return k.b.alloca(ty, name=name)
 
 
-def ceil_div(k: Emitter, a: ir.Value, s: int) -> ir.Value:
-    """ceil(a / s) for a positive constant s and any sign of a."""
-    return k.b.neg(k.floordiv(k.b.neg(a), k.i64(s)))
+def ceil_div(k: Emitter, a: ir.Value, s: int | ir.Value) -> ir.Value:
+    """ceil(a / s) for a positive s (a constant or an i64 value) and any sign of a."""
+    return k.b.neg(k.floordiv(k.b.neg(a), s if isinstance(s, ir.Value) else k.i64(s)))
 
 
 def clamp(k: Emitter, v: ir.Value, lo: ir.Value, hi: ir.Value) -> ir.Value:

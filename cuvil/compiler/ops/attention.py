@@ -36,6 +36,7 @@ from cuvil.compiler.ops import (
     required_input,
 )
 from cuvil.compiler.ops._softmax_kernel import emit_softmax_row
+from cuvil.compiler.ops._window import ceil_div
 from cuvil.compiler.ops.gemm import broadcast_batch, matrix_at, zero_if_empty
 from cuvil.compiler.ops.normalization import ROW_COST
 
@@ -49,11 +50,6 @@ ROWS = 128
 MIN_ROWS = 16
 
 F32 = ir.FloatType()
-
-
-def _ceildiv(k: Emitter, a: ir.Value, b: ir.Value) -> ir.Value:
-    """ceil(a / b) for a >= 0 and b > 0."""
-    return k.floordiv(k.b.add(a, k.b.sub(b, k.i64(1))), b)
 
 
 def geometry(node: Node, ctx: InferContext) -> tuple[tuple[Dim, ...], Dim, Dim, Dim, Dim]:
@@ -100,12 +96,12 @@ class Attention(Op):
         s_v, count = k.dim(s), k.dim(numel(batch))
         # blocks of ROWS queries, or smaller ones (not under MIN_ROWS) when there are too
         # few batch entries to give every thread two tasks
-        per_entry = _ceildiv(k, b.mul(k.parallel_threads(), k.i64(2)),
+        per_entry = ceil_div(k, b.mul(k.parallel_threads(), k.i64(2)),
                              k.maximum("int64", count, k.i64(1)))
-        rows = k.maximum("int64", _ceildiv(k, s_v, per_entry), k.i64(MIN_ROWS))
+        rows = k.maximum("int64", ceil_div(k, s_v, per_entry), k.i64(MIN_ROWS))
         rows = k.maximum("int64", k.minimum("int64", rows, k.minimum("int64", s_v, k.i64(ROWS))),
                          k.i64(1))
-        blocks = _ceildiv(k, s_v, rows)
+        blocks = ceil_div(k, s_v, rows)
         assert k.scratch is not None
         cost = b.mul(b.mul(rows, k.dim(t)), k.dim(d + dv + ROW_COST))
         with k.parallel_loop(b.mul(count, blocks), cost=cost, name="attn",

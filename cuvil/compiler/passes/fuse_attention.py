@@ -17,10 +17,10 @@ output; the heads may be any batch dims that broadcast.
 
 from __future__ import annotations
 
-from cuvil.compiler.ir import Graph, Node, Value
+from cuvil.compiler.ir import Graph, Node
 from cuvil.compiler.ops import attr
 from cuvil.compiler.ops.attention import SCALE, SCALE_OP
-from cuvil.compiler.passes.rewrite import Rule, apply_rules, const_operand, pattern, producer
+from cuvil.compiler.passes.rewrite import Rule, apply_rules, pattern, producer, scalar_operand
 
 _MATMUL = pattern("MatMul", where=lambda n: all(v is not None and v.type.rank >= 2
                                                 for v in n.inputs[:2]))
@@ -33,11 +33,6 @@ def _last_axis_softmax(node: Node) -> bool:
     rank = node.outputs[0].type.rank
     axis = int(attr(node, "axis", -1 if node.opset >= 13 else 1))
     return axis in (-1, rank - 1)
-
-
-def _scalar(v: Value | None) -> float | None:
-    c = const_operand(v)
-    return float(c.reshape(-1)[0]) if c is not None and c.size == 1 else None
 
 
 def fuse_attention(graph: Graph) -> Graph:
@@ -66,9 +61,9 @@ def recognize_attention(graph: Graph, second: Node) -> Node | None:
     scale = None
     scaling = producer(graph, scores, _SCALE, inner[-1])
     if scaling is not None:
-        x, c = scaling.inputs[0], _scalar(scaling.inputs[1])
+        x, c = scaling.inputs[0], scalar_operand(scaling.inputs[1])
         if c is None and scaling.op_type == "Mul":  # the constant first
-            x, c = scaling.inputs[1], _scalar(scaling.inputs[0])
+            x, c = scaling.inputs[1], scalar_operand(scaling.inputs[0])
         if c is not None and x is not None and x.type.shape == scaling.outputs[0].type.shape:
             inner.append(scaling)
             scores, scale = x, (scaling.op_type, c)

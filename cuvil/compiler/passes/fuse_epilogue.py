@@ -35,6 +35,7 @@ from cuvil.compiler.passes.rewrite import (
     const_operand,
     pattern,
     producer,
+    scalar_operand,
     sole_reader,
 )
 
@@ -205,11 +206,6 @@ def fuse_silu(graph: Graph, mul: Node) -> Node | None:
 # -- Gelu in Erf form ------------------------------------------------------------------------
 
 
-def _scalar(v: Value | None) -> float | None:
-    c = const_operand(v)
-    return float(c.reshape(())) if c is not None and c.size == 1 else None
-
-
 def _close(a: float | None, b: float) -> bool:
     return a is not None and abs(a - b) <= 1e-5 * abs(b)
 
@@ -229,10 +225,10 @@ def _scaled(graph: Graph, v: Value, reader: Node, factor: float) -> tuple[Value,
         return None
     if p.op_type == "Mul":
         for x, c in _binary_operands(p):
-            if _close(_scalar(c), factor):
+            if _close(scalar_operand(c), factor):
                 return x, p
     if p.op_type == "Div" and len(p.inputs) == 2 and p.inputs[0] is not None \
-            and _close(_scalar(p.inputs[1]), 1 / factor):
+            and _close(scalar_operand(p.inputs[1]), 1 / factor):
         return p.inputs[0], p
     return None
 
@@ -243,7 +239,7 @@ def _one_plus_erf(graph: Graph, v: Value, reader: Node) -> tuple[Value, list[Nod
     if add is None:
         return None
     for e, one in _binary_operands(add):
-        erf = _single(graph, e, add, "Erf") if _close(_scalar(one), 1.0) else None
+        erf = _single(graph, e, add, "Erf") if _close(scalar_operand(one), 1.0) else None
         if erf is None or erf.inputs[0] is None:
             continue
         inner = _scaled(graph, erf.inputs[0], erf, np.sqrt(0.5))
@@ -256,7 +252,7 @@ def _gelu_of(graph: Graph, mul: Node) -> tuple[Value, list[Node]] | None:
     """(x, inner nodes) when `mul` computes 0.5 * x * (1 + erf(x / sqrt 2)), as
     (x * (1 + erf)) * 0.5 or (x * 0.5) * (1 + erf), operands in either order."""
     for p, q in _binary_operands(mul):
-        if _close(_scalar(q), 0.5):  # (x * (1 + erf)) * 0.5
+        if _close(scalar_operand(q), 0.5):  # (x * (1 + erf)) * 0.5
             inner = _single(graph, p, mul, "Mul")
             for x, t in _binary_operands(inner) if inner is not None else []:
                 found = _one_plus_erf(graph, t, inner)  # type: ignore[arg-type]

@@ -23,7 +23,8 @@ import numpy as np
 
 from cuvil.compiler.ir import Graph, Node, Value
 
-__all__ = ["Pattern", "Rule", "apply_rules", "const_operand", "pattern", "producer", "sole_reader"]
+__all__ = ["Pattern", "Rule", "apply_rules", "const_operand", "pattern", "producer", "scalar_operand",
+           "sole_reader"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,12 @@ def producer(graph: Graph, v: Value | None, want: Pattern, reader: Node) -> Node
 def const_operand(v: Value | None) -> np.ndarray | None:
     """v's value when it is a constant."""
     return v.const if v is not None and v.const is not None else None
+
+
+def scalar_operand(v: Value | None) -> float | None:
+    """v's value when it is a constant of one element."""
+    c = const_operand(v)
+    return float(c.reshape(())) if c is not None and c.size == 1 else None
 
 
 def apply_rules(graph: Graph, rules: Sequence[Rule]) -> Graph:
