@@ -19,6 +19,7 @@ import pytest
 from batch_oracle import Case, check_cases
 from onnx import helper, numpy_helper
 from oracle import int8_oracle, onnxruntime_int8_is_exact
+from pipeline import op_labels
 
 import cuvil
 from cuvil.compiler.frontend import import_model
@@ -293,7 +294,26 @@ def _mlp(rng: np.random.Generator) -> onnx.ModelProto:
     return _model(nodes, ["N", 24], inits)
 
 
-MODELS = {"cnn": (_cnn, [3, 12, 12]), "mlp": (_mlp, [24])}
+def _ffn(rng: np.random.Generator) -> onnx.ModelProto:
+    """A transformer's feed-forward block: Linear, Gelu (erf form), Linear, then HardSwish."""
+    inits = {"w1": _he(rng, 32, 24).T.copy(), "b1": (rng.standard_normal(32) * 0.1).astype(
+        np.float32), "w2": _he(rng, 10, 32).T.copy(), "b2": np.zeros(10, np.float32),
+        "root2": np.array(np.sqrt(2), np.float32), "one": np.array(1, np.float32),
+        "half": np.array(0.5, np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Div", ["hb", "root2"], ["g_div"]),
+             helper.make_node("Erf", ["g_div"], ["g_erf"]),
+             helper.make_node("Add", ["g_erf", "one"], ["g_add"]),
+             helper.make_node("Mul", ["hb", "g_add"], ["g_mul"]),
+             helper.make_node("Mul", ["g_mul", "half"], ["gelu"]),
+             helper.make_node("MatMul", ["gelu", "w2"], ["o"]),
+             helper.make_node("Add", ["o", "b2"], ["ob"]),
+             helper.make_node("HardSwish", ["ob"], ["y"])]
+    return _model(nodes, ["N", 24], inits)
+
+
+MODELS = {"cnn": (_cnn, [3, 12, 12]), "mlp": (_mlp, [24]), "ffn": (_ffn, [24])}
 
 
 class _Random(quantization.CalibrationDataReader):
@@ -331,7 +351,8 @@ def _output_step(model: onnx.ModelProto) -> float | None:
 
 
 @pytest.mark.parametrize(("kind", "how"), [("cnn", "u8"), ("cnn", "s8"), ("mlp", "s8"),
-                                           ("mlp", "dynamic"), ("cnn", "dynamic")])
+                                           ("mlp", "dynamic"), ("cnn", "dynamic"),
+                                           ("ffn", "u8"), ("ffn", "s8")])
 def test_onnxruntime_quantized_models_match_onnxruntime(tmp_path, kind, how):
     model = _quantized(tmp_path, kind, how)
     nodes = run_passes(import_model(model)).nodes
@@ -341,6 +362,8 @@ def test_onnxruntime_quantized_models_match_onnxruntime(tmp_path, kind, how):
     assert ops & integer, ops
     if how != "dynamic":  # every product runs on integers: the QDQ pass fused them all
         assert not ops & {"Conv", "MatMul", "Gemm"}, ops
+    if kind == "ffn" and how != "dynamic":  # the Gelu between Q/DQ pairs is a table
+        assert "Fused(QuantizedAdd+LookupTable)" in op_labels(model), op_labels(model)
     if kind == "mlp" and how == "dynamic":  # each MatMul's chain is one node
         assert "DynamicQuantizeMatMul" in ops and not ops & {"MatMulInteger", "Cast"}, ops
     # and on the int8 kernel, their weights packed for it

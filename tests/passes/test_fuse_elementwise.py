@@ -5,7 +5,6 @@ fusing changes no bit of the result (the same model compiled without the pass)."
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from onnx import helper
 from oracle import assert_matches_ort, make_model, run_ort
 from pipeline import compile_without, op_labels
@@ -75,13 +74,13 @@ def test_what_stays_apart() -> None:
     check(model, lambda batch: {**floats(batch), "b": rng.standard_normal(37).astype(F32)})
 
 
-@pytest.mark.parametrize("axis_scales", [False, True])
-def test_quantize_dequantize_chains(axis_scales: bool) -> None:
-    # a QDQ model's float op between Q/DQ pairs: int8 in, int8 out, the scales per tensor or
-    # per channel; onnxruntime and cuvil may round a value at a tie differently after erf
+def test_quantize_dequantize_chains() -> None:
+    # a QDQ model's float op between Q/DQ pairs: int8 in, int8 out, the scales per channel
+    # (with one scale per tensor the chain is a table: passes/quantized_lookup.py);
+    # onnxruntime and cuvil may round a value at a tie differently after erf
     c = 24
-    scale = (rng.uniform(0.01, 0.05, c) if axis_scales else np.array(0.03)).astype(F32)
-    zero = (rng.integers(-5, 5, c) if axis_scales else np.array(2)).astype(np.int8)
+    scale = rng.uniform(0.01, 0.05, c).astype(F32)
+    zero = rng.integers(-5, 5, c).astype(np.int8)
     nodes = [helper.make_node("DequantizeLinear", ["q", "s", "z"], ["x"], axis=1),
              helper.make_node("Div", ["x", "r2"], ["d"]),
              helper.make_node("Erf", ["d"], ["e"]),

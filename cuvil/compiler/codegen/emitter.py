@@ -160,6 +160,18 @@ class Emitter:
             return ir.Constant(llvm_type(dtype), float(value))
         return ir.Constant(llvm_type(dtype), int(value))
 
+    def constant_table(self, values: np.ndarray, name: str) -> ir.GlobalVariable:
+        """`values` as a read-only array in the library. LLVM knows that no store reaches a
+        constant global, so a loop that reads it by a computed index still vectorizes."""
+        ty = ir.ArrayType(llvm_type(values.dtype), values.size)
+        g = ir.GlobalVariable(self.module, ty, self.module.get_unique_name(
+            f"{self.function.name}.{name}"))
+        g.linkage = "private"
+        g.global_constant = True
+        g.unnamed_addr = True
+        g.initializer = ir.Constant(ty, [v.item() for v in values.reshape(-1)])
+        return g
+
     def symbol_value(self, name: str) -> ir.Value:
         if name not in self._symbol_values:
             # loaded in the entry block so every later block can use it

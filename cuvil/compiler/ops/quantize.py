@@ -49,8 +49,8 @@ from cuvil.compiler.ops.elementwise import _round_half_even, emit_elementwise
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
 from cuvil.errors import ModelError, UnsupportedOpError
 
-__all__ = ["INT8_PACKED", "QLINEAR_BIAS_SLOT", "QLINEAR_POST_SLOT", "QUANT_DTYPES", "QuantLayout",
-           "dequantize_array", "quant_layout", "weight_slot"]
+__all__ = ["INT8_PACKED", "LOOKUP_TABLE", "QLINEAR_BIAS_SLOT", "QLINEAR_POST_SLOT", "QUANT_DTYPES",
+           "QuantLayout", "dequantize_array", "quant_layout", "weight_slot"]
 
 #: element types of quantized tensors cuvil compiles
 QUANT_DTYPES = ("int8", "uint8", "int16", "uint16")
@@ -414,6 +414,52 @@ class QuantizedAdd(Op):
             return saturate(k, y, f32, dtype, zero, low)
 
         return Element([required_input(node, i) for i in loaded], fn, 6)
+
+
+#: LookupTable's attribute: its 256 results, an int8 or uint8 array indexed by the input's
+#: byte (x for uint8, x + 128 for int8)
+LOOKUP_TABLE = "cuvil.table"
+
+
+@register
+class LookupTable(Op):
+    """cuvil's own: y = table[x] for an 8-bit x. passes/quantized_lookup.py makes it of a QDQ
+    model's elementwise chains that read one 8-bit tensor (per-tensor scales) and end in a
+    QuantizeLinear, a quantized Gelu or HardSwish: such a chain has only 256 possible
+    results, which the compiler computes once."""
+
+    op_type = "LookupTable"
+    domain = "cuvil"
+    dtypes = PRODUCT_DTYPES
+
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        x = required_input(node, 0)
+        _check_operand(node, x, "x")
+        table = node.attrs[LOOKUP_TABLE]
+        if table.shape != (256,) or table.dtype.name not in PRODUCT_DTYPES:
+            raise ModelError(f"{node.describe()}: its table must hold 256 int8 or uint8 "
+                             f"results, not {table.dtype} {table.shape}")
+        return [TensorType(table.dtype, x.type.shape)]
+
+    def fusable(self, node: Node) -> bool:
+        return True
+
+    def lower(self, node: Node, k: Emitter) -> None:
+        form = self.element(node, k)
+        emit_elementwise(k, node.outputs[0], form.operands, form.fn, form.cost)
+
+    def element(self, node: Node, k: Emitter) -> Element:
+        x = required_input(node, 0)
+        table = k.constant_table(node.attrs[LOOKUP_TABLE], "lookup")
+        signed = x.type.dtype == np.dtype("int8")
+
+        def fn(k: Emitter, v: list[ir.Value]) -> ir.Value:
+            byte = k.b.xor(v[0], ir.Constant(v[0].type, 0x80)) if signed else v[0]
+            at = k.b.gep(table, [k.i64(0), k.b.zext(byte, ir.IntType(64))], inbounds=True,
+                         source_etype=table.value_type)
+            return k.b.load(at, typ=table.value_type.element)
+
+        return Element([x], fn, 1)
 
 
 # -- integer products ------------------------------------------------------------------------

@@ -22,19 +22,22 @@ from cuvil.compiler.passes.fuse_epilogue import fuse_epilogue
 from cuvil.compiler.passes.fuse_qdq import fuse_qdq
 from cuvil.compiler.passes.pack_gemm_weights import pack_gemm_weights
 from cuvil.compiler.passes.pack_int8_weights import pack_int8_weights
+from cuvil.compiler.passes.quantized_lookup import quantized_lookup
 from cuvil.compiler.passes.rewrite_bodies import rewrite_bodies
 from cuvil.compiler.passes.widen_float16 import widen_float16
 from cuvil.compiler.passes.winograd_weights import winograd_weights
 
 #: the pipeline, in order (constant folding runs inside the frontend, which needs constants
 #: to type shape inputs)
-PIPELINE = (fuse_qdq, fuse_dynamic_quantize, pack_int8_weights, eliminate_dead_code,
-            widen_float16, fold_batchnorm, fuse_attention, pack_gemm_weights, fuse_epilogue,
-            fully_connected_convs, fuse_elementwise, winograd_weights, bf16_weights)
+PIPELINE = (quantized_lookup, fuse_qdq, fuse_dynamic_quantize, pack_int8_weights,
+            eliminate_dead_code, widen_float16, fold_batchnorm, fuse_attention, pack_gemm_weights,
+            fuse_epilogue, fully_connected_convs, fuse_elementwise, winograd_weights,
+            bf16_weights)
 
 #: passes of the pipeline that If/Loop/Scan bodies skip, and why; every other pass runs on
 #: each body too (`SUBGRAPH_PIPELINE`)
 TOP_LEVEL_ONLY = {
+    quantized_lookup: "it follows producers, which for a body may lie outside it",
     fuse_qdq: "it follows producers, which for a body may lie outside it",
     fuse_dynamic_quantize: "it follows producers, which for a body may lie outside it",
     widen_float16: "not yet tested on bodies (their float16 ops run as float16)",
