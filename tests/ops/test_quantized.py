@@ -16,12 +16,13 @@ from dataclasses import replace
 import numpy as np
 import onnx
 import pytest
-from batch_oracle import Case, check_cases
+from batch_oracle import Case, build, check_cases
 from onnx import helper, numpy_helper
 from oracle import int8_oracle, onnxruntime_int8_is_exact
 from pipeline import op_labels
 
 import cuvil
+from cuvil.compiler.driver import _node_profile
 from cuvil.compiler.frontend import import_model
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION
 from cuvil.compiler.ops.quantize import INT8_PACKED, QLINEAR_POST_SLOT
@@ -116,6 +117,50 @@ def test_integer_products_with_zero_points_and_per_channel_scales():
     check_cases(_exact(cases), sizes=[{"m": 1}, {"m": 3}], opset=13)
 
 
+def _qconv(rng: np.random.Generator, x: tuple, w: np.ndarray, attrs: dict, xdtype: str,
+           bias: bool = True, w_zero: np.ndarray | None = None) -> Case:
+    """A QLinearConv case: constant scales, zero points and weights, x fed."""
+    m = w.shape[0]
+    ins = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"] + (["b"] * bias)
+    consts = {"xs": _scalar(0.02, "float32"), "xz": _scalar(3 if xdtype == "int8" else 121,
+                                                             xdtype),
+              "w": w, "ws": (rng.random(m) * 0.01 + 0.002).astype(np.float32),
+              "wz": np.zeros(m, w.dtype) if w_zero is None else w_zero,
+              "ys": _scalar(0.05, "float32"), "yz": _scalar(7 if xdtype == "int8" else 110, xdtype),
+              "b": rng.integers(-900, 900, m).astype(np.int32)}
+    return Case("QLinearConv", ins, attrs, feeds={"x": (xdtype, list(x))},
+                consts={k: v for k, v in consts.items() if k in ins},
+                data=_int8 if xdtype == "int8" else _uint8)
+
+
+def test_depthwise_integer_convs():
+    """Depthwise QLinearConvs (one input channel per group) run on the float32 depthwise
+    kernel, on x - x_zero and w - w_zero, whose sums of at most 64 taps are exact integers:
+    padded and strided, 5 x 5 with two output channels per group, uint8 weights with zero
+    points per channel (w - w_zero up to 255), 1-D, symbolic spatial dims; the result must be
+    onnxruntime's exactly. A grouped conv of two channels per group stays on the generic loop."""
+    rng = np.random.default_rng(8)
+    uw = rng.integers(0, 256, [12, 1, 3, 3]).astype(np.uint8)
+    uw[0, 0, 0, 0], uw[1, 0, 0, 0] = 0, 255
+    cases = [
+        _qconv(rng, ("m", 7, 9, 8), _int8(rng, "int8", [7, 1, 3, 3]),
+               {"group": 7, "pads": [1, 1, 1, 1]}, "uint8"),
+        _qconv(rng, ("m", 6, "_h", 11), _int8(rng, "int8", [6, 1, 3, 3]),
+               {"group": 6, "pads": [1, 0, 1, 1], "strides": [2, 2]}, "int8", bias=False),
+        _qconv(rng, ("m", 4, 10, 10), _int8(rng, "int8", [8, 1, 5, 5]),
+               {"group": 4, "pads": [2, 2, 2, 2]}, "uint8"),
+        _qconv(rng, ("m", 12, 6, 5), uw, {"group": 12, "pads": [1, 1, 1, 1]}, "uint8",
+               w_zero=np.array([255, 0, *rng.integers(0, 256, 10)], np.uint8)),
+        _qconv(rng, ("m", 5, 13), _int8(rng, "int8", [5, 1, 3]), {"group": 5, "pads": [1, 1]},
+               "int8"),
+        _qconv(rng, ("m", 8, 6, 6), _int8(rng, "int8", [8, 2, 3, 3]),
+               {"group": 4, "pads": [1, 1, 1, 1]}, "uint8"),
+    ]
+    labels = [_node_profile(n)["op"] for n in run_passes(import_model(build(cases, 13))).nodes]
+    assert labels == ["QLinearConv(depthwise)"] * 5 + ["QLinearConv"], labels
+    check_cases(_exact(cases), sizes=[{"m": 1, "_h": 6}, {"m": 2, "_h": 9}], opset=13)
+
+
 def test_integer_convs_on_the_int8_kernel():
     """The kernel's conv path (one group, packed weights): odd channel counts, strides,
     uneven padding, a dilated last axis (no runs of adjacent taps), pointwise 1x1 convs
@@ -124,17 +169,7 @@ def test_integer_convs_on_the_int8_kernel():
     rng = np.random.default_rng(5)
 
     def qconv(x: tuple, w: np.ndarray, attrs: dict, xdtype: str, bias: bool = True) -> Case:
-        m = w.shape[0]
-        ins = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"] + (["b"] * bias)
-        consts = {"xs": _scalar(0.02, "float32"), "xz": _scalar(3 if xdtype == "int8" else 121,
-                                                                 xdtype),
-                  "w": w, "ws": (rng.random(m) * 0.01 + 0.002).astype(np.float32),
-                  "wz": np.zeros(m, np.int8), "ys": _scalar(0.05, "float32"),
-                  "yz": _scalar(7 if xdtype == "int8" else 110, xdtype),
-                  "b": rng.integers(-900, 900, m).astype(np.int32)}
-        return Case("QLinearConv", ins, attrs, feeds={"x": (xdtype, list(x))},
-                    consts={k: v for k, v in consts.items() if k in ins},
-                    data=_int8 if xdtype == "int8" else _uint8)
+        return _qconv(rng, x, w, attrs, xdtype, bias)
 
     cases = [
         qconv(("m", 5, 9, 8), _int8(rng, "int8", [7, 5, 3, 3]),

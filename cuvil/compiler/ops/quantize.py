@@ -27,7 +27,7 @@ import sympy
 from llvmlite import ir
 
 from cuvil.compiler.codegen.byte_transpose import emit_byte_transpose
-from cuvil.compiler.codegen.emitter import Emitter, View
+from cuvil.compiler.codegen.emitter import I32, Emitter, View
 from cuvil.compiler.codegen.int8_gemm_kernel import INT32, QEpilogue, emit_parallel_int8_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import (
@@ -41,6 +41,11 @@ from cuvil.compiler.ops import (
     normalize_axis,
     register,
     required_input,
+)
+from cuvil.compiler.ops._conv_depthwise import (
+    depthwise_scratch_bytes,
+    lower_conv_depthwise,
+    uses_direct_depthwise,
 )
 from cuvil.compiler.ops._dynamic_quantize_kernel import emit_dynamic_quantize
 from cuvil.compiler.ops._window import Window, window
@@ -817,17 +822,96 @@ class QLinearConv(Op):
     def scratch_bytes(self, node: Node) -> Dim:
         if INT8_PACKED in node.attrs:
             return _packed_conv_bytes(node)
+        if (depthwise := _depthwise(node)) is not None:
+            conv, _ = depthwise
+            x, y = conv.inputs[0], conv.outputs[0]
+            assert x is not None
+            return 4 * numel(x.type.shape) + 4 * numel(y.type.shape) + \
+                depthwise_scratch_bytes(conv)
         return 4 * numel(node.outputs[0].type.shape[2:])
 
     def path(self, node: Node) -> str:
-        return "int8 kernel" if INT8_PACKED in node.attrs else ""
+        if INT8_PACKED in node.attrs:
+            return "int8 kernel"
+        return "depthwise" if _depthwise(node) is not None else ""
 
     def lower(self, node: Node, k: Emitter) -> None:
         if INT8_PACKED in node.attrs:
             _lower_packed_conv(node, k)
             return
+        if (depthwise := _depthwise(node)) is not None:
+            _lower_depthwise(node, k, *depthwise)
+            return
         _lower_conv(node, k, required_input(node, 0), required_input(node, 3), node.input(2),
                     node.input(5), _requantize(node, 1, 4), node.input(8))
+
+
+def _depthwise(node: Node) -> tuple[Node, np.ndarray] | None:
+    """A depthwise QLinearConv as the float32 depthwise kernel's Conv (on x - x_zero, into
+    float32 sums) and its weights w - w_zero as float32; None for other convs. The kernel's
+    sums are exact: every partial sum is an integer of at most taps * 255 * max|w - w_zero|,
+    which must stay below 2**24 (it does for 8-bit 3 x 3 to 7 x 7 kernels), so the result is
+    the int32 sums' bit for bit."""
+    x, w, w_zero = required_input(node, 0), required_input(node, 3), node.input(5)
+    if w.const is None or (w_zero is not None and w_zero.const is None) or x.type.rank < 3:
+        return None
+    f32 = np.dtype("float32")
+    weights = w.const.astype(np.float64)
+    if w_zero is not None:
+        weights -= w_zero.const.astype(np.float64).reshape(-1, *[1] * (w.type.rank - 1))
+    taps = int(np.prod(w.type.shape[2:]))
+    if taps * 255 * float(np.abs(weights).max(initial=0)) >= 2 ** 24:
+        return None
+    attrs = {a: v for a, v in node.attrs.items() if a in _CONV_GEOMETRY}
+    conv = Node("Conv", [Value(f"{x.name}.minus_zero", TensorType(f32, x.type.shape)),
+                         Value(f"{w.name}.minus_zero", TensorType(f32, w.type.shape))],
+                [Value(f"{node.name}.sums", TensorType(f32, node.outputs[0].type.shape))],
+                attrs, name=node.name)
+    return (conv, weights.astype(f32)) if uses_direct_depthwise(conv) else None
+
+
+#: the attributes of a QLinearConv that place its window (the others are cuvil's fusions)
+_CONV_GEOMETRY = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+
+
+def _lower_depthwise(node: Node, k: Emitter, conv: Node, weights: np.ndarray) -> None:
+    """x - x_zero as float32 into scratch, the float32 depthwise kernel's sums after it, then
+    each sum plus the bias requantized into y."""
+    x_val, y_val = required_input(node, 0), node.outputs[0]
+    xf, wf = (v for v in conv.inputs if v is not None)
+    sums = conv.outputs[0]
+    b = k.b
+    assert k.scratch is not None
+    f32, i32 = np.dtype("float32"), np.dtype("int32")
+    k.buffers[xf] = k.scratch
+    k.buffers[sums] = b.gep(k.scratch, [k.dim(numel(x_val.type.shape))], source_etype=ir.FloatType())
+    table = k.constant_table(weights.reshape(-1), "weights")
+    k.buffers[wf] = b.gep(table, [k.i64(0), k.i64(0)], source_etype=table.value_type)
+    x_zero = node.input(2)
+    zero = [] if x_zero is None else [x_zero]
+    emit_elementwise(k, xf, [x_val, *zero], lambda k, v: k.b.fsub(
+        k.convert(v[0], x_val.type.dtype, f32),
+        k.convert(v[1], x_val.type.dtype, f32)) if zero else k.convert(v[0], x_val.type.dtype,
+                                                                        f32))
+    scratch = k.scratch
+    k.scratch = b.gep(k.buffers[sums], [k.dim(numel(y_val.type.shape))],
+                      source_etype=ir.FloatType())
+    lower_conv_depthwise(conv, k, _conv_geometry(node, UNCHECKED, x_val, required_input(node, 3)))
+    k.scratch = scratch
+    requant, bias = _requantize(node, 1, 4), node.input(8)
+    m = y_val.type.shape[1]
+    plane = numel(y_val.type.shape[2:])
+    with k.parallel_loop(numel(y_val.type.shape[:2]), cost=plane, name="rq") as t:
+        b = k.b
+        oc = b.srem(t, k.dim(m))
+        start = b.mul(t, k.dim(plane))
+        add = _param(k, bias, oc, i32) if bias is not None else None
+        s = k.contiguous(k.buffers[sums], f32, (numel(y_val.type.shape),))
+        y = k.contiguous(k.buffers[y_val], y_val.type.dtype, (numel(y_val.type.shape),))
+        with k.loop(b.add(start, k.dim(plane)), start=start, name="e") as e:
+            acc = b.fptosi(k.load(s, [e]), I32)
+            k.store(y, [e], requant.store(k, b.add(acc, add) if add is not None else acc, oc,
+                                          y_val.type.dtype))
 
 
 # -- on the int8 GEMM kernel (weights packed by passes/pack_int8_weights.py) -----------------
