@@ -853,12 +853,12 @@ def _depthwise(node: Node) -> tuple[Node, np.ndarray] | None:
     which must stay below 2**24 (it does for 8-bit 3 x 3 to 7 x 7 kernels), so the result is
     the int32 sums' bit for bit."""
     x, w, w_zero = required_input(node, 0), required_input(node, 3), node.input(5)
-    if w.const is None or (w_zero is not None and w_zero.const is None) or x.type.rank < 3:
+    zero = np.zeros(1) if w_zero is None else w_zero.const
+    if w.const is None or zero is None or x.type.rank < 3:
         return None
     f32 = np.dtype("float32")
-    weights = w.const.astype(np.float64)
-    if w_zero is not None:
-        weights -= w_zero.const.astype(np.float64).reshape(-1, *[1] * (w.type.rank - 1))
+    weights = w.const.astype(np.float64) - zero.astype(np.float64).reshape(
+        -1, *[1] * (w.type.rank - 1))
     taps = int(np.prod(w.type.shape[2:]))
     if taps * 255 * float(np.abs(weights).max(initial=0)) >= 2 ** 24:
         return None
