@@ -619,3 +619,30 @@ def _parallel_threads(module: ir.Module) -> ir.Function:
         return module.get_global(PARALLEL_THREADS)
     except KeyError:
         return ir.Function(module, ir.FunctionType(I32, []), PARALLEL_THREADS)
+
+
+def cpuid_gate(module: ir.Module, b: ir.IRBuilder, bit: tuple[int, int, int, int]) -> ir.Value:
+    """Whether the CPU has the CPUID `bit`, read once per library and kept in an internal
+    global (1 yes, 2 no, 0 not read yet): CPUID traps to the hypervisor on virtual machines,
+    too slow for every product. Threads racing on the first read store the same value."""
+    name = "cuvil.cpuid." + ".".join(map(str, bit))
+    try:
+        cache = module.get_global(name)
+    except KeyError:
+        cache = ir.GlobalVariable(module, I32, name)
+        cache.linkage = "internal"
+        cache.initializer = ir.Constant(I32, 0)
+    known = b.load_atomic(cache, "monotonic", 4)
+    slot = b.alloca(I32)
+    b.store(known, slot)
+    with b.if_then(b.icmp_signed("==", known, ir.Constant(I32, 0)), likely=False):
+        try:
+            query = module.get_global(CPUID_BIT)
+        except KeyError:
+            query = ir.Function(module, ir.FunctionType(I32, [I32] * 4), CPUID_BIT)
+        has = b.call(query, [ir.Constant(I32, x) for x in bit])
+        fresh = b.select(b.icmp_signed("!=", has, ir.Constant(I32, 0)), ir.Constant(I32, 1),
+                         ir.Constant(I32, 2))
+        b.store_atomic(fresh, cache, "monotonic", 4)
+        b.store(fresh, slot)
+    return b.icmp_signed("==", b.load(slot), ir.Constant(I32, 1))

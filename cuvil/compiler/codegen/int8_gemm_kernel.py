@@ -56,7 +56,7 @@ them. Rather than a fourth and fifth copy of every model's code (compile time, l
 the dispatcher's table, all for one kernel), the v4 copy holds both the vnni512 and the
 madd512 kernel, the v3 copy avxvnni and madd256, and the kernel's entry tests the CPUID bit
 once (the runtime's cuvil_cpuid_bit, its answer cached in an internal global like the
-dispatcher's level), see `_cpuid_gate`. The VNNI
+dispatcher's level), see `cpuid_gate`. The VNNI
 kernel itself is compiled with the extra feature as a function attribute. A module whose
 features name the flag ("+avx512vnni", e.g. cpu="native" here) calls it directly; one that
 excludes it ("-avx512vnni") never does. AArch64 does the same, in two steps: a baseline
@@ -85,7 +85,7 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.emitter import CPUID_BIT, I8, I32, I64, PTR, Emitter, splat
+from cuvil.compiler.codegen.emitter import I8, I32, I64, PTR, Emitter, cpuid_gate, splat
 from cuvil.compiler.codegen.gemm_kernel import block_span, split_blocks
 from cuvil.compiler.codegen.kernel_objects import kernel_function
 
@@ -293,7 +293,7 @@ def int8_gemm_function(module: ir.Module, a_signed: bool, row_sums: bool,
         define_isa(module, fast, isa)
         define_gated(module, slow, isa.fallback)
         b = ir.IRBuilder(fn.append_basic_block("entry"))
-        has = _cpuid_gate(module, b, isa.gate)
+        has = cpuid_gate(module, b, isa.gate)
         with b.if_else(has) as (yes, no):
             with yes:
                 b.call(fast, fn.args)
@@ -309,33 +309,6 @@ def int8_gemm_function(module: ir.Module, a_signed: bool, row_sums: bool,
 
 _QGEMM_TYPE = ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, I32, PTR, PTR, PTR, PTR,
                                               I64, PTR, F32, PTR, I32, PTR, PTR])
-
-
-def _cpuid_gate(module: ir.Module, b: ir.IRBuilder, bit: tuple[int, int, int, int]) -> ir.Value:
-    """Whether the CPU has the CPUID `bit`, read once per library and kept in an internal
-    global (1 yes, 2 no, 0 not read yet): CPUID traps to the hypervisor on virtual machines,
-    too slow for every product. Threads racing on the first read store the same value."""
-    name = "cuvil.cpuid." + ".".join(map(str, bit))
-    try:
-        cache = module.get_global(name)
-    except KeyError:
-        cache = ir.GlobalVariable(module, I32, name)
-        cache.linkage = "internal"
-        cache.initializer = ir.Constant(I32, 0)
-    known = b.load_atomic(cache, "monotonic", 4)
-    slot = b.alloca(I32)
-    b.store(known, slot)
-    with b.if_then(b.icmp_signed("==", known, ir.Constant(I32, 0)), likely=False):
-        try:
-            query = module.get_global(CPUID_BIT)
-        except KeyError:
-            query = ir.Function(module, ir.FunctionType(I32, [I32] * 4), CPUID_BIT)
-        has = b.call(query, [ir.Constant(I32, x) for x in bit])
-        fresh = b.select(b.icmp_signed("!=", has, ir.Constant(I32, 0)), ir.Constant(I32, 1),
-                         ir.Constant(I32, 2))
-        b.store_atomic(fresh, cache, "monotonic", 4)
-        b.store(fresh, slot)
-    return b.icmp_signed("==", b.load(slot), ir.Constant(I32, 1))
 
 
 def _intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:

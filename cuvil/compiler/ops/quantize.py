@@ -26,8 +26,9 @@ import onnx
 import sympy
 from llvmlite import ir
 
+from cuvil.compiler.codegen.byte_lookup import byte_lookup_function
 from cuvil.compiler.codegen.byte_transpose import emit_byte_transpose
-from cuvil.compiler.codegen.emitter import I32, Emitter, View
+from cuvil.compiler.codegen.emitter import I8, I32, Emitter, View
 from cuvil.compiler.codegen.int8_gemm_kernel import INT32, QEpilogue, emit_parallel_int8_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import (
@@ -424,6 +425,8 @@ class QuantizedAdd(Op):
 #: LookupTable's attribute: its 256 results, an int8 or uint8 array indexed by the input's
 #: byte (x for uint8, x + 128 for int8)
 LOOKUP_TABLE = "cuvil.table"
+#: elements of one task of a LookupTable's parallel loop
+LOOKUP_BLOCK = 1 << 14
 
 
 @register
@@ -446,25 +449,23 @@ class LookupTable(Op):
                              f"results, not {table.dtype} {table.shape}")
         return [TensorType(table.dtype, x.type.shape)]
 
-    def fusable(self, node: Node) -> bool:
-        return True
-
     def lower(self, node: Node, k: Emitter) -> None:
-        form = self.element(node, k)
-        emit_elementwise(k, node.outputs[0], form.operands, form.fn, form.cost)
-
-    def element(self, node: Node, k: Emitter) -> Element:
-        x = required_input(node, 0)
+        # not fusable: a chain's loop would look bytes up one at a time, the kernel does 64
+        x, y = required_input(node, 0), node.outputs[0]
         table = k.constant_table(node.attrs[LOOKUP_TABLE], "lookup")
-        signed = x.type.dtype == np.dtype("int8")
-
-        def fn(k: Emitter, v: list[ir.Value]) -> ir.Value:
-            byte = k.b.xor(v[0], ir.Constant(v[0].type, 0x80)) if signed else v[0]
-            at = k.b.gep(table, [k.i64(0), k.b.zext(byte, ir.IntType(64))], inbounds=True,
-                         source_etype=table.value_type)
-            return k.b.load(at, typ=table.value_type.element)
-
-        return Element([x], fn, 1)
+        lookup = byte_lookup_function(k.module)
+        flip = ir.Constant(I8, 0x80 if x.type.dtype == np.dtype("int8") else 0)
+        n = k.dim(numel(x.type.shape))
+        blocks = k.b.sdiv(k.b.add(n, k.i64(LOOKUP_BLOCK - 1)), k.i64(LOOKUP_BLOCK))
+        with k.parallel_loop(blocks, cost=LOOKUP_BLOCK // 8, name="lookup") as block:
+            b = k.b
+            start = b.mul(block, k.i64(LOOKUP_BLOCK))
+            count = b.sub(k.dim(numel(x.type.shape)), start)
+            count = b.select(b.icmp_signed("<", count, k.i64(LOOKUP_BLOCK)), count,
+                             k.i64(LOOKUP_BLOCK))
+            b.call(lookup, [b.gep(table, [k.i64(0), k.i64(0)], source_etype=table.value_type),
+                            b.gep(k.buffers[x], [start], source_etype=I8),
+                            b.gep(k.buffers[y], [start], source_etype=I8), count, flip])
 
 
 # -- integer products ------------------------------------------------------------------------

@@ -6,8 +6,8 @@ tensor x (through DequantizeLinear with one scale and zero point), and otherwise
 one-element constants, up to a QuantizeLinear that gives 8 bits again, its result is a
 function of x's byte alone: 256 possible values. A BERT's Gelu (DequantizeLinear, Div, Erf,
 QuantizeLinear, DequantizeLinear, Add, ..., Mul, QuantizeLinear: 7 divisions and an erf per
-element) or a MobileNet's HardSwish becomes cuvil's LookupTable (ops/quantize.py), one byte
-load per element.
+element) or a MobileNet's HardSwish becomes cuvil's LookupTable (ops/quantize.py), on a
+kernel that looks up 64 bytes in three instructions where the CPU has AVX-512 VBMI.
 
 The table is the chain run on all 256 bytes by onnx's reference evaluator, which folds
 constants too (frontend/fold_constants.py): each op's float32 arithmetic as the spec states
