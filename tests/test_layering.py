@@ -30,6 +30,7 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("kernels", ("cuvil/compiler/codegen/emitter.py", "cuvil/compiler/codegen/gemm_kernel.py",
                  "cuvil/compiler/codegen/gemv_kernel.py", "cuvil/compiler/codegen/int8_gemm_kernel.py",
                  "cuvil/compiler/codegen/bf16_gemm_kernel.py", "cuvil/compiler/codegen/byte_transpose.py",
+                 "cuvil/compiler/codegen/byte_lookup.py",
                  "cuvil/compiler/codegen/kernel_objects.py", "cuvil/compiler/codegen/vecmath.py",
                  "cuvil/compiler/codegen/activation.py")),
     ("ops", ("cuvil/compiler/ops/",)),
