@@ -83,6 +83,12 @@ def int8_oracle(model: onnx.ModelProto) -> Callable[[Mapping[str, np.ndarray]], 
         session = ort.InferenceSession(model.SerializeToString(),
                                        providers=["CPUExecutionProvider"])
         return lambda feeds: session.run(None, dict(feeds))
+    return reference_oracle(model)
+
+
+def reference_oracle(model: onnx.ModelProto) -> Callable[[Mapping[str, np.ndarray]],
+                                                         list[np.ndarray]]:
+    """feeds -> outputs by onnx's reference evaluator (a QDQ model computed as its ops say)."""
     from onnx.reference import ReferenceEvaluator
     from onnx.version_converter import convert_version
 

@@ -18,7 +18,7 @@ import onnx
 import pytest
 from batch_oracle import Case, build, check_cases
 from onnx import helper, numpy_helper
-from oracle import int8_oracle, onnxruntime_int8_is_exact
+from oracle import int8_oracle, onnxruntime_int8_is_exact, reference_oracle
 from pipeline import op_labels
 
 import cuvil
@@ -348,7 +348,30 @@ def _ffn(rng: np.random.Generator) -> onnx.ModelProto:
     return _model(nodes, ["N", 24], inits)
 
 
-MODELS = {"cnn": (_cnn, [3, 12, 12]), "mlp": (_mlp, [24]), "ffn": (_ffn, [24])}
+def _attention(rng: np.random.Generator) -> onnx.ModelProto:
+    """Self-attention of 3 heads of 8 over 11 positions: the query, key and value projections,
+    softmax(q k^T / sqrt(8)) v (two products of activations), the output projection."""
+    inits = {f"w{p}": _he(rng, 24, 24).T.copy() for p in "qkvo"}
+    inits.update(heads=np.array([0, 11, 3, 8], np.int64), merged=np.array([0, 11, 24], np.int64),
+                 root=np.array(np.sqrt(8), np.float32))
+    nodes = []
+    for p in "qkv":
+        nodes += [helper.make_node("MatMul", ["x", f"w{p}"], [f"{p}_flat"]),
+                  helper.make_node("Reshape", [f"{p}_flat", "heads"], [f"{p}_split"]),
+                  helper.make_node("Transpose", [f"{p}_split"], [p],
+                                   perm=[0, 2, 3, 1] if p == "k" else [0, 2, 1, 3])]
+    nodes += [helper.make_node("MatMul", ["q", "k"], ["scores"]),
+              helper.make_node("Div", ["scores", "root"], ["scaled"]),
+              helper.make_node("Softmax", ["scaled"], ["probs"], axis=-1),
+              helper.make_node("MatMul", ["probs", "v"], ["ctx"]),
+              helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ctx_t", "merged"], ["ctx_flat"]),
+              helper.make_node("MatMul", ["ctx_flat", "wo"], ["y"])]
+    return _model(nodes, ["N", 11, 24], inits)
+
+
+MODELS = {"cnn": (_cnn, [3, 12, 12]), "mlp": (_mlp, [24]), "ffn": (_ffn, [24]),
+          "attention": (_attention, [11, 24])}
 
 
 class _Random(quantization.CalibrationDataReader):
@@ -387,7 +410,8 @@ def _output_step(model: onnx.ModelProto) -> float | None:
 
 @pytest.mark.parametrize(("kind", "how"), [("cnn", "u8"), ("cnn", "s8"), ("mlp", "s8"),
                                            ("mlp", "dynamic"), ("cnn", "dynamic"),
-                                           ("ffn", "u8"), ("ffn", "s8")])
+                                           ("ffn", "u8"), ("ffn", "s8"),
+                                           ("attention", "u8"), ("attention", "s8")])
 def test_onnxruntime_quantized_models_match_onnxruntime(tmp_path, kind, how):
     model = _quantized(tmp_path, kind, how)
     nodes = run_passes(import_model(model)).nodes
@@ -401,10 +425,15 @@ def test_onnxruntime_quantized_models_match_onnxruntime(tmp_path, kind, how):
         assert "LookupTable" in op_labels(model), op_labels(model)
     if kind == "mlp" and how == "dynamic":  # each MatMul's chain is one node
         assert "DynamicQuantizeMatMul" in ops and not ops & {"MatMulInteger", "Cast"}, ops
-    # and on the int8 kernel, their weights packed for it
-    assert all(INT8_PACKED in n.attrs for n in nodes if n.op_type in integer), ops
+    # and on the int8 kernel, their weights packed for it (or, for the products of two
+    # activations in attention, packed per call)
+    assert all(INT8_PACKED in n.attrs or (kind == "attention" and _node_profile(n)["op"] ==
+                                          "QLinearMatMul(int8 kernel)")
+               for n in nodes if n.op_type in integer), ops
     compiled = cuvil.compile(model)
-    oracle = int8_oracle(model)
+    # onnxruntime's optimized session moves some of the attention model's outputs by up to 2
+    # steps from what its unoptimized session and onnx's reference evaluator give (cuvil: 0)
+    oracle = reference_oracle(model) if kind == "attention" else int8_oracle(model)
     rng = np.random.default_rng(4)
     step = _output_step(model)
     for batch in (1, 7):

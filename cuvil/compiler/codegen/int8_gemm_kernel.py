@@ -913,35 +913,48 @@ def emit_parallel_int8_gemm_runtime_b(
 def _pack_panel(k: Emitter, p: ir.Value, n: ir.Value, kk: ir.Value, src: ir.Value,
                 ldb: ir.Value, b_zero: ir.Value, out: ir.Value, colsum: ir.Value,
                 beta: ir.Value, *, b_signed: bool, per_column: bool) -> None:
-    """Panel p of B as pack_b_int8 lays it out, with its columns' colsum and beta."""
+    """Panel p of B as pack_b_int8 lays it out, with its columns' colsum and beta: a group
+    of GROUP rows at a time, each of its rows read along the panel's columns (contiguous
+    loads, where a walk down each column read one byte per row of B)."""
     b = k.b
     kp = b.and_(b.add(kk, k.i64(GROUP - 1)), k.i64(-GROUP))
     base = b.gep(out, [b.mul(p, b.mul(kp, k.i64(PACK_COLS)))], source_etype=I8)
     flip = ir.Constant(I8, 0 if b_signed else 0x80)
     ext = b.sext if b_signed else b.zext
     last_k = b.sub(kk, k.i64(1))
-    with k.loop(k.i64(PACK_COLS), name="pc") as col:
-        j = b.add(b.mul(p, k.i64(PACK_COLS)), col)
+    first = b.mul(p, k.i64(PACK_COLS))
+    sums = b.gep(colsum, [first], source_etype=I32)
+    with k.loop(k.i64(PACK_COLS), name="pz") as col:
+        b.store(ir.Constant(I32, 0), b.gep(sums, [col], source_etype=I32))
+    with k.loop(b.udiv(kp, k.i64(GROUP)), name="pg") as group:
+        rows = []
+        for r in range(GROUP):
+            kr = b.add(b.mul(group, k.i64(GROUP)), k.i64(r))
+            rows.append((b.icmp_signed("<", kr, kk),
+                         b.gep(src, [b.mul(k.minimum("int64", kr, last_k), ldb)],
+                               source_etype=I8)))
+        dst = b.gep(base, [b.mul(group, k.i64(PACK_COLS * GROUP))], source_etype=I8)
+        with k.loop(k.i64(PACK_COLS), name="pc") as col:
+            j = b.add(first, col)
+            inside = b.icmp_signed("<", j, n)
+            j_safe = b.select(inside, j, k.i64(0))
+            total: ir.Value = ir.Constant(I32, 0)
+            for r, (real_k, row) in enumerate(rows):
+                raw = b.load(b.gep(row, [j_safe], source_etype=I8), typ=I8)
+                sb = b.select(b.and_(inside, real_k), b.xor(raw, flip), ir.Constant(I8, 0))
+                b.store(sb, b.gep(dst, [b.add(b.mul(col, k.i64(GROUP)), k.i64(r))],
+                                  source_etype=I8))
+                total = b.add(total, b.sext(sb, I32))
+            at = b.gep(sums, [col], source_etype=I32)
+            b.store(b.add(b.load(at, typ=I32), total), at)
+    with k.loop(k.i64(PACK_COLS), name="pb") as col:
+        j = b.add(first, col)
         inside = b.icmp_signed("<", j, n)
         j_safe = b.select(inside, j, k.i64(0))
-        acc = _slot(k, I32)
-        with k.loop(kp, name="pk") as kr:
-            real = b.and_(inside, b.icmp_signed("<", kr, kk))
-            at = b.add(b.mul(k.minimum("int64", kr, last_k), ldb), j_safe)
-            raw = b.load(b.gep(src, [at], source_etype=I8), typ=I8)
-            sb = b.select(real, b.xor(raw, flip), ir.Constant(I8, 0))
-            group = b.udiv(kr, k.i64(GROUP))
-            dst = b.add(b.add(b.mul(group, k.i64(PACK_COLS * GROUP)), b.mul(col, k.i64(GROUP))),
-                        b.sub(kr, b.mul(group, k.i64(GROUP))))
-            b.store(sb, b.gep(base, [dst], source_etype=I8))
-            b.store(b.add(b.load(acc), b.sext(sb, I32)), acc)
         zero = ext(b.load(b.gep(b_zero, [j_safe if per_column else k.i64(0)], source_etype=I8),
                           typ=I8), I32)
-        at = b.add(b.mul(p, k.i64(PACK_COLS)), col)
-        b.store(b.select(inside, b.load(acc), ir.Constant(I32, 0)),
-                b.gep(colsum, [at], source_etype=I32))
         b.store(b.select(inside, b.sub(ir.Constant(I32, 0 if b_signed else 128), zero),
-                         ir.Constant(I32, 0)), b.gep(beta, [at], source_etype=I32))
+                         ir.Constant(I32, 0)), b.gep(beta, [j], source_etype=I32))
 
 
 def _slot(k: Emitter, ty: ir.Type) -> ir.Value:

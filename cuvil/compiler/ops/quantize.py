@@ -29,7 +29,14 @@ from llvmlite import ir
 from cuvil.compiler.codegen.byte_lookup import byte_lookup_function
 from cuvil.compiler.codegen.byte_transpose import emit_byte_transpose
 from cuvil.compiler.codegen.emitter import I8, I32, Emitter, View
-from cuvil.compiler.codegen.int8_gemm_kernel import INT32, QEpilogue, emit_parallel_int8_gemm
+from cuvil.compiler.codegen.int8_gemm_kernel import (
+    GROUP,
+    INT32,
+    PACK_COLS,
+    QEpilogue,
+    emit_parallel_int8_gemm,
+    emit_parallel_int8_gemm_runtime_b,
+)
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import (
     UNCHECKED,
@@ -679,14 +686,21 @@ class QLinearMatMul(Op):
     def scratch_bytes(self, node: Node) -> Dim:
         if INT8_PACKED in node.attrs:
             return _packed_matmul_bytes(node)
+        if _runtime_b(node):
+            kk, n = required_input(node, 3).type.shape[-2:]
+            # B packed (its padding bounded above), then the multipliers
+            return (kk + GROUP - 1) * (n + PACK_COLS - 1) + 8 * (n + PACK_COLS - 1) + 4 * n
         return 4 * node.outputs[0].type.shape[-1]
 
     def path(self, node: Node) -> str:
-        return "int8 kernel" if INT8_PACKED in node.attrs else ""
+        return "int8 kernel" if INT8_PACKED in node.attrs or _runtime_b(node) else ""
 
     def lower(self, node: Node, k: Emitter) -> None:
         if INT8_PACKED in node.attrs:
             _lower_packed_matmul(node, k)
+            return
+        if _runtime_b(node):
+            _lower_runtime_b_matmul(node, k)
             return
         _lower_matmul(node, k, required_input(node, 0), required_input(node, 3), node.input(2),
                       node.input(5), _requantize(node, 1, 4), node.input(QLINEAR_BIAS_SLOT))
@@ -938,6 +952,46 @@ def _multiplier_bytes(n: int) -> int:
     return -(-4 * n // 64) * 64
 
 
+def _runtime_b(node: Node) -> bool:
+    """A QLinearMatMul whose B is computed by the model (attention's products of two
+    activations), with float32 scales: on the int8 kernel, B packed per call."""
+    b = node.input(3)
+    return (node.op_type == "QLinearMatMul" and INT8_PACKED not in node.attrs
+            and b is not None and b.const is None and b.type.rank >= 2
+            and required_input(node, 0).type.rank >= 2 and _fuses_requantize(node))
+
+
+def _lower_runtime_b_matmul(node: Node, k: Emitter) -> None:
+    """For each matrix of the batch: B packed into scratch, then the kernel's product with A,
+    requantized in its epilogue (the multipliers after the packed B)."""
+    a_val, b_val, y_val = required_input(node, 0), required_input(node, 3), node.outputs[0]
+    m, kk = a_val.type.shape[-2:]
+    n = b_val.type.shape[-1]
+    batch = tuple(y_val.type.shape[:-2])
+    assert k.scratch is not None
+    b = k.b
+    kp = b.and_(b.add(k.dim(kk), k.i64(GROUP - 1)), k.i64(-GROUP))
+    np_ = b.and_(b.add(k.dim(n), k.i64(PACK_COLS - 1)), k.i64(-PACK_COLS))
+    mult = b.gep(k.scratch, [b.add(b.mul(kp, np_), b.mul(np_, k.i64(8)))], source_etype=I8)
+    fused = _fused_requantize(node, k, n, mult)
+    b_zero = node.input(5)
+    if b_zero is None:
+        zero = k.constant_table(np.zeros(1, np.int8), "b_zero")
+        b_zero_ptr = b.gep(zero, [k.i64(0), k.i64(0)], source_etype=zero.value_type)
+    else:
+        b_zero_ptr = k.buffers[b_zero]
+    i32 = np.dtype("int32")
+    a_zero = _param(k, node.input(2), k.i64(0), i32) or k.const(i32, 0)
+    a, bv, y = k.view(a_val), k.view(b_val), k.view(y_val)
+    with k.loops([k.dim(d) for d in batch], name="batch") as idx:
+        am, bm, ym = (_batched(k, v, batch, idx) for v in (a, bv, y))
+        emit_parallel_int8_gemm_runtime_b(
+            k, k.dim(m), k.dim(n), k.dim(kk), am.ptr, k.dim(kk), a_zero, bm.ptr, k.dim(n),
+            b_zero_ptr, k.scratch, ym.ptr, k.dim(n), a_signed=a_val.type.dtype.name == "int8",
+            b_signed=b_val.type.dtype.name == "int8",
+            b_zero_per_column=b_zero is not None and b_zero.type.numel != 1, **fused)
+
+
 def _fuses_requantize(node: Node) -> bool:
     """Whether the kernel's epilogue requantizes the QLinear op: float32 scales (QLinearConv
     has no others; float16/float64 QLinearMatMul scales keep the float64 loop)."""
@@ -945,14 +999,14 @@ def _fuses_requantize(node: Node) -> bool:
         "float32"
 
 
-def _fused_requantize(node: Node, k: Emitter, n: int, mult: ir.Value) -> dict:
+def _fused_requantize(node: Node, k: Emitter, n: Dim, mult: ir.Value) -> dict:
     """The kernel's arguments for requantizing in its epilogue, as onnxruntime does: the
     multiplier a_scale * b_scale[j] / y_scale formed in float32 (into `mult`, n floats), the
     float32 product with (acc + bias[j]), rounded half to even, plus y's zero point."""
     requant = _requantize(node, 1, 4)
     f32, i32 = np.dtype("float32"), np.dtype("int32")
     view = k.contiguous(mult, f32, (n,))
-    with k.loop(k.i64(n), name="mult") as j:
+    with k.loop(k.dim(n), name="mult") as j:
         a, bs, ys = (_param(k, v, j, f32) for v in (requant.a_scale, requant.b_scale,
                                                     requant.y_scale))
         assert a is not None and bs is not None and ys is not None

@@ -185,7 +185,15 @@ def _qlinear_conv(graph: Graph, conv: Node, a_dq: Node, q: Node) -> Node | None:
 
 def _qlinear_matmul(graph: Graph, prod: Node, a_dq: Node, q: Node) -> Node | None:
     a, b = prod.inputs[0], prod.input(1)
-    if a is None or b is None or a.type.rank < 2 or b.type.rank != 2:
+    if a is None or b is None or a.type.rank < 2 or b.type.rank < 2:
+        return None
+    b_dq = _dq(b)
+    if prod.op_type == "MatMul" and _activation(b_dq):  # attention's products
+        assert b_dq is not None
+        return Node("QLinearMatMul", [a_dq.inputs[0], a_dq.input(1), a_dq.input(2),
+                                      b_dq.inputs[0], b_dq.input(1), b_dq.input(2), q.input(1),
+                                      q.input(2)], [], {}, name=prod.name, opset=prod.opset)
+    if b.type.rank != 2:
         return None
     trans_b = False
     if prod.op_type == "Gemm":
