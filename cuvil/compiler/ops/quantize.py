@@ -10,10 +10,16 @@ int8, uint8, int16 and uint16 (int32 for DequantizeLinear's input); int4, int2 a
 The products sum (a - a_zero) * (b - b_zero) in int32, as onnxruntime does. QLinearMatMul
 and QLinearConv then requantize: y = saturate(round(float(acc + bias) * a_scale * b_scale /
 y_scale) + y_zero), with the multiplier formed in the scales' dtype (as the ONNX reference
-does) and the product in float64 (exact for every int32 sum). passes/fuse_qdq.py rewrites
-the DequantizeLinear -> Conv/MatMul/Gemm -> QuantizeLinear pattern of QDQ models into these
-two ops, with an int32 bias for MatMul (`QLINEAR_BIAS_SLOT`) and a fused Relu (a lower
-bound of y_zero on the result).
+does) and the product in float64 (exact for every int32 sum); on the int8 GEMM kernel (constant
+weights packed at compile time, a B computed by the model packed per call) the kernel's
+epilogue does it in float32, as onnxruntime does. Depthwise QLinearConvs run on the float32
+depthwise kernel, whose sums of small integers are exact. passes/fuse_qdq.py rewrites the
+DequantizeLinear -> Conv/MatMul/Gemm -> QuantizeLinear pattern of QDQ models into these two
+ops, with an int32 bias for MatMul (`QLINEAR_BIAS_SLOT`) and a fused Relu (a lower bound of
+y_zero on the result).
+
+cuvil's own ops here: QuantizedAdd (a QDQ model's Add of two quantized tensors) and
+LookupTable (its elementwise chains on one quantized tensor, passes/quantized_lookup.py).
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ from cuvil.errors import ModelError, UnsupportedOpError
 __all__ = ["INT8_PACKED", "LOOKUP_TABLE", "QLINEAR_BIAS_SLOT", "QLINEAR_POST_SLOT", "QUANT_DTYPES",
            "QuantLayout", "dequantize_array", "quant_layout", "weight_slot"]
 
+F32 = ir.FloatType()
 #: element types of quantized tensors cuvil compiles
 QUANT_DTYPES = ("int8", "uint8", "int16", "uint16")
 #: and of the integer products' operands
@@ -899,18 +906,18 @@ def _lower_depthwise(node: Node, k: Emitter, conv: Node, weights: np.ndarray) ->
     assert k.scratch is not None
     f32, i32 = np.dtype("float32"), np.dtype("int32")
     k.buffers[xf] = k.scratch
-    k.buffers[sums] = b.gep(k.scratch, [k.dim(numel(x_val.type.shape))], source_etype=ir.FloatType())
+    k.buffers[sums] = b.gep(k.scratch, [k.dim(numel(x_val.type.shape))], source_etype=F32)
     table = k.constant_table(weights.reshape(-1), "weights")
     k.buffers[wf] = b.gep(table, [k.i64(0), k.i64(0)], source_etype=table.value_type)
     x_zero = node.input(2)
-    zero = [] if x_zero is None else [x_zero]
-    emit_elementwise(k, xf, [x_val, *zero], lambda k, v: k.b.fsub(
-        k.convert(v[0], x_val.type.dtype, f32),
-        k.convert(v[1], x_val.type.dtype, f32)) if zero else k.convert(v[0], x_val.type.dtype,
-                                                                        f32))
-    scratch = k.scratch
-    k.scratch = b.gep(k.buffers[sums], [k.dim(numel(y_val.type.shape))],
-                      source_etype=ir.FloatType())
+
+    def minus_zero(k: Emitter, v: list[ir.Value]) -> ir.Value:
+        x = k.convert(v[0], x_val.type.dtype, f32)
+        return x if x_zero is None else k.b.fsub(x, k.convert(v[1], x_val.type.dtype, f32))
+
+    emit_elementwise(k, xf, [x_val] + ([] if x_zero is None else [x_zero]), minus_zero)
+    scratch = k.scratch  # the kernel's own (a row of zeros) after the sums
+    k.scratch = b.gep(k.buffers[sums], [k.dim(numel(y_val.type.shape))], source_etype=F32)
     lower_conv_depthwise(conv, k, _conv_geometry(node, UNCHECKED, x_val, required_input(node, 3)))
     k.scratch = scratch
     requant, bias = _requantize(node, 1, 4), node.input(8)
@@ -1017,10 +1024,10 @@ def _fused_requantize(node: Node, k: Emitter, n: Dim, mult: ir.Value) -> dict:
     if requant.post is not None:
         table = k.buffers[requant.post]
         post = {"post_scale": table,
-                "post_shift": k.b.gep(table, [k.i64(n)], source_etype=ir.FloatType())}
+                "post_shift": k.b.gep(table, [k.i64(n)], source_etype=F32)}
     return {"epilogue": QEpilogue(y_dtype, "int32" if bias is not None else "none",
                                   requant.relu, post=requant.post is not None),
-            "scale": mult, "a_scale": ir.Constant(ir.FloatType(), 1.0),
+            "scale": mult, "a_scale": ir.Constant(F32, 1.0),
             "bias": k.buffers[bias] if bias is not None else None,
             "c_zero": _param(k, requant.y_zero, k.i64(0), i32) or k.const(i32, 0), **post}
 

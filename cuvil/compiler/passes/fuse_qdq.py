@@ -8,7 +8,8 @@ The rules below, each anchored on the QuantizeLinear that ends a pattern:
 - product: DequantizeLinear(x) and DequantizeLinear(constant weight) -> Conv, MatMul or Gemm
   (with a bias, and a Relu the quantizer left in place) -> QuantizeLinear becomes
   QLinearConv or QLinearMatMul (ops/quantize.py): int32 sums, the bias in int32 at scale
-  x_scale * w_scale, a requantize step and the Relu as a lower bound;
+  x_scale * w_scale, a requantize step and the Relu as a lower bound; a MatMul of two
+  DequantizeLinears of activations (attention's) becomes a QLinearMatMul too;
 - batchnorm: QLinearConv (made by the rule above) -> DequantizeLinear -> BatchNormalization
   -> QuantizeLinear, as the quantizer writes a model whose normalizations were not folded,
   becomes one QLinearConv with a second requantization of its bytes (`_fold_batchnorm`);
