@@ -63,7 +63,6 @@ from llvmlite import ir
 from cuvil.compiler.codegen import gemm_kernel
 from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.emitter import (
-    CPUID_BIT,
     I1,
     I8,
     I32,
@@ -72,6 +71,8 @@ from cuvil.compiler.codegen.emitter import (
     PTR,
     RELEASE,
     Emitter,
+    asked_once,
+    cpuid_gate,
     prefetch,
     splat,
 )
@@ -269,38 +270,10 @@ def bf16_gemm_function(module: ir.Module, side: str, epilogue: Epilogue = PLAIN)
 
 
 def _gate(module: ir.Module, b: ir.IRBuilder, isa: Bf16Isa) -> ir.Value:
-    """Whether the CPU (and OS) run `isa` (`_asked`)."""
+    """Whether the CPU (and OS) run `isa` (`asked_once`)."""
     if isa.kind == "amx":
-        return _asked(module, b, "cuvil.amx_ready", AMX_READY, [])
-    return _asked(module, b, "cuvil.cpuid." + ".".join(map(str, AVX512BF16_BIT)), CPUID_BIT,
-                  list(AVX512BF16_BIT))
-
-
-def _asked(module: ir.Module, b: ir.IRBuilder, name: str, query: str,
-           args: list[int]) -> ir.Value:
-    """query(*args) != 0, asked once per library and kept in the internal global `name` (1 yes,
-    2 no, 0 not asked yet), as the int8 kernel's CPUID gate: CPUID traps to the hypervisor on
-    virtual machines, too slow for every product. Racing threads store the same answer."""
-    try:
-        cache = module.get_global(name)
-    except KeyError:
-        cache = ir.GlobalVariable(module, I32, name)
-        cache.linkage = "internal"
-        cache.initializer = ir.Constant(I32, 0)
-    known = b.load_atomic(cache, "monotonic", 4)
-    slot = b.alloca(I32)
-    b.store(known, slot)
-    with b.if_then(b.icmp_signed("==", known, ir.Constant(I32, 0)), likely=False):
-        try:
-            fn = module.get_global(query)
-        except KeyError:
-            fn = ir.Function(module, ir.FunctionType(I32, [I32] * len(args)), query)
-        has = b.call(fn, [ir.Constant(I32, x) for x in args])
-        fresh = b.select(b.icmp_signed("!=", has, ir.Constant(I32, 0)), ir.Constant(I32, 1),
-                         ir.Constant(I32, 2))
-        b.store_atomic(fresh, cache, "monotonic", 4)
-        b.store(fresh, slot)
-    return b.icmp_signed("==", b.load(slot), ir.Constant(I32, 1))
+        return asked_once(module, b, "cuvil.amx_ready", AMX_READY, [])
+    return cpuid_gate(module, b, AVX512BF16_BIT)
 
 
 _HARDWARE_TYPE = ir.FunctionType(I32, [])
@@ -319,7 +292,7 @@ def bf16_hardware(k: Emitter) -> ir.Value | None:
 def _define_hardware(module: ir.Module, fn: ir.Function) -> None:
     chain, ask_last = _chain(module)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    with b.if_then(b.not_(_asked(module, b, "cuvil.bf16_allowed", BF16_ALLOWED, []))):
+    with b.if_then(b.not_(asked_once(module, b, "cuvil.bf16_allowed", BF16_ALLOWED, []))):
         b.ret(ir.Constant(I32, 0))
     for isa in chain if ask_last else chain[:-1]:
         with b.if_then(_gate(module, b, isa)):

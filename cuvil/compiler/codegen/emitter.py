@@ -622,10 +622,16 @@ def _parallel_threads(module: ir.Module) -> ir.Function:
 
 
 def cpuid_gate(module: ir.Module, b: ir.IRBuilder, bit: tuple[int, int, int, int]) -> ir.Value:
-    """Whether the CPU has the CPUID `bit`, read once per library and kept in an internal
-    global (1 yes, 2 no, 0 not read yet): CPUID traps to the hypervisor on virtual machines,
-    too slow for every product. Threads racing on the first read store the same value."""
-    name = "cuvil.cpuid." + ".".join(map(str, bit))
+    """Whether the CPU has the CPUID `bit` (leaf, subleaf, register, bit), `asked_once`."""
+    return asked_once(module, b, "cuvil.cpuid." + ".".join(map(str, bit)), CPUID_BIT, list(bit))
+
+
+def asked_once(module: ir.Module, b: ir.IRBuilder, name: str, query: str,
+               args: list[int]) -> ir.Value:
+    """query(*args) != 0 (a runtime function returning i32), asked once per library and kept
+    in the internal global `name` (1 yes, 2 no, 0 not asked yet): CPUID traps to the
+    hypervisor on virtual machines, too slow for every call of a kernel. Threads racing on the
+    first call store the same answer."""
     try:
         cache = module.get_global(name)
     except KeyError:
@@ -637,10 +643,10 @@ def cpuid_gate(module: ir.Module, b: ir.IRBuilder, bit: tuple[int, int, int, int
     b.store(known, slot)
     with b.if_then(b.icmp_signed("==", known, ir.Constant(I32, 0)), likely=False):
         try:
-            query = module.get_global(CPUID_BIT)
+            fn = module.get_global(query)
         except KeyError:
-            query = ir.Function(module, ir.FunctionType(I32, [I32] * 4), CPUID_BIT)
-        has = b.call(query, [ir.Constant(I32, x) for x in bit])
+            fn = ir.Function(module, ir.FunctionType(I32, [I32] * len(args)), query)
+        has = b.call(fn, [ir.Constant(I32, x) for x in args])
         fresh = b.select(b.icmp_signed("!=", has, ir.Constant(I32, 0)), ir.Constant(I32, 1),
                          ir.Constant(I32, 2))
         b.store_atomic(fresh, cache, "monotonic", 4)
