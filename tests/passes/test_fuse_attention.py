@@ -106,6 +106,37 @@ def test_one_head() -> None:
     check(model, [{"s": 100, "t": 33}, {"s": 1, "t": 2}, {"s": 17, "t": 300}])
 
 
+@pytest.mark.parametrize("keys_first", [True, False])
+def test_head_transposes_fold_into_the_node(keys_first: bool) -> None:
+    # torch's head split [b, s, 24] -> [b, s, 3, 8] -> [b, 3, s, 8] for q and v, and the merge
+    # after; the keys' transpose to [b, 3, 8, t] moves the last axis and stays a node, unless
+    # they come as [b, 8, 3, t] (keys_first False), whose transpose keeps it last
+    nodes = [helper.make_node("Reshape", ["xq", "split"], ["q4"]),
+             helper.make_node("Transpose", ["q4"], ["q"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["xv", "split"], ["v4"]),
+             helper.make_node("Transpose", ["v4"], ["v"], perm=[0, 2, 1, 3])]
+    inputs = {"xq": (F32, ["b", "s", 24]), "xv": (F32, ["b", "t", 24])}
+    if keys_first:
+        nodes += [helper.make_node("Reshape", ["xk", "split"], ["k4"]),
+                  helper.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1])]
+        inputs["xk"] = (F32, ["b", "t", 24])
+    else:
+        nodes.append(helper.make_node("Transpose", ["xkt"], ["kt"], perm=[0, 2, 1, 3]))
+        inputs["xkt"] = (F32, ["b", 8, 3, "t"])
+    nodes += [helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+              helper.make_node("Div", ["scores", "c"], ["scaled"]),
+              helper.make_node("Softmax", ["scaled"], ["probs"], axis=-1),
+              helper.make_node("MatMul", ["probs", "v"], ["ctx"]),
+              helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ctx_t", "merge"], ["y"])]
+    model = make_model(nodes, inputs, {"y": F32},
+                       {"split": np.array([0, 0, 3, 8]), "merge": np.array([0, 0, 24]),
+                        "c": np.array(2.828, F32)})
+    labels = op_labels(model)
+    assert labels.count("Attention") == 1 and labels.count("Transpose") == int(keys_first), labels
+    check(model, SIZES)
+
+
 def test_what_stays_unfused() -> None:
     # the probabilities are also a graph output; a softmax over another axis; scores
     # multiplied by a tensor, not a constant

@@ -79,6 +79,12 @@ class View:
     def elem(self) -> ir.Type:
         return llvm_type(self.dtype)
 
+    def permuted(self, perm: Sequence[int]) -> View:
+        """The same elements seen as the tensor's Transpose by `perm`: no data moves."""
+        return replace(self, dims=tuple(self.dims[a] for a in perm),
+                       strides=tuple(self.strides[a] for a in perm),
+                       shape=tuple(self.shape[a] for a in perm))
+
 
 class _LLVMIntOps:
     def __init__(self, k: Emitter) -> None:

@@ -5,7 +5,11 @@ Add, Softmax, MatMul).
 Inputs: q [..., s, d], k_t [..., d, t] (the keys already transposed, as the graph's first
 MatMul reads them), v [..., t, dv] and optionally the mask, added to the scores under numpy
 broadcasting; the batch dims of q, k_t and v broadcast too. Attributes: `SCALE`, the constant
-the scores are multiplied (`SCALE_OP` "Mul") or divided ("Div") by, when the graph scales them.
+the scores are multiplied (`SCALE_OP` "Mul") or divided ("Div") by, when the graph scales them;
+`PERMS`, for q, k_t, v and the output, None or the Transpose the node reads the input through
+(q = Transpose(input, perm)) or writes the output through (output = Transpose(result, perm)):
+the head split and merge around attention ([b, s, h, d] <-> [b, h, s, d]), which then moves no
+data. Each keeps the last axis last, so rows stay contiguous for the GEMM kernel.
 
 Unfused, the graph writes the scores [..., s, t] and reads them back three or four times (the
 scale, the mask, the softmax, the second product), each step a parallel loop over the whole
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import sympy
 from llvmlite import ir
 
@@ -43,6 +48,9 @@ from cuvil.compiler.ops.normalization import ROW_COST
 #: attributes (module docstring)
 SCALE = "cuvil.scale"
 SCALE_OP = "cuvil.scale_op"
+PERMS = "cuvil.perms"
+#: `PERMS` slots
+Q, K_T, V, OUT = range(4)
 #: query rows per task: the block's scores (ROWS x t floats, 64 KB at t = 128) stay in the
 #: core's cache from the first product to the second
 ROWS = 128
@@ -52,9 +60,30 @@ MIN_ROWS = 16
 F32 = ir.FloatType()
 
 
+def _perm(node: Node, slot: int) -> tuple[int, ...] | None:
+    perms = node.attrs.get(PERMS)
+    return None if perms is None else perms[slot]
+
+
+def operand(node: Node, slot: int) -> TensorType:
+    """The type of q, k_t or v as the node reads it (`PERMS`)."""
+    typ, perm = required_input(node, slot).type, _perm(node, slot)
+    return typ if perm is None else TensorType(typ.dtype, tuple(typ.shape[a] for a in perm))
+
+
+def _view(k: Emitter, node: Node, slot: int) -> View:
+    """q, k_t, v (as the node reads them) or the result (before the output's Transpose)."""
+    perm = _perm(node, slot)
+    if slot == OUT:
+        view = k.view(node.outputs[0])
+        return view if perm is None else view.permuted(np.argsort(perm).tolist())
+    view = k.view(required_input(node, slot))
+    return view if perm is None else view.permuted(perm)
+
+
 def geometry(node: Node, ctx: InferContext) -> tuple[tuple[Dim, ...], Dim, Dim, Dim, Dim]:
     """(batch shape, s, d, t, dv), checked."""
-    q, k_t, v = (required_input(node, i).type for i in range(3))
+    q, k_t, v = (operand(node, i) for i in (Q, K_T, V))
     for name, typ in (("q", q), ("k_t", k_t), ("v", v)):
         ctx.require(node, typ.rank >= 2 and typ.dtype.name == "float32",
                     f"{name} must be a float32 matrix or batch of matrices, got {typ}")
@@ -79,15 +108,17 @@ class Attention(Op):
                         and broadcast_shapes(node, ctx, mask.type.shape, scores) == scores,
                         f"the mask {mask.type} must be float32 and broadcast to the scores "
                         f"{list(scores)}")
-        return [TensorType(required_input(node, 0).type.dtype, (*batch, s, dv))]
+        result = (*batch, s, dv)
+        perm = _perm(node, OUT)
+        return [TensorType(required_input(node, 0).type.dtype,
+                           result if perm is None else tuple(result[a] for a in perm))]
 
     def scratch_bytes(self, node: Node) -> Dim:
         # a slot of at most min(ROWS, s) x t scores per task; the tasks' rows add up to less
         # than s + min(ROWS, s) per batch entry
-        out = node.outputs[0].type.shape
-        s, t = out[-2], required_input(node, 1).type.shape[-1]
+        batch, s, _, t, _ = geometry(node, UNCHECKED)
         rows = min(ROWS, s) if isinstance(s, int) else sympy.Min(ROWS, s)
-        return 4 * numel(out[:-2]) * (s + rows) * t
+        return 4 * numel(batch) * (s + rows) * t
 
     def lower(self, node: Node, k: Emitter) -> None:
         batch, s, d, t, dv = geometry(node, UNCHECKED)
@@ -107,19 +138,18 @@ class Attention(Op):
         with k.parallel_loop(b.mul(count, blocks), cost=cost, name="attn",
                              carry=[k.scratch, rows, blocks]) as task:
             scratch, rows_c, blocks_c = k.carried
-            self._task(node, k, batch, (s, d, t, dv), task, scratch, rows_c, blocks_c)
+            self._task(node, k, batch, (s, d, t), task, scratch, rows_c, blocks_c)
 
     def _task(self, node: Node, k: Emitter, batch: tuple[Dim, ...],
-              sizes: tuple[Dim, Dim, Dim, Dim], task: ir.Value, scratch: ir.Value,
+              sizes: tuple[Dim, Dim, Dim], task: ir.Value, scratch: ir.Value,
               rows: ir.Value, blocks: ir.Value) -> None:
-        s, d, t, dv = sizes
+        s, d, t = sizes
         b = k.b
         entry, block = b.sdiv(task, blocks), b.srem(task, blocks)
         index = k.unravel(entry, batch)
-        q, k_t, v = (matrix_at(k, broadcast_batch(k, k.view(required_input(node, i)), batch),
-                               index) for i in range(3))
-        y = matrix_at(k, k.contiguous(k.buffers[node.outputs[0]], node.outputs[0].type.dtype,
-                                      (*batch, s, dv)), index)
+        q, k_t, v = (matrix_at(k, broadcast_batch(k, _view(k, node, i), batch), index)
+                     for i in (Q, K_T, V))
+        y = matrix_at(k, _view(k, node, OUT), index)
         first = b.mul(block, rows)
         n_rows = k.minimum("int64", rows, b.sub(k.dim(s), first))
         t_v = k.dim(t)

@@ -12,14 +12,16 @@ The pattern, anchored on the second product, in float32:
 
 as torch's exports, onnxruntime's contrib Attention (cuvil expands it so) and Hugging Face's
 encoders write it. Every intermediate must be read by the next step alone and not be a graph
-output; the heads may be any batch dims that broadcast.
+output; the heads may be any batch dims that broadcast. A Transpose that makes q, k_t or v, or
+that reads the result, and keeps the last axis last (the heads split from and merged into
+[b, s, h, d]) is folded into the node: it reads and writes through strides instead.
 """
 
 from __future__ import annotations
 
 from cuvil.compiler.ir import Graph, Node
 from cuvil.compiler.ops import attr
-from cuvil.compiler.ops.attention import SCALE, SCALE_OP
+from cuvil.compiler.ops.attention import K_T, OUT, PERMS, SCALE, SCALE_OP, Q, V
 from cuvil.compiler.passes.rewrite import Rule, apply_rules, pattern, producer, scalar_operand
 
 _MATMUL = pattern("MatMul", where=lambda n: all(v is not None and v.type.rank >= 2
@@ -27,6 +29,7 @@ _MATMUL = pattern("MatMul", where=lambda n: all(v is not None and v.type.rank >=
 _SCALE = pattern("Mul", "Div")
 _ADD = pattern("Add")
 _SOFTMAX = pattern("Softmax")
+_TRANSPOSE = pattern("Transpose")
 
 
 def _last_axis_softmax(node: Node) -> bool:
@@ -81,7 +84,36 @@ def recognize_attention(graph: Graph, second: Node) -> Node | None:
                  name=second.name, domain="cuvil", opset=1)
     graph.replace_node(second, fused)
     graph.remove_nodes([*inner, first])
+    _fold_transposes(graph, fused)
     return fused
+
+
+def _row_preserving(node: Node | None) -> tuple[int, ...] | None:
+    """The perm of a Transpose that keeps the last axis last (rows stay contiguous)."""
+    if node is None or node.op_type != "Transpose" or node.domain:
+        return None
+    rank = node.outputs[0].type.rank
+    perm = tuple(int(a) for a in attr(node, "perm", list(range(rank))[::-1]))
+    return perm if rank >= 2 and perm[-1] == rank - 1 else None
+
+
+def _fold_transposes(graph: Graph, node: Node) -> None:
+    """The Transposes that split heads into q, k_t, v and merge them after (each the only
+    reader or writer of what it moves) become the node's strides (ops/attention.py PERMS)."""
+    perms: list[tuple[int, ...] | None] = [None] * 4
+    for slot in (Q, K_T, V):
+        transpose = producer(graph, node.inputs[slot], _TRANSPOSE, node)
+        perms[slot] = _row_preserving(transpose)
+        if transpose is not None and perms[slot] is not None:
+            graph.set_input(node, slot, transpose.inputs[0])
+            graph.remove_nodes([transpose])
+    out = node.outputs[0]
+    if len(out.users) == 1 and out not in graph.outputs and out.users[0] in graph.nodes:
+        perms[OUT] = _row_preserving(out.users[0])
+        if perms[OUT] is not None:
+            graph.absorb(node, out.users[0])
+    if any(p is not None for p in perms):
+        node.attrs[PERMS] = tuple(perms)
 
 
 RULES = (Rule("attention", _MATMUL, recognize_attention),)
