@@ -319,16 +319,18 @@ def test_aarch64_variant_runs_where_the_cpu_has_its_flags(arm_dotprod: Built,
 
 
 def _qdq_mlp(tmp_path: Path, activations: str) -> onnx.ModelProto:
-    """MatMul-Add-Relu-MatMul-Add of odd sizes (5 x 37 -> 29 -> 11), quantized by onnxruntime
-    (QDQ, per-channel int8 weights, activations of the given type): its products run on the
-    int8 kernel, whose AArch64 form the CPU model picks at run time."""
+    """MatMul-Add-Relu-MatMul-Add-Sigmoid of odd sizes (5 x 37 -> 29 -> 11), quantized by
+    onnxruntime (QDQ, per-channel int8 weights, activations of the given type): its products
+    run on the int8 kernel, whose AArch64 form the CPU model picks at run time, the Sigmoid
+    between its Q/DQ pairs as a table lookup (the byte-at-a-time kernel there)."""
     quantization = pytest.importorskip("onnxruntime.quantization")
     rng = np.random.default_rng(11)
     inits = {"w1": rng.standard_normal((37, 29)) / 6, "b1": rng.standard_normal(29) / 10,
              "w2": rng.standard_normal((29, 11)) / 5, "b2": rng.standard_normal(11) / 10}
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
              helper.make_node("Add", ["h", "b1"], ["hb"]), helper.make_node("Relu", ["hb"], ["r"]),
-             helper.make_node("MatMul", ["r", "w2"], ["o"]), helper.make_node("Add", ["o", "b2"], ["y"])]
+             helper.make_node("MatMul", ["r", "w2"], ["o"]), helper.make_node("Add", ["o", "b2"], ["ob"]),
+             helper.make_node("Sigmoid", ["ob"], ["y"])]
     graph = helper.make_graph(
         nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 37])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 11])],
@@ -356,6 +358,7 @@ def _qdq_mlp(tmp_path: Path, activations: str) -> onnx.ModelProto:
 
     ops = [n.op_type for n in run_passes(import_model(model)).nodes]
     assert ops.count("QLinearMatMul") == 2 and "MatMul" not in ops, ops  # both on integers
+    assert "LookupTable" in ops, ops
     return model
 
 
