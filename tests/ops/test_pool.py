@@ -102,6 +102,31 @@ def test_unit_stride_2d_pools_in_vectors():
     check_cases(cases, sizes=sizes, opset=OPSET)
 
 
+def test_strided_2d_pools_by_rows():
+    """2-D pools with strides or dilations (and float32 or 8-bit max pools, whose compute
+    dtype is the output's) take each output row's inner columns in passes over the row:
+    CRNN's 2 x 2 / 2 MaxPool, ResNet's 3 x 3 / 2 with padding, averages counting the padding
+    or not, a dilated kernel, ceil_mode's last window past the input, stride 3 over odd
+    widths, an int8 max pool; symbolic spatial dims, rows too narrow for any inner column."""
+    cases = []
+    for op, attrs, dtype in (
+            ("MaxPool", {"kernel_shape": [2, 2], "strides": [2, 2]}, "float32"),
+            ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+             "float32"),
+            ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 1, 2]},
+             "float32"),
+            ("AveragePool", {"kernel_shape": [2, 3], "strides": [1, 2], "pads": [0, 1, 1, 1],
+                             "count_include_pad": 1}, "float32"),
+            ("MaxPool", {"kernel_shape": [2, 2], "strides": [1, 1], "dilations": [2, 2]},
+             "float32"),
+            ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 3], "ceil_mode": 1}, "float32"),
+            ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2]}, "int8")):
+        for dims in (["n", 3, 8, 31], ["n", 2, "_s0", "_s1"]):
+            cases.append(Case(op, ["x"], attrs, feeds={"x": (dtype, dims)}))
+    sizes = ({"n": 1, "_s0": 4, "_s1": 3}, {"n": 2, "_s0": 9, "_s1": 40})
+    check_cases(cases, sizes=sizes, opset=OPSET)
+
+
 def test_max_pool_indices():
     rng = np.random.default_rng(4)
     cases = []
