@@ -323,9 +323,9 @@ def _strided_row(k: Emitter, red: _Reduction, views: tuple, at: tuple[ir.Value, 
     [lo, hi) of `columns`, whose taps all lie inside the input row: a row whose kernel rows
     all lie inside the input takes each window in registers, an edge row accumulates in
     itself, a branch-free pass per kernel row (strided loads, which LLVM vectorizes); both in
-    the window order of the general path, so the results are its bits. The
-    general path computes each output's window bounds, which with a symbolic width made
-    CRNN's 2 x 2 / 2 MaxPool 16x slower than with a static one."""
+    the window order of the general path, so the results are its bits. The general path
+    computes each output's window bounds, which with a symbolic width made CRNN's 2 x 2 / 2
+    MaxPool 16x slower than with a static one."""
     x, y = views
     n, c, oh = at
     first, (kh_lo, kh_hi), row_count = rows
