@@ -71,8 +71,10 @@ from cuvil.compiler.codegen.emitter import (
     PTR,
     RELEASE,
     Emitter,
+    add_target_features,
     asked_once,
     cpuid_gate,
+    declare_function,
     prefetch,
     splat,
 )
@@ -241,10 +243,7 @@ def bf16_gemm_function(module: ir.Module, side: str, epilogue: Epilogue = PLAIN)
         for i in (3, 5, 7, 10, 11):
             fn.args[i].add_attribute("noalias")
         if isa.features:
-            features = ",".join(f for f in (getattr(module, "cuvil_features", ""), isa.features)
-                                if f)
-            # llvmlite knows no string attributes: this one is written as it is
-            set.add(fn.attributes, f'"target-features"="{features}"')
+            add_target_features(module, fn, isa.features)
         _Writer(module, fn, isa, side, epilogue).write()
 
     def define(module: ir.Module, fn: ir.Function) -> None:
@@ -341,7 +340,7 @@ def _float32_panels(k: Emitter, side: str, src: ir.Value, dst: ir.Value, rows: i
     else:  # pack_r panels of pair rows -> panels of PACK_COLS columns, k-major
         step, units = gemm_kernel.PACK_COLS, -(-cols // gemm_kernel.PACK_COLS)
         src_group = round_up(max(cols, 1), PACK_COLS) * kp
-    _declare(m, POPULATE, ir.VoidType(), [PTR, I64])
+    declare_function(m, POPULATE, ir.VoidType(), [PTR, I64])
     b.call(m.get_global(POPULATE), [dst, k.i64(groups * rows * cols * 4)])
     with k.parallel_loop(groups * units, cost=step * (cols if side == "a" else rows),
                          name="panels", carry=[src, dst]) as t:
@@ -371,7 +370,7 @@ def _float32_panels(k: Emitter, side: str, src: ir.Value, dst: ir.Value, rows: i
                 x = bb.load(bb.gep(panel, [at], source_etype=I16), typ=I16)
                 bb.store(_widened(bb, x), bb.gep(out, [bb.add(bb.mul(r, width), c)],
                                                  source_etype=F32))
-    _declare(m, RELEASE, ir.VoidType(), [PTR, I64])
+    declare_function(m, RELEASE, ir.VoidType(), [PTR, I64])
     b.call(m.get_global(RELEASE), [src, k.i64(groups * src_group * 2)])
 
 
@@ -402,13 +401,6 @@ TILE = _NamedType("x86_amx")
 #: targets compile to vcvtneps2bf16 (inputs below float32's normal range count as zero there:
 #: off by less than 2^-126)
 BFLOAT = _NamedType("bfloat")
-
-
-def _declare(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
-    try:
-        return module.get_global(name)
-    except KeyError:
-        return ir.Function(module, ir.FunctionType(ret, args), name)
 
 
 def to_bf16_bits(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
@@ -445,13 +437,13 @@ class _Writer:
 
     def masked_load(self, p: ir.Value, vt: ir.VectorType, mask: ir.Value) -> ir.Value:
         suffix = f"v{vt.count}{'f32' if vt.element == F32 else f'i{vt.element.width}'}"
-        fn = _declare(self.module, f"llvm.masked.load.{suffix}.p0", vt,
+        fn = declare_function(self.module, f"llvm.masked.load.{suffix}.p0", vt,
                       [PTR, I32, ir.VectorType(I1, vt.count), vt])
         return self.k.b.call(fn, [p, ir.Constant(I32, 4), mask, ir.Constant(vt, None)])
 
     def masked_store(self, x: ir.Value, p: ir.Value, mask: ir.Value) -> None:
         vt = x.type
-        fn = _declare(self.module, f"llvm.masked.store.v{vt.count}f32.p0", ir.VoidType(),
+        fn = declare_function(self.module, f"llvm.masked.store.v{vt.count}f32.p0", ir.VoidType(),
                       [vt, PTR, I32, ir.VectorType(I1, vt.count)])
         self.k.b.call(fn, [x, p, ir.Constant(I32, 4), mask])
 
@@ -515,7 +507,7 @@ class _Writer:
                                                   i0, i0, j, height)
                             self.row_tiles(tile)
         if self.isa.kind == "amx":  # the tile state back to its initial, cheap to switch
-            b.call(_declare(self.module, "llvm.x86.tilerelease", ir.VoidType(), []), [])
+            b.call(declare_function(self.module, "llvm.x86.tilerelease", ir.VoidType(), []), [])
         b.ret_void()
 
     def row_tiles(self, body: Callable[[ir.Value, int], None]) -> None:
@@ -708,7 +700,7 @@ class _Writer:
         """acc + a[0] * b[.., 0] + a[1] * b[.., 1] for a pair of bf16 `a2` (i32) and W columns."""
         b, w = self.k.b, self.w
         vi = ir.VectorType(I32, w)
-        fn = _declare(self.module, "llvm.x86.avx512bf16.dpbf16ps.512", self.vf, [self.vf, vi, vi])
+        fn = declare_function(self.module, "llvm.x86.avx512bf16.dpbf16ps.512", self.vf, [self.vf, vi, vi])
         return b.call(fn, [acc, splat(b, a2, w), bv])
 
     def amx_block(self, l_src: ir.Value, lld: ir.Value, r_src: ir.Value, l_row0: ir.Value,
@@ -719,10 +711,10 @@ class _Writer:
         b = k.b
         m = self.module
         c16, c64 = ir.Constant(I16, 16), ir.Constant(I16, 64)
-        zero = _declare(m, "llvm.x86.tilezero.internal", TILE, [I16, I16])
-        load = _declare(m, "llvm.x86.tileloadd64.internal", TILE, [I16, I16, PTR, I64])
-        dot = _declare(m, "llvm.x86.tdpbf16ps.internal", TILE, [I16, I16, I16, TILE, TILE, TILE])
-        store = _declare(m, "llvm.x86.tilestored64.internal", ir.VoidType(),
+        zero = declare_function(m, "llvm.x86.tilezero.internal", TILE, [I16, I16])
+        load = declare_function(m, "llvm.x86.tileloadd64.internal", TILE, [I16, I16, PTR, I64])
+        dot = declare_function(m, "llvm.x86.tdpbf16ps.internal", TILE, [I16, I16, I16, TILE, TILE, TILE])
+        store = declare_function(m, "llvm.x86.tilestored64.internal", ir.VoidType(),
                          [I16, I16, PTR, I64, TILE])
         heights = rows // 16
         pre = b.block

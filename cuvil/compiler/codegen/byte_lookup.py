@@ -14,7 +14,16 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I8, I64, PTR, Emitter, cpuid_gate, splat
+from cuvil.compiler.codegen.emitter import (
+    I8,
+    I64,
+    PTR,
+    Emitter,
+    add_target_features,
+    cpuid_gate,
+    declare_function,
+    splat,
+)
 from cuvil.compiler.codegen.kernel_objects import kernel_function
 
 __all__ = ["byte_lookup_function"]
@@ -41,8 +50,7 @@ def byte_lookup_function(module: ir.Module) -> ir.Function:
             fast, slow = (ir.Function(module, LOOKUP_TYPE, f"{fn.name}.{kind}")
                           for kind in ("vbmi", "bytewise"))
             fast.linkage = slow.linkage = "internal"
-            set.add(fast.attributes, '"target-features"="{}"'.format(
-                ",".join(f for f in (getattr(module, "cuvil_features", ""), "+avx512vbmi") if f)))
+            add_target_features(module, fast, "+avx512vbmi")
             _vbmi(module, fast)
             _bytewise(module, slow)
             b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -82,11 +90,7 @@ def _vbmi(module: ir.Module, fn: ir.Function) -> None:
     table, src, dst, n, flip = fn.args
     for arg in (src, dst):
         arg.add_attribute("noalias")
-    try:
-        permute = module.get_global("llvm.x86.avx512.vpermi2var.qi.512")
-    except KeyError:
-        permute = ir.Function(module, ir.FunctionType(_V, [_V, _V, _V]),
-                              "llvm.x86.avx512.vpermi2var.qi.512")
+    permute = declare_function(module, "llvm.x86.avx512.vpermi2var.qi.512", _V, [_V, _V, _V])
     quarters = [b.load(b.gep(table, [k.i64(_LANES * q)], source_etype=I8), typ=_V, align=1)
                 for q in range(4)]
     flips = splat(b, flip, _LANES)

@@ -546,39 +546,25 @@ def fmuladd_intrinsic(module: ir.Module, ty: ir.Type) -> ir.Function:
     """llvm.fmuladd for float32 or a vector of them (llvmlite's declare_intrinsic cannot name
     vector overloads)."""
     name = f"llvm.fmuladd.v{ty.count}f32" if isinstance(ty, ir.VectorType) else "llvm.fmuladd.f32"
-    try:
-        return module.get_global(name)
-    except KeyError:
-        return ir.Function(module, ir.FunctionType(ty, [ty, ty, ty]), name)
+    return declare_function(module, name, ty, [ty, ty, ty])
 
 
 def prefetch(b: ir.IRBuilder, ptr: ir.Value) -> None:
     """A hint to bring the cache line at ptr into the innermost cache (llvm.prefetch: read,
     high locality, data): it never faults, so ptr may lie past the end of a buffer."""
     module = b.block.function.module
-    i32 = ir.IntType(32)
-    try:
-        fn = module.get_global("llvm.prefetch.p0")
-    except KeyError:
-        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, i32, i32, i32]),
-                         "llvm.prefetch.p0")
-    b.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+    fn = declare_function(module, "llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
+    b.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
 def masked_intrinsic(module: ir.Module, op: str, vt: ir.VectorType) -> ir.Function:
     """llvm.masked.load (op "load") or llvm.masked.store for vectors of float32: lanes whose
     mask bit is off are neither read nor written, so they may point outside the buffer."""
     name = f"llvm.masked.{op}.v{vt.count}f32.p0"
-    try:
-        return module.get_global(name)
-    except KeyError:
-        pass
     mask = ir.VectorType(I1, vt.count)
     if op == "load":
-        fnty = ir.FunctionType(vt, [PTR, I32, mask, vt])
-    else:
-        fnty = ir.FunctionType(ir.VoidType(), [vt, PTR, I32, mask])
-    return ir.Function(module, fnty, name)
+        return declare_function(module, name, vt, [PTR, I32, mask, vt])
+    return declare_function(module, name, ir.VoidType(), [vt, PTR, I32, mask])
 
 
 def store_lanes(b: ir.IRBuilder, x: ir.Value, ptr: ir.Value, mask: ir.Value,
@@ -613,18 +599,28 @@ RELEASE = "cuvil_release"
 
 
 def _parallel_for(module: ir.Module) -> ir.Function:
-    try:
-        return module.get_global(PARALLEL_FOR)
-    except KeyError:
-        return ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64]),
-                           PARALLEL_FOR)
+    return declare_function(module, PARALLEL_FOR, ir.VoidType(), [PTR, PTR, I64, I64])
 
 
 def _parallel_threads(module: ir.Module) -> ir.Function:
+    return declare_function(module, PARALLEL_THREADS, I32, [])
+
+
+def declare_function(module: ir.Module, name: str, ret: ir.Type,
+                     args: Sequence[ir.Type]) -> ir.Function:
+    """The function `name` of the module (an intrinsic, a runtime function), declared with
+    this signature the first time it is asked for."""
     try:
-        return module.get_global(PARALLEL_THREADS)
+        return module.get_global(name)
     except KeyError:
-        return ir.Function(module, ir.FunctionType(I32, []), PARALLEL_THREADS)
+        return ir.Function(module, ir.FunctionType(ret, list(args)), name)
+
+
+def add_target_features(module: ir.Module, fn: ir.Function, extra: str) -> None:
+    """Compile `fn` for the module's features plus `extra` (a kernel that runs behind a CPUID
+    test). llvmlite knows no string attributes: this one is written as it is."""
+    features = ",".join(f for f in (getattr(module, "cuvil_features", ""), extra) if f)
+    set.add(fn.attributes, f'"target-features"="{features}"')
 
 
 def cpuid_gate(module: ir.Module, b: ir.IRBuilder, bit: tuple[int, int, int, int]) -> ir.Value:
@@ -648,10 +644,7 @@ def asked_once(module: ir.Module, b: ir.IRBuilder, name: str, query: str,
     slot = b.alloca(I32)
     b.store(known, slot)
     with b.if_then(b.icmp_signed("==", known, ir.Constant(I32, 0)), likely=False):
-        try:
-            fn = module.get_global(query)
-        except KeyError:
-            fn = ir.Function(module, ir.FunctionType(I32, [I32] * len(args)), query)
+        fn = declare_function(module, query, I32, [I32] * len(args))
         has = b.call(fn, [ir.Constant(I32, x) for x in args])
         fresh = b.select(b.icmp_signed("!=", has, ir.Constant(I32, 0)), ir.Constant(I32, 1),
                          ir.Constant(I32, 2))

@@ -85,7 +85,17 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.emitter import I8, I32, I64, PTR, Emitter, cpuid_gate, splat
+from cuvil.compiler.codegen.emitter import (
+    I8,
+    I32,
+    I64,
+    PTR,
+    Emitter,
+    add_target_features,
+    cpuid_gate,
+    declare_function,
+    splat,
+)
 from cuvil.compiler.codegen.gemm_kernel import block_span, split_blocks
 from cuvil.compiler.codegen.kernel_objects import kernel_function
 
@@ -275,10 +285,7 @@ def int8_gemm_function(module: ir.Module, a_signed: bool, row_sums: bool,
         for i in (3, 6, 9):
             fn.args[i].add_attribute("noalias")
         if kind_isa.features:
-            features = ",".join(f for f in (getattr(module, "cuvil_features", ""),
-                                            kind_isa.features) if f)
-            # llvmlite knows no string attributes: this one is written as it is
-            set.add(fn.attributes, f'"target-features"="{features}"')
+            add_target_features(module, fn, kind_isa.features)
         _Writer(module, fn, kind_isa, a_signed, row_sums, epilogue).write()
 
     def define_gated(module: ir.Module, fn: ir.Function, isa: Int8Isa) -> None:
@@ -311,13 +318,6 @@ _QGEMM_TYPE = ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, I32, PTR,
                                               I64, PTR, F32, PTR, I32, PTR, PTR])
 
 
-def _intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
-    try:
-        return module.get_global(name)
-    except KeyError:
-        return ir.Function(module, ir.FunctionType(ret, args), name)
-
-
 def _suffix(vt: ir.VectorType) -> str:
     e = vt.element
     return f"v{vt.count}{'f32' if e == F32 else f'i{e.width}'}"
@@ -326,8 +326,8 @@ def _suffix(vt: ir.VectorType) -> str:
 def _masked(module: ir.Module, op: str, vt: ir.VectorType) -> ir.Function:
     mask = ir.VectorType(ir.IntType(1), vt.count)
     if op == "load":
-        return _intrinsic(module, f"llvm.masked.load.{_suffix(vt)}.p0", vt, [PTR, I32, mask, vt])
-    return _intrinsic(module, f"llvm.masked.store.{_suffix(vt)}.p0", ir.VoidType(),
+        return declare_function(module, f"llvm.masked.load.{_suffix(vt)}.p0", vt, [PTR, I32, mask, vt])
+    return declare_function(module, f"llvm.masked.store.{_suffix(vt)}.p0", ir.VoidType(),
                       [vt, PTR, I32, mask])
 
 
@@ -487,7 +487,7 @@ class _Writer:
             mask = self.lanes_below(b.sub(self.kk, whole), width)
             for r in range(height):
                 add(whole, mask, r)
-        reduce = _intrinsic(self.module, "llvm.vector.reduce.add.v16i32", I32, [vi])
+        reduce = declare_function(self.module, "llvm.vector.reduce.add.v16i32", I32, [vi])
         return [b.call(reduce, [b.load(acc)]) for acc in accs]
 
     # -- one tile ------------------------------------------------------------------------
@@ -565,7 +565,7 @@ class _Writer:
         accs = self.slots(pairs * cols, self.vi32)
         b_base, a_rows = self.tile_operands(i0, j0, rows)
         name = f"llvm.aarch64.neon.{'smmla' if self.signed_a else 'usmmla'}.v4i32.v16i8"
-        mmla = _intrinsic(self.module, name, self.vi32, [self.vi32, v16, v16])
+        mmla = declare_function(self.module, name, self.vi32, [self.vi32, v16, v16])
         lo_hi = ir.VectorType(I32, 4)
         assert self.a_xor == 0  # USMMLA takes uint8 A as it is, SMMLA int8 A
 
@@ -631,7 +631,7 @@ class _Writer:
                     "avxvnni": "llvm.x86.avx512.vpdpbusd.256",
                     "sdot": f"llvm.aarch64.neon.sdot.v{w}i32.v{4 * w}i8",
                     "udot": f"llvm.aarch64.neon.udot.v{w}i32.v{4 * w}i8"}[kind]
-            fn = _intrinsic(self.module, name, self.vi32, [self.vi32, bytes_t, bytes_t])
+            fn = declare_function(self.module, name, self.vi32, [self.vi32, bytes_t, bytes_t])
             b.store(b.call(fn, [b.load(accs[0]), a_vec, bv]), accs[0])
             return
         if kind in _PAIRS:
@@ -641,7 +641,7 @@ class _Writer:
             a_vec = b.zext(b.bitcast(splat(b, a4, w // 2), half), wide)
             name = {"madd512": "llvm.x86.avx512.pmaddw.d.512", "madd256": "llvm.x86.avx2.pmadd.wd",
                     "madd128": "llvm.x86.sse2.pmadd.wd"}[kind]
-            fn = _intrinsic(self.module, name, self.vi32, [wide, wide])
+            fn = declare_function(self.module, name, self.vi32, [wide, wide])
             for h in range(2):
                 idx = ir.Constant(ir.VectorType(I32, 2 * w), list(range(h * 2 * w, (h + 1) * 2 * w)))
                 part = b.sext(b.shuffle_vector(bv, ir.Constant(bytes_t, ir.Undefined), idx), wide)
@@ -766,7 +766,7 @@ class _Writer:
         lo, hi = (0, 255) if ep.output == "uint8" else (-128, 127)
         zero = b.sitofp(self.c_zero, F32)
         vf = ir.VectorType(F32, w)
-        y = b.call(_intrinsic(self.module, f"llvm.roundeven.{_suffix(vf)}", vf, [vf]), [y])
+        y = b.call(declare_function(self.module, f"llvm.roundeven.{_suffix(vf)}", vf, [vf]), [y])
         # y - c_zero >= lo - c_zero, and >= 0 with a fused Relu (c_zero >= lo)
         low = splat(b, ir.Constant(F32, 0.0) if ep.relu
                     else b.fsub(ir.Constant(F32, float(lo)), zero), w)
@@ -775,7 +775,7 @@ class _Writer:
         y = b.select(b.fcmp_ordered(">", y, high), high, y)
         if post is not None:  # y is q - c_zero: requantized again, its zero point in the shift
             y = b.fadd(b.fmul(y, post[0]), post[1])
-            y = b.call(_intrinsic(self.module, f"llvm.roundeven.{_suffix(vf)}", vf, [vf]), [y])
+            y = b.call(declare_function(self.module, f"llvm.roundeven.{_suffix(vf)}", vf, [vf]), [y])
             low, high = (splat(b, ir.Constant(F32, float(v)), w) for v in (lo, hi))
             y = b.select(b.fcmp_ordered("<", y, low), low, y)
             y = b.select(b.fcmp_ordered(">", y, high), high, y)

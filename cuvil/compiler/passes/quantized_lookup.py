@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from cuvil.compiler.ir import Graph, Node, Value
 from cuvil.compiler.ops import lookup
@@ -131,13 +131,11 @@ def _table(x: Value, chain: list[Node]) -> np.ndarray | None:
             if v is None or v is x or id(v) in names:
                 continue
             if v.const is not None:
-                inits.append(helper.make_tensor(name(v), helper.np_dtype_to_tensor_dtype(
-                    v.const.dtype), v.const.shape, v.const.reshape(-1).tolist()))
+                inits.append(numpy_helper.from_array(v.const, name(v)))
             elif v.producer is not None and id(v.producer) not in made:  # DequantizeLinear
                 nodes.append(_proto(v.producer, name))
-                inits.extend(helper.make_tensor(name(i), helper.np_dtype_to_tensor_dtype(
-                    i.const.dtype), i.const.shape, i.const.reshape(-1).tolist())
-                    for i in v.producer.inputs if i is not None and i.const is not None)
+                inits.extend(numpy_helper.from_array(i.const, name(i))
+                             for i in v.producer.inputs if i is not None and i.const is not None)
         nodes.append(_proto(n, name))
     dtype = x.type.dtype
     bytes_ = (np.arange(256) - (128 if dtype == np.dtype("int8") else 0)).astype(dtype)
