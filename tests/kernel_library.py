@@ -41,16 +41,19 @@ def link(tmp: Path, module: ir.Module, tm: Any) -> ctypes.CDLL:
     return link_modules(tmp, [(module, tm)])
 
 
-def link_modules(tmp: Path, modules: list[tuple[ir.Module, Any]]) -> ctypes.CDLL:
-    """Several modules (each for its own instruction set: exported names must differ) and the
-    runtime in one loaded library: one link instead of one per instruction set."""
+def link_modules(tmp: Path, modules: list[tuple[ir.Module, Any]],
+                 c_sources: tuple[Path, ...] = ()) -> ctypes.CDLL:
+    """Several modules (each for its own instruction set: exported names must differ), the
+    runtime and `c_sources` in one loaded library: one link instead of one per instruction
+    set."""
     target = get_target(None)
     objects = []
     for i, (module, tm) in enumerate(modules):
         objects.append(tmp / f"g{i}.o")
         objects[-1].write_bytes(emit_object(hide_declarations(str(module), "-"), tm))
-    rt = zig.compile_c(RUNTIME_SOURCE, tmp / "rt.o", target.arches[0])
-    return ctypes.CDLL(str(zig.link_library(target, [*objects, rt], tmp / "_g.so",
+    for i, source in enumerate((RUNTIME_SOURCE, *c_sources)):
+        objects.append(zig.compile_c(source, tmp / f"c{i}.o", target.arches[0]))
+    return ctypes.CDLL(str(zig.link_library(target, objects, tmp / "_g.so",
                                             libs=("m", "pthread"))))
 
 

@@ -1,6 +1,7 @@
 """The bf16 GEMM kernel against numpy: A and B rounded to bf16 (to nearest, ties to even) and
 multiplied in float64, the kernel's float32 sums within their rounding of that. Every kernel
-kind the host can run (AMX, AVX-512 BF16), every side (weights on the right: Gemm/MatMul,
+kind the host can run (AMX, AVX-512 BF16; and AMX's with its tile operations emulated in C,
+tests/harness/amx_emulation.c, wherever AVX-512 BF16 runs), every side (weights on the right: Gemm/MatMul,
 and the transposed convolutions, whose activations are read by columns; on the left:
 convolutions), odd sizes, K over several blocks, the epilogues,
 threads. Copies without bf16 instructions hold no bf16 kernel: there the float32 kernel
@@ -10,6 +11,7 @@ rounded)."""
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -38,7 +40,12 @@ KINDS = {
     "dpbf16": (AVX512 + ",-amx-bf16,+avx512bf16", ("avx512bf16",), "dpbf16"),
     # the v4 copy: AMX, else AVX512-BF16, tested at run time (every AMX CPU has AVX512-BF16)
     "gated": (AVX512, ("avx512bf16",), "amx"),
+    # the AMX kernel alone (no other in the chain, so no run-time test), its tile operations
+    # emulated (EMULATED_KINDS): its loops, addresses and layouts run on CPUs without AMX
+    "amx_emulated": (AVX512 + ",-avx512bf16", ("avx512bf16",), "amx"),
 }
+EMULATED_KINDS = ("amx_emulated",)
+AMX_EMULATION = Path(__file__).parents[1] / "harness" / "amx_emulation.c"
 EPILOGUES = [Epilogue(), Epilogue("row", residual=True, activation="Relu"),
              Epilogue("col", activation="Tanh")]
 ACTIVATIONS = {None: lambda y: y, "Relu": lambda y: np.maximum(y, 0), "Tanh": np.tanh}
@@ -49,7 +56,7 @@ def _host_flags() -> set[str]:
 
 
 #: the kinds whose every epilogue is tested (the others: the plain one; compile time)
-EPILOGUE_KINDS = ("gated",)
+EPILOGUE_KINDS = ("gated", "amx_emulated")
 
 
 def _emit(module: ir.Module, prefix: str, epilogues: int = len(EPILOGUES)) -> None:
@@ -82,6 +89,8 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> tuple[ctypes.CDLL, dict[str
         if not set(needs) <= flags:
             continue
         module, tm = host_module(features)
+        if name in EMULATED_KINDS:
+            module.cuvil_amx_tiles = "emulated"
         assert bf16_isa_of(module).kind == first
         _emit(module, name, len(EPILOGUES) if name in EPILOGUE_KINDS else 1)
         modules.append((module, tm))
@@ -92,7 +101,7 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> tuple[ctypes.CDLL, dict[str
         built[name] = runs
     if not modules:
         pytest.skip("this CPU has no bf16 instructions")
-    return link_modules(tmp_path_factory.mktemp("bf16"), modules), built
+    return link_modules(tmp_path_factory.mktemp("bf16"), modules, (AMX_EMULATION,)), built
 
 
 def _rounded(x: np.ndarray) -> np.ndarray:

@@ -409,6 +409,46 @@ def to_bf16_bits(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return b.bitcast(b.fptrunc(x, ir.VectorType(BFLOAT, n)), ir.VectorType(I16, n))
 
 
+class _AmxTiles:
+    """The AMX operations of a kernel on 16 x 64-byte tiles: LLVM's intrinsics (a tile is an
+    x86_amx value; LLVM writes the tile configuration from the shapes they carry), or, where a
+    module says `cuvil_amx_tiles = "emulated"` (tests/codegen, on CPUs without AMX), calls of
+    functions with the same meaning on 1 KiB buffers in the kernel's frame
+    (tests/harness/amx_emulation.c: dot updates its accumulator in place and returns it)."""
+
+    def __init__(self, writer: _Writer) -> None:
+        self.writer, self.b, self.module = writer, writer.k.b, writer.module
+        self.emulated = getattr(self.module, "cuvil_amx_tiles", "intrinsics") == "emulated"
+        self.type = PTR if self.emulated else TILE
+        self.c16, self.c64 = ir.Constant(I16, 16), ir.Constant(I16, 64)
+
+    def _call(self, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
+        """The intrinsic llvm.x86.`name`, or the emulation's cuvil_emulated_<name up to a dot>."""
+        name = "cuvil_emulated_" + name.split(".")[0] if self.emulated else "llvm.x86." + name
+        fn = declare_function(self.module, name, ret, [a.type for a in args])
+        return self.b.call(fn, args)
+
+    def _fresh(self) -> list[ir.Value]:
+        return [self.writer.buffer(1024)] if self.emulated else []
+
+    def zero(self) -> ir.Value:
+        return self._call("tilezero.internal", self.type, [self.c16, self.c64, *self._fresh()])
+
+    def load(self, base: ir.Value, stride: ir.Value) -> ir.Value:
+        return self._call("tileloadd64.internal", self.type,
+                          [self.c16, self.c64, base, stride, *self._fresh()])
+
+    def dot(self, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
+        return self._call("tdpbf16ps.internal", self.type, [self.c16, self.c64, self.c64, acc, a, b])
+
+    def store(self, base: ir.Value, stride: ir.Value, tile: ir.Value) -> None:
+        self._call("tilestored64.internal", ir.VoidType(), [self.c16, self.c64, base, stride, tile])
+
+    def release(self) -> None:
+        if not self.emulated:
+            self._call("tilerelease", ir.VoidType(), [])
+
+
 class _Writer:
     def __init__(self, module: ir.Module, fn: ir.Function, isa: Bf16Isa, side: str,
                  epilogue: Epilogue) -> None:
@@ -507,7 +547,7 @@ class _Writer:
                                                   i0, i0, j, height)
                             self.row_tiles(tile)
         if self.isa.kind == "amx":  # the tile state back to its initial, cheap to switch
-            b.call(declare_function(self.module, "llvm.x86.tilerelease", ir.VoidType(), []), [])
+            _AmxTiles(self).release()
         b.ret_void()
 
     def row_tiles(self, body: Callable[[ir.Value, int], None]) -> None:
@@ -709,16 +749,10 @@ class _Writer:
         added to C row by row (`store_row`)."""
         k = self.k
         b = k.b
-        m = self.module
-        c16, c64 = ir.Constant(I16, 16), ir.Constant(I16, 64)
-        zero = declare_function(m, "llvm.x86.tilezero.internal", TILE, [I16, I16])
-        load = declare_function(m, "llvm.x86.tileloadd64.internal", TILE, [I16, I16, PTR, I64])
-        dot = declare_function(m, "llvm.x86.tdpbf16ps.internal", TILE, [I16, I16, I16, TILE, TILE, TILE])
-        store = declare_function(m, "llvm.x86.tilestored64.internal", ir.VoidType(),
-                         [I16, I16, PTR, I64, TILE])
+        tiles = _AmxTiles(self)
         heights = rows // 16
         pre = b.block
-        init = [b.call(zero, [c16, c64]) for _ in range(heights * 2)]
+        init = [tiles.zero() for _ in range(heights * 2)]
         head = k.function.append_basic_block("amx.head")
         body = k.function.append_basic_block("amx.body")
         done = k.function.append_basic_block("amx.done")
@@ -728,19 +762,18 @@ class _Writer:
         step.add_incoming(k.i64(0), pre)
         accs = []
         for x in init:
-            phi = b.phi(TILE)
+            phi = b.phi(tiles.type)
             phi.add_incoming(x, pre)
             accs.append(phi)
         steps = b.udiv(self.pairs, k.i64(16))
         b.cbranch(b.icmp_signed("<", step, steps), body, done)
         b.position_at_end(body)
-        a_tiles = [b.call(load, [c16, c64, self.at(l_src, b.add(
-            b.mul(b.add(l_row0, k.i64(16 * t)), lld), b.mul(step, k.i64(64)))), lld])
+        a_tiles = [tiles.load(self.at(l_src, b.add(
+            b.mul(b.add(l_row0, k.i64(16 * t)), lld), b.mul(step, k.i64(64)))), lld)
             for t in range(heights)]
         r_step = self.at(r_src, b.mul(step, k.i64(16 * PAIR_ROW)))
-        b_tiles = [b.call(load, [c16, c64, self.at(r_step, k.i64(64 * u)), k.i64(PAIR_ROW)])
-                   for u in range(2)]
-        new = [b.call(dot, [c16, c64, c64, accs[t * 2 + u], a_tiles[t], b_tiles[u]])
+        b_tiles = [tiles.load(self.at(r_step, k.i64(64 * u)), k.i64(PAIR_ROW)) for u in range(2)]
+        new = [tiles.dot(accs[t * 2 + u], a_tiles[t], b_tiles[u])
                for t in range(heights) for u in range(2)]
         latch = b.block
         step.add_incoming(b.add(step, k.i64(1)), latch)
@@ -751,8 +784,8 @@ class _Writer:
         assert self.c_buf is not None
         for t in range(heights):
             for u in range(2):
-                b.call(store, [c16, c64, self.at(self.c_buf, k.i64(t * 16 * 128 + u * 64)),
-                               k.i64(128), accs[t * 2 + u]])
+                tiles.store(self.at(self.c_buf, k.i64(t * 16 * 128 + u * 64)), k.i64(128),
+                            accs[t * 2 + u])
         left = b.sub(self.n, j0)
         masks = [self.lanes_below(b.sub(left, k.i64(v * 16)), 16) for v in range(2)]
         valid = k.minimum("int64", b.sub(self.m, i0), k.i64(rows))
