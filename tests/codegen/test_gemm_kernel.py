@@ -77,7 +77,11 @@ def reference(a, b, c0, bias, residual, ep: Epilogue, accumulate: bool) -> np.nd
                                    # 7 panels of columns: blocks of 3 and 4 panels
                                    (160, 196, 72),
                                    # K over several blocks of KC, with and without packed panels
-                                   (20, 40, 600), (13, 33, 513), (5, 20, 300), (150, 40, 300)])
+                                   (20, 40, 600), (13, 33, 513), (5, 20, 300), (150, 40, 300),
+                                   # N <= 4 with packed A (`narrow_panel`): whole panels
+                                   # and rows past them, K over blocks, N 5 just past it
+                                   (24, 1, 600), (256, 4, 240), (37, 2, 7), (12, 3, 1),
+                                   (60, 5, 33)])
 @pytest.mark.parametrize(("e", "layout"), KERNELS)
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_gemm_matches_numpy(lib: ctypes.CDLL, shape, e: int, accumulate: bool,

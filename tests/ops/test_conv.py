@@ -216,6 +216,31 @@ def test_small_maps_run_transposed():
     assert sum("Conv(transposed)" in op for op in paths) == 5, paths
 
 
+def test_maps_of_a_few_positions_known_at_run_time():
+    """Convs over a symbolic length that is 1 to 3 positions at run time (a speech model fed
+    a few frames) multiply each panel of weights by a column at a time (gemm_kernel's
+    `narrow_panel`): 256 output channels (21 whole panels and 4 rows), a bias, a fused residual
+    Add and Relu, strides and padding, and one length past the narrow path."""
+    rng = np.random.default_rng(17)
+
+    def w(*shape):
+        return rng.standard_normal(shape).astype(np.float32) * 0.2
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1], strides=[2]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1]),
+        helper.make_node("Add", ["c2", "r1"], ["s2"]),
+        helper.make_node("Relu", ["s2"], ["y"]),
+    ]
+    model = make_model(nodes, {"x": ("float32", ["n", 80, "t"])}, {"y": "float32"},
+                       {"w1": w(256, 80, 3), "b1": w(256), "w2": w(256, 256, 3), "b2": w(256)})
+    compiled = cuvil.compile(model)
+    for n, t in ((1, 1), (3, 2), (2, 5), (4, 7), (2, 12)):
+        feeds = {"x": rng.standard_normal((n, 80, t)).astype(np.float32)}
+        assert_matches_ort(model, feeds, rtol=1e-4, atol=1e-4, compiled=compiled)
+
+
 def test_conv_symbolic_batch_and_spatial_dims():
     rng = np.random.default_rng(7)
     cases = [conv_case(rng, r, symbolic=True) for r in (1, 1, 2, 2, 2, 3)]

@@ -6,7 +6,9 @@ convolutions compiles a few kernels, not fifty. The kernel walks C in tiles of M
 columns; each tile keeps its MR x NR sums in vector registers for the whole K loop, loading
 one NR-wide row of B and MR scalars of A per step (broadcast, fused multiply-add). Rows left
 over at the edge get tiles of halving heights (8, 4, 2, 1); the columns left over, one panel
-of as many vectors as they need, the lanes of its last vector past N masked off.
+of as many vectors as they need, the lanes of its last vector past N masked off. A packed A
+times at most GEMV_COLUMNS columns runs the other way round (`narrow_panel`): vectors along
+A's rows, one column at a time.
 
 Tile sizes follow the target's vector registers (`isa_of`): AVX-512's 32 registers of 16
 floats hold a 12 x 32 tile (24 accumulators, two rows of B, a broadcast); AVX2's 16 of 8
@@ -199,6 +201,10 @@ BLOCKS_PER_THREAD = 4
 #: in a block of columns (each rereads A, which is cheaper)
 MIN_ROW_TILES = 4
 MIN_COLUMN_TILES = 2
+#: products of a packed A with at most this many columns (a conv's map of a few positions,
+#: known only at run time) take `narrow_panel`: a tile's 16 or 32 lanes along the columns
+#: would hold 1 to 4 of them, 4 to 32 times the multiply-adds
+GEMV_COLUMNS = 4
 #: panels packed together: the copy reads PANELS x NR consecutive floats of each row of B
 #: (256 bytes with AVX2), which the hardware prefetcher follows, instead of one cache line
 PANELS = 4
@@ -249,13 +255,101 @@ class _GemmWriter:
             self.b_blk = b.gep(self.bm, [b.mul(k0, self.ldb)], source_etype=F32)
             if packed_b:
                 self.unpacked_block(n_full, narrow)
+            elif self.layout.packed_a:
+                with b.if_else(b.icmp_signed("<=", self.n, k.i64(GEMV_COLUMNS))) as (few, many):
+                    with few:
+                        self.narrow_block(n_full)
+                    with many:
+                        self.copied_or_in_place(panel, pack, n_full, narrow)
             else:
-                with b.if_else(pack) as (packing, in_place):
-                    with packing:
-                        self.packed_groups(panel, narrow)
-                    with in_place:  # at most a few row tiles: B's block is read that often
-                        self.row_tiles(lambda i, height: self.columns(n_full, i, height))
+                self.copied_or_in_place(panel, pack, n_full, narrow)
         b.ret_void()
+
+    def copied_or_in_place(self, panel: ir.Value, pack: ir.Value, n_full: ir.Value,
+                           narrow: ir.Value) -> None:
+        """This block of K, B copied into `panel` when there are rows enough (`pack`)."""
+        with self.k.b.if_else(pack) as (packing, in_place):
+            with packing:
+                self.packed_groups(panel, narrow)
+            with in_place:  # at most a few row tiles: B's block is read that often
+                self.row_tiles(lambda i, height: self.columns(n_full, i, height))
+
+    def narrow_block(self, n_full: ir.Value) -> None:
+        """This block of K for N <= GEMV_COLUMNS: each whole panel of packed A by
+        `narrow_panel`, the rows past them in tiles as `write` runs them."""
+        k = self.k
+        b = k.b
+        whole = b.mul(b.udiv(self.m, k.i64(PACK_ROWS)), k.i64(PACK_ROWS))
+        with k.loop(whole, step=PACK_ROWS, name="gp") as i:
+            self.narrow_panel(i)
+        self.row_tiles(lambda i, height: self.columns(n_full, i, height), start=whole)
+
+    def narrow_panel(self, i0: ir.Value) -> None:
+        """C[i0:i0+12, j] (+)= A[i0:i0+12, k0:k0+kc] @ B[k0:k0+kc, j] for each of the few
+        columns j: vectors along the panel's 12 rows (its k-major layout holds them side by
+        side), B's value broadcast; four sums over alternate values of k, whose
+        multiply-adds do not wait for each other."""
+        k = self.k
+        b = k.b
+        vt = ir.VectorType(F32, PACK_ROWS)
+        fma = fmuladd_intrinsic(k.module, vt)
+        a0 = b.gep(self.a, [b.mul(i0, self.lda)], source_etype=F32)  # panel i0 // 12
+        a0 = b.gep(a0, [b.mul(self.k0, k.i64(PACK_ROWS))], source_etype=F32)
+        quads = b.and_(self.kc, k.i64(-4))
+        with b.goto_entry_block():  # the sums: stack slots LLVM keeps in registers
+            slots = [b.alloca(vt) for _ in range(4)]
+        with k.loop(self.n, name="gj") as j:
+            column = b.gep(self.b_blk, [j], source_etype=F32)
+
+            def step(p: ir.Value, slot: ir.Value) -> None:
+                a = b.load(b.gep(a0, [b.mul(p, k.i64(PACK_ROWS))], source_etype=F32), typ=vt,
+                           align=4)
+                x = b.load(b.gep(column, [b.mul(p, self.ldb)], source_etype=F32), typ=F32)
+                b.store(b.call(fma, [a, splat(b, x, PACK_ROWS), b.load(slot)]), slot)
+
+            for slot in slots:
+                b.store(ir.Constant(vt, None), slot)
+            with k.loop(quads, step=4, name="gk") as p:
+                for q, slot in enumerate(slots):
+                    step(b.add(p, k.i64(q)), slot)
+            with k.loop(self.kc, start=quads, name="gr") as p:
+                step(p, slots[0])
+            sums = [b.load(slot) for slot in slots]
+            total = b.fadd(b.fadd(sums[0], sums[1]), b.fadd(sums[2], sums[3]))
+            self.narrow_store(total, i0, j)
+
+    def narrow_store(self, total: ir.Value, i0: ir.Value, j: ir.Value) -> None:
+        """C[i0:i0+12, j] = total (plus C's earlier blocks or accumulate), through the
+        epilogue after K's last block: a column of C, one element a row."""
+        k, ep = self.k, self.epilogue
+        b = k.b
+        rows = range(PACK_ROWS)
+        at = [b.add(b.mul(b.add(i0, k.i64(r)), self.ldc), j) for r in rows]
+
+        def gather(base: ir.Value) -> ir.Value:
+            x = ir.Constant(total.type, None)
+            for r in rows:
+                value = b.load(b.gep(base, [at[r]], source_etype=F32), typ=F32)
+                x = b.insert_element(x, value, k.i64(r))
+            return x
+
+        earlier = b.select(self.load_c, gather(self.c), ir.Constant(total.type, None))
+        total = b.fadd(total, earlier)
+        if ep != PLAIN:
+            finished = total
+            if ep.bias == "row":
+                finished = b.fadd(finished, b.load(b.gep(self.bias, [i0], source_etype=F32),
+                                                   typ=total.type, align=4))
+            elif ep.bias == "col":
+                bias = b.load(b.gep(self.bias, [j], source_etype=F32), typ=F32)
+                finished = b.fadd(finished, splat(b, bias, PACK_ROWS))
+            if ep.residual:
+                finished = b.fadd(finished, gather(self.residual))
+            if ep.activation is not None:
+                finished = apply_activation(b, ep.activation, ep.params, finished)
+            total = b.select(self.last, finished, total)
+        for r in rows:
+            b.store(b.extract_element(total, k.i64(r)), b.gep(self.c, [at[r]], source_etype=F32))
 
     def unpacked_block(self, n_full: ir.Value, narrow: ir.Value) -> None:
         """This block of K of a pre-packed B, in the order `write` says."""
@@ -361,14 +455,17 @@ class _GemmWriter:
         self.remainder(k.b.sub(self.n, n_full),
                        lambda nv: self.tile(src, ld, i0, n_full, height, nv))
 
-    def row_tiles(self, body: Callable[[ir.Value, int], None]) -> None:
-        """body(i0, height) for every row tile: full MR-row tiles, then the fewer than MR rows
-        left in tiles of halving heights (one row at a time would load B once per two
-        multiply-adds)."""
+    def row_tiles(self, body: Callable[[ir.Value, int], None],
+                  start: ir.Value | None = None) -> None:
+        """body(i0, height) for every row tile from row `start` (0): full MR-row tiles, then
+        the fewer than MR rows left in tiles of halving heights (one row at a time would load
+        B once per two multiply-adds)."""
         k, mr = self.k, self.isa.mr
         b = k.b
-        m_full = b.mul(b.udiv(self.m, k.i64(mr)), k.i64(mr))
-        with k.loop(m_full, step=mr, name="i") as i:
+        first = start if start is not None else k.i64(0)
+        rows = b.sub(self.m, first)
+        m_full = b.add(first, b.mul(b.udiv(rows, k.i64(mr)), k.i64(mr)))
+        with k.loop(m_full, start=first, step=mr, name="i") as i:
             body(i, mr)
         start = m_full
         for height in _leftover_heights(mr):
