@@ -85,14 +85,21 @@ def _tool(name: str) -> str:
 
 
 def _tiny_model() -> onnx.ModelProto:
-    """Conv + Relu + Gemm: vector code in every copy, one output of 2 x 10 floats."""
+    """Conv + Relu + Gemm, plus a strided Conv down to one position (the GEMM kernel's
+    narrow_panel, vectors of 12 floats) into a second Gemm added on: vector code in every
+    copy, one output of 2 x 10 floats."""
     rng = np.random.default_rng(7)
     weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
-               for name, shape in [("w", (16, 8, 3, 3)), ("b", (16,)), ("g", (1024, 10))]]
+               for name, shape in [("w", (16, 8, 3, 3)), ("b", (16,)), ("g", (1024, 10)),
+                                   ("w2", (30, 8, 3, 3)), ("g2", (30, 10))]]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("Flatten", ["r"], ["f"]),
-             helper.make_node("Gemm", ["f", "g"], ["y"])]
+             helper.make_node("Gemm", ["f", "g"], ["y1"]),
+             helper.make_node("Conv", ["x", "w2"], ["c2"], strides=[8, 8]),
+             helper.make_node("Flatten", ["c2"], ["f2"]),
+             helper.make_node("Gemm", ["f2", "g2"], ["y2"]),
+             helper.make_node("Add", ["y1", "y2"], ["y"])]
     graph = helper.make_graph(
         nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 10])], weights)
