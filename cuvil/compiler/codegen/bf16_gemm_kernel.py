@@ -75,6 +75,7 @@ from cuvil.compiler.codegen.emitter import (
     asked_once,
     cpuid_gate,
     declare_function,
+    masked_intrinsic,
     prefetch,
     splat,
 )
@@ -476,15 +477,11 @@ class _Writer:
         return self.k.b.icmp_signed("<", lanes, splat(self.k.b, count, width))
 
     def masked_load(self, p: ir.Value, vt: ir.VectorType, mask: ir.Value) -> ir.Value:
-        suffix = f"v{vt.count}{'f32' if vt.element == F32 else f'i{vt.element.width}'}"
-        fn = declare_function(self.module, f"llvm.masked.load.{suffix}.p0", vt,
-                      [PTR, I32, ir.VectorType(I1, vt.count), vt])
+        fn = masked_intrinsic(self.module, "load", vt)
         return self.k.b.call(fn, [p, ir.Constant(I32, 4), mask, ir.Constant(vt, None)])
 
     def masked_store(self, x: ir.Value, p: ir.Value, mask: ir.Value) -> None:
-        vt = x.type
-        fn = declare_function(self.module, f"llvm.masked.store.v{vt.count}f32.p0", ir.VoidType(),
-                      [vt, PTR, I32, ir.VectorType(I1, vt.count)])
+        fn = masked_intrinsic(self.module, "store", x.type)
         self.k.b.call(fn, [x, p, ir.Constant(I32, 4), mask])
 
     # -- structure -----------------------------------------------------------------------

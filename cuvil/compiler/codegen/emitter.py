@@ -557,10 +557,17 @@ def prefetch(b: ir.IRBuilder, ptr: ir.Value) -> None:
     b.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
+def vector_suffix(vt: ir.VectorType) -> str:
+    """The name part of an intrinsic's overload for vectors of float32 or integers: v16f32, v64i8."""
+    e = vt.element
+    return f"v{vt.count}{'f32' if isinstance(e, ir.FloatType) else f'i{e.width}'}"
+
+
 def masked_intrinsic(module: ir.Module, op: str, vt: ir.VectorType) -> ir.Function:
-    """llvm.masked.load (op "load") or llvm.masked.store for vectors of float32: lanes whose
-    mask bit is off are neither read nor written, so they may point outside the buffer."""
-    name = f"llvm.masked.{op}.v{vt.count}f32.p0"
+    """llvm.masked.load (op "load") or llvm.masked.store for vectors of float32 or integers:
+    lanes whose mask bit is off are neither read nor written, so they may point outside the
+    buffer."""
+    name = f"llvm.masked.{op}.{vector_suffix(vt)}.p0"
     mask = ir.VectorType(I1, vt.count)
     if op == "load":
         return declare_function(module, name, vt, [PTR, I32, mask, vt])

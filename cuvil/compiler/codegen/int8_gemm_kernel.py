@@ -94,7 +94,9 @@ from cuvil.compiler.codegen.emitter import (
     add_target_features,
     cpuid_gate,
     declare_function,
+    masked_intrinsic,
     splat,
+    vector_suffix,
 )
 from cuvil.compiler.codegen.gemm_kernel import block_span, split_blocks
 from cuvil.compiler.codegen.kernel_objects import kernel_function
@@ -318,19 +320,6 @@ _QGEMM_TYPE = ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, I32, PTR,
                                               I64, PTR, F32, PTR, I32, PTR, PTR])
 
 
-def _suffix(vt: ir.VectorType) -> str:
-    e = vt.element
-    return f"v{vt.count}{'f32' if e == F32 else f'i{e.width}'}"
-
-
-def _masked(module: ir.Module, op: str, vt: ir.VectorType) -> ir.Function:
-    mask = ir.VectorType(ir.IntType(1), vt.count)
-    if op == "load":
-        return declare_function(module, f"llvm.masked.load.{_suffix(vt)}.p0", vt, [PTR, I32, mask, vt])
-    return declare_function(module, f"llvm.masked.store.{_suffix(vt)}.p0", ir.VoidType(),
-                      [vt, PTR, I32, mask])
-
-
 _ALIGN1 = ir.Constant(I32, 1)
 
 
@@ -381,7 +370,7 @@ class _Writer:
         b = self.k.b
         if mask is None:
             return b.load(p, typ=vt, align=1)
-        return b.call(_masked(self.module, "load", vt),
+        return b.call(masked_intrinsic(self.module, "load", vt),
                       [p, _ALIGN1, mask, passthru or ir.Constant(vt, None)])
 
     def vstore(self, x: ir.Value, p: ir.Value, mask: ir.Value | None) -> None:
@@ -389,7 +378,7 @@ class _Writer:
         if mask is None:
             b.store(x, p, align=1)
         else:
-            b.call(_masked(self.module, "store", x.type), [x, p, _ALIGN1, mask])
+            b.call(masked_intrinsic(self.module, "store", x.type), [x, p, _ALIGN1, mask])
 
     def tile_buffer(self, count: int) -> ir.Value:
         """A stack buffer of `count` outputs (the largest tile's), made once per function."""
@@ -766,7 +755,8 @@ class _Writer:
         lo, hi = (0, 255) if ep.output == "uint8" else (-128, 127)
         zero = b.sitofp(self.c_zero, F32)
         vf = ir.VectorType(F32, w)
-        y = b.call(declare_function(self.module, f"llvm.roundeven.{_suffix(vf)}", vf, [vf]), [y])
+        roundeven = declare_function(self.module, f"llvm.roundeven.{vector_suffix(vf)}", vf, [vf])
+        y = b.call(roundeven, [y])
         # y - c_zero >= lo - c_zero, and >= 0 with a fused Relu (c_zero >= lo)
         low = splat(b, ir.Constant(F32, 0.0) if ep.relu
                     else b.fsub(ir.Constant(F32, float(lo)), zero), w)
@@ -775,7 +765,7 @@ class _Writer:
         y = b.select(b.fcmp_ordered(">", y, high), high, y)
         if post is not None:  # y is q - c_zero: requantized again, its zero point in the shift
             y = b.fadd(b.fmul(y, post[0]), post[1])
-            y = b.call(declare_function(self.module, f"llvm.roundeven.{_suffix(vf)}", vf, [vf]), [y])
+            y = b.call(roundeven, [y])
             low, high = (splat(b, ir.Constant(F32, float(v)), w) for v in (lo, hi))
             y = b.select(b.fcmp_ordered("<", y, low), low, y)
             y = b.select(b.fcmp_ordered(">", y, high), high, y)
