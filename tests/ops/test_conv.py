@@ -253,6 +253,37 @@ def test_conv_transpose_random(rank):
     check_cases([conv_transpose_case(rng, rank) for _ in range(10)], seed=rank)
 
 
+def test_conv_transpose_large_maps_by_tasks_and_chunks():
+    # the GEMM + scatter path (ops/_conv_transpose.py) at sizes the random cases never reach:
+    # several tasks of output channels per group (a short last one), several chunks of input
+    # rows (a partial last one), scatters in vectors at strides 1, 2 and 4 (rows with and
+    # without room for a last vector) and element by element at 3 and 8, images of a
+    # symbolic batch, groups, dilations, output_padding, 1-D to 3-D
+    rng = np.random.default_rng(12)
+
+    def case(inputs, attrs, x_shape, w_shape):
+        c = Case("ConvTranspose", inputs, attrs, feeds={"x": ("float32", x_shape)},
+                 consts={"w": rng.standard_normal(w_shape).astype(np.float32)})
+        if "b" in inputs:
+            c.consts["b"] = rng.standard_normal(w_shape[1] * attrs.get("group", 1)).astype(
+                np.float32)
+        return c
+
+    cases = [
+        case(["x", "w", "b"], {"strides": [2, 2], "pads": [1, 1, 1, 1]}, ["n", 24, 20, 30],
+             (24, 43, 4, 4)),
+        case(["x", "w", "b"], {"strides": [8], "pads": [4, 4]}, ["n", 16, 300], (16, 24, 16)),
+        case(["x", "w"], {"strides": [3, 3], "dilations": [2, 1], "output_padding": [1, 2],
+                          "group": 2, "pads": [2, 0, 1, 3]}, [1, 10, 13, 19], (10, 9, 5, 5)),
+        case(["x", "w", "b"], {"pads": [1, 1, 1, 1], "group": 3}, ["n", 12, "h", 41],
+             (12, 11, 3, 3)),
+        case(["x", "w", "b"], {"strides": [4, 4], "pads": [2, 2, 2, 2]}, [1, 8, 9, 17],
+             (8, 16, 8, 8)),
+        case(["x", "w", "b"], {"strides": [2, 2, 2]}, [2, 6, 5, 7, 9], (6, 20, 2, 2, 2)),
+    ]
+    check_cases(cases, sizes=({"n": 1, "h": 37}, {"n": 3, "h": 6}))
+
+
 def test_conv_transpose_symbolic_batch_and_spatial_dims():
     rng = np.random.default_rng(8)
     cases = [conv_transpose_case(rng, r, symbolic=True) for r in (1, 1, 2, 2, 2, 3)]

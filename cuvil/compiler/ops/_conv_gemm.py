@@ -345,16 +345,16 @@ def _images(k: Emitter, win: Window, in_shape: tuple[Dim, ...], sizes: tuple[int
                             bias=bias_g, residual=r_g, epilogue=epilogue)
 
 
-def _blocks(k: Emitter, tasks: ir.Value, task_cost: ir.Value) -> tuple[ir.Value, ir.Value]:
+def slot_blocks(k: Emitter, tasks: ir.Value, task_cost: ir.Value) -> tuple[ir.Value, ir.Value]:
     """(blocks, cost of one) for `tasks` cut into at most BATCH_SLOTS blocks of consecutive
-    tasks (`_block_tasks`)."""
+    tasks (`block_tasks`)."""
     b = k.b
     blocks = k.minimum("int64", tasks, k.i64(BATCH_SLOTS))
     per_block = k.floordiv(b.add(tasks, b.sub(blocks, k.i64(1))), blocks)
     return blocks, b.mul(per_block, task_cost)
 
 
-def _block_tasks(k: Emitter, j: ir.Value, blocks: ir.Value, tasks: ir.Value) -> tuple[ir.Value,
+def block_tasks(k: Emitter, j: ir.Value, blocks: ir.Value, tasks: ir.Value) -> tuple[ir.Value,
                                                                                      ir.Value]:
     """(first task, end) of block j: as even as whole tasks allow."""
     b = k.b
@@ -406,7 +406,7 @@ def _batch_of_chunks(k: Emitter, win: Window, in_shape: tuple[Dim, ...],
                      images: ir.Value, pointwise: bool, epilogue: Epilogue,
                      product: _Product) -> None:
     """Several images: one parallel loop over (image, group, chunk of output rows) tasks, in
-    blocks of consecutive tasks (`_blocks`); each block unfolds its chunks one after the other
+    blocks of consecutive tasks (`slot_blocks`); each block unfolds its chunks one after the other
     into its own slot of the scratch (a call of the body runs whole blocks: the slot of its
     first block), each followed by its product on one thread. Pointwise groups read X."""
     b = k.b
@@ -421,7 +421,7 @@ def _batch_of_chunks(k: Emitter, win: Window, in_shape: tuple[Dim, ...],
     if pointwise:  # no slots: one task per iteration
         blocks, cost = tasks, task_cost
     else:
-        blocks, cost = _blocks(k, tasks, task_cost)
+        blocks, cost = slot_blocks(k, tasks, task_cost)
     carry = [x, w, y, bias if bias is not None else null,
              residual if residual is not None else null, cols, rows_per_chunk, chunks,
              inner, p, in_plane, tasks, blocks]
@@ -431,7 +431,7 @@ def _batch_of_chunks(k: Emitter, win: Window, in_shape: tuple[Dim, ...],
         bb = k.b
         slot = bb.gep(cols_c, [bb.mul(bb.mul(bb.mul(k.task_first, rpc), inner_c), k.i64(kk))],
                       source_etype=F32)
-        lo, hi = _block_tasks(k, j, blocks_c, tasks_c)
+        lo, hi = block_tasks(k, j, blocks_c, tasks_c)
         if pointwise:
             lo, hi = j, bb.add(j, k.i64(1))
         with k.loop(hi, start=lo, name="bt") as t:
@@ -507,7 +507,7 @@ def _batch_transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: 
                       sizes: tuple[int, int, int], image: tuple[ir.Value, ir.Value, ir.Value],
                       pointwise: bool, epilogue: Epilogue, bf16: bool) -> None:
     """Several images of a transposed product (`_transposed`): one parallel loop over blocks
-    of images (`_blocks`), each image on one thread: its X', Y^T and Y in turn, X' and Y^T in
+    of images (`slot_blocks`), each image on one thread: its X', Y^T and Y in turn, X' and Y^T in
     its block's slot of the scratch (one image's share each), where they stay in its cache."""
     b = k.b
     x, w, y, bias, residual = ptrs
@@ -523,7 +523,7 @@ def _batch_transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: 
                               activation=None if residual is not None else epilogue.activation)
     lanes = isa_of(k.module).vector
     null = ir.Constant(PTR, None)
-    blocks, cost = _blocks(k, images, b.mul(p, k.i64(kk * m)))
+    blocks, cost = slot_blocks(k, images, b.mul(p, k.i64(kk * m)))
     carry = [x, w, y, bias if bias is not None else null,
              residual if residual is not None else null, k.scratch, in_plane, p, images, blocks]
     with k.parallel_loop(blocks, cost=cost, name="btimage", carry=carry) as j:
@@ -531,7 +531,7 @@ def _batch_transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: 
         bb = k.b
         slot = bb.gep(scratch_c, [bb.mul(k.task_first, k.i64(image_floats))], source_etype=F32)
         ct = bb.gep(slot, [k.i64(_aligned(cols_bytes) // 4)], source_etype=F32)
-        lo, hi = _block_tasks(k, j, blocks_c, images_c)
+        lo, hi = block_tasks(k, j, blocks_c, images_c)
         with k.loop(hi, start=lo, name="bn") as n:
             x_n = bb.gep(x_c, [bb.mul(bb.mul(n, k.i64(cg)), plane_c)], source_etype=F32)
             y_off = bb.mul(bb.mul(n, k.i64(m)), p_c)

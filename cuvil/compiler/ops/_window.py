@@ -25,6 +25,17 @@ class Window:
     out: tuple[Dim, ...]
 
 
+@dataclass(frozen=True)
+class TransposedWindow:
+    """Output position o receives input i through kernel tap kp when o = i*s + kp*d - pad."""
+
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads_begin: tuple[Dim, ...]
+    out: tuple[Dim, ...]
+
+
 def auto_pad_of(node: Node) -> str:
     """The auto_pad attribute; an empty string means NOTSET (as in onnxruntime)."""
     auto_pad = node.attrs.get("auto_pad", "NOTSET")

@@ -45,12 +45,15 @@ from cuvil.compiler.ops._conv_depthwise import (
     uses_direct_depthwise,
 )
 from cuvil.compiler.ops._conv_gemm import (
+    F32_DTYPE,
     TRANSPOSED,
     derive_float32_panels,
     im2col_bytes,
     lower_conv_gemm,
     transposed_product,
 )
+from cuvil.compiler.ops._conv_transpose import lower_conv_transpose_gemm
+from cuvil.compiler.ops._conv_transpose import scratch_bytes as conv_transpose_scratch
 from cuvil.compiler.ops._conv_winograd import (
     U_STORED,
     WINOGRAD_TILE,
@@ -65,6 +68,7 @@ from cuvil.compiler.ops._conv_winograd import (
 )
 from cuvil.compiler.ops._conv_winograd import scratch_bytes as winograd_bytes
 from cuvil.compiler.ops._window import (
+    TransposedWindow,
     Window,
     auto_pad_of,
     ceil_div,
@@ -309,17 +313,6 @@ def _ranges(k: Emitter, ranges: Sequence[tuple[ir.Value, ir.Value]]) -> Iterator
 # -- ConvTranspose ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TransposedWindow:
-    """Output position o receives input i through kernel tap kp when o = i*s + kp*d - pad."""
-
-    kernel: tuple[int, ...]
-    strides: tuple[int, ...]
-    dilations: tuple[int, ...]
-    pads_begin: tuple[Dim, ...]
-    out: tuple[Dim, ...]
-
-
 def _ints(node: Node, name: str, default: int, r: int) -> tuple[int, ...]:
     values = tuple(int(v) for v in node.attrs.get(name, [default] * r))
     if len(values) != r:
@@ -417,6 +410,12 @@ class ConvTranspose(Op):
         win = transposed_window(node, ctx)
         return [TensorType(x.type.dtype, (x.type.shape[0], m, *win.out))]
 
+    def scratch_bytes(self, node: Node) -> Dim:
+        return conv_transpose_scratch(node) if node.outputs[0].type.dtype == F32_DTYPE else 0
+
+    def path(self, node: Node) -> str:
+        return "gemm" if node.outputs[0].type.dtype == F32_DTYPE else ""
+
     def lower(self, node: Node, k: Emitter) -> None:
         x_val, w_val, b_val = required_input(node, 0), required_input(node, 1), node.input(2)
         win = transposed_window(node, UNCHECKED)
@@ -424,6 +423,9 @@ class ConvTranspose(Op):
         bias = k.view(b_val) if b_val is not None else None
         group = int(attr(node, "group"))
         cg, mg = int(w_val.type.shape[0]) // group, int(w_val.type.shape[1])
+        if y.dtype == F32_DTYPE:
+            lower_conv_transpose_gemm(node, k, win)
+            return
         if compute_dtype(y.dtype) != y.dtype:
             _transposed_gather(k, x, w, y, bias, win, cg, mg)
             return

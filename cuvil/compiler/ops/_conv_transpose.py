@@ -1,0 +1,212 @@
+"""float32 transposed convolution as matrix products on the shared GEMM kernel, each followed
+by a scatter of its columns into the output (col2im), as onnxruntime (MLAS) and oneDNN do.
+
+For each image and group, C[Mg*K, P] = W_g^T[Mg*K, Cg] @ X[Cg, P], where K counts kernel taps
+and P input positions: row (m, tap) of C holds what input position p gives output channel m
+through that tap, y[m, p*s + tap*d - pad] += C[(m, tap), p]. ONNX stores the weight of group g
+as [Cg, Mg*K] row-major, which is W_g^T stored column by column: the kernel reads it in place
+(`Layout.a_columns`), so nothing is packed at compile time and weights given at run time work
+the same way.
+
+The work is one parallel loop over tasks of (image, group, block of output channels). A task
+owns its channels' output planes: it fills them with the bias, then, chunk of input rows by
+chunk, computes its rows of C (the block's channels x all taps, on one thread) into its slot
+of the scratch and adds them into its planes while both are in its cache. No two tasks write
+the same element, so nothing is locked and the result does not depend on the threads.
+"""
+
+from __future__ import annotations
+
+import sympy
+from llvmlite import ir
+
+from cuvil.compiler.codegen.emitter import PTR, Emitter
+from cuvil.compiler.codegen.gemm_kernel import Layout, emit_gemm, isa_of
+from cuvil.compiler.ir import Dim, Node, numel, simplify_dim
+from cuvil.compiler.ops import required_input
+from cuvil.compiler.ops._conv_gemm import BATCH_SLOTS, F32, block_tasks, slot_blocks
+from cuvil.compiler.ops._window import TransposedWindow, ceil_div, clamp
+
+#: input positions per chunk of C (whole input rows, at least this many): a task's slot of
+#: the scratch holds its rows of C for one chunk, which stay in its cache until scattered
+CHUNK_COLUMNS = 256
+#: rows of C (channels x taps) a task computes at most: enough for the kernel's tiles to reuse
+#: each loaded column of X many times, few enough that a layer makes tasks for every thread
+TASK_ROWS = 128
+#: ... and a group's channels are cut into at least this many tasks where they allow it
+MIN_TASKS = 8
+#: strides whose scatter runs in vectors (a wide load of stride x lanes output floats, the
+#: column's lanes spread over it by a shuffle, the sum stored back); wider ones element-wise
+MAX_VECTOR_STRIDE = 4
+
+
+def _taps(node: Node) -> int:
+    return int(numel(required_input(node, 1).type.shape[2:]))
+
+
+def channels_per_task(node: Node) -> int:
+    """Output channels of one task: about TASK_ROWS rows of C, at least MIN_TASKS tasks per
+    group where the group has that many channels."""
+    mg = int(required_input(node, 1).type.shape[1])
+    return max(1, min(TASK_ROWS // _taps(node), mg // MIN_TASKS))
+
+
+def _chunk_floats(node: Node) -> Dim:
+    """The most input positions one chunk of C covers (`CHUNK_COLUMNS` rounded up to whole
+    input rows, at most the whole input)."""
+    x = required_input(node, 0)
+    inner = numel(x.type.shape[3:])
+    return simplify_dim(sympy.Min(numel(x.type.shape[2:]), CHUNK_COLUMNS - 1 + inner))
+
+
+def scratch_bytes(node: Node) -> Dim:
+    """BATCH_SLOTS slots, each one task's rows of C for one chunk."""
+    rows = channels_per_task(node) * _taps(node)
+    return simplify_dim(BATCH_SLOTS * rows * 4 * sympy.sympify(_chunk_floats(node)))
+
+
+def lower_conv_transpose_gemm(node: Node, k: Emitter, win: TransposedWindow) -> None:
+    x_val, w_val, b_val = required_input(node, 0), required_input(node, 1), node.input(2)
+    y_val = node.outputs[0]
+    b = k.b
+    group = int(node.attrs.get("group", 1))
+    cg, mg = int(w_val.type.shape[0]) // group, int(w_val.type.shape[1])
+    taps = _taps(node)
+    per_task = channels_per_task(node)
+    blocks_per_group = -(-mg // per_task)
+    in_shape, out_shape = tuple(x_val.type.shape[2:]), tuple(y_val.type.shape[2:])
+    images = k.dim(x_val.type.shape[0])
+    tasks = b.mul(images, k.i64(group * blocks_per_group))
+    in_plane = k.dim(numel(in_shape))
+    # cost of a task: its rows of C times the input channels, and the scatter's adds
+    task_cost = b.mul(in_plane, k.i64(per_task * taps * (cg + 1)))
+    blocks, cost = slot_blocks(k, tasks, task_cost)
+    null = ir.Constant(PTR, None)
+    assert k.scratch is not None
+    carry = [k.buffers[x_val], k.buffers[w_val], k.buffers[y_val],
+             k.buffers[b_val] if b_val is not None else null, k.scratch, tasks, blocks]
+    with k.parallel_loop(blocks, cost=cost, name="ctblock", carry=carry) as j:
+        x_c, w_c, y_c, bias_c, scratch_c, tasks_c, blocks_c = k.carried
+        bb = k.b
+        chunk_floats = k.dim(_chunk_floats(node))
+        slot = bb.gep(scratch_c, [bb.mul(k.task_first, bb.mul(chunk_floats,
+                                                              k.i64(per_task * taps)))],
+                      source_etype=F32)
+        in_plane_c, out_plane_c = k.dim(numel(in_shape)), k.dim(numel(out_shape))
+        inner = k.dim(numel(in_shape[1:]))
+        rows_per_chunk = bb.add(k.floordiv(k.i64(CHUNK_COLUMNS - 1), inner), k.i64(1))
+        in0 = k.dim(in_shape[0])
+        chunks = k.floordiv(bb.add(in0, bb.sub(rows_per_chunk, k.i64(1))), rows_per_chunk)
+        lo, hi = block_tasks(k, j, blocks_c, tasks_c)
+        with k.loop(hi, start=lo, name="ct") as t:
+            plane_g = bb.sdiv(t, k.i64(blocks_per_group))  # n * group + g
+            g = bb.srem(plane_g, k.i64(group))
+            oc0 = bb.mul(bb.srem(t, k.i64(blocks_per_group)), k.i64(per_task))
+            count = k.minimum("int64", bb.sub(k.i64(mg), oc0), k.i64(per_task))
+            y_t = bb.gep(y_c, [bb.mul(bb.add(bb.mul(plane_g, k.i64(mg)), oc0), out_plane_c)],
+                         source_etype=F32)
+            oc_first = bb.add(bb.mul(g, k.i64(mg)), oc0)
+            _fill_bias(k, y_t, bias_c if b_val is not None else None, oc_first, count,
+                       out_plane_c)
+            x_g = bb.gep(x_c, [bb.mul(bb.mul(plane_g, k.i64(cg)), in_plane_c)], source_etype=F32)
+            a = bb.gep(w_c, [bb.add(bb.mul(g, k.i64(cg * mg * taps)), bb.mul(oc0, k.i64(taps)))],
+                       source_etype=F32)
+            with k.loop(chunks, name="chunk") as c:
+                first = bb.mul(c, rows_per_chunk)
+                rows = k.minimum("int64", bb.sub(in0, first), rows_per_chunk)
+                width = bb.mul(rows, inner)
+                emit_gemm(k, bb.mul(count, k.i64(taps)), width, k.i64(cg), a, k.i64(mg * taps),
+                          bb.gep(x_g, [bb.mul(first, inner)], source_etype=F32), in_plane_c,
+                          slot, width, layout=Layout(a_columns=True))
+                _scatter(k, win, in_shape, slot, y_t, (count, out_plane_c), (first, rows, width))
+
+
+def _fill_bias(k: Emitter, y: ir.Value, bias: ir.Value | None, oc_first: ir.Value,
+               count: ir.Value, plane: ir.Value) -> None:
+    """count output planes from y on, each its channel's bias (or 0)."""
+    b = k.b
+    with k.loop(count, name="bc") as c:
+        value = (b.load(b.gep(bias, [b.add(oc_first, c)], source_etype=F32), typ=F32)
+                 if bias is not None else ir.Constant(F32, 0.0))
+        row = b.gep(y, [b.mul(c, plane)], source_etype=F32)
+        with k.loop(plane, name="bi") as i:
+            b.store(value, b.gep(row, [i], source_etype=F32))
+
+
+def _scatter(k: Emitter, win: TransposedWindow, in_shape: tuple[Dim, ...], cols: ir.Value,
+             y: ir.Value, planes: tuple[ir.Value, ir.Value],
+             chunk: tuple[ir.Value, ir.Value, ir.Value]) -> None:
+    """y[c, o] += cols[(c, tap), p] for o = p*s + tap*d - pad inside the output, over input
+    rows first..first+rows-1 of the first spatial axis (cols holds `width` of them)."""
+    b = k.b
+    count, out_plane = planes
+    first, rows, width = chunk
+    r = len(win.kernel)
+    in_dims = [k.dim(d) for d in in_shape]
+    out_dims = [k.dim(d) for d in win.out]
+    taps = 1
+    for t in win.kernel:
+        taps *= t
+    with k.loop(count, name="sc") as c, k.loops(win.kernel, name="tap") as tap:
+        tap_index = k.i64(0)
+        for a in range(r):
+            tap_index = b.add(b.mul(tap_index, k.i64(win.kernel[a])), tap[a])
+        row = b.gep(cols, [b.mul(b.add(b.mul(c, k.i64(taps)), tap_index), width)],
+                    source_etype=F32)
+        plane = b.gep(y, [b.mul(c, out_plane)], source_etype=F32)
+
+        def nest(axis: int, src: ir.Value, dst: ir.Value) -> None:
+            s = win.strides[axis]
+            offset = b.sub(b.mul(tap[axis], k.i64(win.dilations[axis])),
+                           k.dim(win.pads_begin[axis]))
+            # valid p: 0 <= p*s + offset < out  ->  ceil(-offset/s) <= p < ceil((out-offset)/s)
+            begin, end = (first, b.add(first, rows)) if axis == 0 else (k.i64(0), in_dims[axis])
+            lo = clamp(k, ceil_div(k, b.neg(offset), s), begin, end)
+            hi = clamp(k, ceil_div(k, b.sub(out_dims[axis], offset), s), lo, end)
+            src_stride = k.dim(numel(in_shape[axis + 1:]))
+            dst_stride = k.dim(numel(win.out[axis + 1:]))
+            if axis < r - 1:
+                with k.loop(hi, start=lo, name=f"p{axis}") as p:
+                    local = b.sub(p, begin)
+                    o = b.add(b.mul(p, k.i64(s)), offset)
+                    nest(axis + 1, b.gep(src, [b.mul(local, src_stride)], source_etype=F32),
+                         b.gep(dst, [b.mul(o, dst_stride)], source_etype=F32))
+                return
+            # the innermost axis: dst[p*s + offset] += src[p - begin] for lo <= p < hi
+            _add_strided(k, b.gep(dst, [offset], source_etype=F32),
+                         b.gep(src, [b.neg(begin)], source_etype=F32), s,
+                         (lo, hi, out_dims[axis]), offset)
+
+        nest(0, row, plane)
+
+
+def _add_strided(k: Emitter, dst: ir.Value, src: ir.Value, stride: int,
+                 span: tuple[ir.Value, ir.Value, ir.Value], offset: ir.Value) -> None:
+    """dst[p*stride] += src[p] for lo <= p < hi, where dst + lo*stride .. lies in a row of
+    `size` floats starting at dst - offset: in vectors while a vector's stride x lanes floats
+    stay inside the row (other tasks' planes may follow it), then one by one."""
+    b = k.b
+    lo, hi, size = span
+    lanes = isa_of(k.module).vector
+    p_vec = lo
+    if stride <= MAX_VECTOR_STRIDE:
+        wide = ir.VectorType(F32, lanes * stride)
+        narrow = ir.VectorType(F32, lanes)
+        # lane i*stride of the wide vector takes src lane i; the others a zero
+        spread = ir.Constant(ir.VectorType(ir.IntType(32), lanes * stride),
+                             [i // stride if i % stride == 0 else lanes for i in range(lanes * stride)])
+        zero = ir.Constant(narrow, [0.0] * lanes)
+        # a vector may start at p when p*stride + offset + stride*lanes <= size
+        last = k.floordiv(b.sub(b.sub(size, offset), k.i64(stride * lanes)), k.i64(stride))
+        vectors = k.minimum("int64", k.floordiv(b.sub(hi, lo), k.i64(lanes)),
+                            b.add(k.floordiv(b.sub(last, lo), k.i64(lanes)), k.i64(1)))
+        p_vec = b.add(lo, b.mul(k.maximum("int64", vectors, k.i64(0)), k.i64(lanes)))
+        with k.loop(p_vec, start=lo, step=lanes, name="sv") as p:
+            at = b.gep(dst, [b.mul(p, k.i64(stride))], source_etype=F32)
+            column = b.load(b.gep(src, [p], source_etype=F32), typ=narrow, align=4)
+            spread_v = column if stride == 1 else b.shuffle_vector(column, zero, spread)
+            b.store(b.fadd(b.load(at, typ=wide, align=4), spread_v), at, align=4)
+    with k.loop(hi, start=p_vec, name="ss") as p:
+        at = b.gep(dst, [b.mul(p, k.i64(stride))], source_etype=F32)
+        b.store(b.fadd(b.load(at, typ=F32), b.load(b.gep(src, [p], source_etype=F32), typ=F32)),
+                at)
