@@ -1,10 +1,12 @@
 """The models the suite measures, each an ONNX file plus the sizes to pin its free dims to.
 
-The nine `light_*` models ship in the onnx package (fixed batch 1). The others are made here
-with random, seeded weights, exported by PyTorch's TorchScript exporter (opset 17, as
-tests/data/make_*.py do, whose module definitions they reuse), and cached under
-build/bench/models/. Without torch they fall back to the small committed models in
-tests/data/ or to graphs built with onnx.helper, and `Bench.source` says so.
+The nine `light_*` models come from the onnx package (fixed batch 1), whose weights are
+ConstantOfShape splats: the suite runs copies with dense seeded random weights in their place
+(cached under build/bench/models/). The others are made here with random, seeded weights,
+exported by PyTorch's TorchScript exporter (opset 17, as tests/data/make_*.py do, whose
+module definitions they reuse), and cached there too. Without torch they fall back to the
+small committed models in tests/data/ or to graphs built with onnx.helper, and `Bench.source`
+says so.
 """
 
 from __future__ import annotations
@@ -70,9 +72,137 @@ class Bench:
         return feeds
 
 
+# --- the onnx package's light models, with dense weights ---------------------------------------
+
+#: a weight reaches the op that reads it through these (Caffe2's exports reshape some)
+_PASS_THROUGH = ("Unsqueeze", "Reshape")
+#: ops between the last Conv/Gemm and the logits that commute with scaling (f(s x) = s f(x), s > 0)
+_HOMOGENEOUS = ("Relu", "GlobalAveragePool", "AveragePool", "MaxPool", "Reshape", "Flatten", "Dropout",
+                "Squeeze")
+#: spread of the logits the last layer is scaled to: over 1000 classes the largest softmax
+#: probability is then about 0.1, a hundred times a flat softmax's
+LOGIT_STD = 2.0
+
+
 def _light(name: str) -> Callable[[Path], Bench]:
     file = "light_bvlc_alexnet" if name == "alexnet" else f"light_{name}"
-    return lambda cache: Bench(f"light_{name}", LIGHT / f"{file}.onnx", "onnx package")
+
+    def make(cache: Path) -> Bench:
+        path = cache / f"light_{name}_dense.onnx"
+        source = "onnx package, dense random weights"
+        if path.exists():
+            return Bench(f"light_{name}", path, f"{source} (cached)")
+        _densify(LIGHT / f"{file}.onnx", path)
+        return Bench(f"light_{name}", path, source)
+    return make
+
+
+def _dense_value(node: onnx.NodeProto, slot: int, shape: tuple[int, ...], rng: np.random.Generator,
+                 residual: bool) -> np.ndarray:
+    """Random values of a sensible scale for input `slot` of `node`: He-scaled weights (a ReLU
+    network's activations then keep their size layer after layer), small biases,
+    normalizations near the identity; a BatchNormalization that ends a residual branch
+    (`residual`) scales by about 0.2, else each block would double the activations' variance
+    (ResNet-50's would reach 4e4, ShuffleNet's 1e6)."""
+    op = node.op_type
+    if op == "BatchNormalization" and slot == 1 and residual:
+        return rng.uniform(0.16, 0.24, shape).astype(np.float32)
+    if op in ("Conv", "Gemm") and slot == 1:
+        trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+        fan_in = int(np.prod(shape[1:])) if op == "Conv" else shape[-1] if trans_b else shape[-2]
+        return rng.standard_normal(shape, np.float32) * np.float32(np.sqrt(2.0 / fan_in))
+    if (op in ("Conv", "Gemm") and slot == 2) or op == "Add" or (op == "BatchNormalization"
+                                                                  and slot in (2, 3)):
+        return rng.normal(0.0, 0.05, shape).astype(np.float32)  # biases, BN's shift and mean
+    if op in ("Mul", "BatchNormalization"):  # scales, BN's scale and variance
+        return rng.uniform(0.8, 1.2, shape).astype(np.float32)
+    raise ValueError(f"no rule for a weight read by {op} input {slot}")
+
+
+def _densify(source: Path, path: Path) -> None:
+    """`source` with every ConstantOfShape weight (a splat of 0.02, which makes every logit
+    equal) replaced by a dense seeded random initializer of the same name; the rest of the
+    graph as it is. The last Conv/Gemm is then scaled so that the logits spread by LOGIT_STD,
+    and the softmax is checked not to be flat. Weights are initializers only (IR version 4:
+    the old exporter's habit of listing them as graph inputs too would make them
+    overridable, so not constants, for onnxruntime)."""
+    from onnx import numpy_helper
+
+    model = onnx.load(str(source))
+    graph = model.graph
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node in graph.node:
+        for slot, name in enumerate(node.input):
+            readers.setdefault(name, []).append((node, slot))
+    rng = np.random.default_rng(0)
+    values: dict[str, np.ndarray] = {}
+    for node in [n for n in graph.node if n.op_type == "ConstantOfShape"]:
+        name = node.output[0]
+        reader, slot = readers[name][0]
+        while reader.op_type in _PASS_THROUGH and slot == 0:
+            reader, slot = readers[reader.output[0]][0]
+        residual = any(r.op_type in ("Sum", "Add") for r, _ in readers.get(reader.output[0], []))
+        values[name] = _dense_value(reader, slot, tuple(int(d) for d in inits[node.input[0]]), rng,
+                                    residual)
+    kept = [n for n in graph.node if n.op_type != "ConstantOfShape"]
+    used = {i for n in kept for i in n.input}
+    weights = [t for t in graph.initializer if t.name in used]
+    weights += [numpy_helper.from_array(v, name) for name, v in values.items()]
+    data = [vi for vi in graph.input if vi.name not in inits and vi.name not in values]
+    del graph.node[:], graph.initializer[:], graph.input[:]
+    graph.node.extend(kept)
+    graph.initializer.extend(weights)
+    graph.input.extend(data)
+    model.ir_version = max(model.ir_version, 4)
+    _scale_last_layer(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    onnx.save(model, str(partial))
+    partial.replace(path)
+
+
+def _scale_last_layer(model: onnx.ModelProto) -> None:
+    """Scale the weight and bias of the Conv/Gemm the logits come from so that the logits of a
+    random input spread by LOGIT_STD; check the outputs are finite and the softmax not flat."""
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    output = graph.output[0].name
+    last = producer[output]
+    logits = last.input[0] if last.op_type == "Softmax" else output
+    layer = producer[logits]
+    while layer.op_type in _HOMOGENEOUS:
+        layer = producer[layer.input[0]]
+    if layer.op_type not in ("Conv", "Gemm"):
+        raise ValueError(f"the logits {logits!r} come from {layer.op_type}, not a Conv or Gemm")
+
+    def run() -> tuple[np.ndarray, np.ndarray]:
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        if logits != output:
+            probe.graph.output.append(onnx.ValueInfoProto(name=logits))
+        session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+        feeds = Bench("probe", Path(), "").feeds(probe, 1, seed=1)
+        got = session.run([output, logits], feeds)
+        return got[0], got[1].reshape(-1).astype(np.float64)
+
+    _, values = run()
+    scale = LOGIT_STD / max(float(values.std()), 1e-30)
+    by_name = {t.name: t for t in graph.initializer}
+    for name in layer.input[1:3]:
+        while name not in by_name:  # a weight reshaped on its way
+            name = producer[name].input[0]
+        tensor = by_name[name]
+        tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor) * np.float32(scale), name))
+    out, values = run()
+    probabilities = np.exp(values - values.max())
+    probabilities /= probabilities.sum()
+    if not np.all(np.isfinite(out)) or probabilities.max() < 10 / values.size:
+        raise ValueError(f"dense weights: outputs finite {bool(np.all(np.isfinite(out)))}, largest "
+                         f"probability {probabilities.max():.3g} over {values.size} classes")
 
 
 def _digits(cache: Path) -> Bench:
