@@ -34,33 +34,6 @@ import zoo
 VARIANTS = ("float32", "dynamic", "qdq")
 
 
-def unshare_weights(source: Path, out: Path) -> Path:
-    """The model with each Identity of an initializer replaced by a copy of it. The zoo's
-    encoder layers start as copies of one layer, and torch's exporter writes their equal
-    weights once, read through Identity nodes; onnxruntime's quantizers take only
-    initializers as weights, so they would quantize the first layer's products alone. The
-    copies make the graph that of a trained model (one set of weights per layer)."""
-    if out.exists():
-        return out
-    model = onnx.load(str(source))
-    inits = {t.name: t for t in model.graph.initializer}
-    kept = []
-    for node in model.graph.node:
-        if node.op_type == "Identity" and node.input[0] in inits:
-            copy = onnx.TensorProto()
-            copy.CopyFrom(inits[node.input[0]])
-            copy.name = node.output[0]
-            model.graph.initializer.append(copy)
-        else:
-            kept.append(node)
-    del model.graph.node[:]
-    model.graph.node.extend(kept)
-    partial = out.with_suffix(".partial.onnx")
-    onnx.save(model, str(partial))
-    partial.replace(out)
-    return out
-
-
 def quantize_dynamic(source: Path, out: Path) -> Path:
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization import quantize_dynamic as ort_quantize_dynamic
@@ -68,32 +41,6 @@ def quantize_dynamic(source: Path, out: Path) -> Path:
     if not out.exists():
         partial = out.with_suffix(".partial.onnx")
         ort_quantize_dynamic(str(source), str(partial), weight_type=QuantType.QInt8)
-        partial.replace(out)
-    return out
-
-
-def quantize_qdq(bench: zoo.Bench, model: onnx.ModelProto, out: Path, count: int) -> Path:
-    """`quantize_static` in QDQ format on `count` random feeds (token ids 0..999, batch 1):
-    per-channel int8 weights, int8 activations, min-max ranges, onnxruntime's default ops.
-    The pre-processing skips symbolic shape inference, which does not complete on the torch
-    export (cuvil's `quantize = "int8"` runs it, and fails there)."""
-    from onnxruntime import quantization
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    if not out.exists():
-        feeds = iter([bench.feeds(model, 1, seed=100 + i) for i in range(count)])
-
-        class Reader(quantization.CalibrationDataReader):
-            def get_next(self) -> dict[str, np.ndarray] | None:
-                return next(feeds, None)
-
-        prepared = out.with_suffix(".pre.onnx")
-        quant_pre_process(str(bench.path), str(prepared), skip_symbolic_shape=True)
-        partial = out.with_suffix(".partial.onnx")
-        quantization.quantize_static(str(prepared), str(partial), Reader(),
-                                     quant_format=quantization.QuantFormat.QDQ, per_channel=True,
-                                     activation_type=quantization.QuantType.QInt8,
-                                     weight_type=quantization.QuantType.QInt8)
         partial.replace(out)
     return out
 
@@ -125,15 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     for name in args.models.split(","):
         zoo_bench = zoo.get(name, cache)
-        bench = zoo.Bench(zoo_bench.name, unshare_weights(zoo_bench.path, out / f"{name}.onnx"),
+        bench = zoo.Bench(zoo_bench.name, zoo.unshare_weights(zoo_bench.path, out / f"{name}.onnx"),
                           zoo_bench.source, zoo_bench.sizes)
         model = onnx.load(str(bench.path))
         paths = {"float32": bench.path}
         if "dynamic" in variants:
             paths["dynamic"] = quantize_dynamic(bench.path, out / f"{bench.name}_dynamic.onnx")
         if "qdq" in variants:
-            paths["qdq"] = quantize_qdq(bench, model, out / f"{bench.name}_qdq.onnx",
-                                        args.calibration)
+            paths["qdq"] = zoo.quantize_qdq(bench, model, out / f"{bench.name}_qdq.onnx",
+                                            args.calibration)
         feeds = bench.feeds(model, args.batch)
         engines: dict[str, tuple[Any, Any]] = {}
         built_info: dict[str, Any] = {}

@@ -4,9 +4,10 @@ The nine `light_*` models come from the onnx package (fixed batch 1), whose weig
 ConstantOfShape splats: the suite runs copies with dense seeded random weights in their place
 (cached under build/bench/models/). The others are made here with random, seeded weights,
 exported by PyTorch's TorchScript exporter (opset 17, as tests/data/make_*.py do, whose
-module definitions they reuse), and cached there too. Without torch they fall back to the
-small committed models in tests/data/ or to graphs built with onnx.helper, and `Bench.source`
-says so.
+module definitions they reuse), and cached there too. Without torch the older ones fall back
+to the small committed models in tests/data/ or to graphs built with onnx.helper, and
+`Bench.source` says so; the newer ones (unet, vit_saliency, vocoder, bert_qdq) raise
+`Unavailable`, which the suite reports and skips.
 """
 
 from __future__ import annotations
@@ -212,6 +213,13 @@ def _digits(cache: Path) -> Bench:
 # --- PyTorch models ---------------------------------------------------------------------------
 
 
+class Unavailable(Exception):
+    """A model this machine cannot make (a missing package): the suite says why and goes on."""
+
+
+_NO_TORCH = "needs torch (a CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu)"
+
+
 def _has_torch() -> bool:
     return importlib.util.find_spec("torch") is not None
 
@@ -344,6 +352,137 @@ def _bert() -> Any:
     return Bert()
 
 
+def _unet() -> Any:
+    """A small U-Net for segmentation: four 2x poolings (16, 32, 64, 128 channels, 256 at the
+    bottom), back up by ConvTranspose2d, 4x4 stride 2 padding 1 and 2x2 stride 2 in turn, each
+    output concatenated with the encoder's map of that size; 21 classes per pixel."""
+    import torch
+    from torch import nn
+
+    arch = _test_module("make_architectures")
+
+    def double(cin: int, cout: int) -> nn.Sequential:
+        return nn.Sequential(arch._conv_bn(cin, cout, 3), nn.ReLU(), arch._conv_bn(cout, cout, 3), nn.ReLU())
+
+    class UNet(nn.Module):
+        def __init__(self, widths: tuple[int, ...] = (16, 32, 64, 128), classes: int = 21) -> None:
+            super().__init__()
+            ins = (3, *widths[:-1])
+            self.down = nn.ModuleList(double(cin, cout) for cin, cout in zip(ins, widths))
+            self.pool = nn.MaxPool2d(2)
+            self.bottom = double(widths[-1], 2 * widths[-1])
+            self.up = nn.ModuleList(
+                nn.ConvTranspose2d(2 * w, w, 4, stride=2, padding=1) if i % 2 == 0
+                else nn.ConvTranspose2d(2 * w, w, 2, stride=2)
+                for i, w in enumerate(reversed(widths)))
+            self.fuse = nn.ModuleList(double(2 * w, w) for w in reversed(widths))
+            self.head = nn.Conv2d(widths[0], classes, 1)
+
+        def forward(self, image: torch.Tensor) -> torch.Tensor:
+            skips = []
+            x = image
+            for down in self.down:
+                x = down(x)
+                skips.append(x)
+                x = self.pool(x)
+            x = self.bottom(x)
+            for up, fuse, skip in zip(self.up, self.fuse, reversed(skips)):
+                x = fuse(torch.cat([up(x), skip], 1))
+            return self.head(x)
+
+    torch.manual_seed(5)
+    model = UNet()
+    arch._randomize_batchnorm(model)
+    return model
+
+
+def _vit_saliency() -> Any:
+    """A small ViT (16x16 patches of a 224x224 image, 6 pre-norm layers, 384 wide, 6 heads)
+    whose head turns the 14x14 tokens back into a map with three ConvTranspose2d 4x4 stride 2
+    (to 112x112) and a 1x1 conv: a saliency or depth decoder's shape. Each layer has its own
+    random weights (nn.TransformerEncoder would copy one layer's)."""
+    import torch
+    from torch import nn
+
+    class VitSaliency(nn.Module):
+        def __init__(self, hidden: int = 384, heads: int = 6, layers: int = 6, grid: int = 14) -> None:
+            super().__init__()
+            self.hidden, self.grid = hidden, grid
+            self.patches = nn.Conv2d(3, hidden, 16, stride=16)
+            self.positions = nn.Parameter(torch.randn(1, grid * grid, hidden) * 0.02)
+            self.layers = nn.ModuleList(
+                nn.TransformerEncoderLayer(hidden, heads, 4 * hidden, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True) for _ in range(layers))
+            self.norm = nn.LayerNorm(hidden)
+            self.head = nn.Sequential(
+                nn.ConvTranspose2d(hidden, 192, 4, stride=2, padding=1), nn.ReLU(),
+                nn.ConvTranspose2d(192, 96, 4, stride=2, padding=1), nn.ReLU(),
+                nn.ConvTranspose2d(96, 48, 4, stride=2, padding=1), nn.ReLU(), nn.Conv2d(48, 1, 1))
+
+        def forward(self, image: torch.Tensor) -> torch.Tensor:
+            x = self.patches(image).flatten(2).transpose(1, 2) + self.positions
+            for layer in self.layers:
+                x = layer(x)
+            x = self.norm(x).transpose(1, 2).reshape(-1, self.hidden, self.grid, self.grid)
+            return self.head(x)
+
+    torch.manual_seed(6)
+    return VitSaliency()
+
+
+def _vocoder() -> Any:
+    """A HiFi-GAN-like vocoder: mel frames [batch, 80, frames] -> 256 samples per frame through
+    four ConvTranspose1d (256 -> 128 -> 64 -> 32 -> 16 channels, kernels 16/16/4/4, strides
+    8/8/2/2), each followed by a residual block of two dilated Conv1d (kernel 3, dilations 1
+    and 3, HiFi-GAN's ResBlock2), LeakyReLU 0.1 before every conv."""
+    import torch
+    from torch import nn
+
+    class ResBlock(nn.Module):
+        def __init__(self, channels: int) -> None:
+            super().__init__()
+            self.convs = nn.ModuleList(nn.Conv1d(channels, channels, 3, dilation=d, padding=d)
+                                       for d in (1, 3))
+            self.act = nn.LeakyReLU(0.1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for conv in self.convs:
+                x = x + conv(self.act(x))
+            return x
+
+    class Vocoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pre = nn.Conv1d(80, 256, 7, padding=3)
+            stages = [(256, 128, 16, 8), (128, 64, 16, 8), (64, 32, 4, 2), (32, 16, 4, 2)]
+            self.ups = nn.ModuleList(nn.ConvTranspose1d(cin, cout, k, stride=s, padding=(k - s) // 2)
+                                     for cin, cout, k, s in stages)
+            self.blocks = nn.ModuleList(ResBlock(cout) for _, cout, _, _ in stages)
+            self.post = nn.Conv1d(16, 1, 7, padding=3)
+            self.act = nn.LeakyReLU(0.1)
+
+        def forward(self, mels: torch.Tensor) -> torch.Tensor:
+            x = self.pre(mels)
+            for up, block in zip(self.ups, self.blocks):
+                x = block(up(self.act(x)))
+            return torch.tanh(self.post(self.act(x)))
+
+    torch.manual_seed(7)
+    return Vocoder()
+
+
+def _torch_only(name: str, export: Callable[[Path], None], sizes: dict[str, int]) -> Callable[[Path], Bench]:
+    def make(cache: Path) -> Bench:
+        path = cache / f"{name}.onnx"
+        if path.exists():
+            return Bench(name, path, "torch export (cached)", sizes)
+        if not _has_torch():
+            raise Unavailable(_NO_TORCH)
+        export(path)
+        return Bench(name, path, "torch export", sizes)
+    return make
+
+
 def _torch_or_fallback(name: str, export: Callable[[Path], None], sizes: dict[str, int],
                        fallback: Callable[[Path], Path], fallback_sizes: dict[str, int],
                        fallback_source: str) -> Callable[[Path], Bench]:
@@ -391,12 +530,111 @@ def _export_gru(path: Path) -> None:
 def _export_bert(path: Path) -> None:
     import torch
 
-    arch = _test_module("make_architectures")
-    # as the tests' encoder export: no fused attention kernel, a Reshape-based unflatten
-    torch.backends.mha.set_fastpath_enabled(False)
-    torch.onnx.register_custom_op_symbolic("aten::unflatten", arch._unflatten, OPSET)
+    _transformer_export_setup()
     _export(_bert(), (torch.randint(0, 8192, (1, 128)),), path, {"input_ids": {0: "batch", 1: "seq"}},
             {"encoded": {0: "batch", 1: "seq"}})
+
+
+def _transformer_export_setup() -> None:
+    """As the tests' encoder export: no fused attention kernel, a Reshape-based unflatten."""
+    import torch
+
+    torch.backends.mha.set_fastpath_enabled(False)
+    torch.onnx.register_custom_op_symbolic("aten::unflatten", _test_module("make_architectures")._unflatten,
+                                           OPSET)
+
+
+def _export_unet(path: Path) -> None:
+    import torch
+
+    _export(_unet(), (torch.randn(1, 3, 128, 128),), path, {"image": {0: "batch"}}, {"classes": {0: "batch"}})
+
+
+def _export_vit(path: Path) -> None:
+    import torch
+
+    _transformer_export_setup()
+    _export(_vit_saliency(), (torch.randn(1, 3, 224, 224),), path, {"image": {0: "batch"}},
+            {"saliency": {0: "batch"}})
+
+
+def _export_vocoder(path: Path) -> None:
+    import torch
+
+    _export(_vocoder(), (torch.randn(1, 80, 32),), path, {"mels": {0: "batch", 2: "frames"}},
+            {"audio": {0: "batch", 2: "samples"}})
+
+
+def unshare_weights(source: Path, out: Path) -> Path:
+    """The model with each Identity of an initializer replaced by a copy of it. The zoo's
+    encoder layers start as copies of one layer, and torch's exporter writes their equal
+    weights once, read through Identity nodes; onnxruntime's quantizers take only
+    initializers as weights, so they would quantize the first layer's products alone. The
+    copies make the graph that of a trained model (one set of weights per layer)."""
+    if out.exists():
+        return out
+    model = onnx.load(str(source))
+    inits = {t.name: t for t in model.graph.initializer}
+    kept = []
+    for node in model.graph.node:
+        if node.op_type == "Identity" and node.input[0] in inits:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(inits[node.input[0]])
+            copy.name = node.output[0]
+            model.graph.initializer.append(copy)
+        else:
+            kept.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial.onnx")
+    onnx.save(model, str(partial))
+    partial.replace(out)
+    return out
+
+
+def quantize_qdq(bench: Bench, model: onnx.ModelProto, out: Path, count: int) -> Path:
+    """`quantize_static` in QDQ format on `count` random feeds (token ids 0..999, batch 1):
+    per-channel int8 weights, int8 activations, min-max ranges, onnxruntime's default ops.
+    The pre-processing skips symbolic shape inference, which does not complete on the torch
+    export (cuvil's `quantize = "int8"` runs it, and fails there)."""
+    from onnxruntime import quantization
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    if not out.exists():
+        feeds = iter([bench.feeds(model, 1, seed=100 + i) for i in range(count)])
+
+        class Reader(quantization.CalibrationDataReader):
+            def get_next(self) -> dict[str, np.ndarray] | None:
+                return next(feeds, None)
+
+        prepared = out.with_suffix(".pre.onnx")
+        quant_pre_process(str(bench.path), str(prepared), skip_symbolic_shape=True)
+        partial = out.with_suffix(".partial.onnx")
+        quantization.quantize_static(str(prepared), str(partial), Reader(),
+                                     quant_format=quantization.QuantFormat.QDQ, per_channel=True,
+                                     activation_type=quantization.QuantType.QInt8,
+                                     weight_type=quantization.QuantType.QInt8)
+        partial.replace(out)
+        prepared.unlink()
+    return out
+
+
+def _bert_qdq(cache: Path) -> Bench:
+    """The suite's `bert` as onnxruntime's static quantizer makes it: QDQ format, per-channel
+    int8 weights, int8 activations calibrated on 4 batches of random token ids; each layer's
+    weights unshared first (unshare_weights), so that every layer is quantized."""
+    path = cache / "bert_qdq.onnx"
+    source = "bert + onnxruntime quantize_static (QDQ, per-channel int8)"
+    if path.exists():
+        return Bench("bert_qdq", path, f"{source} (cached)", {"seq": 128})
+    if not _has_torch() and not (cache / "bert.onnx").exists():
+        raise Unavailable(_NO_TORCH + " for the float bert it quantizes")
+    bert = MODELS["bert"](cache)
+    unshared = Bench("bert", unshare_weights(bert.path, cache / "bert_unshared.onnx"), bert.source,
+                     bert.sizes)
+    quantize_qdq(unshared, onnx.load(str(unshared.path)), path, 4)
+    return Bench("bert_qdq", path, source, {"seq": 128})
 
 
 def _helper_gru(cache: Path) -> Path:
@@ -465,6 +703,10 @@ MODELS: dict[str, Callable[[Path], Bench]] = {
     "bert": _torch_or_fallback("bert", _export_bert, {"seq": 128}, _committed(
         "transformer_encoder.onnx"), {"seq": 64}, "tests/data/transformer_encoder.onnx (seq 64)"),
     "bert_optimized": _bert_optimized,
+    "bert_qdq": _bert_qdq,
+    "unet": _torch_only("unet", _export_unet, {}),
+    "vit_saliency": _torch_only("vit_saliency", _export_vit, {}),
+    "vocoder": _torch_only("vocoder", _export_vocoder, {"frames": 32}),
 }
 
 
