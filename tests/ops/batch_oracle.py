@@ -8,6 +8,7 @@ while still covering many shapes and attributes. A failure names the case and it
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -125,8 +126,10 @@ def check_cases(
     atol: float = 1e-5,
     seed: int = 0,
     inputs: Mapping[str, Sequence[int | str]] | None = None,
+    threads: Sequence[int | None] = (None,),
 ) -> Any:
-    """Compile all `cases` as one model and compare with the oracle at every binding in `sizes`.
+    """Compile all `cases` as one model and compare with the oracle at every binding in `sizes`,
+    run with each cap on its threads in `threads` (None: the whole pool).
 
     Symbolic dims are the str dims of the cases' feeds; `sizes` gives their values per run (a
     dim named "_h" is private to its case: it becomes "c<i>__h" in the model, bound by "_h").
@@ -137,7 +140,8 @@ def check_cases(
         "cuvil declares other outputs than the model"
     rng = np.random.default_rng(seed)
     failures = []
-    for binding in sizes:
+    for binding, cap in itertools.product(sizes, threads):
+        compiled.num_threads = cap
         feeds: dict[str, np.ndarray] = {}
         for i, c in enumerate(cases):
             for n, (dtype, shape) in c.feeds.items():
@@ -160,7 +164,8 @@ def check_cases(
                         np.testing.assert_array_equal(have, expected)
                 except AssertionError as exc:
                     msg = re.sub(r"\s+", " ", str(exc))[:600]
-                    failures.append(f"case {i} {c.describe()} at {dict(binding)}: output {out}: {msg}")
+                    failures.append(f"case {i} {c.describe()} at {dict(binding)}, threads "
+                                    f"{cap or 'all'}: output {out}: {msg}")
     assert not failures, f"{len(failures)} mismatches:\n" + "\n".join(failures)
     return compiled
 

@@ -31,10 +31,11 @@ from cuvil.compiler.ops._window import TransposedWindow, ceil_div, clamp
 #: the scratch holds its rows of C for one chunk, which stay in its cache until scattered
 CHUNK_COLUMNS = 256
 #: rows of C (channels x taps) a task computes at most: enough for the kernel's tiles to reuse
-#: each loaded column of X many times, few enough that a layer makes tasks for every thread
+#: each loaded column of X many times, few enough to stay in cache with the chunk
 TASK_ROWS = 128
-#: ... and a group's channels are cut into at least this many tasks where they allow it
-MIN_TASKS = 8
+#: with several threads, channels are cut into smaller tasks until each thread has this many
+#: (a thread finishing last waits at most a third of its work for the others)
+TASKS_PER_THREAD = 3
 #: strides whose scatter runs in vectors (a wide load of stride x lanes output floats, the
 #: column's lanes spread over it by a shuffle, the sum stored back); wider ones element-wise
 MAX_VECTOR_STRIDE = 4
@@ -44,11 +45,10 @@ def _taps(node: Node) -> int:
     return int(numel(required_input(node, 1).type.shape[2:]))
 
 
-def channels_per_task(node: Node) -> int:
-    """Output channels of one task: about TASK_ROWS rows of C, at least MIN_TASKS tasks per
-    group where the group has that many channels."""
+def most_channels_per_task(node: Node) -> int:
+    """The output channels of the largest task: about TASK_ROWS rows of C."""
     mg = int(required_input(node, 1).type.shape[1])
-    return max(1, min(TASK_ROWS // _taps(node), mg // MIN_TASKS))
+    return max(1, min(TASK_ROWS // _taps(node), mg))
 
 
 def _chunk_floats(node: Node) -> Dim:
@@ -61,7 +61,7 @@ def _chunk_floats(node: Node) -> Dim:
 
 def scratch_bytes(node: Node) -> Dim:
     """BATCH_SLOTS slots, each one task's rows of C for one chunk."""
-    rows = channels_per_task(node) * _taps(node)
+    rows = most_channels_per_task(node) * _taps(node)
     return simplify_dim(BATCH_SLOTS * rows * 4 * sympy.sympify(_chunk_floats(node)))
 
 
@@ -72,25 +72,31 @@ def lower_conv_transpose_gemm(node: Node, k: Emitter, win: TransposedWindow) -> 
     group = int(node.attrs.get("group", 1))
     cg, mg = int(w_val.type.shape[0]) // group, int(w_val.type.shape[1])
     taps = _taps(node)
-    per_task = channels_per_task(node)
-    blocks_per_group = -(-mg // per_task)
+    most = most_channels_per_task(node)
     in_shape, out_shape = tuple(x_val.type.shape[2:]), tuple(y_val.type.shape[2:])
     images = k.dim(x_val.type.shape[0])
-    tasks = b.mul(images, k.i64(group * blocks_per_group))
-    in_plane = k.dim(numel(in_shape))
+    # the largest tasks on one thread; on several, smaller ones until each thread has a few
+    threads = k.parallel_threads()
+    wanted = b.select(b.icmp_signed(">", threads, k.i64(1)),
+                      b.mul(threads, k.i64(TASKS_PER_THREAD)), k.i64(1))
+    per_task = k.floordiv(b.add(b.mul(images, k.i64(group * mg)), b.sub(wanted, k.i64(1))),
+                          wanted)
+    per_task = k.maximum("int64", k.minimum("int64", per_task, k.i64(most)), k.i64(1))
+    blocks_per_group = k.floordiv(b.add(k.i64(mg), b.sub(per_task, k.i64(1))), per_task)
+    tasks = b.mul(images, b.mul(blocks_per_group, k.i64(group)))
     # cost of a task: its rows of C times the input channels, and the scatter's adds
-    task_cost = b.mul(in_plane, k.i64(per_task * taps * (cg + 1)))
+    task_cost = b.mul(b.mul(k.dim(numel(in_shape)), per_task), k.i64(taps * (cg + 1)))
     blocks, cost = slot_blocks(k, tasks, task_cost)
     null = ir.Constant(PTR, None)
     assert k.scratch is not None
     carry = [k.buffers[x_val], k.buffers[w_val], k.buffers[y_val],
-             k.buffers[b_val] if b_val is not None else null, k.scratch, tasks, blocks]
+             k.buffers[b_val] if b_val is not None else null, k.scratch, tasks, blocks,
+             per_task, blocks_per_group]
     with k.parallel_loop(blocks, cost=cost, name="ctblock", carry=carry) as j:
-        x_c, w_c, y_c, bias_c, scratch_c, tasks_c, blocks_c = k.carried
+        x_c, w_c, y_c, bias_c, scratch_c, tasks_c, blocks_c, per_task_c, per_group_c = k.carried
         bb = k.b
         chunk_floats = k.dim(_chunk_floats(node))
-        slot = bb.gep(scratch_c, [bb.mul(k.task_first, bb.mul(chunk_floats,
-                                                              k.i64(per_task * taps)))],
+        slot = bb.gep(scratch_c, [bb.mul(k.task_first, bb.mul(chunk_floats, k.i64(most * taps)))],
                       source_etype=F32)
         in_plane_c, out_plane_c = k.dim(numel(in_shape)), k.dim(numel(out_shape))
         inner = k.dim(numel(in_shape[1:]))
@@ -99,10 +105,10 @@ def lower_conv_transpose_gemm(node: Node, k: Emitter, win: TransposedWindow) -> 
         chunks = k.floordiv(bb.add(in0, bb.sub(rows_per_chunk, k.i64(1))), rows_per_chunk)
         lo, hi = block_tasks(k, j, blocks_c, tasks_c)
         with k.loop(hi, start=lo, name="ct") as t:
-            plane_g = bb.sdiv(t, k.i64(blocks_per_group))  # n * group + g
+            plane_g = bb.sdiv(t, per_group_c)  # n * group + g
             g = bb.srem(plane_g, k.i64(group))
-            oc0 = bb.mul(bb.srem(t, k.i64(blocks_per_group)), k.i64(per_task))
-            count = k.minimum("int64", bb.sub(k.i64(mg), oc0), k.i64(per_task))
+            oc0 = bb.mul(bb.srem(t, per_group_c), per_task_c)
+            count = k.minimum("int64", bb.sub(k.i64(mg), oc0), per_task_c)
             y_t = bb.gep(y_c, [bb.mul(bb.add(bb.mul(plane_g, k.i64(mg)), oc0), out_plane_c)],
                          source_etype=F32)
             oc_first = bb.add(bb.mul(g, k.i64(mg)), oc0)
