@@ -16,7 +16,8 @@ def header(info: dict[str, Any]) -> str:
     peaks = ", ".join(f"{isa} {g:.0f}" for isa, g in info["peak_gflops_one_core"].items())
     load = ", ".join(f"{x:.2f}" for x in info["load_average_start"])
     return (f"{info['cpu']}, {info['cores']} cores; fp32 peak of one core (GFLOP/s): {peaks}\n"
-            f"onnxruntime {info['onnxruntime']}, cuvil {info['cuvil']}, python {info['python']}; "
+            f"onnxruntime {info['onnxruntime']}, openvino {info.get('openvino') or 'absent'}, "
+            f"cuvil {info['cuvil']}, python {info['python']}; "
             f"torch {'present' if info['torch'] else 'absent: fallback models'}; load average {load}")
 
 
@@ -27,11 +28,15 @@ def _gflops(stats: dict[str, Any] | None) -> str:
     return f"{stats['gflops']:.1f}" + (f" ({100 * fraction:.0f}%)" if fraction is not None else "")
 
 
+def _ms(stats: dict[str, Any] | None) -> str:
+    return f"{stats['median_ms']:9.3f} ms" if stats else "        — ms"
+
+
 def run_line(model: str, row: dict[str, Any]) -> str:
-    c, o = row.get("cuvil"), row["ort"]
-    ours = f"{c['median_ms']:9.3f} ms" if c else "        — ms"
-    return (f"  {model:<22} t{row['threads']} b{row['batch']:<2} cuvil {ours}  onnxruntime "
-            f"{o['median_ms']:9.3f} ms  ratio {_f(row.get('ratio'))}  GFLOP/s {_gflops(c)} vs {_gflops(o)}")
+    c, o, v = row.get("cuvil"), row["ort"], row.get("openvino")
+    return (f"  {model:<22} t{row['threads']} b{row['batch']:<2} cuvil {_ms(c)}  onnxruntime {_ms(o)}  "
+            f"openvino {_ms(v)}  cuvil/ort {_f(row.get('ratio'))}  cuvil/best {_f(row.get('ratio_best'))}  "
+            f"GFLOP/s {_gflops(c)} vs {_gflops(o)} / {_gflops(v)}")
 
 
 def model_line(result: dict[str, Any]) -> str:
@@ -45,44 +50,64 @@ def model_line(result: dict[str, Any]) -> str:
             parts.append(f"{engine} first result {f['first_result_ms']:.0f} ms (import + load "
                          f"{f['import_load_ms']:.1f}, first run {f['first_run_ms']:.1f}), "
                          f"peak RSS {f['peak_rss_mb']:.0f} MB; ")
+    if "skipped" in result:
+        parts.append(f"skipped: {result['skipped']}")
     if "error" in result:
         parts.append(f"ERROR {result['error']}")
+    if "openvino_error" in result:
+        parts.append(f" OPENVINO {result['openvino_error']}")
     return "".join(parts)
 
 
-def geomeans(results: list[dict[str, Any]]) -> dict[int, tuple[float, int]]:
-    """Geometric mean of cuvil / onnxruntime per thread count, over every model and batch."""
+#: rows whose cuvil / best ratio is above this are listed at the end
+SLOW = 1.10
+_NAMES = {"ort": "onnxruntime", "openvino": "openvino"}
+
+
+def geomeans(results: list[dict[str, Any]], key: str = "ratio") -> dict[int, tuple[float, int]]:
+    """Geometric mean of a ratio per thread count, over every model and batch: `ratio` is
+    cuvil / onnxruntime, `ratio_best` cuvil / the faster of onnxruntime and OpenVINO."""
     by_threads: dict[int, list[float]] = {}
     for result in results:
         for row in result["runs"]:
-            if row.get("ratio"):
-                by_threads.setdefault(row["threads"], []).append(row["ratio"])
+            if row.get(key):
+                by_threads.setdefault(row["threads"], []).append(row[key])
     return {t: (math.exp(sum(map(math.log, r)) / len(r)), len(r)) for t, r in sorted(by_threads.items())}
 
 
 def geomeans_text(results: list[dict[str, Any]]) -> str:
-    return "\n".join(f"geomean ratio cuvil/onnxruntime at {t} thread{'s' if t > 1 else ''}: {g:.2f} "
-                     f"(over {n} model x batch runs)" for t, (g, n) in geomeans(results).items())
+    lines = []
+    for key, label in (("ratio", "cuvil/onnxruntime"), ("ratio_best", "cuvil/best(onnxruntime, openvino)")):
+        lines += [f"geomean ratio {label} at {t} thread{'s' if t > 1 else ''}: {g:.2f} "
+                  f"(over {n} model x batch runs)" for t, (g, n) in geomeans(results, key).items()]
+    slow = [f"{r['model']} t{row['threads']} b{row['batch']} {row['ratio_best']:.2f} "
+            f"(vs {_NAMES[row['best']]})"
+            for r in results for row in r["runs"] if (row.get("ratio_best") or 0) > SLOW]
+    lines.append(f"cuvil/best above {SLOW:.2f}: " + ("; ".join(slow) if slow else "none"))
+    return "\n".join(lines)
 
 
 def markdown(info: dict[str, Any], results: list[dict[str, Any]]) -> str:
-    lines = ["# cuvil vs onnxruntime", "", header(info).replace("\n", "  \n"),
+    lines = ["# cuvil vs onnxruntime and OpenVINO", "", header(info).replace("\n", "  \n"),
              f"load average at the end {', '.join(f'{x:.2f}' for x in info['load_average_end'])}"
              + ("; --quick run (short budgets)" if info["quick"] else ""), "",
-             ("Latency: median (IQR) of interleaved calls in one process, same inputs. Ratio < 1: cuvil "
-             "is faster. GFLOP/s in brackets: share of the fp32 peak of that many cores (best ISA)."), "",
-             ("| model | threads | batch | GFLOP | cuvil ms | onnxruntime ms | ratio | cuvil GFLOP/s | "
-             "onnxruntime GFLOP/s | max rel diff |"),
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             ("Latency: median (IQR) of interleaved calls in one process, same inputs. Ratios < 1: cuvil "
+              "is faster; *cuvil/best*: against the faster of onnxruntime and OpenVINO. GFLOP/s in "
+              "brackets: share of the fp32 peak of that many cores (best ISA). Max rel diff: largest "
+              "difference from onnxruntime's outputs, relative to its largest output."), "",
+             ("| model | threads | batch | GFLOP | cuvil ms | onnxruntime ms | openvino ms | cuvil/ort | "
+              "cuvil/openvino | cuvil/best | cuvil GFLOP/s | onnxruntime GFLOP/s | openvino GFLOP/s | "
+              "max rel diff cuvil | max rel diff openvino |"),
+             "| --- |" + " ---: |" * 14]
     for result in results:
         for row in result["runs"]:
-            c, o = row.get("cuvil"), row["ort"]
+            c, o, v = row.get("cuvil"), row["ort"], row.get("openvino")
             gflop = f"{row['gflop']:.3g}" + ("" if row["gflop_complete"] else "+")
             lines.append(
-                f"| {result['model']} | {row['threads']} | {row['batch']} | {gflop} | "
-                + (f"{c['median_ms']:.3f} ({c['iqr_ms']:.3f})" if c else "—")
-                + f" | {o['median_ms']:.3f} ({o['iqr_ms']:.3f}) | {_f(row.get('ratio'))} | {_gflops(c)} | "
-                f"{_gflops(o)} | {_f(row.get('max_rel_diff'), '.1e')} |")
+                f"| {result['model']} | {row['threads']} | {row['batch']} | {gflop} | {_ms_iqr(c)} | "
+                f"{_ms_iqr(o)} | {_ms_iqr(v)} | {_f(row.get('ratio'))} | {_f(row.get('ratio_openvino'))} | "
+                f"{_f(row.get('ratio_best'))} | {_gflops(c)} | {_gflops(o)} | {_gflops(v)} | "
+                f"{_f(row.get('max_rel_diff'), '.1e')} | {_f(row.get('openvino_max_rel_diff'), '.1e')} |")
     lines += ["", ("Per model: `cuvil build` wall time, wheel and library size, and fresh processes "
               "(launch -> import + load + first run at batch 1; peak RSS: VmHWM). "
               "cuvil's process imports the unpacked wheel alone, without cuvil. *import + first "
@@ -97,7 +122,9 @@ def markdown(info: dict[str, Any], results: list[dict[str, Any]]) -> str:
         fresh = result.get("fresh", {})
         first = " / ".join(_f(fresh.get(e, {}).get("first_result_ms"), ".0f") for e in ("cuvil", "ort"))
         rss = " / ".join(_f(fresh.get(e, {}).get("peak_rss_mb"), ".0f") for e in ("cuvil", "ort"))
-        error = " ".join(result.get("error", "").split()).replace("|", "\\|")
+        notes = [result.get("error", ""), f"skipped: {result['skipped']}" if "skipped" in result else "",
+                 f"openvino: {result['openvino_error']}" if "openvino_error" in result else ""]
+        error = " ".join(" ".join(notes).split()).replace("|", "\\|")
         lines.append(f"| {result['model']} | {result.get('source', '—')} | "
                      f"{_f(result.get('build_s'), '.1f')} | {_f(result.get('wheel_kb'), '.0f')} | "
                      f"{_f(result.get('library_kb'), '.0f')} | {first} | "
@@ -106,6 +133,10 @@ def markdown(info: dict[str, Any], results: list[dict[str, Any]]) -> str:
     lines += ["", *[f"- {line}" for line in geomeans_text(results).splitlines()],
               *[f"- {line}" for line in start_up_text(results).splitlines()], ""]
     return "\n".join(lines)
+
+
+def _ms_iqr(stats: dict[str, Any] | None) -> str:
+    return f"{stats['median_ms']:.3f} ({stats['iqr_ms']:.3f})" if stats else "—"
 
 
 def _engine_part(fresh: dict[str, Any], engine: str) -> float | None:
@@ -177,8 +208,9 @@ def write(out: Path, info: dict[str, Any], results: list[dict[str, Any]]) -> lis
     written = [out / "results.md", out / "results.json"]
     written[0].write_text(markdown(info, results))
     ratios = {str(t): g for t, (g, _) in geomeans(results).items()}
-    written[1].write_text(json.dumps({"machine": info, "models": results, "geomean_ratio": ratios},
-                                     indent=1, default=str))
+    best = {str(t): g for t, (g, _) in geomeans(results, "ratio_best").items()}
+    written[1].write_text(json.dumps({"machine": info, "models": results, "geomean_ratio": ratios,
+                                      "geomean_ratio_best": best}, indent=1, default=str))
     missing = chart(out / "ratios.png", results)
     if missing:
         print(f"ratios.png skipped: {missing}")

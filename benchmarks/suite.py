@@ -1,15 +1,17 @@
-"""cuvil against onnxruntime on a set of models, measured on this machine in one run.
+"""cuvil against onnxruntime and OpenVINO on a set of models, measured on this machine in one run.
 
 For each model the suite builds a wheel with `cuvil build` (the path a user takes), then,
-in this process, runs cuvil's library and an onnxruntime session on the same inputs,
-interleaved, at batch 1 and a larger batch and at each thread count; and, in fresh
-processes, times launch -> first result and reads the peak RSS of each. It writes
-results.md, results.json and ratios.png (matplotlib, from the `bench` extra) to --out.
+in this process, runs cuvil's library, an onnxruntime session and OpenVINO's CPU plugin on
+the same inputs, interleaved, at batch 1 and a larger batch and at each thread count; and,
+in fresh processes, times launch -> first result and reads the peak RSS of cuvil and
+onnxruntime. It writes results.md, results.json and ratios.png (matplotlib, from the `bench`
+extra) to --out.
 
     python benchmarks/suite.py                          # every model, threads 1 and 2
     python benchmarks/suite.py --quick                  # a smoke run: short time budgets
     python benchmarks/suite.py --models light_resnet50,bert --threads 1 --out /tmp/bench
     python benchmarks/suite.py --models path/to/model.onnx --sizes seq=128
+    python benchmarks/suite.py --models unet --engines cuvil,onnxruntime   # no OpenVINO
 
 Figures vary with the machine and its load; they belong in notes, not in tests.
 """
@@ -154,6 +156,38 @@ def ort_session(path: Path, threads: int) -> Any:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+class OpenVino:
+    """OpenVINO's CPU plugin on one model with its inputs reshaped to static `shapes` (as the
+    suite pins them: batch included), in latency mode (one stream), float32 inference (no
+    bf16 on CPUs that have it), `threads` inference threads; other properties at their
+    defaults. `run` returns the outputs by the model's output names."""
+
+    def __init__(self, path: Path, shapes: dict[str, list[int]], threads: int) -> None:
+        import openvino
+
+        core = openvino.Core()
+        model = core.read_model(str(path))
+        model.reshape({name: openvino.PartialShape(dims) for name, dims in shapes.items()})
+        self.compiled = core.compile_model(model, "CPU", {
+            "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
+            "INFERENCE_PRECISION_HINT": "f32"})
+        self.request = self.compiled.create_infer_request()
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        result = self.request.infer(feeds)
+        return {name: result[port] for port in self.compiled.outputs for name in port.get_names()}
+
+
+ENGINES = ("cuvil", "onnxruntime", "openvino")
+
+
+def best_yardstick(row: dict[str, Any]) -> str:
+    """The faster of onnxruntime and OpenVINO in a row (onnxruntime when OpenVINO did not run)."""
+    if "openvino" in row and row["openvino"]["median_ms"] < row["ort"]["median_ms"]:
+        return "openvino"
+    return "ort"
+
+
 # --- fresh processes ---------------------------------------------------------------------------
 
 _CHILD = """
@@ -229,8 +263,9 @@ def bench_model(name: str, args: argparse.Namespace, peaks: dict[str, float]) ->
     work = args.out / "work" / bench.name
     built = None
     try:
-        built = build_wheel(bench, pins, work)
-        result.update({k: built[k] for k in ("build_s", "wheel_kb", "library_kb")})
+        if "cuvil" in args.engines:
+            built = build_wheel(bench, pins, work)
+            result.update({k: built[k] for k in ("build_s", "wheel_kb", "library_kb")})
     except BuildError as exc:
         result["error"] = f"cuvil build failed: {exc}"
     best_peak = max(peaks.values(), default=0.0)
@@ -245,22 +280,35 @@ def bench_model(name: str, args: argparse.Namespace, peaks: dict[str, float]) ->
             calls: dict[str, Callable[[], Any]] = {"ort": lambda f=feeds, s=session: s.run(None, f)}
             row: dict[str, Any] = {"threads": threads, "batch": batch, "gflop": gflop / 1e9,
                                    "gflop_complete": complete}
+            expected = session.run(None, feeds)
+            names = [o.name for o in session.get_outputs()]
             if ours is not None:
                 try:
-                    got = ours.run(feeds)
-                    row["max_rel_diff"] = max_rel_diff(got, session.run(None, feeds),
-                                                       [o.name for o in session.get_outputs()])
+                    row["max_rel_diff"] = max_rel_diff(ours.run(feeds), expected, names)
                     calls["cuvil"] = lambda f=feeds, m=ours: m.run(f)
                 except Exception as exc:  # a model that builds but cannot run: say so, go on
                     result.setdefault("error", f"cuvil run failed (batch {batch}): {exc}")
+            if "openvino" in args.engines:
+                try:
+                    shapes = {name: list(array.shape) for name, array in feeds.items()}
+                    theirs = OpenVino(bench.path, shapes, threads)
+                    row["openvino_max_rel_diff"] = max_rel_diff(theirs.run(feeds), expected, names)
+                    calls["openvino"] = lambda f=feeds, o=theirs: o.run(f)
+                except Exception as exc:  # missing, or failing on this model: say so, go on
+                    message = " ".join(str(exc).split())
+                    result.setdefault("openvino_error", f"{type(exc).__name__}: {message[:300]}")
             times = interleaved(calls, args.budget, args.min_runs)
             for engine, samples in times.items():
                 stats = summary_ms(samples)
                 stats["gflops"] = gflop / 1e9 / (stats["median_ms"] / 1e3)
                 stats["peak_fraction"] = stats["gflops"] / (best_peak * threads) if best_peak else None
                 row[engine] = stats
+            row["best"] = best_yardstick(row)
             if "cuvil" in row:
                 row["ratio"] = row["cuvil"]["median_ms"] / row["ort"]["median_ms"]
+                row["ratio_best"] = row["cuvil"]["median_ms"] / row[row["best"]]["median_ms"]
+                if "openvino" in row:
+                    row["ratio_openvino"] = row["cuvil"]["median_ms"] / row["openvino"]["median_ms"]
             result["runs"].append(row)
             print(report.run_line(bench.name, row), flush=True)
         session = None  # free it before the next thread count loads its own
@@ -292,9 +340,14 @@ def machine() -> dict[str, Any]:
     import onnxruntime
 
     import cuvil
+    try:
+        import openvino
+        openvino_version: str | None = openvino.__version__.split("-")[0]
+    except ImportError:
+        openvino_version = None
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "onnxruntime": onnxruntime.__version__, "cuvil": cuvil.__version__,
-            "torch": zoo._has_torch(), "load_average_start": os.getloadavg()}
+            "onnxruntime": onnxruntime.__version__, "openvino": openvino_version,
+            "cuvil": cuvil.__version__, "torch": zoo._has_torch(), "load_average_start": os.getloadavg()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short time budgets: a smoke run")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench",
                         help="results, generated models and builds (default build/bench/)")
+    parser.add_argument("--engines", default=",".join(ENGINES),
+                        help="engines to run, comma-separated (default all: cuvil,onnxruntime,openvino); "
+                             "onnxruntime always runs, as the reference of the correctness check")
     parser.add_argument("--launches", type=int, default=None,
                         help="fresh processes per first-result figure, the median is kept "
                              "(default 5, --quick 1)")
@@ -320,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         if launches < 1:
             parser.error("--launches must be at least 1")
         args.launches = launches
+    args.engines = {e.strip() for e in args.engines.split(",") if e.strip()} | {"onnxruntime"}
+    if args.engines - set(ENGINES):
+        parser.error(f"unknown engines {sorted(args.engines - set(ENGINES))}: pick from {', '.join(ENGINES)}")
     args.models = [name.strip() for name in args.models.split(",") if name.strip()]
     for name in args.models:
         if not zoo.exists(name):
@@ -335,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         try:
             result = bench_model(name, args, peaks)
+        except zoo.Unavailable as exc:  # a model this machine cannot make: say why
+            result = {"model": name, "skipped": str(exc), "runs": []}
         except Exception as exc:  # record and go on to the next model
             traceback.print_exc()
             result = {"model": name, "error": f"{type(exc).__name__}: {exc}", "runs": []}
@@ -343,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report.model_line(result), flush=True)
     info["load_average_end"] = os.getloadavg()
     info["quick"] = args.quick
+    info["engines"] = sorted(args.engines)
     written = report.write(args.out, info, results)
     print(report.geomeans_text(results))
     print("wrote " + ", ".join(str(p) for p in written))
