@@ -1,10 +1,10 @@
 """Floating-point operations of one run of an ONNX model, counted from its graph.
 
-Only the ops that dominate the arithmetic count: Conv, ConvTranspose, Gemm, MatMul and the
-recurrent LSTM/GRU/RNN, each as 2 x its multiply-adds (biases, activations, pooling and
-normalisation are left out, as papers and vendors count).
+Only the ops that dominate the arithmetic count: Conv, ConvTranspose, Gemm, MatMul (batched
+too), Einsum and the recurrent LSTM/GRU/RNN, each as 2 x its multiply-adds (biases,
+activations, pooling and normalisation are left out, as papers and vendors count).
 
-    python benchmarks/flops.py     # the hand cross-check on one convolution
+    python benchmarks/flops.py     # the hand cross-checks on a convolution and attention scores
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, shape_inference
 
-_COUNTED = ("Conv", "ConvTranspose", "Gemm", "MatMul", "LSTM", "GRU", "RNN")
+_COUNTED = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", "LSTM", "GRU", "RNN")
 
 
 def _pinned(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
@@ -76,14 +76,37 @@ def _counted(node: onnx.NodeProto, op: str, ins: Sequence[str], outs: Sequence[s
         a = shape[ins[0]]
         k = a[0] if _attr(node, "transA", 0) else a[1]
         return 2 * math.prod(shape[outs[0]]) * k
-    if op == "MatMul":
+    if op == "MatMul":  # batched too: each output element is a K-long dot product
         return 2 * math.prod(shape[outs[0]]) * shape[ins[0]][-1]
+    if op == "Einsum":
+        equation = next(a.s.decode() for a in node.attribute if a.name == "equation")
+        return einsum_flops(equation, [shape[i] for i in ins], shape[outs[0]])
     # recurrent: X [seq, batch, in] (layout 0) or [batch, seq, in]; W [dirs, gates*H, in],
     # R [dirs, gates*H, H]: every step multiplies the input and the hidden state by both
     x, w, r = shape[ins[0]], shape[ins[1]], shape[ins[2]]
     steps_and_batch = x[0] * x[1]
     dirs, gates_h = w[0], w[1]
     return 2 * steps_and_batch * dirs * gates_h * (w[2] + r[2])
+
+
+def einsum_flops(equation: str, inputs: Sequence[Sequence[int]], output: Sequence[int]) -> int:
+    """2 x the multiply-adds of an Einsum of two or more operands: each output element sums a
+    product over every label that is in the inputs but not the output ("bhqd,bhkd->bhqk": d).
+    One operand (a transpose, trace or sum) multiplies nothing: 0."""
+    lhs, arrow, rhs = equation.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    if len(terms) < 2:
+        return 0
+    sizes: dict[str, int] = {}
+    for term, dims in zip(terms, inputs):  # labels before "..." count from the left, after from the right
+        before, _, after = term.partition("...")
+        placed = [*zip(before, dims), *zip(reversed(after), reversed(list(dims)))]
+        for label, size in placed:
+            sizes[label] = max(sizes.get(label, 1), int(size))  # broadcast: 1 against n is n
+    letters = lhs.replace(",", "").replace(".", "")
+    kept = set(rhs) if arrow else {c for c in letters if letters.count(c) == 1}  # implicit output
+    summed = math.prod(sizes[c] for c in set(letters) - kept)
+    return 2 * (len(terms) - 1) * math.prod(output) * summed
 
 
 def _needed(node: onnx.NodeProto) -> list[str]:
@@ -141,6 +164,23 @@ def _cross_check() -> None:
         counted, complete = count_flops(model, {"x": np.zeros((batch, 3, 224, 224), np.float32)})
         assert complete and counted == batch * by_hand, (counted, batch * by_hand)
     print(f"conv 3->64 7x7/2 at 224x224: {by_hand / 1e9:.4f} GFLOP per image, counted the same")
+
+    # attention scores of 12 heads, 128 positions, 64 per head: as Einsum and as batched MatMul
+    by_hand = 2 * 12 * 128 * 128 * 64
+    q = np.zeros((1, 12, 128, 64), np.float32)
+    nodes = {"Einsum": helper.make_node("Einsum", ["q", "k"], ["s"], equation="bhqd,bhkd->bhqk"),
+             "MatMul": helper.make_node("MatMul", ["q", "k"], ["s"])}
+    for op, node in nodes.items():
+        k_shape = [1, 12, 128, 64] if op == "Einsum" else [1, 12, 64, 128]
+        graph = helper.make_graph(
+            [node], op, [helper.make_tensor_value_info("q", TensorProto.FLOAT, list(q.shape)),
+                         helper.make_tensor_value_info("k", TensorProto.FLOAT, k_shape)],
+            [helper.make_tensor_value_info("s", TensorProto.FLOAT, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        counted, complete = count_flops(model, {"q": q, "k": np.zeros(k_shape, np.float32)})
+        assert complete and counted == by_hand, (op, counted, by_hand)
+    print(f"attention scores 12 x 128 x 128 x 64 as Einsum and as batched MatMul: "
+          f"{by_hand / 1e9:.4f} GFLOP, counted the same")
 
 
 if __name__ == "__main__":
