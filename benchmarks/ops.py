@@ -149,7 +149,7 @@ def recurrent(op: str, hidden: int, seq: int, batch: int) -> Made:
     weights = {"W": _weight(rng, (1, gates * hidden, hidden), hidden),
                "R": _weight(rng, (1, gates * hidden, hidden), hidden),
                "B": rng.normal(0, 0.1, (1, 2 * gates * hidden)).astype(np.float32)}
-    extra = {"linear_before_reset": 1} if op == "GRU" else {}
+    extra: dict[str, Any] = {"linear_before_reset": 1} if op == "GRU" else {}
     node = helper.make_node(op, ["x", "W", "R", "B"], ["y"], hidden_size=hidden, **extra)
     model, feeds = _model([node], {"x": [seq, batch, hidden]}, weights)
     return f"hidden {hidden}, seq {seq}, batch {batch}", model, feeds
