@@ -197,6 +197,27 @@ def test_einsum_symbolic_dims():
                                         {"b": 3, "s": 9, "t": 17}])
 
 
+def test_einsum_as_matmul_batch_axes():
+    # passes/einsum_as_matmul.py: symbolic batch axes, extra row and column
+    # labels, a weight, vectors, permuted outputs
+    rng = np.random.default_rng(3)
+    cases = [
+        Case("Einsum", ["q", "k"], {"equation": "bhqd,bhkd->bkhq"},
+             feeds={"q": ("float32", ["b", 3, "s", 8]), "k": ("float32", ["b", 3, "t", 8])}),
+        Case("Einsum", ["x", "w"], {"equation": "bld,dn->bln"},
+             feeds={"x": ("float32", ["b", "s", 16])},
+             consts={"w": rng.standard_normal((16, 24)).astype(np.float32)}),
+        Case("Einsum", ["p", "r"], {"equation": "bik,bkef->ebif"},
+             feeds={"p": ("float32", ["b", 5, 7]), "r": ("float32", ["b", 7, 3, 6])}),
+        Case("Einsum", ["a", "v"], {"equation": "...ij,j->...i"},
+             feeds={"a": ("float32", ["b", "s", 9]), "v": ("float32", [9])}),
+        Case("Einsum", ["v", "a"], {"equation": "j,bjk->kb"},
+             feeds={"v": ("float32", [6]), "a": ("float32", ["b", 6, 5])}),
+    ]
+    check_cases(cases, opset=12, sizes=[{"b": 1, "s": 1, "t": 4}, {"b": 3, "s": 17, "t": 9}],
+                threads=(1, None))
+
+
 def test_backend_node_tests():
     tests = backend_cases("gemm", ["Gemm"]) + backend_cases("matmul", ["MatMul"])
     # bfloat16 is not a cuvil dtype

@@ -5,7 +5,8 @@ float32 convolutions run as matrix products on the shared GEMM kernel: 3x3 ones 
 strides and enough channels as Winograd convolutions (`_conv_winograd`, which says which),
 the others through im2col (`_conv_gemm`); depthwise ones (one input channel per group,
 `uses_direct_depthwise`), which would be products of one or two rows, run on their own kernel
-(`_conv_depthwise`).
+(`_conv_depthwise`). float32 transposed convolutions run as products of the transposed weights
+and the input, scattered into the output (`_conv_transpose`).
 float64 accumulates each kernel tap into the output in place, one row at a time:
 the innermost spatial loop has a computed valid range, so it has no branch and vectorizes.
 float16 is computed per output element in a float32 register (accumulating in float16

@@ -1,7 +1,9 @@
 """Einsum: the equation is parsed at compile time into one label per operand axis.
 
-Two-operand contractions without labels private to one operand (batched matmuls, attention
-scores, bilinear forms, outer products) run on the matrix kernel of `gemm.py`: one label of
+float32 contractions of two operands over one summed label become MatMul between Transposes
+before this lowering sees them (passes/einsum_as_matmul.py). Other two-operand contractions
+without labels private to one operand (several summed labels, outer products, other dtypes)
+run on the matrix kernel of `gemm.py`: one label of
 each kind (rows, contraction, columns) becomes the matrix, every other label an outer loop.
 Everything else (transposes, reductions, diagonals and traces, three or more operands,
 float16, integers) runs as one loop nest over the output with the contraction summed in a

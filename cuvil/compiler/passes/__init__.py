@@ -12,6 +12,7 @@ import os
 
 from cuvil.compiler.ir import Graph, IRError
 from cuvil.compiler.passes.bf16_weights import bf16_weights
+from cuvil.compiler.passes.einsum_as_matmul import einsum_as_matmul
 from cuvil.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from cuvil.compiler.passes.fold_batchnorm import fold_batchnorm
 from cuvil.compiler.passes.fully_connected_convs import fully_connected_convs
@@ -30,7 +31,8 @@ from cuvil.compiler.passes.winograd_weights import winograd_weights
 #: the pipeline, in order (constant folding runs inside the frontend, which needs constants
 #: to type shape inputs)
 PIPELINE = (quantized_lookup, fuse_qdq, fuse_dynamic_quantize, pack_int8_weights,
-            eliminate_dead_code, widen_float16, fold_batchnorm, fuse_attention, pack_gemm_weights,
+            eliminate_dead_code, widen_float16, fold_batchnorm, einsum_as_matmul, fuse_attention,
+            pack_gemm_weights,
             fuse_epilogue, fully_connected_convs, fuse_elementwise, winograd_weights,
             bf16_weights)
 
