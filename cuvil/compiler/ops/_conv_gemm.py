@@ -354,8 +354,8 @@ def slot_blocks(k: Emitter, tasks: ir.Value, task_cost: ir.Value) -> tuple[ir.Va
     return blocks, b.mul(per_block, task_cost)
 
 
-def block_tasks(k: Emitter, j: ir.Value, blocks: ir.Value, tasks: ir.Value) -> tuple[ir.Value,
-                                                                                     ir.Value]:
+def block_tasks(k: Emitter, j: ir.Value, blocks: ir.Value,
+                tasks: ir.Value) -> tuple[ir.Value, ir.Value]:
     """(first task, end) of block j: as even as whole tasks allow."""
     b = k.b
     return (b.sdiv(b.mul(j, tasks), blocks),
