@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+from typing import Any
 
 _IR = """
 declare <{n} x float> @llvm.fma.v{n}f32(<{n} x float>, <{n} x float>, <{n} x float>)
@@ -64,22 +65,28 @@ def _host_isas() -> list[tuple[str, int, int]]:
     return isas
 
 
-def measure_peak(seconds: float = 0.3) -> dict[str, float]:
-    """GFLOP/s of one core for each vector ISA of this CPU (best of a few timed runs)."""
+def _compiled_loop(lanes: int, chains: int) -> tuple[Any, Any]:
+    """(the JIT engine, which must outlive the loop; the loop as a ctypes function)."""
     import llvmlite.binding as llvm
 
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
+    module = llvm.parse_assembly(_ir(lanes, chains))
+    module.verify()
+    target = llvm.Target.from_default_triple()
+    machine = target.create_target_machine(cpu=llvm.get_host_cpu_name(),
+                                           features=llvm.get_host_cpu_features().flatten(), opt=2)
+    engine = llvm.create_mcjit_compiler(module, machine)
+    engine.finalize_object()
+    loop = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64)(engine.get_function_address("fma_loop"))
+    return engine, loop
+
+
+def measure_peak(seconds: float = 0.3) -> dict[str, float]:
+    """GFLOP/s of one core for each vector ISA of this CPU (best of a few timed runs)."""
     results = {}
     for name, lanes, chains in _host_isas():
-        module = llvm.parse_assembly(_ir(lanes, chains))
-        module.verify()
-        target = llvm.Target.from_default_triple()
-        machine = target.create_target_machine(cpu=llvm.get_host_cpu_name(),
-                                               features=llvm.get_host_cpu_features().flatten(), opt=2)
-        engine = llvm.create_mcjit_compiler(module, machine)
-        engine.finalize_object()
-        loop = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64)(engine.get_function_address("fma_loop"))
+        engine, loop = _compiled_loop(lanes, chains)
         flops_per_iteration = chains * lanes * 2
         iterations = 1 << 20
         best = 0.0
@@ -97,6 +104,39 @@ def measure_peak(seconds: float = 0.3) -> dict[str, float]:
     return results
 
 
+def fma_scaling(threads: int = 2, seconds: float = 0.05) -> float:
+    """How many cores' worth of FMAs `threads` threads get now: the loop's wall time alone
+    against the same loop on `threads` threads at once (ctypes lets go of the GIL). About
+    `threads` when the CPUs are cores of their own; near 1 when a virtual machine's CPUs
+    share a core on the host (SMT siblings) or another process holds one, and then the
+    multi-thread rows of a run say more about the host than about the engines."""
+    import threading
+
+    _, lanes, chains = _host_isas()[0]
+    engine, loop = _compiled_loop(lanes, chains)
+    iterations = 1 << 16
+    while True:  # a loop of about `seconds` on one thread
+        start = time.perf_counter()
+        loop(iterations)
+        if time.perf_counter() - start >= seconds:
+            break
+        iterations *= 2
+
+    def wall(count: int) -> float:
+        workers = [threading.Thread(target=loop, args=(iterations,)) for _ in range(count)]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        return time.perf_counter() - start
+
+    ratios = sorted(threads * wall(1) / wall(threads) for _ in range(3))
+    del engine
+    return ratios[1]
+
+
 if __name__ == "__main__":
     for isa, gflops in measure_peak(1.0).items():
         print(f"{isa}: {gflops:.1f} GFLOP/s fp32 on one core")
+    print(f"2 threads at once get {fma_scaling(2):.2f} cores' worth of FMAs")

@@ -18,7 +18,8 @@ def header(info: dict[str, Any]) -> str:
     return (f"{info['cpu']}, {info['cores']} cores; fp32 peak of one core (GFLOP/s): {peaks}\n"
             f"onnxruntime {info['onnxruntime']}, openvino {info.get('openvino') or 'absent'}, "
             f"cuvil {info['cuvil']}, python {info['python']}; "
-            f"torch {'present' if info['torch'] else 'absent: fallback models'}; load average {load}")
+            f"torch {'present' if info['torch'] else 'absent: fallback models'}; load average {load}; "
+            f"2 threads get {info['fma_scaling_start']:.2f} cores' worth of FMAs (peak.fma_scaling)")
 
 
 def _gflops(stats: dict[str, Any] | None) -> str:
@@ -56,6 +57,8 @@ def model_line(result: dict[str, Any]) -> str:
         parts.append(f"ERROR {result['error']}")
     if "openvino_error" in result:
         parts.append(f" OPENVINO {result['openvino_error']}")
+    if "fma_scaling" in result:
+        parts.append(f" (then 2 threads got {result['fma_scaling']:.2f} cores' worth of FMAs)")
     return "".join(parts)
 
 
@@ -89,7 +92,8 @@ def geomeans_text(results: list[dict[str, Any]]) -> str:
 
 def markdown(info: dict[str, Any], results: list[dict[str, Any]]) -> str:
     lines = ["# cuvil vs onnxruntime and OpenVINO", "", header(info).replace("\n", "  \n"),
-             f"load average at the end {', '.join(f'{x:.2f}' for x in info['load_average_end'])}"
+             f"load average at the end {', '.join(f'{x:.2f}' for x in info['load_average_end'])}; "
+             f"2 threads get {info['fma_scaling_end']:.2f} cores' worth of FMAs"
              + ("; --quick run (short budgets)" if info["quick"] else ""), "",
              ("Latency: median (IQR) of interleaved calls in one process, same inputs. Ratios < 1: cuvil "
               "is faster; *cuvil/best*: against the faster of onnxruntime and OpenVINO. GFLOP/s in "

@@ -388,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     peaks = peak.measure_peak(0.5 if args.quick else 1.5)
     info["peak_gflops_one_core"] = peaks
+    info["fma_scaling_start"] = peak.fma_scaling(2)
     print(report.header(info), flush=True)
     results = []
     for name in args.models:
@@ -400,9 +401,12 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             result = {"model": name, "error": f"{type(exc).__name__}: {exc}", "runs": []}
         result["suite_s"] = time.perf_counter() - start
+        # after the model's rows: a figure near 1 says its 2-thread rows met a shared core
+        result["fma_scaling"] = peak.fma_scaling(2)
         results.append(result)
         print(report.model_line(result), flush=True)
     info["load_average_end"] = os.getloadavg()
+    info["fma_scaling_end"] = peak.fma_scaling(2)
     info["quick"] = args.quick
     info["engines"] = sorted(args.engines)
     written = report.write(args.out, info, results)
