@@ -37,13 +37,24 @@ def gemm_relu(trans_b: int):
                       {"w": w, "b": rng.standard_normal(6).astype(np.float32)})
 
 
+def conv_transpose_relu():
+    # planes large enough for several tasks and chunks (ops/_conv_transpose.py)
+    return make_model([helper.make_node("ConvTranspose", ["x", "w", "b"], ["t"], strides=[2, 2],
+                                        pads=[1, 1, 1, 1]),
+                       helper.make_node("Relu", ["t"], ["r"])],
+                      {"x": (np.float32, ["batch", 6, 19, 23])}, {"r": np.float32},
+                      {"w": rng.standard_normal((6, 20, 4, 4)).astype(np.float32),
+                       "b": rng.standard_normal(20).astype(np.float32)})
+
+
 def ops(model) -> list[tuple[str, str | None]]:
     graph = run_passes(import_model(model))
     return [(n.op_type, n.attrs.get(FUSED_ACTIVATION)) for n in graph.nodes]
 
 
-@pytest.mark.parametrize("model", [conv_relu(), gemm_relu(0), gemm_relu(1)],
-                         ids=["conv", "gemm", "gemm-transB"])
+@pytest.mark.parametrize("model", [conv_relu(), gemm_relu(0), gemm_relu(1),
+                                   conv_transpose_relu()],
+                         ids=["conv", "gemm", "gemm-transB", "conv-transpose"])
 def test_relu_is_fused(model) -> None:
     assert ops(model) == [(model.graph.node[0].op_type, "Relu")]
     batch = 3

@@ -12,7 +12,9 @@ The work is one parallel loop over tasks of (image, group, block of output chann
 owns its channels' output planes: it fills them with the bias, then, chunk of input rows by
 chunk, computes its rows of C (the block's channels x all taps, on one thread) into its slot
 of the scratch and adds them into its planes while both are in its cache. No two tasks write
-the same element, so nothing is locked and the result does not depend on the threads.
+the same element, so nothing is locked and the result does not depend on the threads. A fused
+activation (passes/fuse_epilogue.py) runs over a task's planes once they are complete, while
+they are still in its cache.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from __future__ import annotations
 import sympy
 from llvmlite import ir
 
+from cuvil.compiler.codegen.activation import apply_activation
 from cuvil.compiler.codegen.emitter import PTR, Emitter
-from cuvil.compiler.codegen.gemm_kernel import Layout, emit_gemm, isa_of
+from cuvil.compiler.codegen.gemm_kernel import Epilogue, Layout, emit_gemm, isa_of
 from cuvil.compiler.ir import Dim, Node, numel, simplify_dim
 from cuvil.compiler.ops import required_input
 from cuvil.compiler.ops._conv_gemm import BATCH_SLOTS, F32, block_tasks, slot_blocks
 from cuvil.compiler.ops._window import TransposedWindow, ceil_div, clamp
+from cuvil.compiler.ops.gemm import node_epilogue
 
 #: input positions per chunk of C (whole input rows, at least this many): a task's slot of
 #: the scratch holds its rows of C for one chunk, which stay in its cache until scattered
@@ -89,6 +93,7 @@ def lower_conv_transpose_gemm(node: Node, k: Emitter, win: TransposedWindow) -> 
     blocks, cost = slot_blocks(k, tasks, task_cost)
     null = ir.Constant(PTR, None)
     assert k.scratch is not None
+    epilogue = node_epilogue(node)
     carry = [k.buffers[x_val], k.buffers[w_val], k.buffers[y_val],
              k.buffers[b_val] if b_val is not None else null, k.scratch, tasks, blocks,
              per_task, blocks_per_group]
@@ -125,6 +130,18 @@ def lower_conv_transpose_gemm(node: Node, k: Emitter, win: TransposedWindow) -> 
                           bb.gep(x_g, [bb.mul(first, inner)], source_etype=F32), in_plane_c,
                           slot, width, layout=Layout(a_columns=True))
                 _scatter(k, win, in_shape, slot, y_t, (count, out_plane_c), (first, rows, width))
+            if epilogue.activation is not None:  # the task's planes are complete: in cache
+                _activate(k, y_t, bb.mul(count, out_plane_c), epilogue)
+
+
+def _activate(k: Emitter, y: ir.Value, count: ir.Value, epilogue: Epilogue) -> None:
+    """y[:count] = the fused activation of itself (a loop LLVM vectorizes)."""
+    b = k.b
+    assert epilogue.activation is not None
+    with k.loop(count, name="act") as i:
+        at = b.gep(y, [i], source_etype=F32)
+        b.store(apply_activation(b, epilogue.activation, epilogue.params, b.load(at, typ=F32)),
+                at)
 
 
 def _fill_bias(k: Emitter, y: ir.Value, bias: ir.Value | None, oc_first: ir.Value,

@@ -427,6 +427,7 @@ class ConvTranspose(Op):
         if y.dtype == F32_DTYPE:
             lower_conv_transpose_gemm(node, k, win)
             return
+        assert FUSED_ACTIVATION not in node.attrs, "activations are fused into float32 only"
         if compute_dtype(y.dtype) != y.dtype:
             _transposed_gather(k, x, w, y, bias, win, cg, mg)
             return

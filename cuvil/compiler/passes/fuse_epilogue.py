@@ -60,8 +60,9 @@ def _matrices(node: Node) -> bool:
 #: a product open to a residual (and then an activation)
 OPEN_FOR_RESIDUAL = pattern("Conv", "Gemm", "MatMul", where=lambda n: _matrices(n)
                             and not _has_residual(n) and not _has_activation(n))
-#: a product open to an activation
-OPEN_FOR_ACTIVATION = pattern("Conv", "Gemm", "MatMul",
+#: a product open to an activation (a float32 ConvTranspose applies it to each task's planes
+#: once they are complete: ops/_conv_transpose.py)
+OPEN_FOR_ACTIVATION = pattern("Conv", "Gemm", "MatMul", "ConvTranspose",
                               where=lambda n: _matrices(n) and not _has_activation(n))
 #: a product open to a bias
 OPEN_FOR_BIAS = pattern("Gemm", "MatMul", where=lambda n: _matrices(n) and n.input(2) is None
