@@ -803,6 +803,21 @@ def _lanes_below(b: ir.IRBuilder, count: ir.Value, lanes: int) -> ir.Value:
 MAX_VECTOR_STRIDE = 4
 
 
+def whole_strided_vectors(k: Emitter, span: tuple[ir.Value, ir.Value], start: ir.Value,
+                          stride: int, size: ir.Value) -> ir.Value:
+    """The end of the run of whole vectors from lo in [lo, hi) whose stride x lanes floats,
+    from o * stride + start on, lie inside a row of `size` floats (what a strided row copy or
+    scatter does in vectors before its element-by-element rest)."""
+    b = k.b
+    lo, hi = span
+    width = isa_of(k.module).vector
+    # a vector may start at o when o * stride + start + stride * width <= size
+    last_start = k.floordiv(b.sub(b.sub(size, start), k.i64(stride * width)), k.i64(stride))
+    vectors = k.minimum("int64", k.floordiv(b.sub(hi, lo), k.i64(width)),
+                        b.add(k.floordiv(b.sub(last_start, lo), k.i64(width)), k.i64(1)))
+    return b.add(lo, b.mul(k.maximum("int64", vectors, k.i64(0)), k.i64(width)))
+
+
 def _copy_strided(k: Emitter, dst: ir.Value, src: ir.Value, axis: tuple[ir.Value, int, ir.Value],
                   lo: ir.Value, hi: ir.Value) -> None:
     """dst[o] = src[o * stride + start] for lo <= o < hi, where src is one input row of `size`
@@ -818,11 +833,7 @@ def _copy_strided(k: Emitter, dst: ir.Value, src: ir.Value, axis: tuple[ir.Value
         wide = ir.VectorType(F32, width * stride)
         keep = ir.Constant(ir.VectorType(ir.IntType(32), width),
                            [i * stride for i in range(width)])
-        # a vector may start at o when o * stride + start + stride * width <= size
-        last_start = k.floordiv(b.sub(b.sub(size, start), k.i64(stride * width)), k.i64(stride))
-        vectors = k.minimum("int64", k.floordiv(b.sub(hi, lo), k.i64(width)),
-                            b.add(k.floordiv(b.sub(last_start, lo), k.i64(width)), k.i64(1)))
-        lo_v = b.add(lo, b.mul(k.maximum("int64", vectors, k.i64(0)), k.i64(width)))
+        lo_v = whole_strided_vectors(k, (lo, hi), start, stride, size)
         with k.loop(lo_v, start=lo, step=width, name="cpw") as o:
             i = b.add(b.mul(o, k.i64(stride)), start)
             x = b.load(b.gep(src, [i], source_etype=F32), typ=wide, align=4)

@@ -27,7 +27,14 @@ from cuvil.compiler.codegen.emitter import PTR, Emitter
 from cuvil.compiler.codegen.gemm_kernel import Epilogue, Layout, emit_gemm, isa_of
 from cuvil.compiler.ir import Dim, Node, numel, simplify_dim
 from cuvil.compiler.ops import required_input
-from cuvil.compiler.ops._conv_gemm import BATCH_SLOTS, F32, block_tasks, slot_blocks
+from cuvil.compiler.ops._conv_gemm import (
+    BATCH_SLOTS,
+    F32,
+    MAX_VECTOR_STRIDE,
+    block_tasks,
+    slot_blocks,
+    whole_strided_vectors,
+)
 from cuvil.compiler.ops._window import TransposedWindow, ceil_div, clamp
 from cuvil.compiler.ops.gemm import node_epilogue
 
@@ -40,9 +47,6 @@ TASK_ROWS = 128
 #: with several threads, channels are cut into smaller tasks until each thread has this many
 #: (a thread finishing last waits at most a third of its work for the others)
 TASKS_PER_THREAD = 3
-#: strides whose scatter runs in vectors (a wide load of stride x lanes output floats, the
-#: column's lanes spread over it by a shuffle, the sum stored back); wider ones element-wise
-MAX_VECTOR_STRIDE = 4
 
 
 def _taps(node: Node) -> int:
@@ -207,7 +211,9 @@ def _add_strided(k: Emitter, dst: ir.Value, src: ir.Value, stride: int,
                  span: tuple[ir.Value, ir.Value, ir.Value], offset: ir.Value) -> None:
     """dst[p*stride] += src[p] for lo <= p < hi, where dst + lo*stride .. lies in a row of
     `size` floats starting at dst - offset: in vectors while a vector's stride x lanes floats
-    stay inside the row (other tasks' planes may follow it), then one by one."""
+    stay inside the row (other tasks' planes may follow it; strides up to MAX_VECTOR_STRIDE:
+    a wide load, the column's lanes spread over it by a shuffle, the sum stored back), then
+    one by one."""
     b = k.b
     lo, hi, size = span
     lanes = isa_of(k.module).vector
@@ -219,11 +225,7 @@ def _add_strided(k: Emitter, dst: ir.Value, src: ir.Value, stride: int,
         spread = ir.Constant(ir.VectorType(ir.IntType(32), lanes * stride),
                              [i // stride if i % stride == 0 else lanes for i in range(lanes * stride)])
         zero = ir.Constant(narrow, [0.0] * lanes)
-        # a vector may start at p when p*stride + offset + stride*lanes <= size
-        last = k.floordiv(b.sub(b.sub(size, offset), k.i64(stride * lanes)), k.i64(stride))
-        vectors = k.minimum("int64", k.floordiv(b.sub(hi, lo), k.i64(lanes)),
-                            b.add(k.floordiv(b.sub(last, lo), k.i64(lanes)), k.i64(1)))
-        p_vec = b.add(lo, b.mul(k.maximum("int64", vectors, k.i64(0)), k.i64(lanes)))
+        p_vec = whole_strided_vectors(k, (lo, hi), offset, stride, size)
         with k.loop(p_vec, start=lo, step=lanes, name="sv") as p:
             at = b.gep(dst, [b.mul(p, k.i64(stride))], source_etype=F32)
             column = b.load(b.gep(src, [p], source_etype=F32), typ=narrow, align=4)
