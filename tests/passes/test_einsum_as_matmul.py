@@ -9,7 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from irbuild import build, structure
+from onnx import helper
+from oracle import make_model
 
+from cuvil.compiler.frontend import import_model
+from cuvil.compiler.passes import run_passes
 from cuvil.compiler.passes.einsum_as_matmul import einsum_as_matmul
 
 W = np.ones((4, 3), np.float32)
@@ -83,3 +87,16 @@ def test_other_equations_keep_the_einsum(equation: str, shapes: tuple[list[int],
     text = "\n".join([*lines, f'y = Einsum({", ".join(names)}, equation="{equation}")',
                       "return y"])
     assert [line.split(" = ")[1].split("(")[0] for line in _after(text)[:-1]] == ["Einsum"]
+
+
+def test_einsum_attention_becomes_one_attention_node() -> None:
+    # a diffusion U-Net's attention as exporters write it: after this pass, fuse_attention
+    # finds its MatMul -> Mul -> Softmax -> MatMul (the keys transposed once, for k_t)
+    nodes = [helper.make_node("Einsum", ["q", "k"], ["s"], equation="bhqd,bhkd->bhqk"),
+             helper.make_node("Mul", ["s", "c"], ["t"]),
+             helper.make_node("Softmax", ["t"], ["p"], axis=-1),
+             helper.make_node("Einsum", ["p", "v"], ["o"], equation="bhqk,bhkd->bhqd")]
+    x = (np.float32, [1, 4, 64, 16])
+    model = make_model(nodes, {"q": x, "k": x, "v": x}, {"o": np.float32},
+                       {"c": np.array(0.25, np.float32)}, opset=13)
+    assert [n.op_type for n in run_passes(import_model(model)).nodes] == ["Transpose", "Attention"]
