@@ -11,6 +11,7 @@ float32 and onnxruntime int8, interleaved in blocks with the settling of benchma
 
     python benchmarks/quantized.py                          # light_resnet50, threads 1 and 2
     python benchmarks/quantized.py --models path/to/model.onnx --threads 1 --quick
+    python benchmarks/quantized.py --cpu x86-64-v3          # cuvil's AVX2 copy (no VNNI)
 
 Printed per model, variant and thread count: the median ms of each engine, int8's speed-up
 over float32 for each engine, cuvil int8 / onnxruntime int8 (< 1: cuvil is faster), and how
@@ -213,10 +214,10 @@ ENGINES = ("cuvil_fp32", "cuvil_int8", "ort_fp32", "ort_int8")
 
 def measure(src: Source, variant: str, qdq: Path, threads: list[int], args: argparse.Namespace,
             float_model: Any) -> list[dict[str, Any]]:
-    import cuvil
+    from cuvil.compiler.driver import compile_in_process
 
     start = time.perf_counter()
-    int8_model = cuvil.compile(str(qdq), name=f"{src.name}_{variant}_int8")
+    int8_model = compile_in_process(str(qdq), name=f"{src.name}_{variant}_int8", cpu=args.cpu)
     print(f"{src.name} {variant}: cuvil int8 compiled in {time.perf_counter() - start:.1f} s",
           file=sys.stderr, flush=True)
     feeds = src.feeds(0)
@@ -267,18 +268,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agree", type=int, default=8,
                         help="random inputs the agreement is measured on (default 8)")
     parser.add_argument("--quick", action="store_true", help="short time budgets: a smoke run")
+    parser.add_argument("--cpu", default="native",
+                        help="the CPU cuvil compiles for (default: this one; x86-64-v3: the AVX2 "
+                             "copy, whose int8 kernels use no VNNI)")
     parser.add_argument("--out", type=Path, default=zoo.ROOT / "build" / "bench" / "quantized",
                         help="generated models (default build/bench/quantized/)")
     args = parser.parse_args(argv)
     args.budget, args.min_runs = (0.25, 3) if args.quick else (1.5, 10)
     threads = [int(t) for t in args.threads.split(",")]
-    import cuvil
+    from cuvil.compiler.driver import compile_in_process
 
+    print(f"cuvil compiled for cpu {args.cpu}")
     print(HEADER)
     print("|" + " --- |" * (HEADER.count("|") - 1), flush=True)
     for name in (n.strip() for n in args.models.split(",") if n.strip()):
         src = source(name, args.out)
-        float_model = cuvil.compile(str(src.path), name=f"{src.name}_fp32")
+        float_model = compile_in_process(str(src.path), name=f"{src.name}_fp32", cpu=args.cpu)
         for variant in [v for v in args.variants.split(",") if v] or variants(src):
             qdq = quantize(src, variant, args.out, args.calibration)
             measure(src, variant, qdq, threads, args, float_model)

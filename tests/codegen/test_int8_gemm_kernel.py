@@ -160,8 +160,9 @@ def _reference(a, b, a_zero: int, b_zero) -> np.ndarray:
 
 SHAPES = [(1, 1, 1), (3, 17, 5), (17, 63, 100), (100, 3, 63), (63, 100, 17), (2, 33, 3),
           (130, 70, 300), (12, 64, 576),
-          # B in several blocks of columns (BLOCK_BYTES)
-          (2, 100, 8195)]
+          # B in several blocks of columns (BLOCK_BYTES); more rows than a tile's with a K
+          # whose widened rows (the vpmaddwd kinds) do not fit the buffer a tile's would take
+          (2, 100, 8195), (21, 40, 6001)]
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

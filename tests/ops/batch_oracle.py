@@ -19,6 +19,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 import cuvil
+from cuvil.compiler.driver import compile_in_process
 
 DEFAULT_OPSET = 17
 
@@ -127,15 +128,17 @@ def check_cases(
     seed: int = 0,
     inputs: Mapping[str, Sequence[int | str]] | None = None,
     threads: Sequence[int | None] = (None,),
+    cpu: str = "native",
 ) -> Any:
     """Compile all `cases` as one model and compare with the oracle at every binding in `sizes`,
-    run with each cap on its threads in `threads` (None: the whole pool).
+    run with each cap on its threads in `threads` (None: the whole pool), compiled for `cpu`
+    (x86-64-v3: the AVX2 copy's kernels, e.g. int8 without VNNI, on a CPU that has it).
 
     Symbolic dims are the str dims of the cases' feeds; `sizes` gives their values per run (a
     dim named "_h" is private to its case: it becomes "c<i>__h" in the model, bound by "_h").
     """
     model = build(cases, opset)
-    compiled = cuvil.compile(model, inputs=inputs)
+    compiled = compile_in_process(model, inputs=inputs, cpu=cpu)
     assert [o.name for o in compiled.outputs] == [o.name for o in model.graph.output], \
         "cuvil declares other outputs than the model"
     rng = np.random.default_rng(seed)

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import pytest
 from batch_oracle import Case, build, check_cases
+from kernel_library import skip_unless_host_has
 from onnx import helper, numpy_helper
 from oracle import int8_oracle, onnxruntime_int8_is_exact, reference_oracle
 from pipeline import op_labels
@@ -161,11 +162,14 @@ def test_depthwise_integer_convs():
     check_cases(_exact(cases), sizes=[{"m": 1, "_h": 6}, {"m": 2, "_h": 9}], opset=13)
 
 
-def test_integer_convs_on_the_int8_kernel():
+@pytest.mark.parametrize("cpu", ["native", "x86-64-v3"])
+def test_integer_convs_on_the_int8_kernel(cpu):
     """The kernel's conv path (one group, packed weights): odd channel counts, strides,
     uneven padding, a dilated last axis (no runs of adjacent taps), pointwise 1x1 convs
     (no columns), 1-D, and symbolic batch and spatial dims; channels and positions that
-    fill some of the transposes' 16 x 16 tiles and leave edges."""
+    fill some of the transposes' 16 x 16 tiles and leave edges. For this CPU and for the
+    AVX2 copy (vpmaddwd on widened rows of A unless the CPU has AVX-VNNI); a K of 576 (64
+    channels x 3 x 3) and more rows than a tile's."""
     rng = np.random.default_rng(5)
 
     def qconv(x: tuple, w: np.ndarray, attrs: dict, xdtype: str, bias: bool = True) -> Case:
@@ -188,8 +192,12 @@ def test_integer_convs_on_the_int8_kernel():
              feeds={"x": ("uint8", ["m", 6, 5, 5])},
              consts={"w": _int8(rng, "int8", [3, 6, 1, 1]), "xz": _scalar(99, "uint8")},
              data=_uint8),
+        qconv(("m", 64, 9, 10), _int8(rng, "int8", [40, 64, 3, 3]), {"pads": [1, 1, 1, 1]},
+              "uint8"),
     ]
-    check_cases(_exact(cases), sizes=[{"m": 1, "_h": 6}, {"m": 2, "_h": 9}], opset=13)
+    if cpu != "native":
+        skip_unless_host_has("avx2")
+    check_cases(_exact(cases), sizes=[{"m": 1, "_h": 6}, {"m": 2, "_h": 9}], opset=13, cpu=cpu)
 
 
 def _dynamic_chains(rng: np.random.Generator) -> onnx.ModelProto:

@@ -33,9 +33,14 @@ int32 sums stay in registers over the whole of K:
 
 - "vnni512": AVX-512 VNNI vpdpbusd, 64 multiply-adds per instruction (12 x 32 tile);
 - "avxvnni": AVX-VNNI's VEX vpdpbusd on 8 lanes (6 x 16);
-- "madd512" / "madd256" / "madd128" (AVX-512BW, AVX2, SSE2): bytes widened to int16 exactly
-  and multiplied with vpmaddwd, each product pair summed into its own int32 lane ("pairs",
-  combined at the end); vpmaddubsw is not used: it saturates;
+- "madd512" / "madd256" / "madd128" (AVX-512BW, AVX2, SSE2; 6 x 2 vectors): bytes widened to
+  int16 exactly and multiplied with vpmaddwd, 16 multiply-adds per 256 bits. A row tile's A is
+  widened once into a stack buffer (`_Writer.widen_rows`), each group as [a0, a2, a1, a3], so
+  that the tile broadcasts its int16 pairs straight from memory; B's words are split into
+  sign-extended low and high bytes by shifts (`_Writer.b_operand`), which pairs column c's
+  k0, k2 with a0, a2 and k1, k3 with a1, a3 in c's own 32-bit lane. vpmaddubsw (32 per 256
+  bits, as onnxruntime's u8s8 kernels use) is not: its int16 pair sums saturate, and results
+  would then depend on the CPU;
 - "i8mm": AArch64 I8MM, 2 x 8 by 8 x 2 byte matrices into 2 x 2 int32 per instruction (twice
   SDOT's multiply-adds): USMMLA on uint8 A as it is (no xor, no correction: the usual uint8
   activations by int8 weights), SMMLA on int8 A as it is (plus 128 * colsum(sb), as SDOT's);
@@ -108,6 +113,8 @@ PACK_COLS = 32
 GROUP = 4
 #: a block of columns of B (x K bytes) is walked by every row tile before the next: it stays in L2
 BLOCK_BYTES = 512 * 1024
+#: the stack buffer of a row tile's A widened to int16 (the vpmaddwd kinds: `widen_rows`)
+A_BUFFER_BYTES = 64 * 1024
 
 
 # ------------------------------------------------------------------------------ packing
@@ -222,11 +229,11 @@ class Int8Isa:
 
 
 _SHAPES = {"vnni512": (16, 12, 2), "avxvnni": (8, 6, 2), "madd512": (16, 6, 2),
-           "madd256": (8, 6, 1), "madd128": (4, 6, 1), "sdot": (4, 12, 2), "udot": (4, 12, 2),
+           "madd256": (8, 6, 2), "madd128": (4, 6, 2), "sdot": (4, 12, 2), "udot": (4, 12, 2),
            # 6 row pairs x 4 column pairs of 2 x 2 sums: 24 of the 32 registers
            "i8mm": (4, 12, 2), "generic": (4, 4, 1)}
-#: kinds whose vector holds int16 pairs of sums (two accumulators per vector), or 4W products
-_PAIRS = ("madd512", "madd256", "madd128")
+#: the kinds that multiply with vpmaddwd (bytes widened to int16: exact, unlike vpmaddubsw)
+_MADD = ("madd512", "madd256", "madd128")
 #: CPUID leaf 7 bits (X86_CPU_FLAGS): AVX512_VNNI is ECX bit 11 of subleaf 0, AVX-VNNI EAX bit 4
 #: of subleaf 1 (an invalid subleaf reads as zeros). Their register state is the AVX-512 or
 #: AVX state the dispatcher already checked to run the copy.
@@ -346,6 +353,7 @@ class _Writer:
         self.row_sums = row_sums or isa.kind == "udot"
         self.ca = -128 if a_signed else 0
         self._buffer: ir.Value | None = None
+        self._widened: ir.Value | None = None
         self.out_type = {"int32": I32, "float32": F32, "uint8": I8, "int8": I8}[epilogue.output]
 
     # -- helpers -------------------------------------------------------------------------
@@ -418,16 +426,67 @@ class _Writer:
 
             def row_tile(i0: ir.Value, height: int) -> None:
                 sums = self.row_sums_of(i0, height) if self.row_sums else None
+                if self.isa.kind in _MADD:
+                    self.widen_rows(i0, height)
                 self.columns(jb, jend, i0, height, sums)
 
             self.row_tiles(row_tile)
         b.ret_void()
 
+    def widen_rows(self, i0: ir.Value, height: int) -> None:
+        """The vpmaddwd kinds: rows i0.. of A as ua widened to int16 into a stack buffer, once
+        per row tile for all its column tiles, each group of 4 as [a0, a2, a1, a3] (what
+        b_operand's halves pair them with): the tile then broadcasts A straight from memory,
+        where widening it there cost three vector operations per row and group. Zeros past
+        K."""
+        k = self.k
+        b = k.b
+        if self._widened is None:
+            with b.goto_entry_block():
+                # MR rows of K values when they fit in A_BUFFER_BYTES; else `row_tiles` takes
+                # one row at a time (a K of tens of thousands: FC layers, M is small there)
+                size = k.maximum("int64", k.i64(A_BUFFER_BYTES), b.mul(self.kp, k.i64(2)))
+                self._widened = b.alloca(I8, size=size)
+                self._widened.align = 64
+                self._widened.type = PTR  # an untyped pointer, like every other buffer here
+        flip = self.byte_splat(self.ua_xor, 8 * GROUP)
+        order = [GROUP * (i // GROUP) + (0, 2, 1, 3)[i % GROUP] for i in range(8 * GROUP)]
+        whole = b.mul(b.udiv(self.kk, k.i64(8 * GROUP)), k.i64(8 * GROUP))
+        vt = ir.VectorType(I8, 8 * GROUP)
+
+        def widen(src: ir.Value, dst: ir.Value, p: ir.Value, mask: ir.Value | None) -> None:
+            # lanes past K read as the flip, which the xor turns into 0
+            x = b.xor(self.vload(b.gep(src, [p], source_etype=I8), vt, mask, flip), flip)
+            x = b.shuffle_vector(x, ir.Constant(vt, ir.Undefined),
+                                 ir.Constant(ir.VectorType(I32, 8 * GROUP), order))
+            wide = b.zext(x, ir.VectorType(I16, 8 * GROUP))
+            out = b.gep(dst, [p], source_etype=I16)
+            if mask is None:
+                b.store(wide, out, align=2)
+            else:  # the kp - p values left: whole groups, their zeros too
+                groups_left = b.udiv(b.sub(self.kp, p), k.i64(GROUP))
+                self.vstore(wide, out, self.lanes_below(b.mul(groups_left, k.i64(GROUP)),
+                                                        8 * GROUP))
+
+        for r in range(height):
+            src = b.gep(self.a, [b.mul(b.add(i0, k.i64(r)), self.lda)], source_etype=I8)
+            dst = b.gep(self._widened, [b.mul(k.i64(r), self.kp)], source_etype=I16)
+            with k.loop(whole, step=8 * GROUP, name="wa") as p:
+                widen(src, dst, p, None)
+            with k.if_then(b.icmp_signed("<", whole, self.kk)):
+                widen(src, dst, whole, self.lanes_below(b.sub(self.kk, whole), 8 * GROUP))
+
     def row_tiles(self, body: Callable[[ir.Value, int], None]) -> None:
-        """body(i0, height): whole MR-row tiles, then tiles of halving heights for the rest."""
+        """body(i0, height): whole MR-row tiles, then tiles of halving heights for the rest.
+        The vpmaddwd kinds take every row alone where MR widened rows of A would not fit in
+        A_BUFFER_BYTES (`widen_rows`)."""
         k, mr = self.k, self.isa.mr
         b = k.b
-        m_full = b.mul(b.udiv(self.m, k.i64(mr)), k.i64(mr))
+        tiled = self.m
+        if self.isa.kind in _MADD:
+            fits = b.icmp_unsigned("<=", b.mul(self.kp, k.i64(2 * mr)), k.i64(A_BUFFER_BYTES))
+            tiled = b.select(fits, self.m, k.i64(0))
+        m_full = b.mul(b.udiv(tiled, k.i64(mr)), k.i64(mr))
         with k.loop(m_full, step=mr, name="i") as i:
             body(i, mr)
         start = m_full
@@ -437,7 +496,11 @@ class _Writer:
             heights.insert(0, height)
             height *= 2
         for h in heights:
-            fits = b.icmp_signed(">=", b.sub(self.m, start), k.i64(h))
+            if h == 1:  # (a loop: all rows when tiled is 0, else the one row left if any)
+                with k.loop(self.m, start=start, name="i1") as i:
+                    body(i, 1)
+                break
+            fits = b.icmp_signed(">=", b.sub(tiled, start), k.i64(h))
             with k.if_then(fits):
                 body(start, h)
             start = b.add(start, b.select(fits, k.i64(h), k.i64(0)))
@@ -490,38 +553,47 @@ class _Writer:
         if kind == "i8mm":
             self.tile_mmla(i0, j0, rows, nv, left, sums)
             return
-        per_vec = 2 if kind in _PAIRS else 1
         acc_t = ir.VectorType(I32, 4 * self.w) if kind == "generic" else self.vi32
-        accs = self.slots(rows * nv * per_vec, acc_t)
+        accs = self.slots(rows * nv, acc_t)
         b_base, a_rows = self.tile_operands(i0, j0, rows)
         a_mask_vt = ir.VectorType(I8, GROUP)
+        widened = kind in _MADD
 
         def step(g: ir.Value, tail_mask: ir.Value | None) -> None:
             bsrc = b.gep(b_base, [b.mul(g, k.i64(PACK_COLS * GROUP))], source_etype=I8)
-            bvec = [self.vload(b.gep(bsrc, [k.i64(v * self.w * GROUP)], source_etype=I8),
-                            ir.VectorType(I8, self.w * GROUP), None) for v in range(nv)]
-            if kind == "udot":
-                bvec = [b.xor(x, self.byte_splat(0x80, self.w * GROUP)) for x in bvec]
+            bvec = [self.b_operand(self.vload(b.gep(bsrc, [k.i64(v * self.w * GROUP)],
+                                                    source_etype=I8),
+                                              ir.VectorType(I8, self.w * GROUP), None))
+                    for v in range(nv)]
             for r in range(rows):
-                at = b.gep(a_rows[r], [b.mul(g, k.i64(GROUP))], source_etype=I8)
-                if tail_mask is None:
-                    a4 = b.load(at, typ=I32, align=1)
+                a_op: ir.Value | tuple[ir.Value, ir.Value]
+                if widened:  # [a0, a2] and [a1, a3] as int16, from `widen_rows`
+                    at = b.gep(a_rows[r], [b.mul(g, k.i64(GROUP))], source_etype=I16)
+                    a_op = tuple(self.word_pairs(b.load(b.gep(at, [k.i64(h)], source_etype=I32),
+                                                        typ=I32, align=4)) for h in range(2))
                 else:
-                    a4 = b.bitcast(self.vload(at, a_mask_vt, tail_mask), I32)
-                if self.a_xor:
-                    a4 = b.xor(a4, self.i32(self.a_xor * 0x01010101))
+                    at = b.gep(a_rows[r], [b.mul(g, k.i64(GROUP))], source_etype=I8)
+                    if tail_mask is None:
+                        a4 = b.load(at, typ=I32, align=1)
+                    else:
+                        a4 = b.bitcast(self.vload(at, a_mask_vt, tail_mask), I32)
+                    if self.a_xor:
+                        a4 = b.xor(a4, self.i32(self.a_xor * 0x01010101))
+                    a_op = self.a_operand(a4)
                 for v in range(nv):
-                    at_acc = (r * nv + v) * per_vec
-                    self.multiply(accs[at_acc:at_acc + per_vec], a4, bvec[v])
+                    self.multiply(accs[r * nv + v], a_op, bvec[v])
 
-        with k.loop(self.groups, name="g") as g:
-            step(g, None)
-        with k.if_then(b.icmp_signed(">", self.tail, k.i64(0))):
-            step(self.groups, self.lanes_below(self.tail, GROUP))
+        if widened:  # the widened rows hold whole groups, zeros past K
+            with k.loop(b.udiv(self.kp, k.i64(GROUP)), name="g") as g:
+                step(g, None)
+        else:
+            with k.loop(self.groups, name="g") as g:
+                step(g, None)
+            with k.if_then(b.icmp_signed(">", self.tail, k.i64(0))):
+                step(self.groups, self.lanes_below(self.tail, GROUP))
 
         def row_vector(r: int, v: int) -> ir.Value:
-            at = (r * nv + v) * per_vec
-            return self.reduce(accs[at:at + per_vec], per_vec)
+            return self.reduce(accs[r * nv + v])
 
         self.finish(row_vector, i0, j0, rows, nv, left, sums)
 
@@ -535,8 +607,13 @@ class _Writer:
         within = b.sub(j0, b.mul(panel, k.i64(PACK_COLS)))
         b_base = b.gep(self.bp, [b.add(b.mul(panel, b.mul(self.kp, k.i64(PACK_COLS))),
                                        b.mul(within, k.i64(GROUP)))], source_etype=I8)
-        a_rows = [b.gep(self.a, [b.mul(b.add(i0, k.i64(r)), self.lda)], source_etype=I8)
-                  for r in range(rows)]
+        if self.isa.kind in _MADD:  # widened by widen_rows
+            assert self._widened is not None
+            a_rows = [b.gep(self._widened, [b.mul(k.i64(r), self.kp)], source_etype=I16)
+                      for r in range(rows)]
+        else:
+            a_rows = [b.gep(self.a, [b.mul(b.add(i0, k.i64(r)), self.lda)], source_etype=I8)
+                      for r in range(rows)]
         return b_base, a_rows
 
     def tile_mmla(self, i0: ir.Value, j0: ir.Value, rows: int, nv: int, left: ir.Value,
@@ -610,52 +687,67 @@ class _Writer:
 
         self.finish(row_vector, i0, j0, rows, nv, left, sums)
 
-    def multiply(self, accs: list[ir.Value], a4: ir.Value, bv: ir.Value) -> None:
-        """accs += ua . sb of this group of k for the W columns of `bv` (4W bytes)."""
+    def b_operand(self, bv: ir.Value) -> ir.Value | tuple[ir.Value, ir.Value]:
+        """What the multiply takes of one vector of B (4W bytes: W columns' 4 values of k).
+        The vpmaddwd kinds: B's 16-bit words (a column's k0 k1, then its k2 k3) split into
+        their low and high bytes, each sign-extended to 16 bits by shifts (lo: k0 and k2 of
+        each column, hi: k1 and k3), so that one vpmaddwd of each by A's matching bytes leaves
+        every column's sums in its own 32-bit lane: no shuffle, one accumulator per vector."""
+        b, kind = self.k.b, self.isa.kind
+        if kind == "udot":
+            return b.xor(bv, self.byte_splat(0x80, self.w * GROUP))
+        if kind not in _MADD:
+            return bv
+        words = b.bitcast(bv, ir.VectorType(I16, 2 * self.w))
+        eight = ir.Constant(words.type, [8] * (2 * self.w))
+        return b.ashr(b.shl(words, eight), eight), b.ashr(words, eight)
+
+    def word_pairs(self, pair: ir.Value) -> ir.Value:
+        """Two int16 values of A (one i32) in every 32-bit lane: a vpmaddwd operand."""
+        return self.k.b.bitcast(splat(self.k.b, pair, self.w), ir.VectorType(I16, 2 * self.w))
+
+    def a_operand(self, a4: ir.Value) -> ir.Value:
+        """What the multiply takes of one row's 4 bytes of A (ua, or its SDOT form), once per
+        row for all the tile's vectors (the vpmaddwd kinds read A widened: `widen_rows`)."""
         b, kind, w = self.k.b, self.isa.kind, self.w
         bytes_t = ir.VectorType(I8, 4 * w)
-        if kind in ("vnni512", "avxvnni", "sdot", "udot"):
-            a_vec = b.bitcast(splat(b, a4, w), bytes_t)
-            name = {"vnni512": "llvm.x86.avx512.vpdpbusd.512",
-                    "avxvnni": "llvm.x86.avx512.vpdpbusd.256",
-                    "sdot": f"llvm.aarch64.neon.sdot.v{w}i32.v{4 * w}i8",
-                    "udot": f"llvm.aarch64.neon.udot.v{w}i32.v{4 * w}i8"}[kind]
-            fn = declare_function(self.module, name, self.vi32, [self.vi32, bytes_t, bytes_t])
-            b.store(b.call(fn, [b.load(accs[0]), a_vec, bv]), accs[0])
-            return
-        if kind in _PAIRS:
-            # a0 a1 a2 a3 repeated, as int16; each half of B's bytes (W/2 columns) as int16
-            half = ir.VectorType(I8, 2 * w)
+        if kind == "generic":  # int16 operands: smlal on AArch64
+            return b.zext(b.bitcast(splat(b, a4, w), bytes_t), ir.VectorType(I16, 4 * w))
+        return b.bitcast(splat(b, a4, w), bytes_t)
+
+    def multiply(self, acc: ir.Value, a_op: ir.Value | tuple[ir.Value, ir.Value],
+                 b_op: ir.Value | tuple[ir.Value, ir.Value]) -> None:
+        """acc += ua . sb of this group of k for the W columns of `b_op` (4W bytes)."""
+        b, kind, w = self.k.b, self.isa.kind, self.w
+        if kind in _MADD:
+            assert isinstance(a_op, tuple) and isinstance(b_op, tuple)
             wide = ir.VectorType(I16, 2 * w)
-            a_vec = b.zext(b.bitcast(splat(b, a4, w // 2), half), wide)
             name = {"madd512": "llvm.x86.avx512.pmaddw.d.512", "madd256": "llvm.x86.avx2.pmadd.wd",
                     "madd128": "llvm.x86.sse2.pmadd.wd"}[kind]
             fn = declare_function(self.module, name, self.vi32, [wide, wide])
-            for h in range(2):
-                idx = ir.Constant(ir.VectorType(I32, 2 * w), list(range(h * 2 * w, (h + 1) * 2 * w)))
-                part = b.sext(b.shuffle_vector(bv, ir.Constant(bytes_t, ir.Undefined), idx), wide)
-                b.store(b.add(b.load(accs[h]), b.call(fn, [part, a_vec])), accs[h])
+            even, odd = (b.call(fn, [b_op[h], a_op[h]]) for h in range(2))
+            b.store(b.add(b.load(acc), b.add(even, odd)), acc)
             return
-        # generic: 4W products, each into its own lane (int16 operands: smlal on AArch64)
-        wide = ir.VectorType(I16, 4 * w)
-        lanes = ir.VectorType(I32, 4 * w)
-        a_vec = b.zext(b.bitcast(splat(b, a4, w), bytes_t), wide)
-        prod = b.mul(b.sext(b.sext(bv, wide), lanes), b.sext(a_vec, lanes))
-        b.store(b.add(b.load(accs[0]), prod), accs[0])
+        assert not isinstance(a_op, tuple) and not isinstance(b_op, tuple)
+        if kind == "generic":  # 4W products, each into its own lane
+            lanes = ir.VectorType(I32, 4 * w)
+            prod = b.mul(b.sext(b.sext(b_op, a_op.type), lanes), b.sext(a_op, lanes))
+            b.store(b.add(b.load(acc), prod), acc)
+            return
+        bytes_t = ir.VectorType(I8, 4 * w)
+        name = {"vnni512": "llvm.x86.avx512.vpdpbusd.512",
+                "avxvnni": "llvm.x86.avx512.vpdpbusd.256",
+                "sdot": f"llvm.aarch64.neon.sdot.v{w}i32.v{4 * w}i8",
+                "udot": f"llvm.aarch64.neon.udot.v{w}i32.v{4 * w}i8"}[kind]
+        fn = declare_function(self.module, name, self.vi32, [self.vi32, bytes_t, bytes_t])
+        b.store(b.call(fn, [b.load(acc), a_op, b_op]), acc)
 
-    def reduce(self, accs: list[ir.Value], per_vec: int) -> ir.Value:
-        """The W column sums of one vector's accumulators."""
-        b, w, kind = self.k.b, self.w, self.isa.kind
-        if kind in _PAIRS:
-            lo, hi = b.load(accs[0]), b.load(accs[1])
-
-            def pick(first: int) -> ir.Value:
-                idx = ir.Constant(ir.VectorType(I32, w), list(range(first, 2 * w, 2)))
-                return b.shuffle_vector(lo, hi, idx)
-
-            return b.add(pick(0), pick(1))
-        x = b.load(accs[0])
-        if kind != "generic":
+    def reduce(self, acc: ir.Value) -> ir.Value:
+        """The W column sums of one vector's accumulator (the generic kind's holds each
+        column's 4 products apart)."""
+        b, w = self.k.b, self.w
+        x = b.load(acc)
+        if self.isa.kind != "generic":
             return x
         total = None
         for j in range(GROUP):
