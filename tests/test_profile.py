@@ -151,6 +151,34 @@ def test_flops_of_conv_transpose_gemm_einsum_and_lstm(tmp_path: Path) -> None:
     }
 
 
+def test_flops_of_integer_convs_and_products(tmp_path: Path) -> None:
+    """QLinearConv on the int8 kernel (its weight packed), a grouped ConvInteger and a
+    QLinearMatMul: their integer multiply-adds counted as the float ones are."""
+    w = RNG.integers(-100, 100, (16, 8, 3, 3), dtype=np.int8)
+    wg = RNG.integers(-100, 100, (6, 4, 3, 3), dtype=np.int8)  # 2 groups of 4 input channels
+    b = RNG.integers(-100, 100, (10, 12), dtype=np.int8)
+    scalars = {"s": np.float32(0.05), "zu": np.uint8(3), "zi": np.int8(0), "ws": np.float32(0.02)}
+    onnx_model = make_model(
+        [helper.make_node("QLinearConv", ["x", "s", "zu", "w", "ws", "zi", "s", "zu"], ["qc"],
+                          name="qconv", pads=[1, 1, 1, 1]),
+         helper.make_node("ConvInteger", ["x", "wg"], ["ci"], name="convint", group=2),
+         helper.make_node("QLinearMatMul", ["a", "s", "zu", "b", "ws", "zi", "s", "zu"], ["qm"],
+                          name="qmatmul")],
+        {"x": (np.uint8, [1, 8, 6, 6]), "a": (np.uint8, [5, 10])},
+        {"qc": np.uint8, "ci": np.int32, "qm": np.uint8}, {"w": w, "wg": wg, "b": b, **scalars})
+    compiled = compile_model(onnx_model, "integer", tmp_path, cpu="native")
+    m = Model(compiled.library, compiled.signature)
+    rng = np.random.default_rng(0)
+    x = {i.name: rng.integers(0, 255, i.shape).astype(np.uint8) for i in m.inputs}
+    profile = m.profile(x, runs=1, warmup=0)
+    assert {n.name: n.op for n in profile.nodes}["qconv"] == "QLinearConv(int8 kernel)"
+    assert {n.name: n.flops for n in profile.nodes} == {
+        "qconv": 2 * (16 * 6 * 6) * 8 * 3 * 3,  # each output element: C x kh x kw products
+        "convint": 2 * (6 * 4 * 4) * 4 * 3 * 3,  # C/group x kh x kw (no padding: 4x4 out)
+        "qmatmul": 2 * 5 * 12 * 10,
+    }
+
+
 def test_bench_profile_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "small.onnx"
     onnx.save(conv_relu_matmul(), path)

@@ -35,6 +35,15 @@ def _conv(node: Node) -> Dim:
     return numel(node.outputs[0].type.shape) * numel(w[1:])
 
 
+def _integer_conv(node: Node) -> Dim:
+    # ConvInteger, QLinearConv: as _conv, with the weight's ONNX shape also once it is packed
+    from cuvil.compiler.ops.quantize import INT8_PACKED, weight_slot
+
+    packed = node.attrs.get(INT8_PACKED)
+    w = tuple(packed[2:]) if packed else _shape(node, weight_slot(node))
+    return numel(node.outputs[0].type.shape) * numel(w[1:])
+
+
 def _conv_transpose(node: Node) -> Dim:
     # each input element scatters into M/group x kernel outputs: numel(W) / C of them
     w = _shape(node, 1)
@@ -92,6 +101,7 @@ def _attention(node: Node) -> Dim:
 #: be a packed blob), their integer multiply-adds counted as float ones, and cuvil's attention
 _DOMAIN_PRODUCTS: dict[tuple[str, str], Callable[[Node], Dim]] = {
     ("", "MatMulInteger"): _matmul, ("", "QLinearMatMul"): _matmul,
+    ("", "ConvInteger"): _integer_conv, ("", "QLinearConv"): _integer_conv,
     ("cuvil", "DynamicQuantizeMatMul"): _matmul,
     ("cuvil", "Attention"): _attention,
 }
