@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from batch_oracle import Case, backend_cases, check_backend_cases, check_cases
+from kernel_library import skip_unless_host_has
 from onnx import helper
 from oracle import assert_matches_ort, make_model
 
@@ -253,13 +254,19 @@ def test_conv_transpose_random(rank):
     check_cases([conv_transpose_case(rng, rank) for _ in range(10)], seed=rank)
 
 
-def test_conv_transpose_large_maps_by_tasks_and_chunks():
+@pytest.mark.parametrize("cpu", ["native", "x86-64-v3"])
+def test_conv_transpose_large_maps_by_tasks_and_chunks(cpu):
     # the GEMM + scatter path (ops/_conv_transpose.py) at sizes the random cases never reach:
     # several tasks of output channels per group (a short last one), several chunks of input
     # rows (a partial last one), scatters in vectors at strides 1, 2 and 4 (rows with and
     # without room for a last vector) and element by element at 3 and 8, images of a
     # symbolic batch, groups, dilations, output_padding, 1-D to 3-D; the largest tasks at one
-    # thread, smaller ones on the pool
+    # thread, smaller ones on the pool. The weights are copied per task where a chunk's
+    # columns make more than one of the kernel's panels: 24 columns are one panel of the
+    # AVX-512 kernel (read in place) and two of the AVX2 one (copied); 64 channels x 16 taps
+    # put W^T's columns 4 KB apart
+    if cpu != "native":
+        skip_unless_host_has("avx2")
     rng = np.random.default_rng(12)
 
     def case(inputs, attrs, x_shape, w_shape):
@@ -281,8 +288,11 @@ def test_conv_transpose_large_maps_by_tasks_and_chunks():
         case(["x", "w", "b"], {"strides": [4, 4], "pads": [2, 2, 2, 2]}, [1, 8, 9, 17],
              (8, 16, 8, 8)),
         case(["x", "w", "b"], {"strides": [2, 2, 2]}, [2, 6, 5, 7, 9], (6, 20, 2, 2, 2)),
+        case(["x", "w", "b"], {"strides": [8], "pads": [4, 4]}, ["n", 32, 24], (32, 20, 16)),
+        case(["x", "w", "b"], {"strides": [2, 2], "pads": [1, 1, 1, 1]}, [1, 48, 16, 16],
+             (48, 64, 4, 4)),
     ]
-    check_cases(cases, sizes=({"n": 1, "h": 37}, {"n": 3, "h": 6}), threads=(1, None))
+    check_cases(cases, sizes=({"n": 1, "h": 37}, {"n": 3, "h": 6}), threads=(1, None), cpu=cpu)
 
 
 def test_conv_transpose_symbolic_batch_and_spatial_dims():
