@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quantized
 
 from cuvil.compiler.driver import compile_model
+from cuvil.config import CompileOptions
 from cuvil.runtime._loader import Model
 
 
@@ -50,8 +51,8 @@ def main() -> None:
         tmp = Path(tmp_name)
         source = quantized.light_resnet50(Path(tempfile.gettempdir()) / "cuvil-bench-cache")
         logits = without_softmax(source.path, tmp / "logits.onnx")
-        built = {precision: compile_model(logits, "resnet50", tmp / precision, cpu=args.cpu,
-                                          precision=precision)
+        built = {precision: compile_model(logits, "resnet50", tmp / precision,
+                                          CompileOptions(cpu=args.cpu, precision=precision))
                  for precision in ("float32", "bf16")}
         x = source.feeds(0)
         models: dict[str, Model] = {}

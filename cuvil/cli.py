@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import io
 import json
@@ -24,6 +25,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from cuvil.config import (
+    CALIBRATION_METHODS,
+    OPT_LEVELS,
+    PRECISIONS,
+    QUANTIZE_MODES,
+    TRANSFORMED_WEIGHTS,
+    CompileOptions,
+)
 from cuvil.errors import CheckError, ConfigError, CuvilError
 
 __all__ = ["main"]
@@ -118,6 +127,17 @@ def _signature_lines(sig: Mapping[str, Any], indent: str = "  ") -> list[str]:
 # ----------------------------------------------------------------------------- compile
 
 
+def compile_options(args: argparse.Namespace) -> CompileOptions:
+    """`cuvil compile`'s flags as CompileOptions: each field from the flag of its name
+    (--input for inputs, -O for opt_level), an unset one at the field's default."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(CompileOptions)
+              if f.name != "inputs" and getattr(args, f.name, None) is not None}
+    values["keep_float"] = tuple(values.get("keep_float", ()))
+    values["inputs"] = {name: tuple(dims) for name, dims in
+                        (_parse_dims(text, "--input") for text in args.input)}
+    return CompileOptions(**values)
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from cuvil.compiler.codegen.header import render_header
     from cuvil.compiler.driver import compile_model
@@ -135,27 +155,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
             f"cuvil: note: {output.name} does not end in {target.library_suffix}, the usual suffix "
             f"for {target.name} libraries"
         )
-    inputs = dict(_parse_dims(text, "--input") for text in args.input)
     log = _progress(args)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cuvil-compile-") as tmp:
-        compiled = compile_model(
-            source,
-            name,
-            Path(tmp),
-            inputs=inputs or None,
-            target=target.name,
-            cpu=args.cpu,
-            opt_level=args.opt_level,
-            quantize=args.quantize,
-            calibration=args.calibration,
-            calibration_method=args.calibration_method or "minmax",
-            keep_float=args.keep_float,
-            precision=args.precision,
-            transformed_weights=args.transformed_weights,
-            log=log,
-            library_file=output.name,
-        )
+        compiled = compile_model(source, name, Path(tmp), compile_options(args),
+                                 target=target.name, log=log, library_file=output.name)
         output.parent.mkdir(parents=True, exist_ok=True)
         staged = output.with_name(f".{output.name}.{os.getpid()}.part")
         shutil.copyfile(compiled.library, staged)
@@ -699,11 +703,11 @@ def _quantization_options(p: argparse.ArgumentParser, command: str) -> None:
     """--calibration, --calibration-method, --keep-float (and --quantize for compile)."""
     when = "with --quantize int8" if command == "compile" else "for --quantization"
     if command == "compile":
-        p.add_argument("--quantize", choices=("none", "int8"), default="none",
+        p.add_argument("--quantize", choices=QUANTIZE_MODES, default="none",
                        help="int8: post-training static quantization (docs/quantization.md)")
     p.add_argument("--calibration", metavar="FILE.npz|module:function",
                    help=f"representative inputs {when} (one array per model input)")
-    p.add_argument("--calibration-method", choices=("minmax", "percentile", "entropy"),
+    p.add_argument("--calibration-method", choices=CALIBRATION_METHODS,
                    help=f"how activation ranges are read {when} (default: minmax"
                         + (")" if command == "compile" else ", or the project's)"))
     p.add_argument("--keep-float", action="append", default=[], metavar="NODE_OR_OP",
@@ -712,9 +716,7 @@ def _quantization_options(p: argparse.ArgumentParser, command: str) -> None:
 
 def _weights_options(p: argparse.ArgumentParser) -> None:
     """--precision and --transformed-weights: what the model settings of those names set."""
-    from cuvil.config import TRANSFORMED_WEIGHTS
-
-    p.add_argument("--precision", choices=("float32", "bf16"), default="float32",
+    p.add_argument("--precision", choices=PRECISIONS, default="float32",
                    help="bf16: matrix products and convolutions in bfloat16 with float32 sums, on "
                         "AMX or AVX-512 BF16 where the CPU has them, else in float32 on the bf16 "
                         "weights (docs/precision.md)")
@@ -766,7 +768,7 @@ def _parser() -> argparse.ArgumentParser:
         help="pin or name an input's dims, e.g. image=batch,1,8,8 (repeatable)",
     )
     p.add_argument(
-        "-O", dest="opt_level", type=int, choices=(0, 1, 2, 3), default=3, help="optimization level"
+        "-O", dest="opt_level", type=int, choices=OPT_LEVELS, default=3, help="optimization level"
     )
     _quantization_options(p, "compile")
     _weights_options(p)

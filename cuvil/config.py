@@ -35,9 +35,13 @@ __all__ = [
     "CUSTOM_OP_DTYPES",
     "DEFAULT_VERSION_REGEX",
     "ENTRY_POINT",
+    "OPT_LEVELS",
+    "PRECISIONS",
+    "QUANTIZE_MODES",
     "TRANSFORMED_WEIGHTS",
     "AttributeSpec",
     "BuildSettings",
+    "CompileOptions",
     "CustomOpConfig",
     "ModelConfig",
     "Option",
@@ -53,10 +57,16 @@ __all__ = [
     "read_pyproject",
 ]
 
+#: the quantize values: none, or post-training static int8
+QUANTIZE_MODES = ("none", "int8")
 #: the calibration-method values, in the order docs/config.md lists them
 CALIBRATION_METHODS = ("minmax", "percentile", "entropy")
+#: the precision values: float32, or bf16 matrix products with float32 sums
+PRECISIONS = ("float32", "bf16")
 #: the transformed-weights values: Winograd's weights stored, or computed at the first run
 TRANSFORMED_WEIGHTS = ("library", "first-run")
+#: the optimization levels LLVM takes
+OPT_LEVELS = (0, 1, 2, 3)
 # A calibration entry point: "package.module:function" (dotted names of identifiers).
 ENTRY_POINT = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\Z")
 # ASCII only: model names become C symbols, package names become file names in the wheel.
@@ -171,7 +181,7 @@ class ModelConfig:
             "compiles that model.",
             "int8",
             default="none",
-            choices=("none", "int8"),
+            choices=QUANTIZE_MODES,
         )
     )
     calibration: Path | str | None = field(
@@ -222,7 +232,7 @@ class ModelConfig:
             "scale at most (docs/precision.md).",
             "bf16",
             default="float32",
-            choices=("float32", "bf16"),
+            choices=PRECISIONS,
         ),
     )
     transformed_weights: str = field(
@@ -240,6 +250,64 @@ class ModelConfig:
             choices=TRANSFORMED_WEIGHTS,
         ),
     )
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Every choice besides the model and the target that shapes a compiled library: one value
+    from `[tool.cuvil]` (`ProjectConfig.compile_options`), `cuvil compile`'s flags (one per
+    field, of the field's name) or `cuvil.compile()`'s keywords to the driver, which takes it
+    whole. The compile cache's key and the editable install's fingerprint take every field
+    (`key_state`): a field added here is in both (tests/test_compile_options.py fails until it
+    has a value that changes them). The meaning of each is documented on ModelConfig and
+    BuildSettings, whose fields of the same names fill it from pyproject.toml."""
+
+    inputs: Mapping[str, tuple[int | str, ...]] = field(default_factory=dict)
+    cpu: str | None = None
+    opt_level: int = 3
+    quantize: str = "none"
+    #: an .npz file, a "module:function" entry point, or (in process) feed dicts
+    calibration: Any = None
+    calibration_method: str = "minmax"
+    keep_float: tuple[str, ...] = ()
+    precision: str = "float32"
+    transformed_weights: str = "library"
+
+    def check(self, model: str) -> None:
+        """A ConfigError naming `model` and the setting for a value the compiler cannot take."""
+        for name, choices in (("quantize", QUANTIZE_MODES), ("opt_level", OPT_LEVELS),
+                              ("calibration_method", CALIBRATION_METHODS),
+                              ("precision", PRECISIONS),
+                              ("transformed_weights", TRANSFORMED_WEIGHTS)):
+            value = getattr(self, name)
+            if value not in choices:
+                raise ConfigError(f"model {model}: {name.replace('_', '-')} = {value!r} is not "
+                                  f"one of {', '.join(repr(c) for c in choices)}")
+        if self.quantize == "int8" and self.calibration is None:
+            raise ConfigError(
+                f'model {model}: quantize = "int8" needs calibration data: pass calibration= an '
+                '.npz file (one array per input), a "module:function" entry point or a list of '
+                "feed dicts")
+        if self.quantize == "none" and (self.calibration is not None or self.keep_float):
+            raise ConfigError(f'model {model}: calibration data or keep-float given, but quantize '
+                              'is "none"; pass quantize="int8" (--quantize int8), or leave them '
+                              "out")
+
+    def key_state(self) -> dict[str, Any]:
+        """Every field as JSON data, for the digests that must change with them: the
+        calibration by name when it is an entry point (the caller hashes its feeds, and an
+        .npz file's bytes among the model's files)."""
+        state: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "inputs":
+                value = {k: list(v) for k, v in value.items()}
+            elif f.name == "calibration":
+                value = value if isinstance(value, str) else None
+            elif isinstance(value, tuple):
+                value = list(value)
+            state[f.name] = value
+        return state
 
 
 #: the element types a custom op's tensors may have (numpy names)
@@ -427,7 +495,7 @@ class BuildSettings:
     )
     opt_level: int = field(
         metadata=_option(
-            "integer", "Optimization level.", 2, default=3, choices=(0, 1, 2, 3), settable=True
+            "integer", "Optimization level.", 2, default=3, choices=OPT_LEVELS, settable=True
         )
     )
     verbose: bool = field(
@@ -643,6 +711,14 @@ class ProjectConfig:
     def python_package(self) -> Path | None:
         """The folder of the project's own Python package, if it has one."""
         return None if self.python_source is None else self.python_source / self.package
+
+    def compile_options(self, model: ModelConfig) -> CompileOptions:
+        """How `model` compiles: its table's settings and the build settings."""
+        return CompileOptions(
+            inputs=model.inputs, cpu=self.settings.cpu, opt_level=self.settings.opt_level,
+            quantize=model.quantize, calibration=model.calibration,
+            calibration_method=model.calibration_method, keep_float=model.keep_float,
+            precision=model.precision, transformed_weights=model.transformed_weights)
 
 
 @dataclass(frozen=True)

@@ -224,13 +224,15 @@ def _compile(source: Any, pins: Any, opt_level: int | None) -> Any:
         if opt_level is None:
             return cuvil.compile(source, inputs=pins)
         from cuvil.compiler import driver
+        from cuvil.config import CompileOptions
         from cuvil.runtime import Model
 
         name = _model_name(source)
         tmp = tempfile.TemporaryDirectory(prefix="cuvil-")
         try:
-            built = driver.compile_model(source, name, Path(tmp.name), inputs=pins,
-                                         opt_level=opt_level, cpu="native")
+            options = CompileOptions(inputs={k: tuple(v) for k, v in (pins or {}).items()},
+                                     opt_level=opt_level, cpu="native")
+            built = driver.compile_model(source, name, Path(tmp.name), options)
         except BaseException:
             tmp.cleanup()
             raise

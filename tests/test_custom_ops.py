@@ -28,7 +28,7 @@ from cuvil.build_backend.cache import model_key
 from cuvil.compiler.frontend import import_model
 from cuvil.compiler.ops import registered
 from cuvil.compiler.ops.native import NativeKernel, native_ops
-from cuvil.config import load_project
+from cuvil.config import CompileOptions, load_project
 from cuvil.errors import BuildError, ConfigError, ModelError
 from cuvil.toolchains import custom_ops, get_target
 
@@ -378,8 +378,8 @@ def test_a_kernel_returning_an_error_fails_the_call_naming_the_node(tmp_path: Pa
     project = load_project(root, environ={})
     target = get_target(None)
     compiled = compile_model(
-        model, "net", tmp_path / "work", inputs={"x": ["batch", 8]}, target=target, cpu="x86-64",
-        custom_ops=[NativeKernel(op) for op in project.custom_ops],
+        model, "net", tmp_path / "work", CompileOptions(inputs={"x": ("batch", 8)}, cpu="x86-64"),
+        target=target, custom_ops=[NativeKernel(op) for op in project.custom_ops],
         native_objects=lambda: custom_ops.build_custom_ops(project.custom_ops, target,
                                                            tmp_path / "kernels"))
     net = Model(compiled.library, compiled.signature)
@@ -429,8 +429,9 @@ def test_a_cxx_kernel_links_the_cxx_library_and_exports_nothing_more(tmp_path: P
     project = load_project(root, environ={})
     target = get_target(None)
     compiled = compile_model(
-        root / "net.onnx", "net", tmp_path / "work", inputs={"x": ["batch", 8]}, target=target,
-        cpu="x86-64", custom_ops=[NativeKernel(op) for op in project.custom_ops],
+        root / "net.onnx", "net", tmp_path / "work",
+        CompileOptions(inputs={"x": ("batch", 8)}, cpu="x86-64"), target=target,
+        custom_ops=[NativeKernel(op) for op in project.custom_ops],
         native_objects=lambda: custom_ops.build_custom_ops(project.custom_ops, target,
                                                            tmp_path / "kernels"),
         native_libs=custom_ops.link_libraries(project.custom_ops))

@@ -19,6 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from cuvil.compiler.driver import compile_model
+from cuvil.config import CompileOptions
 from cuvil.runtime._loader import Model
 
 DIGITS = Path(__file__).resolve().parent.parent / "examples" / "digits" / "models" / "classifier.onnx"
@@ -29,7 +30,7 @@ SLACK = 4096  # bytes of Python objects a call may create and drop (lists, small
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return compile_model(str(DIGITS), "classifier", tmp_path_factory.mktemp("mem"),
-                         inputs={"image": ["batch", 1, 8, 8]})
+                         CompileOptions(inputs={"image": ("batch", 1, 8, 8)}))
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from cuvil.compiler.driver import compile_in_process, compile_model
 from cuvil.compiler.frontend import import_model
 from cuvil.compiler.passes import run_passes
 from cuvil.compiler.passes.plan_memory import plan_memory
+from cuvil.config import CompileOptions
 from cuvil.errors import ConfigError
 from cuvil.runtime._loader import Model
 
@@ -137,7 +138,7 @@ def test_every_copy_takes_this_cpus_path(tmp_path: Path) -> None:
     # the library a wheel holds (a copy per CPU level, picked at load): bf16 here only if the
     # CPU has AVX-512 BF16 or AMX-BF16 (every AMX CPU has the former)
     model = _mixed_model()
-    compiled = compile_model(model, "mixed", tmp_path, precision="bf16")
+    compiled = compile_model(model, "mixed", tmp_path, CompileOptions(precision="bf16"))
     loaded = Model(compiled.library, compiled.signature)
     err, err_rounded = _errors(loaded, model, 3)
     if {"avx512f", "avx512bf16"} <= _host_flags():
@@ -181,8 +182,8 @@ def avx512_copy(tmp_path_factory: pytest.TempPathFactory):
     if "avx512f" not in _host_flags():
         pytest.skip("this CPU has no AVX-512: the x86-64-v4 copy cannot run")
     model = _mixed_model()
-    return model, compile_model(model, "mixed", tmp_path_factory.mktemp("v4"), cpu="x86-64-v4",
-                                precision="bf16")
+    return model, compile_model(model, "mixed", tmp_path_factory.mktemp("v4"),
+                                CompileOptions(cpu="x86-64-v4", precision="bf16"))
 
 
 def _fresh(compiled, tmp_path: Path) -> Model:

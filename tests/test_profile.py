@@ -24,6 +24,7 @@ from oracle import make_model, run_ort
 from cuvil import build_backend, cli
 from cuvil.check import check_wheel
 from cuvil.compiler.driver import compile_model
+from cuvil.config import CompileOptions
 from cuvil.runtime._loader import Model, Profile
 
 RNG = np.random.default_rng(7)
@@ -56,7 +57,8 @@ def expected_flops(n: int) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory):
-    return compile_model(conv_relu_matmul(), "small", tmp_path_factory.mktemp("small"), cpu="native")
+    return compile_model(conv_relu_matmul(), "small", tmp_path_factory.mktemp("small"),
+                         CompileOptions(cpu="native"))
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +140,7 @@ def test_flops_of_conv_transpose_gemm_einsum_and_lstm(tmp_path: Path) -> None:
          "p": (np.float32, [2, 3, 4]), "q": (np.float32, [2, 4, 6]),
          "s": (np.float32, [3, 2, 4])},
         {"ct": np.float32, "g": np.float32, "e": np.float32, "ly": np.float32}, weights)
-    compiled = compile_model(onnx_model, "mixed", tmp_path, cpu="native")
+    compiled = compile_model(onnx_model, "mixed", tmp_path, CompileOptions(cpu="native"))
     m = Model(compiled.library, compiled.signature)
     rng = np.random.default_rng(0)
     x = {i.name: rng.standard_normal(i.shape).astype(np.float32) for i in m.inputs}
@@ -166,7 +168,7 @@ def test_flops_of_integer_convs_and_products(tmp_path: Path) -> None:
                           name="qmatmul")],
         {"x": (np.uint8, [1, 8, 6, 6]), "a": (np.uint8, [5, 10])},
         {"qc": np.uint8, "ci": np.int32, "qm": np.uint8}, {"w": w, "wg": wg, "b": b, **scalars})
-    compiled = compile_model(onnx_model, "integer", tmp_path, cpu="native")
+    compiled = compile_model(onnx_model, "integer", tmp_path, CompileOptions(cpu="native"))
     m = Model(compiled.library, compiled.signature)
     rng = np.random.default_rng(0)
     x = {i.name: rng.integers(0, 255, i.shape).astype(np.uint8) for i in m.inputs}

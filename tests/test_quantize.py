@@ -9,6 +9,7 @@ through onnxruntime on the QDQ model until then.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import textwrap
 import warnings
@@ -509,8 +510,8 @@ def test_backend_reads_an_entry_point_once_and_keys_on_its_feeds(
     project = load_project(root, environ={})
     seen = []
 
-    def fake_compile(source, name, workdir, **kwargs):
-        seen.append(kwargs)
+    def fake_compile(source, name, workdir, options, **kwargs):
+        seen.append(dataclasses.asdict(options))
         library = Path(workdir) / "lib.so"
         library.parent.mkdir(parents=True, exist_ok=True)
         library.write_bytes(b"lib")

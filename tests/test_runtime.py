@@ -18,6 +18,7 @@ import onnxruntime as ort
 import pytest
 
 from cuvil.compiler.driver import compile_model
+from cuvil.config import CompileOptions
 from cuvil.runtime._loader import Model
 
 MODEL = Path(__file__).resolve().parent.parent / "examples" / "digits" / "models" / "classifier.onnx"
@@ -26,7 +27,7 @@ MODEL = Path(__file__).resolve().parent.parent / "examples" / "digits" / "models
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory):
     return compile_model(str(MODEL), "classifier", tmp_path_factory.mktemp("rt"),
-                         inputs={"image": ["batch", 1, 8, 8]})
+                         CompileOptions(inputs={"image": ("batch", 1, 8, 8)}))
 
 
 @pytest.fixture(scope="module")

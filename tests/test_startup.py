@@ -25,6 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from cuvil.build_backend._package import RUNTIME_MODULE, render_init
 from cuvil.compiler.driver import compile_model
+from cuvil.config import CompileOptions
 from cuvil.runtime import ABI_VERSION, LOADER_SOURCE, abi_checksum
 
 DIGITS = Path(__file__).resolve().parent.parent / "examples" / "digits" / "models" / "classifier.onnx"
@@ -59,7 +60,7 @@ def _child(root: Path, script: str, threads: int | None = None, *args: str) -> s
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return compile_model(str(DIGITS), "classifier", tmp_path_factory.mktemp("startup"),
-                         inputs={"image": ["batch", 1, 8, 8]})
+                         CompileOptions(inputs={"image": ("batch", 1, 8, 8)}))
 
 
 def test_the_checksum_is_the_sha256_of_the_canonical_signature(digits: Any) -> None:
@@ -140,7 +141,8 @@ np.savez(sys.argv[1], first=first, second=second, huge=huge)
 def test_derived_weights_are_populated_and_right_at_the_first_run(tmp_path: Path,
                                                                   threads: int) -> None:
     model = _winograd_model()
-    compiled = compile_model(model, "m", tmp_path / "build", transformed_weights="first-run")
+    compiled = compile_model(model, "m", tmp_path / "build",
+                             CompileOptions(transformed_weights="first-run"))
     assert [p["op"] for p in compiled.signature["node_profile"]] == [
         "Conv(winograd)+Relu", "Conv(winograd)"]
     root = _package(compiled, tmp_path / "site")

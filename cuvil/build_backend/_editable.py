@@ -28,19 +28,17 @@ __all__ = ["fingerprint", "render_finder"]
 
 
 def fingerprint(project: ProjectConfig, target: str, user_files: Mapping[str, Path]) -> str:
-    """A text naming everything the generated files depend on: the models' bytes and settings,
-    the build settings that shape code, the target, cuvil's version and compiler sources (an
-    editable cuvil that changed recompiles) and the package layout.
+    """A text naming everything the generated files depend on: the models' bytes and
+    CompileOptions (config.py: their settings and the build settings that shape code), the
+    target, cuvil's version and compiler sources (an editable cuvil that changed recompiles)
+    and the package layout.
 
     Python files of the project are not part of it: editing them needs no recompile.
     """
-    settings = project.settings
     state = {
         "cuvil": cuvil.__version__,
         "cuvil_sources": sources_digest(),
         "target": target,
-        "cpu": settings.cpu,
-        "opt_level": settings.opt_level,
         "package": project.package,
         "loader": models_module(project.package, user_files),
         "py.typed": f"{project.package}/py.typed" in user_files,
@@ -48,12 +46,7 @@ def fingerprint(project: ProjectConfig, target: str, user_files: Mapping[str, Pa
         "models": [
             {
                 "name": model.name,
-                "inputs": {k: list(v) for k, v in model.inputs.items()},
-                "quantize": model.quantize,
-                "precision": model.precision,
-                "transformed_weights": model.transformed_weights,
-                "quantization": [str(model.calibration), model.calibration_method,
-                                 list(model.keep_float)] if model.quantize != "none" else None,
+                "options": project.compile_options(model).key_state(),
                 "files": {
                     key: hashlib.sha256(path.read_bytes()).hexdigest()
                     for key, path in model_files(project.root, model)

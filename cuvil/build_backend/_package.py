@@ -16,6 +16,7 @@ among the files generated here (the backend adds them; see `_python.py`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import keyword
@@ -106,12 +107,13 @@ def _compile(project: ProjectConfig, model: ModelConfig, target: Target, workdir
     from cuvil.compiler.driver import compile_model
     from cuvil.toolchains.custom_ops import link_libraries
 
-    calibration: Any = model.calibration
+    options = project.compile_options(model)
     feeds_digest = None
-    if model.quantize == "int8" and isinstance(calibration, str):
+    if options.quantize == "int8" and isinstance(options.calibration, str):
         # an entry point: its feeds are what the build depends on, so they are read once, here,
         # and both hashed into the cache key and handed to the compiler
-        calibration, feeds_digest = _entry_point_feeds(project, model)
+        feeds, feeds_digest = _entry_point_feeds(project, model)
+        options = dataclasses.replace(options, calibration=feeds)
     key = ""
     if cache is not None:
         key = model_key(project, model, target, feeds_digest=feeds_digest)
@@ -120,14 +122,9 @@ def _compile(project: ProjectConfig, model: ModelConfig, target: Target, workdir
             log(f"cuvil: {model.name}: {hit[1]['library']} taken from the compile cache "
                 f"(entry {key[:16]} in {cache.folder})")
             return hit
-    settings = project.settings
     compiled = compile_model(
-        model.source, model.name, workdir, inputs=model.inputs or None, target=target,
-        cpu=settings.cpu, opt_level=settings.opt_level, quantize=model.quantize,
-        calibration=calibration, calibration_method=model.calibration_method,
-        keep_float=model.keep_float, precision=model.precision,
-        transformed_weights=model.transformed_weights, log=log,
-        custom_ops=native_kernels(project) if project.custom_ops else (),
+        model.source, model.name, workdir, options,
+        target=target, log=log, custom_ops=native_kernels(project) if project.custom_ops else (),
         native_objects=natives if project.custom_ops else None,
         native_libs=link_libraries(project.custom_ops),
     )

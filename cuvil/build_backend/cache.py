@@ -106,21 +106,21 @@ def _file_digest(path: Path) -> str:
 
 def model_key(project: ProjectConfig, model: ModelConfig, target: Target, *,
               feeds_digest: str | None = None) -> str:
-    """The hex SHA-256 of everything the model's library and signature are made from.
+    """The hex SHA-256 of everything the model's library and signature are made from: the
+    compiler, the target, the project's custom ops, the model's files and every field of its
+    CompileOptions (config.py), with "native" spelled out as this machine's CPU.
 
-    A quantized model adds its quantization settings, onnxruntime's version (its quantizer
-    makes the QDQ model) and, for a calibration entry point, `feeds_digest`: the digest of the
-    feeds it gave (an .npz file is among the model's files, hashed by content)."""
+    A quantized model adds onnxruntime's version (its quantizer makes the QDQ model) and, for
+    a calibration entry point, `feeds_digest`: the digest of the feeds it gave (an .npz file is
+    among the model's files, hashed by content)."""
+    from cuvil.build_backend._custom_ops import ops_state
     from cuvil.build_backend._sdist import model_files
 
-    settings = project.settings
-    cpu: Any = settings.cpu
-    if cpu == "native":
+    options = project.compile_options(model).key_state()
+    if options["cpu"] == "native":
         from cuvil.toolchains import host_cpu
 
-        cpu = ["native", *host_cpu()]
-    from cuvil.build_backend._custom_ops import ops_state
-
+        options["cpu"] = ["native", *host_cpu()]
     shape = dataclasses.asdict(target)
     shape.pop("source")  # where the toolchain file lies does not matter, only what it says
     shape.pop("description")
@@ -128,25 +128,14 @@ def model_key(project: ProjectConfig, model: ModelConfig, target: Target, *,
         "compiler": {"cuvil": cuvil.__version__, "sources": sources_digest(),
                      "llvmlite": _version("llvmlite"), "ziglang": _version("ziglang")},
         "target": shape,
-        "settings": {"cpu": cpu, "opt_level": settings.opt_level},
         "ops": ops_state(project),
-        "model": {
-            "name": model.name,
-            "inputs": {k: list(v) for k, v in model.inputs.items()},
-            "quantize": model.quantize,
-            "files": [[role, Path(os.path.relpath(path, project.root)).as_posix(),
-                       _file_digest(path)] for role, path in model_files(project.root, model)],
-        },
+        "model": model.name,
+        "files": [[role, Path(os.path.relpath(path, project.root)).as_posix(), _file_digest(path)]
+                  for role, path in model_files(project.root, model)],
+        "options": options,
     }
-    if model.precision != "float32":
-        state["model"]["precision"] = model.precision
-    if model.transformed_weights != "library":
-        state["model"]["transformed_weights"] = model.transformed_weights
     if model.quantize != "none":
-        state["quantization"] = {
-            "calibration": str(model.calibration) if isinstance(model.calibration, str) else None,
-            "feeds": feeds_digest, "method": model.calibration_method,
-            "keep_float": list(model.keep_float), "onnxruntime": _version("onnxruntime")}
+        state["quantization"] = {"feeds": feeds_digest, "onnxruntime": _version("onnxruntime")}
     return hashlib.sha256(json.dumps(state, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -28,10 +28,9 @@ from cuvil.compiler.ops.flops import node_flops
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION, MATMUL_BIAS_SLOT, RESIDUAL_SLOT
 from cuvil.compiler.ops.native import NativeKernel, native_ops, uses_native
 from cuvil.compiler.passes import run_passes
-from cuvil.compiler.passes.bf16_weights import PRECISIONS
 from cuvil.compiler.passes.plan_memory import plan_memory
 from cuvil.compiler.symbolic import relational_to_python, to_python
-from cuvil.config import TRANSFORMED_WEIGHTS
+from cuvil.config import CompileOptions
 from cuvil.errors import ConfigError, ModelError
 from cuvil.runtime import CLOCK_SOURCE, THREADPOOL_SOURCE, Model, abi_checksum
 
@@ -115,59 +114,34 @@ def compile_model(
     source: Any,
     name: str,
     workdir: Path,
+    options: CompileOptions | None = None,
     *,
-    inputs: Mapping[str, Sequence[int | str]] | None = None,
     target: str | Target | None = None,
-    cpu: str | None = None,
-    opt_level: int = 3,
-    quantize: str | None = None,
-    calibration: CalibrationSource | None = None,
-    calibration_method: str = "minmax",
-    keep_float: Sequence[str] = (),
-    precision: str = "float32",
-    transformed_weights: str = "library",
     log: Log | None = None,
     library_file: str | None = None,
     custom_ops: Sequence[NativeKernel] = (),
     native_objects: Callable[[], Mapping[str, Sequence[Path]]] | None = None,
     native_libs: Sequence[str] = (),
 ) -> CompiledModel:
-    """`quantize="int8"` first turns the model into a QDQ model calibrated on `calibration`
-    (an .npz file, a "module:function" entry point or feed dicts; see frontend.quantize).
-    `custom_ops` are the native kernels nodes may be matched to; `native_objects` gives,
-    when first asked, their compiled files per arch name, linked into the library with the
-    libraries `native_libs` ("c++" for C++ kernels). `precision="bf16"` computes the float32
-    matrix products and convolutions in bf16 with float32 sums (passes/bf16_weights.py,
-    docs/precision.md). `transformed_weights="first-run"` leaves Winograd convolutions'
-    transformed weights out of the library, which derives them at its first run ("library":
-    stores them; passes/winograd_weights.py)."""
+    """The model compiled as `options` say (config.CompileOptions; None: the defaults).
+    With quantize = "int8" it first becomes a QDQ model calibrated on `options.calibration` (an
+    .npz file, a "module:function" entry point or feed dicts; see frontend.quantize).
+    `custom_ops` are the native kernels nodes may be matched to; `native_objects` gives, when
+    first asked, their compiled files per arch name, linked into the library with the
+    libraries `native_libs` ("c++" for C++ kernels)."""
     from cuvil.toolchains import get_target
 
     say = log or (lambda _msg: None)
     if not _NAME.match(name):
         raise ConfigError(f"model name {name!r} must be an identifier (it names C symbols)")
-    if precision not in PRECISIONS:
-        raise ConfigError(f"model {name}: precision = {precision!r} is not one of "
-                          f"{', '.join(repr(p) for p in PRECISIONS)}")
-    if transformed_weights not in TRANSFORMED_WEIGHTS:
-        raise ConfigError(f"model {name}: transformed-weights = {transformed_weights!r} is not "
-                          f"one of {', '.join(repr(p) for p in TRANSFORMED_WEIGHTS)}")
-    if quantize not in (None, "none", "int8"):
-        raise ConfigError(f'model {name}: quantize = {quantize!r} is not one of "none", "int8"')
-    if quantize == "int8":
-        if calibration is None:
-            raise ConfigError(
-                f'model {name}: quantize = "int8" needs calibration data: pass calibration= an '
-                '.npz file (one array per input), a "module:function" entry point or a list of '
-                "feed dicts")
+    options = options or CompileOptions()
+    options.check(name)
+    inputs = options.inputs or None
+    if options.quantize == "int8":
         # an entry point's module may lie in the current folder, as for `python -m`
-        settings = QuantizeSettings(calibration, calibration_method, tuple(keep_float),
-                                    search_path=(Path.cwd(),))
+        settings = QuantizeSettings(options.calibration, options.calibration_method,
+                                    tuple(options.keep_float), search_path=(Path.cwd(),))
         source = quantize_model(source, settings, inputs, say)
-    elif calibration is not None or tuple(keep_float):
-        raise ConfigError(f'model {name}: calibration data or keep-float given, but quantize is '
-                          f'{quantize or "none"!r}; pass quantize="int8" (--quantize int8), or '
-                          "leave them out")
     # a Target object: one the build backend adjusted (e.g. to MACOSX_DEPLOYMENT_TARGET)
     tgt = target if not isinstance(target, (str, type(None))) else get_target(target)
     workdir = Path(workdir)
@@ -176,24 +150,20 @@ def compile_model(
     start = time.perf_counter()
     say(f"cuvil: importing {source if isinstance(source, (str, Path)) else 'model'} as {name}")
     with native_ops(custom_ops):
-        return _compile(source, name, workdir, tgt, inputs=inputs, cpu=cpu, opt_level=opt_level,
-                        log=log, library_file=library_file, native_objects=native_objects,
-                        native_libs=native_libs, start=start, precision=precision,
-                        transformed_weights=transformed_weights)
+        return _compile(source, name, workdir, tgt, options, log=log, library_file=library_file,
+                        native_objects=native_objects, native_libs=native_libs, start=start)
 
 
-def _compile(source: Any, name: str, workdir: Path, tgt: Target, *,
-             inputs: Mapping[str, Sequence[int | str]] | None, cpu: str | None, opt_level: int,
+def _compile(source: Any, name: str, workdir: Path, tgt: Target, options: CompileOptions, *,
              log: Log | None, library_file: str | None,
              native_objects: Callable[[], Mapping[str, Sequence[Path]]] | None,
-             native_libs: Sequence[str], start: float, precision: str,
-             transformed_weights: str) -> CompiledModel:
+             native_libs: Sequence[str], start: float) -> CompiledModel:
     from cuvil.toolchains import zig
 
     say = log or (lambda _msg: None)
-    graph = import_model(source, inputs, name)
-    graph.precision = precision
-    graph.transformed_weights = transformed_weights
+    graph = import_model(source, options.inputs or None, name)
+    graph.precision = options.precision
+    graph.transformed_weights = options.transformed_weights
     graph = run_passes(graph)
     plan = plan_memory(graph)
     # the file name is also the library's SONAME / install name (`cuvil compile -o` picks it)
@@ -214,7 +184,8 @@ def _compile(source: Any, name: str, workdir: Path, tgt: Target, *,
     blob.write_bytes(bytes(plan.weights))
     objects: dict[str, list[Path]] = {}
     for arch in tgt.arches:
-        objs = _compile_arch(graph, plan, sig, arch, workdir, cpu=cpu, opt_level=opt_level, log=log)
+        objs = _compile_arch(graph, plan, sig, arch, workdir, cpu=options.cpu,
+                             opt_level=options.opt_level, log=log)
         weights_obj = workdir / f"{name}.{arch.name}.weights.o"
         zig.embed_blob(blob, symbol_names(name)["weights"], weights_obj, arch, tgt.object_format,
                        log=log)
@@ -375,11 +346,12 @@ def compile_in_process(
             name = "m_" + name
     tmp = tempfile.TemporaryDirectory(prefix="cuvil-")
     try:
-        compiled = compile_model(model, name, Path(tmp.name), inputs=inputs, target=target,
-                                 cpu=cpu if tgt.is_host() else None, quantize=quantize,
-                                 calibration=calibration, calibration_method=calibration_method,
-                                 keep_float=keep_float, precision=precision,
-                                 transformed_weights=transformed_weights)
+        options = CompileOptions(
+            inputs={k: tuple(v) for k, v in (inputs or {}).items()}, cpu=cpu,
+            quantize=quantize or "none", calibration=calibration,
+            calibration_method=calibration_method, keep_float=tuple(keep_float),
+            precision=precision, transformed_weights=transformed_weights)
+        compiled = compile_model(model, name, Path(tmp.name), options, target=target)
     except BaseException:
         tmp.cleanup()
         raise

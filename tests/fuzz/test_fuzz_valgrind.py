@@ -43,7 +43,7 @@ def libraries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, 
     """Each model's library path, and the model loaded here (to build the same calls)."""
     out = {}
     for key, make in MODELS.items():
-        compiled = compile_model(make(), key, tmp_path_factory.mktemp(key), cpu=None)
+        compiled = compile_model(make(), key, tmp_path_factory.mktemp(key))
         compiled.library.with_suffix(".json").write_text(json.dumps(compiled.signature))
         out[key] = (str(compiled.library), Model(compiled.library, compiled.signature))
     return out

@@ -29,6 +29,7 @@ from cuvil.compiler.ops._conv_winograd import WINOGRAD_TILE, _Plan
 from cuvil.compiler.ops.conv import conv_window
 from cuvil.compiler.passes import run_passes
 from cuvil.compiler.passes.plan_memory import plan_memory
+from cuvil.config import CompileOptions
 from cuvil.errors import ConfigError
 from cuvil.runtime._loader import Model
 
@@ -219,7 +220,8 @@ def test_first_run_setting_keeps_the_3x3_weights(tmp_path) -> None:
     kernels = 2 * 256 * 256 * 9 * 4
     assert kernels <= len(plan.weights) < kernels + 4096
     assert plan.derived_size == 2 * 16 * 256 * 256 * 4  # F(2x2): 4x4 points
-    library = compile_model(model, "big", tmp_path, transformed_weights="first-run").library
+    library = compile_model(model, "big", tmp_path,
+                            CompileOptions(transformed_weights="first-run")).library
     assert library.stat().st_size < kernels + plan.derived_size / 2
 
 
@@ -231,7 +233,7 @@ def test_library_stores_u_by_default(tmp_path) -> None:
     u_bytes = 2 * 16 * 256 * 256 * 4
     assert u_bytes <= len(plan.weights) < u_bytes + 4096
     assert plan.derived_size == 0 and len(plan.stored) == 2
-    compiled = compile_model(model, "big", tmp_path, cpu="native")
+    compiled = compile_model(model, "big", tmp_path, CompileOptions(cpu="native"))
     assert compiled.library.stat().st_size > u_bytes
     loaded = Model(compiled.library, compiled.signature)
     for seed in (1, 2):
@@ -258,7 +260,8 @@ def test_first_run_lets_go_of_the_3x3_weights(tmp_path) -> None:
     the library's resident file pages are its code, not the 4.7 MB of kernels; the results
     (the first and later runs) are onnxruntime's."""
     model = _big_model()
-    compiled = compile_model(model, "big", tmp_path, cpu="native", transformed_weights="first-run")
+    compiled = compile_model(model, "big", tmp_path,
+                             CompileOptions(cpu="native", transformed_weights="first-run"))
     loaded = Model(compiled.library, compiled.signature)
     kernels = 2 * 256 * 256 * 9 * 4
     for seed in (1, 2):
@@ -312,4 +315,5 @@ def test_other_convs_keep_im2col(case: dict) -> None:
 
 def test_an_unknown_transformed_weights_setting_is_refused(tmp_path) -> None:
     with pytest.raises(ConfigError, match="transformed-weights = 'derived' is not one of"):
-        compile_model(_big_model(), "big", tmp_path, transformed_weights="derived")
+        compile_model(_big_model(), "big", tmp_path,
+                      CompileOptions(transformed_weights="derived"))

@@ -32,8 +32,6 @@ from cuvil.compiler.ops.conv import (
 )
 from cuvil.compiler.ops.gemm import BF16_WEIGHTS, PACKED_WEIGHTS
 
-PRECISIONS = ("float32", "bf16")
-
 
 def bf16_weights(graph: Graph) -> Graph:
     if graph.precision != "bf16":
