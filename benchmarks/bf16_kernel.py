@@ -1,7 +1,7 @@
 """The bf16 GEMM kernel alone, on one thread: each side on the shapes given, in GFLOP/s.
 
 Where `conv_layers.py --precision bf16` times whole conv layers (im2col, packing, epilogue,
-the model's memory), this times the kernel (codegen/bf16_gemm_kernel.py) on warm operands, so
+the model's memory), this times the kernel (kernels/bf16_gemm.py) on warm operands, so
 that a change to its tiles or packing can be measured by itself. The kernel is compiled for
 this machine's AVX-512 BF16 copy (AMX where the CPU has it: the copy picks at run time),
 linked with the runtime as the kernel tests link it (tests/kernel_library.py), and called
@@ -34,9 +34,9 @@ from llvmlite import ir
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from kernel_library import FEATURES, host_module, link_modules
 
-from cuvil.compiler.codegen.bf16_gemm_kernel import SIDES, emit_parallel_bf16_gemm, pack_l, pack_r
-from cuvil.compiler.codegen.emitter import I32, I64, PTR, Emitter
-from cuvil.compiler.codegen.gemm_kernel import Epilogue
+from cuvil.compiler.kernels.bf16_gemm import SIDES, emit_parallel_bf16_gemm, pack_l, pack_r
+from cuvil.compiler.kernels.emitter import I32, I64, PTR, Emitter
+from cuvil.compiler.kernels.gemm import Epilogue
 
 #: ResNet-50's 7x7 layers either way, and a 14x14 one
 DEFAULT = ["a:512x49x4608", "bt:49x512x4608", "a:2048x49x512", "bt:49x2048x512",

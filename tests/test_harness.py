@@ -389,7 +389,7 @@ def arm_qdq(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 def test_aarch64_int8_model_under_qemu(arm_qdq: tuple[Built, tuple[Path, np.ndarray], float],
                                        model: str) -> None:
     # I8MM's USMMLA/SMMLA on max, UDOT/SDOT on neoverse-n1, widening NEON on cortex-a72
-    # (tests/codegen/test_int8_gemm_kernel.py checks each kernel exactly): each within one
+    # (tests/kernels/test_int8_gemm_kernel.py checks each kernel exactly): each within one
     # step of the output's quantization of onnxruntime's result on the host
     built, feeds, step = arm_qdq
     qemu = _tool("qemu-aarch64-static")

@@ -150,8 +150,8 @@ def test_every_copy_takes_this_cpus_path(tmp_path: Path) -> None:
 def test_the_avx512_copy_holds_both_paths() -> None:
     # its products ask the CPU (`bf16_hardware`), then call the bf16 kernel or the float32
     # one; the AVX2 copy and AArch64 hold no bf16 kernel (checked on the modules, on any host)
-    from cuvil.compiler.codegen.kernel_objects import KernelSet
     from cuvil.compiler.codegen.module import build_module
+    from cuvil.compiler.kernels.objects import KernelSet
     from cuvil.toolchains import get_target, target_machine
 
     graph = import_model(_mixed_model(), None, "m")

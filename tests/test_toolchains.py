@@ -585,9 +585,9 @@ def test_baseline_kernels_get_what_the_cpu_implies(target, cpu, float_lanes, int
     # a pinned or implied cpu's extensions (zig's cpu model) reach the kernels' tile choice
     from llvmlite import ir
 
-    from cuvil.compiler.codegen.gemm_kernel import isa_of
-    from cuvil.compiler.codegen.int8_gemm_kernel import int8_isa_of
     from cuvil.compiler.driver import baseline_features
+    from cuvil.compiler.kernels.gemm import isa_of
+    from cuvil.compiler.kernels.int8_gemm import int8_isa_of
 
     arch = get_target(target).arches[0]
     module = ir.Module()

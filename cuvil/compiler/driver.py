@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from cuvil.compiler.codegen.dispatch import render_dispatcher
-from cuvil.compiler.codegen.kernel_objects import KernelRequest, KernelSet, kernel_module_ir
 from cuvil.compiler.codegen.module import build_module, symbol_names
 from cuvil.compiler.frontend import import_model
 from cuvil.compiler.frontend.calibration import CalibrationSource
 from cuvil.compiler.frontend.quantize import QuantizeSettings, quantize_model
 from cuvil.compiler.ir import MAX_TENSOR_BYTES, Graph, Node, Value, dim_str
+from cuvil.compiler.kernels.objects import KernelRequest, KernelSet, kernel_module_ir
 from cuvil.compiler.ops import lookup
 from cuvil.compiler.ops.flops import node_flops
 from cuvil.compiler.ops.gemm import FUSED_ACTIVATION, MATMUL_BIAS_SLOT, RESIDUAL_SLOT
@@ -272,7 +272,7 @@ def _compile_arch(graph: Graph, plan: Any, sig: dict[str, Any], arch: Any, workd
 
 def kernel_tag(triple: str, data_layout: str, features: str, machine: Mapping[str, Any]) -> str:
     """What kernel symbols carry: a digest of everything their object code depends on beside
-    their name (codegen/kernel_objects.py)."""
+    their name (kernels/objects.py)."""
     text = repr((triple, data_layout, features, sorted(machine.items())))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 

@@ -92,7 +92,7 @@ def _compile_expr(text: Any) -> Any:
 _EVAL_GLOBALS = {"__builtins__": {}, "max": max, "min": min}
 
 #: what a node reports through the low byte of `run`'s status (the codes are
-#: `cuvil.compiler.codegen.emitter.STATUS_*`; the higher bits hold the node's index)
+#: `cuvil.compiler.kernels.emitter.STATUS_*`; the higher bits hold the node's index)
 _STATUS_MESSAGES = {
     1: "index out of range (an index input holds a value outside the dim it indexes; check "
        "the values fed to the model)",

@@ -1,5 +1,5 @@
 /* AMX-BF16's tile operations in plain C, for the bf16 GEMM kernel's AMX code on CPUs without
- * AMX (tests/codegen/test_bf16_gemm_kernel.py; codegen/bf16_gemm_kernel.py `_AmxTiles`). A tile
+ * AMX (tests/codegen/test_bf16_gemm_kernel.py; kernels/bf16_gemm.py `_AmxTiles`). A tile
  * is a 1 KiB buffer the kernel gives: 16 rows of 64 bytes, as the kernel configures them.
  * Semantics from Intel's SDM (TILELOADD, TILESTORED, TILEZERO, TDPBF16PS): rows and bytes per
  * row as given, strides in bytes; TDPBF16PS adds to C[m][n] (float32) the products of A's row

@@ -1,5 +1,5 @@
 """Gemm and MatMul with at most four rows of activations (the matrix-vector kernel,
-codegen/gemv_kernel.py) against onnxruntime: weights wide and deep enough to cross its column
+kernels/gemv.py) against onnxruntime: weights wide and deep enough to cross its column
 blocks, panels, K parts and masked tails; transB 0/1 with constant and run-time B; alpha, beta
 and every kind of C; MatMul with a constant weight after a [1, 1, K] input; a symbolic batch
 that is 1 to 4 (the kernel) and more (the tiled GEMM) in calls of one compiled model; fused

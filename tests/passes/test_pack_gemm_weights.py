@@ -11,7 +11,7 @@ from irbuild import build, structure
 from onnx import helper
 from oracle import assert_matches_ort, make_model
 
-from cuvil.compiler.codegen.gemm_kernel import PACK_COLS, PACK_ROWS
+from cuvil.compiler.kernels.gemm import PACK_COLS, PACK_ROWS
 from cuvil.compiler.ops.gemm import PACKED_WEIGHTS
 from cuvil.compiler.passes.pack_gemm_weights import pack_gemm_weights
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I8, I32, POPULATE, PTR, RELEASE, Emitter
 from cuvil.compiler.ir import Graph, Node, Value
+from cuvil.compiler.kernels.emitter import I8, I32, POPULATE, PTR, RELEASE, Emitter
 from cuvil.compiler.memory import MemoryPlan
 from cuvil.compiler.ops import lookup, replaced_constants
 

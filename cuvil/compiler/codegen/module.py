@@ -31,7 +31,8 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.codegen.derived import DerivedWeights, hide_derived
-from cuvil.compiler.codegen.emitter import (
+from cuvil.compiler.ir import Graph, Node, Value
+from cuvil.compiler.kernels.emitter import (
     I8,
     I32,
     I64,
@@ -40,8 +41,7 @@ from cuvil.compiler.codegen.emitter import (
     PTR,
     Emitter,
 )
-from cuvil.compiler.codegen.kernel_objects import KernelSet
-from cuvil.compiler.ir import Graph, Node, Value
+from cuvil.compiler.kernels.objects import KernelSet
 from cuvil.compiler.memory import MemoryPlan
 from cuvil.compiler.ops import lookup
 from cuvil.errors import ModelError
@@ -81,7 +81,7 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
     entry points are the hidden `variant_run_symbol(model, variant, entry)` and only variant 0
     defines the checksum and workspace-size symbols (a dispatcher defines the exported ones).
     With `kernels`, the module only declares the kernels it calls, and `kernels` collects them
-    (codegen/kernel_objects.py: the driver compiles each once).
+    (kernels/objects.py: the driver compiles each once).
     """
     names = symbol_names(model)
     module = ir.Module(name=model)
@@ -244,7 +244,7 @@ def hide_declarations(ir_text: str, weights_symbol: str, functions: Sequence[str
                .replace(f'declare i64 @"{CLOCK_NS}"()', f'declare hidden i64 @"{CLOCK_NS}"()'))
     for name in functions:
         ir_text = ir_text.replace(f'define i32 @"{name}"', f'define hidden i32 @"{name}"')
-    for name in kernels:  # (void, or i32: codegen/bf16_gemm_kernel.py's bf16_hardware)
+    for name in kernels:  # (void, or i32: kernels/bf16_gemm.py's bf16_hardware)
         for ret in ("void", "i32"):
             ir_text = ir_text.replace(f'declare {ret} @"{name}"', f'declare hidden {ret} @"{name}"')
     return ir_text

@@ -37,7 +37,7 @@ from cuvil.errors import ModelError, UnsupportedOpError
 if TYPE_CHECKING:
     from llvmlite import ir
 
-    from cuvil.compiler.codegen.emitter import Emitter
+    from cuvil.compiler.kernels.emitter import Emitter
 
 __all__ = [
     "FLOATS",

@@ -25,16 +25,16 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.emitter import (
+from cuvil.compiler.ir import Dim, Node, numel
+from cuvil.compiler.kernels.activation import apply_activation
+from cuvil.compiler.kernels.emitter import (
     I32,
     Emitter,
     fmuladd_intrinsic,
     masked_intrinsic,
     splat,
 )
-from cuvil.compiler.codegen.gemm_kernel import isa_of
-from cuvil.compiler.ir import Dim, Node, numel
+from cuvil.compiler.kernels.gemm import isa_of
 from cuvil.compiler.ops import required_input
 from cuvil.compiler.ops._window import Window, ceil_div
 from cuvil.compiler.ops.gemm import ACTIVATION_PARAMS, FUSED_ACTIVATION, RESIDUAL_SLOT

@@ -33,8 +33,9 @@ import numpy as np
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.bf16_gemm_kernel import (
+from cuvil.compiler.ir import Dim, Node, numel
+from cuvil.compiler.kernels.activation import apply_activation
+from cuvil.compiler.kernels.bf16_gemm import (
     ROW_ALIGN,
     bf16_or_float32,
     emit_bf16_gemm,
@@ -43,7 +44,7 @@ from cuvil.compiler.codegen.bf16_gemm_kernel import (
     l_columns,
     round_up,
 )
-from cuvil.compiler.codegen.emitter import (
+from cuvil.compiler.kernels.emitter import (
     I8,
     I64,
     PTR,
@@ -54,7 +55,7 @@ from cuvil.compiler.codegen.emitter import (
     store_lanes,
     transpose_lanes,
 )
-from cuvil.compiler.codegen.gemm_kernel import (
+from cuvil.compiler.kernels.gemm import (
     BLOCKS_PER_THREAD,
     MIN_COLUMN_TILES,
     Epilogue,
@@ -64,7 +65,6 @@ from cuvil.compiler.codegen.gemm_kernel import (
     emit_parallel_gemm,
     isa_of,
 )
-from cuvil.compiler.ir import Dim, Node, numel
 from cuvil.compiler.ops import required_input
 from cuvil.compiler.ops._window import Window, ceil_div, clamp
 from cuvil.compiler.ops.gemm import (

@@ -28,10 +28,10 @@ from __future__ import annotations
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.emitter import PTR, Emitter
-from cuvil.compiler.codegen.gemm_kernel import Epilogue, Layout, emit_gemm, isa_of
 from cuvil.compiler.ir import Dim, Node, numel, simplify_dim
+from cuvil.compiler.kernels.activation import apply_activation
+from cuvil.compiler.kernels.emitter import PTR, Emitter
+from cuvil.compiler.kernels.gemm import Epilogue, Layout, emit_gemm, isa_of
 from cuvil.compiler.ops import required_input
 from cuvil.compiler.ops._conv_gemm import (
     BATCH_SLOTS,

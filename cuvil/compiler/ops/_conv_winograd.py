@@ -41,7 +41,7 @@ streams from memory (512 channels at 14x14 and 7x7) or tiles are few.
 
 In models compiled with precision = "bf16" (docs/precision.md) the F(2x2) convolutions of
 small images, whose products run transposed, run them on the bf16 kernel's side "b"
-(codegen/bf16_gemm_kernel.py; `bf16_products` says which): the compiler rounds U to bf16 once
+(kernels/bf16_gemm.py; `bf16_products` says which): the compiler rounds U to bf16 once
 and the library stores U^T in that kernel's layout, `pack_r` per point
 (`bf16_weight_transform`), a little smaller than the 3x3 kernels in float32. CPUs without bf16
 instructions widen it at the first run into the float32 kernel's packed layout
@@ -60,8 +60,9 @@ from contextlib import contextmanager
 import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.bf16_gemm_kernel import (
+from cuvil.compiler.ir import Dim, Node
+from cuvil.compiler.kernels.activation import apply_activation
+from cuvil.compiler.kernels.bf16_gemm import (
     K_ALIGN,
     bf16_or_float32,
     emit_bf16_gemm,
@@ -69,8 +70,8 @@ from cuvil.compiler.codegen.bf16_gemm_kernel import (
     pack_r,
     round_up,
 )
-from cuvil.compiler.codegen.bf16_gemm_kernel import PACK_COLS as BF16_PACK_COLS
-from cuvil.compiler.codegen.emitter import (
+from cuvil.compiler.kernels.bf16_gemm import PACK_COLS as BF16_PACK_COLS
+from cuvil.compiler.kernels.emitter import (
     I1,
     I8,
     I32,
@@ -80,8 +81,7 @@ from cuvil.compiler.codegen.emitter import (
     splat,
     transpose_lanes,
 )
-from cuvil.compiler.codegen.gemm_kernel import PACK_COLS, Epilogue, Layout, emit_gemm, isa_of
-from cuvil.compiler.ir import Dim, Node
+from cuvil.compiler.kernels.gemm import PACK_COLS, Epilogue, Layout, emit_gemm, isa_of
 from cuvil.compiler.ops import UNCHECKED, required_input
 from cuvil.compiler.ops._window import Window, window
 from cuvil.compiler.ops.gemm import BF16_WEIGHTS, RESIDUAL_SLOT, logical_weight, node_epilogue

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I8, I32, I64, PTR, Emitter, splat
-from cuvil.compiler.codegen.gemm_kernel import isa_of
+from cuvil.compiler.kernels.emitter import I8, I32, I64, PTR, Emitter, splat
+from cuvil.compiler.kernels.gemm import isa_of
 
 __all__ = ["emit_dynamic_quantize"]
 

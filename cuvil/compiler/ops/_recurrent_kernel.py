@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I64, PTR, REDUCE_FLAGS, Emitter, splat
-from cuvil.compiler.codegen.gemm_kernel import isa_of
+from cuvil.compiler.kernels.emitter import I64, PTR, REDUCE_FLAGS, Emitter, splat
+from cuvil.compiler.kernels.gemm import isa_of
 
 __all__ = ["PANEL", "emit_small_gemm", "pack_panels", "packed_rows"]
 

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from cuvil.compiler.codegen import vecmath
-from cuvil.compiler.codegen.emitter import I64, PTR, REDUCE_FLAGS, Emitter, splat
-from cuvil.compiler.codegen.gemm_kernel import isa_of
+from cuvil.compiler.kernels import vecmath
+from cuvil.compiler.kernels.emitter import I64, PTR, REDUCE_FLAGS, Emitter, splat
+from cuvil.compiler.kernels.gemm import isa_of
 
 __all__ = ["emit_softmax_row"]
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import Emitter
 from cuvil.compiler.ir import Dim, Node, simplify_dim
+from cuvil.compiler.kernels.emitter import Emitter
 from cuvil.compiler.ops import InferContext
 from cuvil.errors import ModelError
 

@@ -28,9 +28,9 @@ import numpy as np
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import Emitter, View
-from cuvil.compiler.codegen.gemm_kernel import emit_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, numel
+from cuvil.compiler.kernels.emitter import Emitter, View
+from cuvil.compiler.kernels.gemm import emit_gemm
 from cuvil.compiler.ops import (
     UNCHECKED,
     InferContext,

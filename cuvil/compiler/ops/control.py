@@ -27,8 +27,8 @@ import onnx
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I8, I32, I64, PTR, Emitter, View
 from cuvil.compiler.ir import DTYPES, Dim, Graph, Node, TensorType, Value, dim_str, simplify_dim
+from cuvil.compiler.kernels.emitter import I8, I32, I64, PTR, Emitter, View
 from cuvil.compiler.memory import MemoryPlan
 from cuvil.compiler.ops import InferContext, Op, lookup, normalize_axis, register, required_input
 from cuvil.errors import CuvilError, ModelError, UnsupportedOpError

@@ -28,9 +28,9 @@ import numpy as np
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type
-from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_parallel_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
+from cuvil.compiler.kernels.emitter import I64, Emitter, llvm_type
+from cuvil.compiler.kernels.gemm import Epilogue, emit_parallel_gemm
 from cuvil.compiler.ops import (
     FLOATS,
     UNCHECKED,

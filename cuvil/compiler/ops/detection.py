@@ -16,8 +16,8 @@ import numpy as np
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I64, Emitter
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, simplify_dim
+from cuvil.compiler.kernels.emitter import I64, Emitter
 from cuvil.compiler.ops import InferContext, Op, attr, register, required_input
 from cuvil.compiler.ops.indexing import _break_if, _entry_alloca, _forever
 from cuvil.compiler.ops.selection import heap_pop, heapify

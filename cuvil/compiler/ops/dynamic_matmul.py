@@ -25,9 +25,9 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import Emitter
-from cuvil.compiler.codegen.int8_gemm_kernel import QEpilogue, emit_parallel_int8_gemm
 from cuvil.compiler.ir import Dim, Node, TensorType, numel
+from cuvil.compiler.kernels.emitter import Emitter
+from cuvil.compiler.kernels.int8_gemm import QEpilogue, emit_parallel_int8_gemm
 from cuvil.compiler.ops import InferContext, Op, register, required_input
 from cuvil.compiler.ops._dynamic_quantize_kernel import emit_dynamic_quantize
 from cuvil.compiler.ops._window import entry_alloca

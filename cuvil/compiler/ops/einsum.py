@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.ir import Dim, Node, TensorType
+from cuvil.compiler.kernels.emitter import Emitter, View
 from cuvil.compiler.ops import (
     UNCHECKED,
     InferContext,

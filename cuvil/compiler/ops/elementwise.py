@@ -6,7 +6,7 @@ Dtype rules come from the ONNX schema of the node's opset: inputs that share a t
 parameter must have equal dtypes, and each must be one the schema allows; the output dtype
 is the bound type parameter (or the schema's single type, e.g. bool for comparisons).
 float16 is computed in float32 (converted on load and store), as onnxruntime does.
-Exponentials, logarithms, tanh and erf come from `codegen.vecmath` (vectorizable); the
+Exponentials, logarithms, tanh and erf come from `kernels.vecmath` (vectorizable); the
 other transcendental functions call libm.
 """
 
@@ -21,9 +21,9 @@ import numpy as np
 import onnx
 from llvmlite import ir
 
-from cuvil.compiler.codegen import vecmath
-from cuvil.compiler.codegen.emitter import I1, I8, I32, I64, Emitter, View, llvm_type
 from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, Value
+from cuvil.compiler.kernels import vecmath
+from cuvil.compiler.kernels.emitter import I1, I8, I32, I64, Emitter, View, llvm_type
 from cuvil.compiler.ops import (
     Element,
     ElementFn,

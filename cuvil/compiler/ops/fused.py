@@ -20,8 +20,8 @@ import math
 
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import Emitter
 from cuvil.compiler.ir import Node, TensorType, Value
+from cuvil.compiler.kernels.emitter import Emitter
 from cuvil.compiler.ops import UNCHECKED, InferContext, Op, lookup, register
 from cuvil.compiler.ops.elementwise import emit_elementwise
 from cuvil.errors import ModelError

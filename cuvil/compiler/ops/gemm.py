@@ -1,8 +1,8 @@
 """Matrix products: Gemm and MatMul (with numpy batch broadcasting).
 
 float32 products with contiguous rows run on the shared kernels: at most MAX_ROWS rows of A on
-the matrix-vector one (codegen/gemv_kernel.py: batch-1 Linear layers are bound by reading the
-weight), more on the tiled GEMM (codegen/gemm_kernel.py); a symbolic row count picks one at
+the matrix-vector one (kernels/gemv.py: batch-1 Linear layers are bound by reading the
+weight), more on the tiled GEMM (kernels/gemm.py); a symbolic row count picks one at
 run time. Otherwise float32 and float64 use `emit_matmul` (rows of the output updated in
 place) unless the right operand is stored transposed (`prefers_dot`); float16 sums each output
 element in a float32 register (`emit_matmul_dot`) and rounds it once.
@@ -16,14 +16,15 @@ from dataclasses import replace
 import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.bf16_gemm_kernel import (
+from cuvil.compiler.ir import Dim, Node, TensorType, Value
+from cuvil.compiler.kernels.activation import apply_activation
+from cuvil.compiler.kernels.bf16_gemm import (
     bf16_or_float32,
     emit_float32_panels,
     emit_parallel_bf16_gemm,
 )
-from cuvil.compiler.codegen.emitter import Emitter, View
-from cuvil.compiler.codegen.gemm_kernel import (
+from cuvil.compiler.kernels.emitter import Emitter, View
+from cuvil.compiler.kernels.gemm import (
     PLAIN,
     ROW_MAJOR,
     Epilogue,
@@ -31,8 +32,7 @@ from cuvil.compiler.codegen.gemm_kernel import (
     emit_gemm,
     emit_parallel_gemm,
 )
-from cuvil.compiler.codegen.gemv_kernel import MAX_ROWS, emit_parallel_gemv
-from cuvil.compiler.ir import Dim, Node, TensorType, Value
+from cuvil.compiler.kernels.gemv import MAX_ROWS, emit_parallel_gemv
 from cuvil.compiler.ops import (
     FLOATS,
     UNCHECKED,
@@ -110,7 +110,7 @@ def prefers_dot(a: View, b: View) -> bool:
 
 
 #: attributes the fusion pass (passes/fuse_epilogue.py) sets on Conv, Gemm and MatMul: an
-#: activation of codegen/activation.py and its parameters, applied in the kernel's epilogue
+#: activation of kernels/activation.py and its parameters, applied in the kernel's epilogue
 FUSED_ACTIVATION = "cuvil.fused_activation"
 ACTIVATION_PARAMS = "cuvil.activation_params"
 #: input slot of a fused residual: a tensor of the output's type, added before the activation
@@ -121,7 +121,7 @@ MATMUL_BIAS_SLOT = 2
 #: kernel's packed layout: `pack_a` panels per group for Conv, `pack_b` for Gemm and MatMul
 PACKED_WEIGHTS = "cuvil.packed_weights"
 #: attribute passes/bf16_weights.py sets (precision = "bf16") when the weight (input 1) holds
-#: bf16 packed for codegen/bf16_gemm_kernel.py (`pack_l` per group for Conv, `pack_r` for
+#: bf16 packed for kernels/bf16_gemm.py (`pack_l` per group for Conv, `pack_r` for
 #: Gemm and MatMul; its bits in a float32-typed 1-D constant): the weight's own shape
 BF16_WEIGHTS = "cuvil.bf16_weights"
 
@@ -180,7 +180,7 @@ def uses_kernel(a: View, b: View, y: View) -> bool:
 
 
 def gemv_layout(a: View, b: View, y: View, layout: Layout = ROW_MAJOR) -> str | None:
-    """How the matrix-vector kernel (codegen/gemv_kernel.py) would read b, when it can: float32
+    """How the matrix-vector kernel (kernels/gemv.py) would read b, when it can: float32
     with rows of a and y contiguous, and b packed, row-major or a transposed row-major matrix."""
     if y.dtype.name != "float32" or not (_unit(a.strides[1]) and _unit(y.strides[1])):
         return None
@@ -230,7 +230,7 @@ def _transposed(v: View) -> View:
 
 class _WeightProduct(Op):
     """Gemm and MatMul: with bf16 weights (`BF16_WEIGHTS`), CPUs without bf16 instructions
-    multiply on float32 panels the first run derives from them (codegen/bf16_gemm_kernel.py)."""
+    multiply on float32 panels the first run derives from them (kernels/bf16_gemm.py)."""
 
     def path(self, node: Node) -> str:
         return "bf16" if BF16_WEIGHTS in node.attrs else ""

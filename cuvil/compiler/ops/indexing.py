@@ -18,8 +18,8 @@ import numpy as np
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I64, Emitter, View, llvm_type
 from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, Value, numel, simplify_dim
+from cuvil.compiler.kernels.emitter import I64, Emitter, View, llvm_type
 from cuvil.compiler.ops import (
     InferContext,
     Op,

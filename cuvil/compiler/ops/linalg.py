@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
+from cuvil.compiler.kernels.emitter import I64, Emitter, llvm_type
 from cuvil.compiler.ops import InferContext, Op, compute_dtype, register, required_input
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError

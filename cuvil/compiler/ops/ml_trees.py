@@ -33,8 +33,8 @@ import sympy
 from llvmlite import ir
 from onnx import helper, numpy_helper
 
-from cuvil.compiler.codegen.emitter import I32, I64, Emitter, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, simplify_dim
+from cuvil.compiler.kernels.emitter import I32, I64, Emitter, llvm_type
 from cuvil.compiler.ops import InferContext, Op, attr, register
 from cuvil.compiler.ops._ml_graph import Body, Expanded, ints, no_string_labels, post_transform, text
 from cuvil.errors import ModelError, UnsupportedOpError

@@ -22,14 +22,14 @@ import onnx
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I32, I64, PTR, STATUS_CUSTOM_OP_FAILED
 from cuvil.compiler.ir import Dim, Graph, Node, TensorType, simplify_dim, subgraphs
+from cuvil.compiler.kernels.emitter import I32, I64, PTR, STATUS_CUSTOM_OP_FAILED
 from cuvil.compiler.ops import InferContext, Op, lookup, register, unregister
 from cuvil.config import CustomOpConfig, check_expression
 from cuvil.errors import ModelError
 
 if TYPE_CHECKING:
-    from cuvil.compiler.codegen.emitter import Emitter
+    from cuvil.compiler.kernels.emitter import Emitter
 
 __all__ = ["ABI_VERSION", "NativeKernel", "native_ops", "uses_native"]
 

@@ -18,9 +18,9 @@ from typing import Callable, ClassVar
 import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen import vecmath
-from cuvil.compiler.codegen.emitter import Emitter, View, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel
+from cuvil.compiler.kernels import vecmath
+from cuvil.compiler.kernels.emitter import Emitter, View, llvm_type
 from cuvil.compiler.ops import (
     FLOATS,
     InferContext,

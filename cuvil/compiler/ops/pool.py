@@ -21,7 +21,8 @@ import numpy as np
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import (
+from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
+from cuvil.compiler.kernels.emitter import (
     I64,
     Emitter,
     View,
@@ -30,8 +31,7 @@ from cuvil.compiler.codegen.emitter import (
     splat,
     store_lanes,
 )
-from cuvil.compiler.codegen.gemm_kernel import isa_of
-from cuvil.compiler.ir import Dim, Node, TensorType, numel, simplify_dim
+from cuvil.compiler.kernels.gemm import isa_of
 from cuvil.compiler.ops import (
     FLOATS,
     UNCHECKED,

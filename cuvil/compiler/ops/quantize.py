@@ -32,10 +32,11 @@ import onnx
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.byte_lookup import byte_lookup_function
-from cuvil.compiler.codegen.byte_transpose import emit_byte_transpose
-from cuvil.compiler.codegen.emitter import I8, I32, Emitter, View
-from cuvil.compiler.codegen.int8_gemm_kernel import (
+from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
+from cuvil.compiler.kernels.byte_lookup import byte_lookup_function
+from cuvil.compiler.kernels.byte_transpose import emit_byte_transpose
+from cuvil.compiler.kernels.emitter import I8, I32, Emitter, View
+from cuvil.compiler.kernels.int8_gemm import (
     GROUP,
     INT32,
     PACK_COLS,
@@ -43,7 +44,6 @@ from cuvil.compiler.codegen.int8_gemm_kernel import (
     emit_parallel_int8_gemm,
     emit_parallel_int8_gemm_runtime_b,
 )
-from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
 from cuvil.compiler.ops import (
     UNCHECKED,
     Element,
@@ -86,7 +86,7 @@ QLINEAR_BIAS_SLOT = 8
 #: zero point is in the shift)
 QLINEAR_POST_SLOT = 9
 #: attribute passes/pack_int8_weights.py sets when the constant weight holds the int8 kernel's
-#: packed blob (codegen/int8_gemm_kernel.py `pack_b_int8`, one per group for convolutions):
+#: packed blob (kernels/int8_gemm.py `pack_b_int8`, one per group for convolutions):
 #: [the weight's dtype, row_sums (0/1), its ONNX shape...]; the node keeps its zero point
 #: input, which the blob has folded in
 INT8_PACKED = "cuvil.int8_packed"

@@ -35,10 +35,10 @@ from typing import ClassVar
 import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen import vecmath
-from cuvil.compiler.codegen.emitter import I64, PTR, Emitter, llvm_type
-from cuvil.compiler.codegen.gemm_kernel import Epilogue, emit_gemm, emit_parallel_gemm, isa_of
 from cuvil.compiler.ir import Dim, Node, TensorType, simplify_dim
+from cuvil.compiler.kernels import vecmath
+from cuvil.compiler.kernels.emitter import I64, PTR, Emitter, llvm_type
+from cuvil.compiler.kernels.gemm import Epilogue, emit_gemm, emit_parallel_gemm, isa_of
 from cuvil.compiler.ops import UNCHECKED, InferContext, Op, attr, register
 from cuvil.compiler.ops._recurrent_kernel import PANEL, emit_small_gemm, pack_panels, packed_rows
 from cuvil.errors import ModelError, UnsupportedOpError

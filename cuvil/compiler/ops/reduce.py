@@ -19,9 +19,9 @@ from typing import Callable, ClassVar
 import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen import vecmath
-from cuvil.compiler.codegen.emitter import REDUCE_FLAGS, Emitter, View, llvm_type
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, simplify_dim
+from cuvil.compiler.kernels import vecmath
+from cuvil.compiler.kernels.emitter import REDUCE_FLAGS, Emitter, View, llvm_type
 from cuvil.compiler.ops import (
     FLOATS,
     InferContext,

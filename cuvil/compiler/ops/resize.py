@@ -26,8 +26,8 @@ import numpy as np
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I1, I32, I64, Emitter, View
 from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, simplify_dim
+from cuvil.compiler.kernels.emitter import I1, I32, I64, Emitter, View
 from cuvil.compiler.ops import (
     UNCHECKED,
     InferContext,

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I1, I64, Emitter, llvm_type
 from cuvil.compiler.ir import Node, TensorType, numel, simplify_dim
+from cuvil.compiler.kernels.emitter import I1, I64, Emitter, llvm_type
 from cuvil.compiler.ops import FLOATS, InferContext, Op, attr, compute_dtype, register, required_input
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError, UnsupportedOpError

@@ -19,8 +19,8 @@ import numpy as np
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I64, Emitter, llvm_type
 from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, numel, simplify_dim
+from cuvil.compiler.kernels.emitter import I64, Emitter, llvm_type
 from cuvil.compiler.ops import InferContext, Op, attr, normalize_axis, register, required_input
 from cuvil.compiler.ops.indexing import _break_if, _entry_alloca, _forever
 from cuvil.errors import ModelError, UnsupportedOpError

@@ -17,8 +17,8 @@ import onnx
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import Emitter, View
 from cuvil.compiler.ir import DTYPES, Dim, Node, TensorType, Value, dim_str, numel, simplify_dim
+from cuvil.compiler.kernels.emitter import Emitter, View
 from cuvil.compiler.ops import (
     UNCHECKED,
     InferContext,

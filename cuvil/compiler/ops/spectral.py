@@ -22,8 +22,8 @@ import numpy as np
 import sympy
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I64, Emitter, View
 from cuvil.compiler.ir import Dim, Node, TensorType, Value, numel, simplify_dim
+from cuvil.compiler.kernels.emitter import I64, Emitter, View
 from cuvil.compiler.ops import (
     FLOATS,
     UNCHECKED,

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I64, Emitter, View
 from cuvil.compiler.ir import Node, TensorType, simplify_dim
+from cuvil.compiler.kernels.emitter import I64, Emitter, View
 from cuvil.compiler.ops import InferContext, Op, attr, register
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError, UnsupportedOpError

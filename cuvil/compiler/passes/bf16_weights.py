@@ -1,5 +1,5 @@
 """precision = "bf16": the constant weights of float32 products that run on the GEMM kernel
-stored as bfloat16 in the bf16 kernel's layouts (codegen/bf16_gemm_kernel.py), so that those
+stored as bfloat16 in the bf16 kernel's layouts (kernels/bf16_gemm.py), so that those
 products compute in bf16 with float32 sums where the CPU has AMX or AVX-512 BF16, and in
 float32 on the same weights elsewhere (float32 panels derived from them at the first run).
 
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from cuvil.compiler.codegen.bf16_gemm_kernel import pack_l, pack_r
-from cuvil.compiler.codegen.gemm_kernel import PACK_COLS, PACK_ROWS
 from cuvil.compiler.ir import Graph, Node
+from cuvil.compiler.kernels.bf16_gemm import pack_l, pack_r
+from cuvil.compiler.kernels.gemm import PACK_COLS, PACK_ROWS
 from cuvil.compiler.ops.conv import (
     TRANSPOSED,
     U_STORED,
@@ -70,7 +70,7 @@ def _store(graph: Graph, node: Node, packed: np.ndarray) -> None:
 
 
 def unpack_a(packed: np.ndarray) -> np.ndarray:
-    """The [M, K] matrix codegen.gemm_kernel.pack_a stored (panels of PACK_ROWS rows)."""
+    """The [M, K] matrix kernels.gemm.pack_a stored (panels of PACK_ROWS rows)."""
     m = packed.shape[0]
     flat = packed.reshape(-1)
     kk = flat.size // max(m, 1)
@@ -83,7 +83,7 @@ def unpack_a(packed: np.ndarray) -> np.ndarray:
 
 
 def unpack_b(packed: np.ndarray) -> np.ndarray:
-    """The [K, N] matrix codegen.gemm_kernel.pack_b stored (panels of PACK_COLS columns)."""
+    """The [K, N] matrix kernels.gemm.pack_b stored (panels of PACK_COLS columns)."""
     kk, n = packed.shape
     flat = packed.reshape(-1)
     cols, at = [], 0

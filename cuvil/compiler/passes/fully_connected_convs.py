@@ -1,6 +1,6 @@
 """Convolutions of 1x1 maps by 1x1 kernels, [N, C, 1, 1] -> [N, M, 1, 1] (the fully connected
 layers of squeeze-excite blocks), as Gemm: one row per image, which at batch 1 is the
-matrix-vector kernel's case (codegen/gemv_kernel.py, streaming the weight once), where the
+matrix-vector kernel's case (kernels/gemv.py, streaming the weight once), where the
 conv lowering would run a product W[M, C] @ x[C, 1] of a single column per image.
 
 Runs after fuse_epilogue, so the conv's fused activation moves to the Gemm; convs with a fused
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cuvil.compiler.codegen.gemm_kernel import pack_b
 from cuvil.compiler.ir import Graph, Node, TensorType, Value
+from cuvil.compiler.kernels.gemm import pack_b
 from cuvil.compiler.ops.gemm import (
     ACTIVATION_PARAMS,
     FUSED_ACTIVATION,

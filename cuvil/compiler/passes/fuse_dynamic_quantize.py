@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cuvil.compiler.codegen.int8_gemm_kernel import pack_b_int8
 from cuvil.compiler.ir import Graph, Node, Value
+from cuvil.compiler.kernels.int8_gemm import pack_b_int8
 from cuvil.compiler.ops.quantize import INT8_PACKED
 from cuvil.compiler.passes.rewrite import const_operand, sole_reader
 

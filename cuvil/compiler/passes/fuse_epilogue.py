@@ -1,6 +1,6 @@
 """Fold what follows a float32 Conv, Gemm or MatMul into the GEMM kernel's epilogue, applied
 while the tile is still in registers: y = act(product + bias + residual) in one pass over
-memory instead of up to three (see ops/gemm.py `node_epilogue`, codegen/gemm_kernel.py).
+memory instead of up to three (see ops/gemm.py `node_epilogue`, kernels/gemm.py).
 
 Rules (passes/rewrite.py), each folding one node into the product before it, whose output
 must be read by that node only and not be a graph output:

@@ -3,7 +3,7 @@
 - Gemm with transB=1 and constant B ([N, K], how PyTorch exports Linear layers): transposed
   once at compile time to [K, N] (transB=0), so every call reads B's rows contiguously.
 - Constant B of a float32 Gemm or MatMul that runs on the kernel (a Linear layer, [K, N]):
-  stored as `pack_b` panels, so no call copies B into panels (codegen/gemm_kernel.py).
+  stored as `pack_b` panels, so no call copies B into panels (kernels/gemm.py).
 - Constant weights of float32 Conv ([M, C/group, kernel...], the A of each group's product
   W[M/group, K] @ X'): stored as `pack_a` panels per group, so each step of the kernel's K
   loop reads a tile's rows as consecutive floats; those of convs over small maps, whose
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cuvil.compiler.codegen.gemm_kernel import pack_a, pack_b
 from cuvil.compiler.ir import Graph, Node
+from cuvil.compiler.kernels.gemm import pack_a, pack_b
 from cuvil.compiler.ops import UNCHECKED
 from cuvil.compiler.ops.conv import (
     TRANSPOSED,

@@ -1,5 +1,5 @@
 """Store the constant weights of integer products in the int8 GEMM kernel's packed layout
-(codegen/int8_gemm_kernel.py `pack_b_int8`), so they run on it (ops/quantize.py).
+(kernels/int8_gemm.py `pack_b_int8`), so they run on it (ops/quantize.py).
 
 - MatMulInteger and QLinearMatMul with a constant 2-D B ([K, N]) and a per-tensor a zero point;
 - ConvInteger and QLinearConv of one group with constant weights [M, C, kernel...]: B is the
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cuvil.compiler.codegen.int8_gemm_kernel import pack_b_int8
 from cuvil.compiler.ir import Graph, Node, Value
+from cuvil.compiler.kernels.int8_gemm import pack_b_int8
 from cuvil.compiler.ops.quantize import INT8_PACKED, weight_slot
 
 __all__ = ["pack_int8_weights"]

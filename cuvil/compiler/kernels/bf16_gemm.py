@@ -45,7 +45,7 @@ extra features as a function attribute.
 
 Every other CPU runs float32 code (`bf16_hardware` says which path a call takes): bf16 widened
 to float32 on the fly ran at half the float32 kernel's speed, so there the products run on
-the float32 kernel (codegen/gemm_kernel.py), over float32 panels in its packed layouts that
+the float32 kernel (kernels/gemm.py), over float32 panels in its packed layouts that
 the first run derives from the bf16 weights (`emit_float32_panels`; exact: a shift) into the
 derived-weights buffer, only on those CPUs (`Op.derived_on_demand`). The library keeps the
 bf16 weights; the activations are then not rounded, so the results differ by CPU within the
@@ -60,9 +60,9 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen import gemm_kernel
-from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.emitter import (
+from cuvil.compiler.kernels import gemm
+from cuvil.compiler.kernels.activation import apply_activation
+from cuvil.compiler.kernels.emitter import (
     I1,
     I8,
     I32,
@@ -79,8 +79,8 @@ from cuvil.compiler.codegen.emitter import (
     prefetch,
     splat,
 )
-from cuvil.compiler.codegen.gemm_kernel import PLAIN, Epilogue, block_span, split_blocks
-from cuvil.compiler.codegen.kernel_objects import kernel_function
+from cuvil.compiler.kernels.gemm import PLAIN, Epilogue, block_span, split_blocks
+from cuvil.compiler.kernels.objects import kernel_function
 
 F32 = ir.FloatType()
 I16 = ir.IntType(16)
@@ -102,7 +102,7 @@ KC = 256
 #: each row of X' (512 bytes, which the hardware prefetcher follows) instead of 128: ResNet-50's
 #: 1x1 convs on 56x56 maps, whose rows are 12 KiB apart, ran at 130 GFLOP/s
 PANELS = 4
-#: parallel split (gemm_kernel.split_blocks): fewest tiles per block; rows are split in
+#: parallel split (gemm.split_blocks): fewest tiles per block; rows are split in
 #: multiples of ROW_SPLIT (whole tiles of every kind: 12-row register tiles, 16- and 32-row
 #: AMX blocks)
 MIN_ROW_TILES = 2
@@ -318,7 +318,7 @@ def emit_float32_panels(k: Emitter, side: str, src: ir.Value, dst: ir.Value, row
                         cols: int, groups: int = 1) -> None:
     """Where this CPU takes the float32 path (`bf16_hardware`): dst = the float32 kernel's
     packed weights of the bf16 ones in src, `groups` [rows, cols] matrices one after the
-    other: side "a" (convolutions) `pack_l` -> `gemm_kernel.pack_a`, side "b" `pack_r` ->
+    other: side "a" (convolutions) `pack_l` -> `gemm.pack_a`, side "b" `pack_r` ->
     `pack_b` (Winograd's transformed weights: a matrix per point). Then
     src's pages leave the resident memory: nothing reads them on this CPU. For the first run
     (`Op.lower_derived`): dst gets its pages first, as the derived buffer's others do."""
@@ -336,10 +336,10 @@ def _float32_panels(k: Emitter, side: str, src: ir.Value, dst: ir.Value, rows: i
     m = k.module
     kp = l_columns(cols) if side == "a" else round_up(max(rows, 1), K_ALIGN)
     if side == "a":  # pack_l rows of Kl bf16 -> panels of PACK_ROWS rows, k-major
-        step, units = gemm_kernel.PACK_ROWS, -(-rows // gemm_kernel.PACK_ROWS)
+        step, units = gemm.PACK_ROWS, -(-rows // gemm.PACK_ROWS)
         src_group = round_up(max(rows, 1), ROW_ALIGN) * kp
     else:  # pack_r panels of pair rows -> panels of PACK_COLS columns, k-major
-        step, units = gemm_kernel.PACK_COLS, -(-cols // gemm_kernel.PACK_COLS)
+        step, units = gemm.PACK_COLS, -(-cols // gemm.PACK_COLS)
         src_group = round_up(max(cols, 1), PACK_COLS) * kp
     declare_function(m, POPULATE, ir.VoidType(), [PTR, I64])
     b.call(m.get_global(POPULATE), [dst, k.i64(groups * rows * cols * 4)])

@@ -12,9 +12,9 @@ import pytest
 from kernel_library import FEATURES, cpu_of, host_module, link, skip_unless_host_has
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I32, I64, PTR, Emitter
-from cuvil.compiler.codegen.gemm_kernel import Epilogue, Layout, emit_parallel_gemm, pack_a, pack_b
 from cuvil.compiler.codegen.module import hide_declarations
+from cuvil.compiler.kernels.emitter import I32, I64, PTR, Emitter
+from cuvil.compiler.kernels.gemm import Epilogue, Layout, emit_parallel_gemm, pack_a, pack_b
 
 EPILOGUES = [Epilogue(), Epilogue("row"), Epilogue("col", activation="Relu"),
              Epilogue("none", activation="Relu"), Epilogue("row", residual=True, activation="Relu"),

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import (
+from cuvil.compiler.kernels.emitter import (
     I8,
     I32,
     I64,
@@ -36,7 +36,7 @@ from cuvil.compiler.codegen.emitter import (
     declare_function,
     splat,
 )
-from cuvil.compiler.codegen.kernel_objects import kernel_function
+from cuvil.compiler.kernels.objects import kernel_function
 
 __all__ = ["byte_lookup_function"]
 

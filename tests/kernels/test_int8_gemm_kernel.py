@@ -20,8 +20,10 @@ import pytest
 from kernel_library import FEATURES, host_module, link_modules
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I32, I64, PTR, Emitter
-from cuvil.compiler.codegen.int8_gemm_kernel import (
+from cuvil.compiler.codegen.module import hide_declarations
+from cuvil.compiler.driver import RUNTIME_SOURCE
+from cuvil.compiler.kernels.emitter import I32, I64, PTR, Emitter
+from cuvil.compiler.kernels.int8_gemm import (
     INT32,
     QEpilogue,
     emit_parallel_int8_gemm,
@@ -30,8 +32,6 @@ from cuvil.compiler.codegen.int8_gemm_kernel import (
     pack_b_int8,
     packed_b_size,
 )
-from cuvil.compiler.codegen.module import hide_declarations
-from cuvil.compiler.driver import RUNTIME_SOURCE
 from cuvil.toolchains import get_target, target_machine, zig
 from cuvil.toolchains.llvm import emit_object
 

@@ -14,9 +14,9 @@ import pytest
 from kernel_library import FEATURES, host_module, link, skip_unless_host_has
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I32, I64, PTR, Emitter
-from cuvil.compiler.codegen.gemm_kernel import Epilogue, pack_b
-from cuvil.compiler.codegen.gemv_kernel import LAYOUTS, emit_parallel_gemv
+from cuvil.compiler.kernels.emitter import I32, I64, PTR, Emitter
+from cuvil.compiler.kernels.gemm import Epilogue, pack_b
+from cuvil.compiler.kernels.gemv import LAYOUTS, emit_parallel_gemv
 
 EPILOGUES = [Epilogue(), Epilogue("col", activation="Relu"), Epilogue("row", residual=True),
              Epilogue("none", residual=True, activation="Tanh")]

@@ -1,4 +1,4 @@
-"""The byte transpose (codegen/byte_transpose.py) against numpy: whole 16 x 16 tiles, the
+"""The byte transpose (kernels/byte_transpose.py) against numpy: whole 16 x 16 tiles, the
 partial tiles of a constant count of rows or columns left past them, the edges copied byte by
 byte where the count is known only at run time, strides wider than the matrix (the bytes
 between rows must stay as they were), every instruction set the host runs."""
@@ -12,8 +12,8 @@ import pytest
 from kernel_library import FEATURES, host_module, link, skip_unless_host_has
 from llvmlite import ir
 
-from cuvil.compiler.codegen.byte_transpose import emit_byte_transpose
-from cuvil.compiler.codegen.emitter import I32, I64, PTR, Emitter
+from cuvil.compiler.kernels.byte_transpose import emit_byte_transpose
+from cuvil.compiler.kernels.emitter import I32, I64, PTR, Emitter
 
 #: (rows, cols): tiles only, rows or columns past them, both, fewer than a tile, a conv's
 #: 3 channels by 12544 positions, its 24 channels, several chunks of column tiles

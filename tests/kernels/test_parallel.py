@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I32, PTR, Emitter
 from cuvil.compiler.codegen.module import hide_declarations
 from cuvil.compiler.driver import RUNTIME_SOURCE
 from cuvil.compiler.ir import TensorType, Value, symbol
+from cuvil.compiler.kernels.emitter import I32, PTR, Emitter
 from cuvil.toolchains.llvm import emit_object
 
 

@@ -19,7 +19,7 @@ import pytest
 from kernel_library import FEATURES, host_module, link_modules
 from llvmlite import ir
 
-from cuvil.compiler.codegen.bf16_gemm_kernel import (
+from cuvil.compiler.kernels.bf16_gemm import (
     SIDES,
     bf16_hardware,
     bf16_isa_of,
@@ -31,8 +31,8 @@ from cuvil.compiler.codegen.bf16_gemm_kernel import (
     pack_r,
     to_bf16,
 )
-from cuvil.compiler.codegen.emitter import I8, I32, I64, PTR, Emitter
-from cuvil.compiler.codegen.gemm_kernel import Epilogue, Layout, emit_parallel_gemm
+from cuvil.compiler.kernels.emitter import I8, I32, I64, PTR, Emitter
+from cuvil.compiler.kernels.gemm import Epilogue, Layout, emit_parallel_gemm
 
 AVX512 = FEATURES["avx512"]
 #: name -> (LLVM features, host flags needed, the kind it must select first)

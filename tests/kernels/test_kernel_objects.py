@@ -1,4 +1,4 @@
-"""Kernels compiled as objects of their own (codegen/kernel_objects.py): each once per process,
+"""Kernels compiled as objects of their own (kernels/objects.py): each once per process,
 linked into every library that calls them, hidden, and the libraries the same bytes as when
 nothing was reused."""
 
@@ -16,8 +16,8 @@ from oracle import run_ort
 import cuvil.compiler.driver as driver
 import cuvil.toolchains.llvm as llvm
 from cuvil.check._elf import read_elf
-from cuvil.compiler.codegen.gemm_kernel import PLAIN, gemm_function
-from cuvil.compiler.codegen.kernel_objects import KernelSet, kernel_module_ir
+from cuvil.compiler.kernels.gemm import PLAIN, gemm_function
+from cuvil.compiler.kernels.objects import KernelSet, kernel_module_ir
 from cuvil.runtime import Model
 
 

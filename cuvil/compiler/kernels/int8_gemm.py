@@ -89,8 +89,8 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.emitter import (
+from cuvil.compiler.kernels.activation import apply_activation
+from cuvil.compiler.kernels.emitter import (
     I8,
     I32,
     I64,
@@ -103,8 +103,8 @@ from cuvil.compiler.codegen.emitter import (
     splat,
     vector_suffix,
 )
-from cuvil.compiler.codegen.gemm_kernel import block_span, split_blocks
-from cuvil.compiler.codegen.kernel_objects import kernel_function
+from cuvil.compiler.kernels.gemm import block_span, split_blocks
+from cuvil.compiler.kernels.objects import kernel_function
 
 I16 = ir.IntType(16)
 F32 = ir.FloatType()
@@ -185,7 +185,7 @@ class QEpilogue:
     output: str = "int32"
     bias: str = "none"
     relu: bool = False
-    #: float32 output: an activation applied last (codegen/activation.py's names) and its
+    #: float32 output: an activation applied last (kernels/activation.py's names) and its
     #: parameters (a fused Gelu after a dynamically quantized product)
     activation: str | None = None
     params: tuple[float, ...] = ()

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen import vecmath
+from cuvil.compiler.kernels import vecmath
 
 __all__ = ["ACTIVATIONS", "apply_activation"]
 

@@ -23,7 +23,7 @@ variants of an x86 library share one weights blob.
 
 The epilogue adds a bias per row (convolution channels) or per column (Gemm), then a
 residual (a tensor laid out like C, read with C's strides), then applies an activation
-(codegen/activation.py), while the tile is still in registers: fused nodes make one pass over
+(kernels/activation.py), while the tile is still in registers: fused nodes make one pass over
 memory instead of three.
 """
 
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.emitter import (
+from cuvil.compiler.kernels.activation import apply_activation
+from cuvil.compiler.kernels.emitter import (
     I1,
     I64,
     PTR,
@@ -47,7 +47,7 @@ from cuvil.compiler.codegen.emitter import (
     prefetch,
     splat,
 )
-from cuvil.compiler.codegen.kernel_objects import kernel_function
+from cuvil.compiler.kernels.objects import kernel_function
 
 F32 = ir.FloatType()
 
@@ -129,7 +129,7 @@ class Epilogue:
     bias: str = "none"  # "none" | "row" (one per row of C) | "col" (one per column)
     #: add the residual operand (same layout and strides as C)
     residual: bool = False
-    #: an activation of codegen/activation.py, and its parameters
+    #: an activation of kernels/activation.py, and its parameters
     activation: str | None = None
     params: tuple[float, ...] = ()
 

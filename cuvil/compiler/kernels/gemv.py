@@ -2,7 +2,7 @@
 batch-1 Linear layers and classifier heads.
 
 Each weight is used M times, so the product is bound by reading B once from memory, which the
-register-tiled GEMM (codegen/gemm_kernel.py) is not built for: its row tiles are mostly empty
+register-tiled GEMM (kernels/gemm.py) is not built for: its row tiles are mostly empty
 and it walks B in cache blocks meant for reuse. This kernel streams B once, in order, keeping
 every row's sums for a block of columns in vector registers, with several independent sets of
 accumulators (K split into interleaved parts) so that the multiply-adds' latency does not
@@ -28,8 +28,8 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from cuvil.compiler.codegen.activation import apply_activation
-from cuvil.compiler.codegen.emitter import (
+from cuvil.compiler.kernels.activation import apply_activation
+from cuvil.compiler.kernels.emitter import (
     I1,
     I64,
     PTR,
@@ -38,8 +38,8 @@ from cuvil.compiler.codegen.emitter import (
     masked_intrinsic,
     splat,
 )
-from cuvil.compiler.codegen.gemm_kernel import PACK_COLS, PLAIN, Epilogue, isa_of
-from cuvil.compiler.codegen.kernel_objects import kernel_function
+from cuvil.compiler.kernels.gemm import PACK_COLS, PLAIN, Epilogue, isa_of
+from cuvil.compiler.kernels.objects import kernel_function
 
 F32 = ir.FloatType()
 #: the most rows of A the kernel takes: each more row is one more set of accumulators

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from cuvil.compiler.codegen.emitter import I8, I32, Emitter
+from cuvil.compiler.kernels.emitter import I8, I32, Emitter
 
 __all__ = ["TILE", "emit_byte_transpose"]
 

@@ -31,7 +31,7 @@ The float32 polynomials are minimax fits (relative error, Lawson's iteratively r
 least squares on Chebyshev nodes, mpmath for the reference values) rounded to float32; the
 rational ones are fitted the same way after linearizing P/Q ~ f as P - f Q ~ 0 with weights
 1/Q of the previous iterate (Sanathanan-Koerner), then Q is rounded and P refitted.
-`derive_coefficients()` recomputes them (`python -m cuvil.compiler.codegen.vecmath`). The
+`derive_coefficients()` recomputes them (`python -m cuvil.compiler.kernels.vecmath`). The
 float64 polynomials are the truncated Taylor series (1/k! and 2/(2k+3)), whose truncation
 error is below 1e-17 on the reduced ranges. Measured against numpy/mpmath over dense sweeps
 (tests/ops/test_elementwise.py), for normal results: float32 exp, log within 1 ulp, expm1,

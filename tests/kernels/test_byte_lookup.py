@@ -1,4 +1,4 @@
-"""The byte lookup kernel (codegen/byte_lookup.py) for each way a library can hold it: byte at
+"""The byte lookup kernel (kernels/byte_lookup.py) for each way a library can hold it: byte at
 a time (the SSE baseline), 16-entry shuffles (AVX2, AVX-512 without VBMI), VBMI named in the
 features, VBMI behind the CPUID test, and AArch64's tbl/tbx under qemu; against numpy's
 indexing, for lengths around the vectors and both index types."""
@@ -16,8 +16,8 @@ import pytest
 from kernel_library import FEATURES, host_module, link_modules
 from llvmlite import ir
 
-from cuvil.compiler.codegen.byte_lookup import LOOKUP_TYPE, byte_lookup_function
 from cuvil.compiler.codegen.module import hide_declarations
+from cuvil.compiler.kernels.byte_lookup import LOOKUP_TYPE, byte_lookup_function
 from cuvil.toolchains import get_target, target_machine, zig
 from cuvil.toolchains.llvm import emit_object
 
