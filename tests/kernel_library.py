@@ -12,6 +12,7 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.module import hide_declarations
 from cuvil.compiler.driver import RUNTIME_SOURCE
+from cuvil.compiler.kernels.target import KernelTarget, set_target
 from cuvil.toolchains import get_target, target_machine, zig
 from cuvil.toolchains.llvm import emit_object
 
@@ -32,7 +33,7 @@ def host_module(features: str) -> tuple[ir.Module, Any]:
     module = ir.Module("g")
     module.triple = arch.llvm_triple
     module.data_layout = str(tm.target_data)
-    module.cuvil_features = features
+    set_target(module, KernelTarget(module.triple, features))
     return module, tm
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from cuvil.compiler.kernels.target import KernelTarget, set_target
 from cuvil.errors import ToolchainError
 from cuvil.toolchains import (
     ENV_VAR,
@@ -592,7 +593,7 @@ def test_baseline_kernels_get_what_the_cpu_implies(target, cpu, float_lanes, int
     arch = get_target(target).arches[0]
     module = ir.Module()
     module.triple = arch.llvm_triple
-    module.cuvil_features, _ = baseline_features(arch, cpu)
+    set_target(module, KernelTarget(module.triple, baseline_features(arch, cpu)[0]))
     assert isa_of(module).vector == float_lanes
     isa = int8_isa_of(module)
     below = isa.fallback

@@ -33,6 +33,7 @@ from cuvil.compiler.kernels.bf16_gemm import (
 )
 from cuvil.compiler.kernels.emitter import I8, I32, I64, PTR, Emitter
 from cuvil.compiler.kernels.gemm import Epilogue, Layout, emit_parallel_gemm
+from cuvil.compiler.kernels.target import KernelTarget, set_target
 
 AVX512 = FEATURES["avx512"]
 #: name -> (LLVM features, host flags needed, the kind it must select first)
@@ -194,7 +195,7 @@ def test_copies_without_bf16_instructions_hold_no_bf16_kernel() -> None:
     arm = ir.Module("g")
     arm.triple = arch.llvm_triple
     arm.data_layout = str(tm.target_data)
-    arm.cuvil_features = arch.features
+    set_target(arm, KernelTarget(arm.triple, arch.features))
     for module in (arm, host_module("")[0], host_module(FEATURES["avx2"])[0],
                    host_module(AVX512 + ",-amx-bf16,-avx512bf16")[0]):
         fn = ir.Function(module, ir.FunctionType(I32, []), "f")

@@ -15,6 +15,7 @@ from llvmlite import ir
 from cuvil.compiler.codegen.module import hide_declarations
 from cuvil.compiler.kernels.emitter import I32, I64, PTR, Emitter
 from cuvil.compiler.kernels.gemm import Epilogue, Layout, emit_parallel_gemm, pack_a, pack_b
+from cuvil.compiler.kernels.target import KernelTarget, set_target
 
 EPILOGUES = [Epilogue(), Epilogue("row"), Epilogue("col", activation="Relu"),
              Epilogue("none", activation="Relu"), Epilogue("row", residual=True, activation="Relu"),
@@ -118,7 +119,7 @@ def test_each_level_uses_its_full_vector_width(level: str) -> None:
     module = ir.Module("g")
     module.triple = arch.llvm_triple
     module.data_layout = str(tm.target_data)
-    module.cuvil_features = features
+    set_target(module, KernelTarget(module.triple, features))
     fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 4), "gemm")
     k = Emitter(module, fn, fn.args[0], [], {})
     size = k.i64(64)

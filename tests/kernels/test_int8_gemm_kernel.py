@@ -32,6 +32,7 @@ from cuvil.compiler.kernels.int8_gemm import (
     pack_b_int8,
     packed_b_size,
 )
+from cuvil.compiler.kernels.target import KernelTarget, set_target
 from cuvil.toolchains import get_target, target_machine, zig
 from cuvil.toolchains.llvm import emit_object
 
@@ -286,7 +287,7 @@ def arm(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, bytes], Pat
         module = ir.Module(name)
         module.triple = arch.llvm_triple
         module.data_layout = str(tm.target_data)
-        module.cuvil_features = features
+        set_target(module, KernelTarget(module.triple, features))
         kinds, gated = ARM_ISAS[name]
         for a_signed in (False, True):
             isa = int8_isa_of(module, a_signed)

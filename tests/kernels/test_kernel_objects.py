@@ -18,6 +18,7 @@ import cuvil.toolchains.llvm as llvm
 from cuvil.check._elf import read_elf
 from cuvil.compiler.kernels.gemm import PLAIN, gemm_function
 from cuvil.compiler.kernels.objects import KernelSet, kernel_module_ir
+from cuvil.compiler.kernels.target import KernelTarget, set_target
 from cuvil.runtime import Model
 
 
@@ -86,7 +87,7 @@ def test_the_kernel_symbol_names_what_its_code_depends_on() -> None:
     def declared(triple: str, features: str) -> str:
         module = ir.Module()
         module.triple = triple
-        module.cuvil_features = features
+        set_target(module, KernelTarget(triple, features))
         module.cuvil_kernels = KernelSet(driver.kernel_tag(triple, "", features, {"cpu": "x"}))
         return gemm_function(module, PLAIN).name
 
@@ -100,11 +101,11 @@ def test_the_kernel_symbol_names_what_its_code_depends_on() -> None:
 def test_the_kernel_module_defines_the_kernel_hidden_and_its_helpers_internal() -> None:
     module = ir.Module()
     module.triple = "aarch64-unknown-linux-gnu"
-    module.cuvil_features = "+neon"
+    set_target(module, KernelTarget(module.triple, "+neon"))
     kernels = module.cuvil_kernels = KernelSet("t")
     fn = gemm_function(module, PLAIN)
     assert fn.is_declaration and list(kernels.requests) == [fn.name]
-    text = kernel_module_ir(kernels.requests[fn.name], module.triple, "", module.cuvil_features)
+    text = kernel_module_ir(kernels.requests[fn.name], module.triple, "", "+neon")
     defines = [line for line in text.splitlines() if line.startswith("define ")]
     assert defines[0].startswith(f'define hidden void @"{fn.name}"'), defines[0]
     assert all(" internal " in line or "hidden" in line for line in defines), defines

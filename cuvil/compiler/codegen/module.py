@@ -42,6 +42,7 @@ from cuvil.compiler.kernels.emitter import (
     Emitter,
 )
 from cuvil.compiler.kernels.objects import KernelSet
+from cuvil.compiler.kernels.target import KernelTarget, set_target
 from cuvil.compiler.memory import MemoryPlan
 from cuvil.compiler.ops import lookup
 from cuvil.errors import ModelError
@@ -87,7 +88,7 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
     module = ir.Module(name=model)
     module.triple = triple
     module.data_layout = data_layout
-    module.cuvil_features = features  # read by kernels to size their register tiles
+    set_target(module, KernelTarget(triple, features))  # kernels size their tiles from it
     module.cuvil_kernels = kernels
     # the data-dependent dims' slots follow the input dims': their producers store them there
     symbols = [s.name for s in graph.symbols] + [d.symbol.name for d in graph.data_dims]

@@ -81,6 +81,7 @@ from cuvil.compiler.kernels.emitter import (
 )
 from cuvil.compiler.kernels.gemm import PLAIN, Epilogue, block_span, split_blocks
 from cuvil.compiler.kernels.objects import kernel_function
+from cuvil.compiler.kernels.target import target_of
 
 F32 = ir.FloatType()
 I16 = ir.IntType(16)
@@ -206,15 +207,15 @@ def bf16_isas_of(module: ir.Module) -> list[Bf16Isa]:
 
 
 def _chain(module: ir.Module) -> tuple[list[Bf16Isa], bool]:
-    features = set(getattr(module, "cuvil_features", "").split(","))
-    if not module.triple.startswith(("x86_64", "i686", "i386")) or "+avx512f" not in features:
+    target = target_of(module)
+    if not target.is_x86 or not target.has("avx512f"):
         return [], False
     chain = []
-    if "-amx-bf16" not in features and "-amx-tile" not in features:
+    if not target.excludes("amx-bf16") and not target.excludes("amx-tile"):
         chain.append(AMX)
-    if "-avx512bf16" not in features:
+    if not target.excludes("avx512bf16"):
         chain.append(DPBF16)
-    return chain, "+avx512bf16" not in features
+    return chain, not target.has("avx512bf16")
 
 
 def bf16_isa_of(module: ir.Module) -> Bf16Isa:

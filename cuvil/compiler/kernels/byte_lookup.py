@@ -37,6 +37,7 @@ from cuvil.compiler.kernels.emitter import (
     splat,
 )
 from cuvil.compiler.kernels.objects import kernel_function
+from cuvil.compiler.kernels.target import target_of
 
 __all__ = ["byte_lookup_function"]
 
@@ -54,16 +55,16 @@ def byte_lookup_function(module: ir.Module) -> ir.Function:
     """The kernel for the module's target and features (see the module docstring)."""
 
     def define(module: ir.Module, fn: ir.Function) -> None:
-        features = set(getattr(module, "cuvil_features", "").split(","))
-        if module.triple.startswith("aarch64"):
+        target = target_of(module)
+        if target.triple.startswith("aarch64"):
             _neon(module, fn)
-        elif not module.triple.startswith("x86_64"):
+        elif not target.triple.startswith("x86_64"):
             _bytewise(module, fn)
-        elif "+avx512bw" not in features:
-            _nibbles(module, fn, 32) if "+avx2" in features else _bytewise(module, fn)
-        elif "+avx512vbmi" in features:
+        elif not target.has("avx512bw"):
+            _nibbles(module, fn, 32) if target.has("avx2") else _bytewise(module, fn)
+        elif target.has("avx512vbmi"):
             _vbmi(module, fn)
-        elif "-avx512vbmi" in features:
+        elif target.excludes("avx512vbmi"):
             _nibbles(module, fn, 64)
         else:
             fast, slow = (ir.Function(module, LOOKUP_TYPE, f"{fn.name}.{kind}")

@@ -18,6 +18,7 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.ir import Dim, Value
+from cuvil.compiler.kernels.target import target_of
 from cuvil.compiler.symbolic import lower_dim
 
 I1 = ir.IntType(1)
@@ -626,7 +627,7 @@ def declare_function(module: ir.Module, name: str, ret: ir.Type,
 def add_target_features(module: ir.Module, fn: ir.Function, extra: str) -> None:
     """Compile `fn` for the module's features plus `extra` (a kernel that runs behind a CPUID
     test). llvmlite knows no string attributes: this one is written as it is."""
-    features = ",".join(f for f in (getattr(module, "cuvil_features", ""), extra) if f)
+    features = ",".join(f for f in (target_of(module).features, extra) if f)
     set.add(fn.attributes, f'"target-features"="{features}"')
 
 

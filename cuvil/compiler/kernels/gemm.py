@@ -48,6 +48,7 @@ from cuvil.compiler.kernels.emitter import (
     splat,
 )
 from cuvil.compiler.kernels.objects import kernel_function
+from cuvil.compiler.kernels.target import target_of
 
 F32 = ir.FloatType()
 
@@ -65,12 +66,12 @@ class Isa:
 
 def isa_of(module: ir.Module) -> Isa:
     """Tile shape for the module's target, from the triple and the CPU features it was given."""
-    features = getattr(module, "cuvil_features", "")
-    if module.triple.startswith(("aarch64", "arm64")):
+    target = target_of(module)
+    if target.is_aarch64:
         return Isa(vector=4, mr=12, nv=2)
-    if "+avx512f" in features:
+    if target.has("avx512f"):
         return Isa(vector=16, mr=12, nv=2)
-    if "+avx2" in features or "+avx" in features:
+    if target.has("avx2") or target.has("avx"):
         return Isa(vector=8, mr=6, nv=2)
     return Isa(vector=4, mr=4, nv=2)
 

@@ -40,6 +40,7 @@ from cuvil.compiler.kernels.emitter import (
 )
 from cuvil.compiler.kernels.gemm import PACK_COLS, PLAIN, Epilogue, isa_of
 from cuvil.compiler.kernels.objects import kernel_function
+from cuvil.compiler.kernels.target import target_of
 
 F32 = ir.FloatType()
 #: the most rows of A the kernel takes: each more row is one more set of accumulators
@@ -55,9 +56,7 @@ _ALIGN = ir.Constant(ir.IntType(32), 4)
 def _accumulator_budget(module: ir.Module) -> int:
     """Vector registers the accumulators may take: half the register file (32 registers on
     AArch64 and AVX-512, 16 on AVX2 and SSE); the rest hold B, broadcasts of A, addresses."""
-    features = getattr(module, "cuvil_features", "")
-    wide = module.triple.startswith(("aarch64", "arm64")) or "+avx512f" in features
-    return 16 if wide else 8
+    return target_of(module).vector_registers // 2
 
 
 def gemv_function(module: ir.Module, rows: int, layout: str, epilogue: Epilogue,

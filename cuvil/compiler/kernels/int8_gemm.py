@@ -105,6 +105,7 @@ from cuvil.compiler.kernels.emitter import (
 )
 from cuvil.compiler.kernels.gemm import block_span, split_blocks
 from cuvil.compiler.kernels.objects import kernel_function
+from cuvil.compiler.kernels.target import KernelTarget, target_of
 
 I16 = ir.IntType(16)
 F32 = ir.FloatType()
@@ -250,13 +251,13 @@ def isa_named(kind: str, **extra: object) -> Int8Isa:
     return Int8Isa(kind, vector, mr, nv, **extra)  # type: ignore[arg-type]
 
 
-def _gated(features: set[str], flag: str, kind: str, bit: tuple[int, int, int, int],
+def _gated(target: KernelTarget, flag: str, kind: str, bit: tuple[int, int, int, int],
            fallback: Int8Isa) -> Int8Isa:
     """`kind` where the module's features have `flag`, `fallback` where they exclude it, else
     `kind` behind the run-time test of `bit`."""
-    if f"+{flag}" in features:
+    if target.has(flag):
         return isa_named(kind)
-    if f"-{flag}" in features:
+    if target.excludes(flag):
         return fallback
     return isa_named(kind, gate=bit, fallback=fallback, features=f"+{flag}")
 
@@ -264,17 +265,17 @@ def _gated(features: set[str], flag: str, kind: str, bit: tuple[int, int, int, i
 def int8_isa_of(module: ir.Module, a_signed: bool = False) -> Int8Isa:
     """The kernel for the module's target and features and A's signedness (see the module
     docstring)."""
-    features = set(getattr(module, "cuvil_features", "").split(","))
-    if module.triple.startswith(("aarch64", "arm64")):
-        dot = _gated(features, "dotprod", "sdot" if a_signed else "udot", _DOTPROD_BIT,
+    target = target_of(module)
+    if target.is_aarch64:
+        dot = _gated(target, "dotprod", "sdot" if a_signed else "udot", _DOTPROD_BIT,
                      isa_named("generic"))
-        return _gated(features, "i8mm", "i8mm", _I8MM_BIT, dot)
-    if not module.triple.startswith(("x86_64", "i686", "i386")):
+        return _gated(target, "i8mm", "i8mm", _I8MM_BIT, dot)
+    if not target.is_x86:
         return isa_named("generic")
-    if "+avx512bw" in features:
-        return _gated(features, "avx512vnni", "vnni512", _VNNI512_BIT, isa_named("madd512"))
-    if "+avx2" in features:
-        return _gated(features, "avxvnni", "avxvnni", _AVXVNNI_BIT, isa_named("madd256"))
+    if target.has("avx512bw"):
+        return _gated(target, "avx512vnni", "vnni512", _VNNI512_BIT, isa_named("madd512"))
+    if target.has("avx2"):
+        return _gated(target, "avxvnni", "avxvnni", _AVXVNNI_BIT, isa_named("madd256"))
     return isa_named("madd128")
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
+from cuvil.compiler.kernels.target import KernelTarget, set_target
+
 #: writes the kernel's attributes and body into `fn`, which `module` holds
 Define = Callable[[ir.Module, ir.Function], None]
 
@@ -46,7 +48,7 @@ def kernel_function(module: ir.Module, name: str, fn_type: ir.FunctionType,
     """The kernel `name` for a call from `module`: a declaration of the separately compiled
     kernel when the module carries a KernelSet (`module.cuvil_kernels`), else an internal
     definition in `module` itself. `define` must read only what the module it is given says
-    (its triple and `cuvil_features`), so that both give the same code."""
+    (its `target_of`), so that both give the same code."""
     kernels: KernelSet | None = getattr(module, "cuvil_kernels", None)
     symbol = name if kernels is None else f"{name}.{kernels.tag}"
     try:
@@ -73,7 +75,7 @@ def kernel_module_ir(request: KernelRequest, triple: str, data_layout: str,
     module = ir.Module(name=request.symbol)
     module.triple = triple
     module.data_layout = data_layout
-    module.cuvil_features = features  # sizes the kernel's tiles
+    set_target(module, KernelTarget(triple, features))  # sizes the kernel's tiles
     request.define(module, ir.Function(module, request.fn_type, request.symbol))
     # llvmlite writes no visibility: the kernel and the runtime functions it calls (CPUID
     # queries in the thread pool's file) are the library's own

@@ -18,6 +18,7 @@ from llvmlite import ir
 
 from cuvil.compiler.kernels.emitter import I64, PTR, REDUCE_FLAGS, Emitter, splat
 from cuvil.compiler.kernels.gemm import isa_of
+from cuvil.compiler.kernels.target import target_of
 
 __all__ = ["PANEL", "emit_small_gemm", "pack_panels", "packed_rows"]
 
@@ -73,9 +74,7 @@ class _Writer:
         self.vt = ir.VectorType(F32, self.width)
         # accumulators a tile may hold: most of the register file (32 registers with AVX-512
         # and NEON, 16 otherwise), leaving room for the row of B and the broadcasts
-        wide = module.triple.startswith(("aarch64", "arm64")) or \
-            "+avx512f" in getattr(module, "cuvil_features", "")
-        self.budget = 16 if wide else 8
+        self.budget = target_of(module).vector_registers // 2
         self.per_panel = PANEL // self.width  # vectors per panel row
         k = self.k
         b = k.b
