@@ -9,10 +9,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cuvil.runtime._loader import ABI_VERSION, Model, TensorInfo, abi_checksum
+from cuvil.runtime._loader import (
+    ABI_VERSION,
+    STATUS_CPU_UNSUPPORTED,
+    STATUS_CUSTOM_OP_FAILED,
+    STATUS_INDEX_OUT_OF_RANGE,
+    STATUS_OK,
+    Model,
+    TensorInfo,
+    abi_checksum,
+)
 
-__all__ = ["ABI_VERSION", "CLOCK_SOURCE", "CUSTOM_OP_HEADER", "LOADER_SOURCE", "THREADPOOL_SOURCE",
-           "Model", "TensorInfo", "abi_checksum"]
+__all__ = ["ABI_VERSION", "CLOCK_SOURCE", "CUSTOM_OP_HEADER", "LOADER_SOURCE",
+           "STATUS_CPU_UNSUPPORTED", "STATUS_CUSTOM_OP_FAILED", "STATUS_INDEX_OUT_OF_RANGE",
+           "STATUS_OK", "THREADPOOL_SOURCE", "Model", "TensorInfo", "abi_checksum"]
 
 #: the ctypes/numpy caller, copied verbatim into every generated package
 LOADER_SOURCE = Path(__file__).with_name("_loader.py")

@@ -91,16 +91,23 @@ def _compile_expr(text: Any) -> Any:
 
 _EVAL_GLOBALS = {"__builtins__": {}, "max": max, "min": min}
 
-#: what a node reports through the low byte of `run`'s status (the codes are
-#: `cuvil.compiler.kernels.emitter.STATUS_*`; the higher bits hold the node's index)
+#: the status codes of the C ABI, defined here once (the compiler's code returns them): a node
+#: function returns 0 or a code; `cuvil_<m>_run` stops at the first failing node and returns
+#: ``(node_index << 8) | code``
+STATUS_OK = 0
+STATUS_INDEX_OUT_OF_RANGE = 1
+#: a custom op's kernel returned non-zero (cuvil_op.h)
+STATUS_CUSTOM_OP_FAILED = 2
+#: what `run` returns, running nothing, on a CPU without the flags of the library's lowest
+#: copy (negative: no node's status); `cuvil_<m>_cpu_check` names them, and the loader's CPU
+#: check refuses such a library before any call
+STATUS_CPU_UNSUPPORTED = -1
+#: what a node's status means, for the error a call raises
 _STATUS_MESSAGES = {
-    1: "index out of range (an index input holds a value outside the dim it indexes; check "
-       "the values fed to the model)",
-    2: "the custom op's kernel reported an error (it returned non-zero)",
+    STATUS_INDEX_OUT_OF_RANGE: "index out of range (an index input holds a value outside the "
+                               "dim it indexes; check the values fed to the model)",
+    STATUS_CUSTOM_OP_FAILED: "the custom op's kernel reported an error (it returned non-zero)",
 }
-#: `run`'s status, running nothing, on a CPU below the library's baseline (emitter's
-#: STATUS_CPU_UNSUPPORTED); the loader's CPU check refuses such a library before any call
-_STATUS_CPU_UNSUPPORTED = -1
 
 
 #: input shapes whose checked dims, output shapes and workspace size a model remembers
@@ -563,7 +570,7 @@ class Model:
         return result
 
     def _status_error(self, status: int) -> Exception:
-        if status == _STATUS_CPU_UNSUPPORTED:
+        if status == STATUS_CPU_UNSUPPORTED:
             return RuntimeError(f"{self.name}: the compiled model cannot run on this CPU (it "
                                 "lacks features of the library's baseline)")
         code, index = status & 0xFF, status >> 8

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cuvil.compiler.codegen.module import symbol_names, variant_run_symbol
-from cuvil.compiler.kernels.emitter import STATUS_CPU_UNSUPPORTED
+from cuvil.runtime import STATUS_CPU_UNSUPPORTED
 from cuvil.toolchains import AARCH64_CPU_FLAGS, X86_CPU_FLAGS
 
 _DETECT_X86 = """\

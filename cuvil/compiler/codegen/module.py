@@ -16,7 +16,7 @@ per data-dependent dim (`ir.DataDim`, the signature's "data_dims"), which `run` 
 that decides the dim stores it (`Emitter.set_dim`) before any later node reads it. Each node
 becomes an internal function returning a status (nodes that would get the same code share
 one: see `_SharedFunctions`); `run` calls them in order and stops at the
-first non-zero status s, returning ``(node_index << 8) | s`` (see `emitter.STATUS_*`).
+first non-zero status s, returning ``(node_index << 8) | s`` (see `cuvil.runtime`'s STATUS_*).
 Weights live in a separate object (`__cuvil_m_weights`, hidden) made by the toolchain from
 the raw blob, so big models never pass through LLVM IR text. Weights some nodes derive from
 them (Winograd convs) are computed at the first run into .bss (see `derived`).

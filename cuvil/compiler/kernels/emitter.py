@@ -20,6 +20,7 @@ from llvmlite import ir
 from cuvil.compiler.ir import Dim, Value
 from cuvil.compiler.kernels.target import target_of
 from cuvil.compiler.symbolic import lower_dim
+from cuvil.runtime import STATUS_INDEX_OUT_OF_RANGE
 
 I1 = ir.IntType(1)
 I8 = ir.IntType(8)
@@ -42,16 +43,6 @@ _LLVM_TYPES: dict[str, ir.Type] = {
     "int64": I64,
 }
 
-#: status codes a node function returns (0: success); `cuvil_<m>_run` stops at the first
-#: failing node and returns ``(node_index << 8) | code``. The runtime's `_loader.py` keeps
-#: the matching messages: keep both lists in step.
-STATUS_OK = 0
-STATUS_INDEX_OUT_OF_RANGE = 1
-#: a custom op's kernel returned non-zero (cuvil_op.h)
-STATUS_CUSTOM_OP_FAILED = 2
-#: what the exported `run` returns, running nothing, on a CPU without the flags of the
-#: library's lowest copy (negative: no node's status); `cuvil_<m>_cpu_check` names them
-STATUS_CPU_UNSUPPORTED = -1
 
 #: fast-math flags for reductions: reassociation lets LLVM vectorize sums. Results stay
 #: within the tolerance the tests hold against onnxruntime (which reassociates too).

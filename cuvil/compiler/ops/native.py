@@ -23,10 +23,11 @@ import sympy
 from llvmlite import ir
 
 from cuvil.compiler.ir import Dim, Graph, Node, TensorType, simplify_dim, subgraphs
-from cuvil.compiler.kernels.emitter import I32, I64, PTR, STATUS_CUSTOM_OP_FAILED
+from cuvil.compiler.kernels.emitter import I32, I64, PTR
 from cuvil.compiler.ops import InferContext, Op, lookup, register, unregister
 from cuvil.config import CustomOpConfig, check_expression
 from cuvil.errors import ModelError
+from cuvil.runtime import STATUS_CUSTOM_OP_FAILED
 
 if TYPE_CHECKING:
     from cuvil.compiler.kernels.emitter import Emitter
