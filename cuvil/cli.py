@@ -101,6 +101,8 @@ def _shape(shape: Sequence[Any]) -> str:
 
 
 def _signature_lines(sig: Mapping[str, Any], indent: str = "  ") -> list[str]:
+    from cuvil.runtime import exported_symbol
+
     lines = []
     for kind in ("inputs", "outputs"):
         for t in sig.get(kind, []):
@@ -118,8 +120,8 @@ def _signature_lines(sig: Mapping[str, Any], indent: str = "  ") -> list[str]:
     if "workspace" in sig:
         lines.append(f"{indent}workspace: {sig['workspace']} bytes")
     name = sig["name"]
-    lines.append(f"{indent}C ABI: cuvil_{name}_cpu_check, cuvil_{name}_run, cuvil_{name}_workspace_size, "
-                 f"cuvil_{name}_abi_checksum")
+    lines.append(f"{indent}C ABI: " + ", ".join(
+        exported_symbol(name, part) for part in ("cpu_check", "run", "workspace_size", "abi_checksum")))
     lines.append(f"{indent}ABI checksum: {sig.get('checksum')}")
     return lines
 

@@ -30,7 +30,6 @@ from cuvil.errors import CheckError
 
 __all__ = [
     "CHECKSUM_SIZE",
-    "EXPORTED_PARTS",
     "MANIFEST",
     "ArchiveLimits",
     "Library",
@@ -40,9 +39,6 @@ __all__ = [
 ]
 
 MANIFEST = "_models.json"
-# every model's library exports cuvil_<model>_<part> for these parts (see cuvil/compiler/codegen/header.py)
-EXPORTED_PARTS = ("abi_checksum", "cpu_check", "workspace_size", "run", "run_profiled",
-                  "thread_pool", "use_thread_pool", "set_thread_limit")
 CHECKSUM_SIZE = 65  # 64 hex digits and a NUL
 
 _MiB = 1 << 20
@@ -101,7 +97,9 @@ class Library:
 
     def expected_exports(self) -> set[str]:
         """The C ABI of its models, and nothing else: what the library must export."""
-        return {f"cuvil_{m}_{part}" for m in self.model_names for part in EXPORTED_PARTS}
+        from cuvil.runtime import EXPORTED_PARTS, exported_symbol
+
+        return {exported_symbol(m, part) for m in self.model_names for part in EXPORTED_PARTS}
 
     def export_problems(self, found: set[str], fix: str, who: str = "") -> list[str]:
         """What is wrong with exporting `found`: symbols beyond the C ABI (with `fix`, how to

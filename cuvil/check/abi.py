@@ -22,7 +22,7 @@ def check_abi_checksums(
     report: CheckReport
 ) -> None:
     """`images`: (arch label, parsed image) for each slice of `library`."""
-    from cuvil.runtime import abi_checksum
+    from cuvil.runtime import abi_checksum, exported_symbol
 
     for model in library.models:
         model_name = model.get("name")
@@ -34,7 +34,7 @@ def check_abi_checksums(
                 name, f"the manifest's signature of {model_name!r} is malformed ({type(exc).__name__}: {exc})"
             )
             continue
-        symbol = f"cuvil_{model_name}_abi_checksum"
+        symbol = exported_symbol(str(model_name), "abi_checksum")
         problems, places = [], []
         for arch, image in images:
             try:

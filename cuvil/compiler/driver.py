@@ -32,7 +32,7 @@ from cuvil.compiler.passes.plan_memory import plan_memory
 from cuvil.compiler.symbolic import relational_to_python, to_python
 from cuvil.config import CompileOptions
 from cuvil.errors import ConfigError, ModelError
-from cuvil.runtime import CLOCK_SOURCE, THREADPOOL_SOURCE, Model, abi_checksum
+from cuvil.runtime import CLOCK_SOURCE, THREADPOOL_SOURCE, Model, abi_checksum, exported_symbol
 
 if TYPE_CHECKING:
     from cuvil.toolchains import Target
@@ -203,7 +203,7 @@ def _compile(source: Any, name: str, workdir: Path, tgt: Target, options: Compil
         # libc++abi's operator new/delete have default visibility (programs may replace them):
         # keep the library's exports to its C ABI all the same
         exports = workdir / f"{name}.exports.map"
-        exports.write_text(f"{{ global: cuvil_{name}_*; local: *; }};\n")
+        exports.write_text(f"{{ global: {exported_symbol(name, '*')}; local: *; }};\n")
         extra.append(f"-Wl,--version-script,{exports}")
     library = zig.link_library(tgt, objects, workdir / library_file, libs=libs, extra_args=extra,
                                strip=True, log=log)  # no debug info (zig's runtime carries ~1 MB)

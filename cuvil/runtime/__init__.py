@@ -11,6 +11,7 @@ from pathlib import Path
 
 from cuvil.runtime._loader import (
     ABI_VERSION,
+    EXPORTED_PARTS,
     STATUS_CPU_UNSUPPORTED,
     STATUS_CUSTOM_OP_FAILED,
     STATUS_INDEX_OUT_OF_RANGE,
@@ -18,11 +19,13 @@ from cuvil.runtime._loader import (
     Model,
     TensorInfo,
     abi_checksum,
+    exported_symbol,
 )
 
-__all__ = ["ABI_VERSION", "CLOCK_SOURCE", "CUSTOM_OP_HEADER", "LOADER_SOURCE",
+__all__ = ["ABI_VERSION", "CLOCK_SOURCE", "CUSTOM_OP_HEADER", "EXPORTED_PARTS", "LOADER_SOURCE",
            "STATUS_CPU_UNSUPPORTED", "STATUS_CUSTOM_OP_FAILED", "STATUS_INDEX_OUT_OF_RANGE",
-           "STATUS_OK", "THREADPOOL_SOURCE", "Model", "TensorInfo", "abi_checksum"]
+           "STATUS_OK", "THREADPOOL_SOURCE", "Model", "TensorInfo", "abi_checksum",
+           "exported_symbol"]
 
 #: the ctypes/numpy caller, copied verbatim into every generated package
 LOADER_SOURCE = Path(__file__).with_name("_loader.py")

@@ -91,6 +91,17 @@ def _compile_expr(text: Any) -> Any:
 
 _EVAL_GLOBALS = {"__builtins__": {}, "max": max, "min": min}
 
+#: what every model library exports: `exported_symbol(model, part)` for each of these parts
+#: (the C header declares them; `cuvil check` requires exactly them)
+EXPORTED_PARTS = ("abi_checksum", "cpu_check", "workspace_size", "run", "run_profiled",
+                  "thread_pool", "use_thread_pool", "set_thread_limit")
+
+
+def exported_symbol(model: str, part: str) -> str:
+    """The C name of `part` (one of EXPORTED_PARTS) of `model`'s library."""
+    return f"cuvil_{model}_{part}"
+
+
 #: the status codes of the C ABI, defined here once (the compiler's code returns them): a node
 #: function returns 0 or a code; `cuvil_<m>_run` stops at the first failing node and returns
 #: ``(node_index << 8) | code``
@@ -197,10 +208,10 @@ class Model:
         self._constraints = [(compile(c, "<cuvil constraint>", "eval"), msg)
                              for c, msg in signature.get("constraints", [])]
         self._lib = self._load(signature)
-        self._run = getattr(self._lib, f"cuvil_{self.name}_run")
+        self._run = getattr(self._lib, exported_symbol(self.name, "run"))
         self._run.restype = ctypes.c_int32
         self._run.argtypes = [ctypes.c_void_p] * 4
-        self._run_profiled = getattr(self._lib, f"cuvil_{self.name}_run_profiled")
+        self._run_profiled = getattr(self._lib, exported_symbol(self.name, "run_profiled"))
         self._run_profiled.restype = ctypes.c_int32
         self._run_profiled.argtypes = [ctypes.c_void_p] * 5
         # (name, op, shapes, FLOPs: an int or the text of an expression, compiled when profiled)
@@ -216,7 +227,8 @@ class Model:
         if os.environ.get("CUVIL_PROFILE", "0") not in ("", "0"):
             self._session = self._new_profile()
             atexit.register(self._print_session)
-        self._set_thread_limit = getattr(self._lib, f"cuvil_{self.name}_set_thread_limit")
+        self._set_thread_limit = getattr(self._lib,
+                                         exported_symbol(self.name, "set_thread_limit"))
         self._set_thread_limit.argtypes = [ctypes.c_int32]
         self._set_thread_limit.restype = None
         if not _share_thread_pool(self._lib, self.name):
@@ -242,7 +254,7 @@ class Model:
         except OSError as exc:
             raise ImportError(f"cannot load model library {self._path}: {exc}"
                               f"{_why_not_loadable(self._path, str(exc))}") from None
-        symbol = f"cuvil_{self.name}_abi_checksum"
+        symbol = exported_symbol(self.name, "abi_checksum")
         try:
             found = (ctypes.c_char * 64).in_dll(lib, symbol).value.decode("ascii", "replace")
         except ValueError:
@@ -263,7 +275,7 @@ class Model:
     def _check_cpu(self, lib: ctypes.CDLL, signature: Mapping[str, Any]) -> None:
         """Refuse, before any of the library's code for its baseline runs, a CPU without the
         flags it needs: the library's check is compiled for the plain architecture."""
-        check = getattr(lib, f"cuvil_{self.name}_cpu_check")
+        check = getattr(lib, exported_symbol(self.name, "cpu_check"))
         check.restype = ctypes.c_int32
         check.argtypes = [ctypes.c_char_p, ctypes.c_int64]
         missing = ctypes.create_string_buffer(1024)
@@ -794,12 +806,12 @@ def _share_thread_pool(lib: ctypes.CDLL, name: str) -> bool:
     registry = _thread_pool_registry()
     with registry.lock:
         if registry.pool is None:
-            get_pool = getattr(lib, f"cuvil_{name}_thread_pool")
+            get_pool = getattr(lib, exported_symbol(name, "thread_pool"))
             get_pool.restype = ctypes.c_void_p
             get_pool.argtypes = []
             registry.pool, registry.owner = get_pool(), lib
             return True
-        use_pool = getattr(lib, f"cuvil_{name}_use_thread_pool")
+        use_pool = getattr(lib, exported_symbol(name, "use_thread_pool"))
         use_pool.restype = ctypes.c_int32
         use_pool.argtypes = [ctypes.c_void_p]
         use_pool(registry.pool)  # -1: a pool of another version; the library keeps its own

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cuvil.compiler.codegen.module import symbol_names, variant_run_symbol
-from cuvil.runtime import STATUS_CPU_UNSUPPORTED
+from cuvil.runtime import STATUS_CPU_UNSUPPORTED, exported_symbol
 from cuvil.toolchains import AARCH64_CPU_FLAGS, X86_CPU_FLAGS
 
 _DETECT_X86 = """\
@@ -140,7 +140,7 @@ def _check_function(model: str, flags: Sequence[str], level: str, x86: bool) -> 
     """`cpu_check(missing, size)`: writes the names of the missing `flags`, space-separated and
     NUL-terminated, into missing[0 .. size) and returns `level`, which must be -1 when any is
     missing. Hand-written copying: no libc call runs before the check."""
-    signature = f"int32_t cuvil_{model}_cpu_check(char *missing, int64_t size)"
+    signature = f"int32_t {exported_symbol(model, 'cpu_check')}(char *missing, int64_t size)"
     lines = [f'CUVIL_EXPORT {signature} {{',
              "    int64_t n = 0;",
              *(["    const char *name;"] if flags else []),
@@ -155,15 +155,17 @@ def _check_function(model: str, flags: Sequence[str], level: str, x86: bool) -> 
 
 def _pool_exports(model: str) -> list[str]:
     """The model's names for the thread pool's entry points (runtime/threadpool.c)."""
+    pool, use, limit = (exported_symbol(model, part)
+                        for part in ("thread_pool", "use_thread_pool", "set_thread_limit"))
     return ["struct cuvil_pool;",
             "const struct cuvil_pool *cuvil_pool_active(void);",
             "int32_t cuvil_pool_use(const struct cuvil_pool *other);",
             "void cuvil_pool_set_thread_limit(int32_t threads);", "",
-            f"CUVIL_EXPORT const struct cuvil_pool *cuvil_{model}_thread_pool(void) {{",
+            f"CUVIL_EXPORT const struct cuvil_pool *{pool}(void) {{",
             "    return cuvil_pool_active();", "}", "",
-            f"CUVIL_EXPORT int32_t cuvil_{model}_use_thread_pool(const struct cuvil_pool *other) {{",
+            f"CUVIL_EXPORT int32_t {use}(const struct cuvil_pool *other) {{",
             "    return cuvil_pool_use(other);", "}", "",
-            f"CUVIL_EXPORT void cuvil_{model}_set_thread_limit(int32_t threads) {{",
+            f"CUVIL_EXPORT void {limit}(int32_t threads) {{",
             "    cuvil_pool_set_thread_limit(threads);", "}"]
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from cuvil.runtime import exported_symbol
+
 _C_TYPES = {
     "float32": "float", "float64": "double", "float16": "uint16_t /* IEEE half */",
     "int8": "int8_t", "int16": "int16_t", "int32": "int32_t", "int64": "int64_t",
@@ -22,12 +24,12 @@ def _thread_lines(name: str) -> list[str]:
         " * (the library then keeps its own); NULL goes back to its own. The first library",
         " * must stay loaded while the others use its pool. */",
         "struct cuvil_pool;",
-        f"const struct cuvil_pool *cuvil_{name}_thread_pool(void);",
-        f"int32_t cuvil_{name}_use_thread_pool(const struct cuvil_pool *pool);",
+        f"const struct cuvil_pool *{exported_symbol(name, 'thread_pool')}(void);",
+        f"int32_t {exported_symbol(name, 'use_thread_pool')}(const struct cuvil_pool *pool);",
         "",
         "/* at most `threads` threads (the caller's included) run the calling thread's later",
         " * calls of this library's run(); 0: as many as the pool has */",
-        f"void cuvil_{name}_set_thread_limit(int32_t threads);",
+        f"void {exported_symbol(name, 'set_thread_limit')}(int32_t threads);",
     ]
 
 
@@ -43,7 +45,7 @@ def _cpu_lines(name: str, cpus: Mapping[str, Any]) -> list[str]:
         " * CPU lacks a needed flag, and writes the missing flags' names, space-separated and",
         " * NUL-terminated, into missing[0 .. size) (\"\" when none; missing may be NULL). */",
         f"#define CUVIL_{name.upper()}_CPU_UNSUPPORTED (-1)",
-        f"int32_t cuvil_{name}_cpu_check(char *missing, int64_t size);",
+        f"int32_t {exported_symbol(name, 'cpu_check')}(char *missing, int64_t size);",
     ]
 
 
@@ -113,21 +115,21 @@ def render_header(signature: Mapping[str, Any], library_file: str) -> str:
         *([f"#define CUVIL_{name.upper()}_NUM_DATA_DIMS {len(data_dims)}"] if data_dims else []),
         "",
         "/* hex sha256 of the model's signature, NUL-terminated; compare with the macro above */",
-        f"extern const char cuvil_{name}_abi_checksum[65];",
+        f"extern const char {exported_symbol(name, 'abi_checksum')}[65];",
         "",
         *_cpu_lines(name, signature.get("cpu", {})),
         "",
         "/* bytes of scratch memory one call needs, for the given symbolic dims */",
-        f"int64_t cuvil_{name}_workspace_size(const int64_t *dims);",
+        f"int64_t {exported_symbol(name, 'workspace_size')}(const int64_t *dims);",
         "",
         f"/* run the model; returns 0 on success, CUVIL_{name.upper()}_CPU_UNSUPPORTED (running",
         " * nothing) on a CPU that lacks what cpu_check() names, else (node index << 8) | code */",
-        f"int32_t cuvil_{name}_run(const void *const *inputs, void *const *outputs,",
+        f"int32_t {exported_symbol(name, 'run')}(const void *const *inputs, void *const *outputs,",
         f"{' ' * (len(name) + 20)}{dims_type} *dims, void *workspace);",
         "",
         "/* run() that also stores a monotonic clock in nanoseconds: timestamps_ns[0] before the",
         f"   first node, [i + 1] after node i, [{len(nodes) + 1}] at the end (nodes: see _models.json) */",
-        f"int32_t cuvil_{name}_run_profiled(const void *const *inputs, void *const *outputs,",
+        f"int32_t {exported_symbol(name, 'run_profiled')}(const void *const *inputs, void *const *outputs,",
         f"{' ' * (len(name) + 29)}{dims_type} *dims, void *workspace,",
         f"{' ' * (len(name) + 29)}uint64_t timestamps_ns[{len(nodes) + 2}]);",
         *_thread_lines(name),

@@ -46,14 +46,15 @@ from cuvil.compiler.kernels.target import KernelTarget, set_target
 from cuvil.compiler.memory import MemoryPlan
 from cuvil.compiler.ops import lookup
 from cuvil.errors import ModelError
+from cuvil.runtime import exported_symbol
 
 
 def symbol_names(model: str) -> dict[str, str]:
     return {
-        "checksum": f"cuvil_{model}_abi_checksum",
-        "workspace_size": f"cuvil_{model}_workspace_size",
-        "run": f"cuvil_{model}_run",
-        "run_profiled": f"cuvil_{model}_run_profiled",
+        "checksum": exported_symbol(model, "abi_checksum"),
+        "workspace_size": exported_symbol(model, "workspace_size"),
+        "run": exported_symbol(model, "run"),
+        "run_profiled": exported_symbol(model, "run_profiled"),
         "weights": f"__cuvil_{model}_weights",
         "derived": f"__cuvil_{model}_derived",
         "derived_state": f"__cuvil_{model}_derived_state",
@@ -135,7 +136,7 @@ def dll_exports(ir_text: str, model: str) -> str:
     """Mark dllexport what this module defines of the model's C ABI (`cuvil_<model>_*`): a
     DLL exports nothing else, having no visibility (and llvmlite writes no storage class on
     function definitions)."""
-    prefix = re.escape(f"cuvil_{model}_")
+    prefix = re.escape(exported_symbol(model, ""))
     ir_text = re.sub(rf'^define (\S+) @"({prefix}\w+)"', r'define dllexport \1 @"\2"', ir_text,
                      flags=re.M)
     return re.sub(rf'^@"({prefix}\w+)" = constant', r'@"\1" = dllexport constant', ir_text,
