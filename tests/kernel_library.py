@@ -1,5 +1,5 @@
 """Kernel tests' scaffolding: an llvmlite module for the host's arch at one x86 instruction set,
-linked with the runtime into a library the test calls through ctypes (tests/codegen)."""
+linked with the runtime into a library the test calls through ctypes (tests/kernels)."""
 
 from __future__ import annotations
 

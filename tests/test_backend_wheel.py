@@ -23,6 +23,7 @@ from packaging.version import Version
 
 import cuvil.build_backend as backend
 from cuvil.build_backend import _reproducible
+from cuvil.config import CompileOptions
 from cuvil.errors import ConfigError, CuvilError, ModelError
 
 PYPROJECT = """\
@@ -105,6 +106,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> types.SimpleName
             version=None,
             custom_ops=(),
             op_modules=(),
+            compile_options=lambda model: CompileOptions(),
         )
 
     def build_package_files(
