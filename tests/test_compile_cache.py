@@ -17,10 +17,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from projects import write_model
 
 import cuvil.build_backend as backend
 import cuvil.compiler.driver as driver
@@ -49,20 +47,6 @@ package = "tiny"
 source = "models/net.onnx"
 inputs = {{ x = ["batch", 4] }}
 """
-
-
-def write_model(path: Path, seed: int = 0) -> None:
-    weights = np.random.default_rng(seed).standard_normal((4, 3)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("Gemm", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
-        "net",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
-        [numpy_helper.from_array(weights, "w")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
 
 
 def make_project(root: Path, extra: str = "", seed: int = 0) -> Path:

@@ -10,9 +10,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from projects import write_model
 
 from cuvil import cli
 from cuvil.build_backend._editable import fingerprint
@@ -53,15 +52,7 @@ FIELDS = [f.name for f in dataclasses.fields(CompileOptions)]
 
 
 def project(root: Path, settings: str = "", model: str = "") -> Path:
-    weights = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("Gemm", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
-        "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
-        [numpy_helper.from_array(weights, "w")])
-    (root / "models").mkdir(parents=True)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
-              str(root / "models" / "net.onnx"))
+    write_model(root / "models" / "net.onnx")
     (root / "pyproject.toml").write_text(PYPROJECT.format(settings=settings, model=model))
     return root
 

@@ -94,7 +94,7 @@ def lower_conv_transpose_gemm(node: Node, k: Emitter, win: TransposedWindow) -> 
     y_val = node.outputs[0]
     b = k.b
     group = int(node.attrs.get("group", 1))
-    cg, mg = int(w_val.type.shape[0]) // group, int(w_val.type.shape[1])
+    cg, mg = _input_channels(node), int(w_val.type.shape[1])
     taps = _taps(node)
     most = most_channels_per_task(node)
     in_shape, out_shape = tuple(x_val.type.shape[2:]), tuple(y_val.type.shape[2:])
