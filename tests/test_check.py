@@ -16,6 +16,8 @@ import io
 import json
 import os
 import struct
+import subprocess
+import sys
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -311,6 +313,82 @@ def test_manifest_signature_edited_after_the_build(digits: SimpleNamespace, tmp_
         "ABI checksum",
     )
     assert "x86_64" in failed["digits/_classifier.so: ABI checksum of classifier"]
+
+
+def import_package(wheel: Path, where: Path) -> subprocess.CompletedProcess[str]:
+    """`import digits` from the wheel's files, in a fresh interpreter."""
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(where)
+    return subprocess.run([sys.executable, "-c", "import digits"], cwd=where, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(where)})
+
+
+def _set(path: str, value: Any) -> Any:
+    """An edit of models[0] that sets the value at `path` (keys and indices split by dots);
+    value None deletes it."""
+    def edit(model: dict[str, Any]) -> None:
+        *parents, last = [int(k) if k.isdigit() else k for k in path.split(".")]
+        for key in parents:
+            model = model[key]
+        if value is None:
+            del model[last]  # type: ignore[arg-type]
+        else:
+            model[last] = value  # type: ignore[index]
+    return edit
+
+
+# manifests that break the schema the loader reads them by (issue: `cuvil check` passed them
+# and the import then raised a raw KeyError or TypeError, or ran the expression's code)
+BROKEN_MANIFESTS = {  # edit, the key the messages name, what they say of it
+    "workspace missing": (_set("workspace", None), "models[0]", "lacks 'workspace'"),
+    "workspace a list": (_set("workspace", [64]), "models[0].workspace",
+                         "expected an integer or an expression"),
+    "constraints an object": (_set("constraints", {"a": 1}), "models[0].constraints",
+                              "expected a list, got an object"),
+    "node_profile a string": (_set("node_profile", "x"), "models[0].node_profile",
+                              "expected a list, got a string"),
+    "a constraint without its message": (_set("constraints", [["batch >= 1"]]),
+                                         "models[0].constraints[0]", "[condition, message]"),
+    "code in the workspace": (_set("workspace", "max(__import__('os').system('touch PWNED'), 64)"),
+                              "workspace", "uses a call other than max"),
+    "an attribute in an output shape": (_set("outputs.0.shape_expr.0", "batch.__class__"),
+                                        "outputs[0].shape_expr", "uses attribute syntax"),
+    "an unknown name in the workspace": (_set("workspace", "4 * frames"), "workspace",
+                                         "uses the unknown name 'frames'"),
+    "a library path": (_set("library", "../_classifier.so"), "models[0].library",
+                       "is not a bare file name"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_MANIFESTS))
+def test_a_manifest_the_loader_cannot_use_fails_the_check_and_the_import_says_why(
+        digits: SimpleNamespace, tmp_path: Path, case: str) -> None:
+    src = digits.wheels["x86_64-linux"]
+    edit, key, problem = BROKEN_MANIFESTS[case]
+    manifest = manifest_of(src)
+    edit(manifest["models"][0])
+    bad = repack(src, tmp_path / "w", replace={"digits/_models.json": json.dumps(manifest).encode()})
+    failed = failures(check_wheel(bad, auditwheel=False))
+    assert "manifest" in failed and key in failed["manifest"] and problem in failed["manifest"], failed
+    # the loader refuses the same manifest for the same reason, with an ImportError
+    done = import_package(bad, tmp_path / "site")
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: ") and key.split(".")[-1] in last and problem in last, \
+        done.stderr
+    assert not (tmp_path / "site" / "PWNED").exists()
+
+
+def test_a_manifest_nested_too_deeply_is_refused_with_a_message(digits: SimpleNamespace,
+                                                                tmp_path: Path) -> None:
+    src = digits.wheels["x86_64-linux"]
+    nested = b"[" * 100_000 + b"]" * 100_000
+    bad = repack(src, tmp_path / "w", replace={"digits/_models.json": nested})
+    failed = failures(check_wheel(bad, auditwheel=False))
+    assert "nests too deeply" in failed["manifest"]
+    done = import_package(bad, tmp_path / "site")
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: ") and "_models.json: not valid JSON" in last, done.stderr
 
 
 def test_wrong_platform_tag_fails_tag_and_machine_checks(digits: SimpleNamespace, tmp_path: Path) -> None:

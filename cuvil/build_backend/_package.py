@@ -36,7 +36,7 @@ from cuvil.build_backend._python import (
 from cuvil.build_backend.cache import CompileCache, model_key, open_cache
 from cuvil.compiler.codegen.header import render_header
 from cuvil.config import ModelConfig, ProjectConfig
-from cuvil.runtime import ABI_VERSION, LOADER_SOURCE
+from cuvil.runtime import ABI_VERSION, LOADER_SOURCE, Manifest
 from cuvil.toolchains import Target
 
 
@@ -73,6 +73,9 @@ def build_package_files(
         "cuvil_version": cuvil.__version__,
         "models": signatures,
     }
+    # read back as the package's loader and `cuvil check` will (a ManifestError is a cuvil bug)
+    for i, signature in enumerate(Manifest.from_json(manifest).models):
+        signature.check_expressions(f"models[{i}]")
     files[f"{pkg}/_models.json"] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
     files[f"{pkg}/{RUNTIME_MODULE}.py"] = LOADER_SOURCE.read_bytes()
     if loader == pkg:

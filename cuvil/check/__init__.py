@@ -8,7 +8,8 @@ Each module checks one concern and adds named results to the report:
 - `tags`: the file name is `<dist>-<version>-py3-none-<platform>.whl`, and the platform is the
   one of the target recorded in `_models.json`;
 - `record`: layout (only the package and the .dist-info), WHEEL, METADATA, RECORD hashes;
-- `manifest`: `_models.json` is consistent and names every native file;
+- `manifest`: `_models.json` follows the loader's schema (runtime `ModelSignature`), is
+  consistent and names every native file;
 - `elf` / `macho` / `pe`: each library's header, exported symbols (exactly the models' C ABI),
   SONAME, install name or DLL name, search paths, dependencies or imports, the C library
   (glibc or musl: the one of the tag) and its versions, macOS versions, Mach-O code

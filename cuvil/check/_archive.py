@@ -415,6 +415,9 @@ def _read_manifest(wheel: WheelArchive) -> None:
     except (UnicodeDecodeError, ValueError) as exc:
         wheel.manifest_error = f"{candidates[0]} is not valid JSON: {exc}"
         return
+    except RecursionError:
+        wheel.manifest_error = f"{candidates[0]} is not a cuvil manifest: its JSON nests too deeply"
+        return
     if not isinstance(manifest, dict) or not isinstance(manifest.get("models"), list):
         wheel.manifest_error = f"{candidates[0]} has no list of models"
         return

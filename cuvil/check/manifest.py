@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from cuvil.check._archive import WheelArchive
 from cuvil.check._report import CheckReport
 
 __all__ = ["check_manifest", "native_kind"]
-
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_REQUIRED = ("name", "library", "checksum", "symbols", "inputs", "outputs")
 
 
 def native_kind(data: bytes) -> str | None:
@@ -27,31 +23,26 @@ def native_kind(data: bytes) -> str | None:
 
 
 def _model_problems(model: Any, index: int, package: str, wheel: WheelArchive) -> list[str]:
-    from cuvil.runtime import abi_checksum
+    """What is wrong with one `models` entry: the schema the loader reads it by (every
+    expression included), its library in the wheel, its recorded checksum."""
+    from cuvil.runtime import ManifestError, ModelSignature, abi_checksum
 
-    if not isinstance(model, dict):
-        return [f"models[{index}] is not an object"]
-    missing = [k for k in _REQUIRED if k not in model]
-    if missing:
-        return [f"models[{index}] lacks {', '.join(missing)}"]
-    name, library = model["name"], model["library"]
-    problems = []
-    if not isinstance(name, str) or not _IDENTIFIER.match(name):
-        problems.append(f"models[{index}].name {name!r} is not a C identifier")
-    if not isinstance(library, str) or "/" in library or library in ("", ".", ".."):
-        problems.append(f"model {name!r}: library {library!r} is not a file name")
-    elif f"{package}/{library}" not in wheel.members:
-        problems.append(f"model {name!r}: its library {package}/{library} is not in the wheel")
+    where = f"models[{index}]"
     try:
-        expected = abi_checksum(model)
-    except (KeyError, TypeError) as exc:
-        problems.append(f"model {name!r}: malformed signature ({type(exc).__name__}: {exc})")
-    else:
-        if model["checksum"] != expected:
-            problems.append(
-                f"model {name!r}: recorded checksum {str(model['checksum'])[:16]}... is not the "
-                f"checksum of its signature ({expected[:16]}...): the manifest was edited after the build"
-            )
+        signature = ModelSignature.from_json(model, where)
+        signature.check_expressions(where)
+    except ManifestError as exc:
+        return [f"{exc} (the package could not be imported)"]
+    name, library = signature.name, signature.library
+    problems = []
+    if f"{package}/{library}" not in wheel.members:
+        problems.append(f"model {name!r}: its library {package}/{library} is not in the wheel")
+    expected = abi_checksum(signature)
+    if signature.checksum != expected:
+        problems.append(
+            f"model {name!r}: recorded checksum {signature.checksum[:16]}... is not the checksum "
+            f"of its signature ({expected[:16]}...): the manifest was edited after the build"
+        )
     return problems
 
 

@@ -16,11 +16,12 @@ from typing import Any, Union
 import numpy as np
 import sympy
 
+from cuvil.runtime import ABI_DTYPES
+
 Dim = Union[int, sympy.Expr]
 
-#: dtypes cuvil compiles, by numpy name. Keys are also the names used in the ABI.
-DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
-          "uint32", "uint64", "bool")
+#: dtypes cuvil compiles, by numpy name: the ABI's (the manifest's schema lists them)
+DTYPES = ABI_DTYPES
 
 
 def symbol(name: str) -> sympy.Symbol:

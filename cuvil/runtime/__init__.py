@@ -10,22 +10,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from cuvil.runtime._loader import (
+    ABI_DTYPES,
     ABI_VERSION,
     EXPORTED_PARTS,
     STATUS_CPU_UNSUPPORTED,
     STATUS_CUSTOM_OP_FAILED,
     STATUS_INDEX_OUT_OF_RANGE,
     STATUS_OK,
+    Manifest,
+    ManifestError,
     Model,
+    ModelSignature,
     TensorInfo,
+    TensorSignature,
     abi_checksum,
     exported_symbol,
 )
 
-__all__ = ["ABI_VERSION", "CLOCK_SOURCE", "CUSTOM_OP_HEADER", "EXPORTED_PARTS", "LOADER_SOURCE",
+__all__ = ["ABI_DTYPES", "ABI_VERSION", "CLOCK_SOURCE", "CUSTOM_OP_HEADER", "EXPORTED_PARTS", "LOADER_SOURCE",
            "STATUS_CPU_UNSUPPORTED", "STATUS_CUSTOM_OP_FAILED", "STATUS_INDEX_OUT_OF_RANGE",
-           "STATUS_OK", "THREADPOOL_SOURCE", "Model", "TensorInfo", "abi_checksum",
-           "exported_symbol"]
+           "STATUS_OK", "THREADPOOL_SOURCE", "Manifest", "ManifestError", "Model", "ModelSignature",
+           "TensorInfo", "TensorSignature", "abi_checksum", "exported_symbol"]
 
 #: the ctypes/numpy caller, copied verbatim into every generated package
 LOADER_SOURCE = Path(__file__).with_name("_loader.py")

@@ -24,21 +24,28 @@ import numpy as np
 ABI_VERSION = 3  # 2: run_profiled and the thread-pool exports (thread_pool, use_thread_pool,
 #    set_thread_limit); 3: cpu_check, and run's STATUS_CPU_UNSUPPORTED
 
-__all__ = ["ABI_VERSION", "Model", "NodeTime", "OpTime", "Profile", "TensorInfo", "abi_checksum",
+__all__ = ["ABI_DTYPES", "ABI_VERSION", "Manifest", "ManifestError", "Model", "ModelSignature",
+           "NodeTime", "OpTime", "Profile", "TensorInfo", "TensorSignature", "abi_checksum",
            "load_models"]
 
 
-def abi_checksum(signature: Mapping[str, Any]) -> str:
+def abi_checksum(signature: Mapping[str, Any] | ModelSignature) -> str:
     """sha256 over what caller and library must agree on: ABI version, names, dtypes, shapes."""
-    canonical = {
-        "abi": ABI_VERSION,
-        "model": signature["name"],
-        "symbols": list(signature["symbols"]),
-        "inputs": [[t["name"], t["dtype"], list(t["shape"])] for t in signature["inputs"]],
-        "outputs": [[t["name"], t["dtype"], list(t["shape"])] for t in signature["outputs"]],
-    }
-    if signature.get("data_dims"):  # absent from other models: their checksums stay the same
-        canonical["data_dims"] = [[d["name"], d["bound"]] for d in signature["data_dims"]]
+    if isinstance(signature, ModelSignature):
+        s: Any = signature
+        name, symbols, data_dims = s.name, s.symbols, [[d.name, d.bound] for d in s.data_dims]
+        inputs, outputs = ([[t.name, t.dtype, list(t.shape)] for t in ts]
+                           for ts in (s.inputs, s.outputs))
+    else:  # the compiler's dict, before the manifest is written
+        s = signature
+        name, symbols = s["name"], s["symbols"]
+        data_dims = [[d["name"], d["bound"]] for d in s.get("data_dims", ())]
+        inputs, outputs = ([[t["name"], t["dtype"], list(t["shape"])] for t in s[kind]]
+                           for kind in ("inputs", "outputs"))
+    canonical = {"abi": ABI_VERSION, "model": name, "symbols": list(symbols), "inputs": inputs,
+                 "outputs": outputs}
+    if data_dims:  # absent from other models: their checksums stay the same
+        canonical["data_dims"] = data_dims
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
     return _sha256(text.encode()).hexdigest()
 
@@ -84,11 +91,6 @@ class TensorInfo:
         return f"TensorInfo(name={self.name!r}, dtype={self.dtype.name}, shape=[{dims}]{bound})"
 
 
-def _compile_expr(text: Any) -> Any:
-    """An int dim stays an int; an expression over symbol names becomes code to evaluate."""
-    return text if isinstance(text, int) else compile(str(text), "<cuvil dim>", "eval")
-
-
 _EVAL_GLOBALS = {"__builtins__": {}, "max": max, "min": min}
 
 #: what every model library exports: `exported_symbol(model, part)` for each of these parts
@@ -119,6 +121,399 @@ _STATUS_MESSAGES = {
                                "dim it indexes; check the values fed to the model)",
     STATUS_CUSTOM_OP_FAILED: "the custom op's kernel reported an error (it returned non-zero)",
 }
+
+
+# -- the manifest (`_models.json`): its schema --------------------------------------------
+# What a package's manifest holds, as typed records. The loader reads a package through
+# them, and `cuvil check` and `cuvil doctor` judge a wheel by them, so a manifest that one
+# accepts the others accept too. Expressions (dims, workspace, constraints, FLOPs) are
+# Python text the loader evaluates: only integers, dim names, + - * // %, max/min and, in
+# constraints, comparisons joined by `and` are allowed.
+
+
+class ManifestError(ValueError):
+    """The manifest breaks its schema; the message names the key (`models[0].workspace`)."""
+
+
+#: the dtypes cuvil compiles, by numpy name (the compiler's IR takes them from here)
+ABI_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8",
+                   "uint16", "uint32", "uint64", "bool")
+#: longest expression text accepted (the compiler writes a few hundred characters at most)
+_MAX_EXPRESSION = 20_000
+
+
+class _Record:
+    """A plain record with a readable repr (not a dataclass: importing dataclasses and
+    decorating classes cost the import of every model package milliseconds)."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={getattr(self, k.lstrip('_'))!r}" for k in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+    def __eq__(self, other: object) -> bool:  # a private field by its public property
+        return type(other) is type(self) and all(
+            getattr(self, k.lstrip("_")) == getattr(other, k.lstrip("_")) for k in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like a dataclass
+
+
+class _Frozen(_Record):
+    """A record whose fields are given by name once and never change."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def __init__(self, **fields: Any) -> None:
+        for key in self.__slots__:
+            object.__setattr__(self, key, fields[key])
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+
+class TensorSignature(_Frozen):
+    """An input or output: name, dtype name and shape (ints; dim names or expressions as
+    text). Outputs also give `shape_expr` (how to compute each dim from the input dims) and,
+    where the data decides a dim, `max_shape` / `max_shape_expr` (its bound)."""
+
+    __slots__ = ("dtype", "max_shape", "max_shape_expr", "name", "shape", "shape_expr")
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]
+    shape_expr: tuple[int | str, ...] | None
+    max_shape: tuple[int | str, ...] | None
+    max_shape_expr: tuple[int | str, ...] | None
+
+
+class DataDimSignature(_Frozen):
+    """A dim the data decides: its name, bound (text and expression) and producing node."""
+
+    __slots__ = ("bound", "bound_expr", "name", "node")
+    name: str
+    bound: int | str
+    bound_expr: int | str
+    node: str
+
+
+class NodeProfileEntry(_Frozen):
+    """A node as the profiler reports it: name, what runs, shapes and FLOPs per call."""
+
+    __slots__ = ("flops", "name", "op", "shapes")
+    name: str
+    op: str
+    shapes: str
+    flops: int | str
+
+
+class CpuBaseline(_Frozen):
+    """The CPU one architecture's slice of a library needs: its name and the flags."""
+
+    __slots__ = ("baseline", "requires")
+    baseline: str
+    requires: tuple[str, ...]
+
+
+class ModelSignature(_Frozen):
+    """Everything the package knows of one model's library (a `models` entry)."""
+
+    __slots__ = ("_node_profile", "checksum", "constraints", "cpu", "data_dims", "inputs",
+                 "library", "name", "nodes", "outputs", "symbols", "workspace")
+    name: str
+    library: str
+    checksum: str
+    symbols: tuple[str, ...]
+    inputs: tuple[TensorSignature, ...]
+    outputs: tuple[TensorSignature, ...]
+    constraints: tuple[tuple[str, str], ...]
+    nodes: tuple[str, ...]
+    data_dims: tuple[DataDimSignature, ...]
+    workspace: int | str
+    cpu: dict[str, CpuBaseline]
+    _node_profile: _Reader | tuple[NodeProfileEntry, ...]
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str = "model") -> ModelSignature:
+        """The signature `raw` (a dict as in `_models.json`) holds; ManifestError naming the
+        key where it breaks the schema. Expressions are checked as they are compiled (the
+        loader compiles those a call needs), or all at once by `check_expressions`."""
+        r = _Reader(raw, where)
+        symbols = tuple(r.items("symbols", lambda x: x.identifier()))
+        if len(set(symbols)) != len(symbols):
+            raise ManifestError(f"{where}.symbols: a name repeats")
+        inputs = tuple(r.items("inputs", lambda x: _tensor(x, output=False)))
+        for i, t in enumerate(inputs):
+            for axis, d in enumerate(t.shape):
+                if isinstance(d, str) and d not in symbols:
+                    raise ManifestError(f"{where}.inputs[{i}].shape[{axis}]: {d!r} is not one "
+                                        "of the model's symbols")
+        return cls(
+            name=r.identifier("name"), library=r.file_name("library"),
+            checksum=r.hex_digest("checksum"), symbols=symbols, inputs=inputs,
+            outputs=tuple(r.items("outputs", lambda x: _tensor(x, output=True))),
+            constraints=tuple(r.items("constraints", _constraint, optional=True)),
+            nodes=r.texts("nodes", optional=True),
+            # read when first asked for (a profiled call, `cuvil check`): read at import, its
+            # entries cost about 8 us each
+            _node_profile=_Reader(*r._get("node_profile", True, []), list),
+            data_dims=tuple(r.items("data_dims", _data_dim, optional=True)),
+            workspace=r.expression_text("workspace"),
+            cpu={arch: _cpu_baseline(x) for arch, x in r.mapping("cpu", optional=True)})
+
+    @property
+    def node_profile(self) -> tuple[NodeProfileEntry, ...]:
+        """Each node as the profiler reports it (ManifestError where an entry is malformed)."""
+        entries = self._node_profile
+        if isinstance(entries, _Reader):  # not read yet
+            entries = tuple(entries.items(None, _node_profile))
+            object.__setattr__(self, "_node_profile", entries)
+        return entries
+
+    @property
+    def dim_names(self) -> frozenset[str]:
+        """The names expressions may use: the symbols, and the dims the data decides."""
+        return frozenset(self.symbols) | {d.name for d in self.data_dims}
+
+    def check_expressions(self, where: str = "model") -> None:
+        """ManifestError unless every expression is well formed (what `cuvil check` asks;
+        the loader checks each as it compiles it)."""
+        symbols, every = frozenset(self.symbols), self.dim_names
+        for i, d in enumerate(self.data_dims):
+            _expression(d.bound_expr, symbols, f"{where}.data_dims[{i}].bound_expr")
+        for i, t in enumerate(self.outputs):
+            for key in ("shape_expr", "max_shape_expr"):
+                for axis, e in enumerate(getattr(t, key) or ()):
+                    _expression(e, every, f"{where}.outputs[{i}].{key}[{axis}]")
+        for i, (condition, _) in enumerate(self.constraints):
+            _expression(condition, symbols, f"{where}.constraints[{i}][0]", condition=True)
+        _expression(self.workspace, symbols, f"{where}.workspace")
+        for i, p in enumerate(self.node_profile):
+            _expression(p.flops, every, f"{where}.node_profile[{i}].flops")
+
+
+class Manifest(_Frozen):
+    """A generated package's `_models.json`."""
+
+    __slots__ = ("abi_version", "cuvil_version", "models", "package", "target")
+    abi_version: int
+    package: str
+    target: str
+    cuvil_version: str
+    models: tuple[ModelSignature, ...]
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Manifest:
+        """The manifest `raw` (the parsed JSON) holds. ManifestError where it breaks the
+        schema; an ABI version other than this runtime's is reported before anything else."""
+        r = _Reader(raw, "")
+        version = r.raw.get("abi_version")
+        if version != ABI_VERSION:
+            raise ManifestError(f"built for cuvil ABI {version!r}, this runtime speaks ABI "
+                                f"{ABI_VERSION}; rebuild the package")
+        models = tuple(r.items("models", lambda x: ModelSignature.from_json(x.raw, x.where)))
+        names = [m.name for m in models]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ManifestError(f"models: model names repeat: {', '.join(repeated)}")
+        return cls(abi_version=version, package=r.identifier("package", dotted=True),
+                   target=r.text("target"), cuvil_version=r.text("cuvil_version"), models=models)
+
+
+class _Reader:
+    """Reads typed fields of one JSON object, naming the key in every error."""
+
+    __slots__ = ("raw", "where")
+
+    def __init__(self, raw: Any, where: str, kind: type | None = dict) -> None:
+        if kind is not None and not isinstance(raw, kind):
+            want = "an object" if kind is dict else "a list"
+            raise ManifestError(f"{where or 'the manifest'}: expected {want}, got {_json_kind(raw)}")
+        self.raw = raw
+        self.where = where
+
+    def _get(self, key: str | None, optional: bool = False, default: Any = None) -> tuple[Any, str]:
+        if key is None:  # the value itself (a list item)
+            return self.raw, self.where
+        where = f"{self.where}.{key}" if self.where else key
+        if key not in self.raw:
+            if optional:
+                return default, where
+            raise ManifestError(f"{self.where or 'the manifest'}: lacks {key!r}")
+        return self.raw[key], where
+
+    def text(self, key: str | None = None, optional: bool = False) -> str:
+        value, where = self._get(key, optional, "")
+        if not isinstance(value, str):
+            raise ManifestError(f"{where}: expected a string, got {_json_kind(value)}")
+        return value
+
+    def identifier(self, key: str | None = None, dotted: bool = False) -> str:
+        value = self.text(key)
+        parts = value.split(".") if dotted else [value]
+        if not all(p.isidentifier() and p.isascii() for p in parts):
+            raise ManifestError(f"{self.where}{'.' + key if key else ''}: {value!r} is not "
+                                f"{'a dotted name' if dotted else 'an identifier'}")
+        return value
+
+    def file_name(self, key: str) -> str:
+        value = self.text(key)
+        if not value or value in (".", "..") or any(c in value for c in "/\\\0:"):
+            raise ManifestError(f"{self.where}.{key}: {value!r} is not a bare file name")
+        return value
+
+    def hex_digest(self, key: str) -> str:
+        value = self.text(key)
+        if len(value) != 64 or value.strip("0123456789abcdef"):
+            raise ManifestError(f"{self.where}.{key}: {value!r} is not a sha256 hex digest")
+        return value
+
+    def integer(self, key: str) -> int:
+        value, where = self._get(key)
+        if type(value) is not int:
+            raise ManifestError(f"{where}: expected an integer, got {_json_kind(value)}")
+        return value
+
+    def expression_text(self, key: str | None = None) -> int | str:
+        value, where = self._get(key)
+        if type(value) is not int and not isinstance(value, str):
+            raise ManifestError(f"{where}: expected an integer or an expression (a string), "
+                                f"got {_json_kind(value)}")
+        return value
+
+    def dims(self, key: str, optional: bool = False) -> tuple[int | str, ...] | None:
+        if optional and key not in self.raw:
+            return None
+        return tuple(self.items(key, lambda x: x.expression_text()))
+
+    def texts(self, key: str, optional: bool = False) -> tuple[str, ...]:
+        value = self._get(key, optional, [])[0]
+        if isinstance(value, list) and all(type(x) is str for x in value):
+            return tuple(value)
+        return tuple(self.items(key, lambda x: x.text(), optional))  # names the bad item
+
+    def items(self, key: str | None, item: Any, optional: bool = False) -> list[Any]:
+        value, where = self._get(key, optional, [])
+        if not isinstance(value, list):
+            raise ManifestError(f"{where}: expected a list, got {_json_kind(value)}")
+        return [item(_Reader(v, f"{where}[{i}]", None)) for i, v in enumerate(value)]
+
+    def mapping(self, key: str, optional: bool = False) -> list[tuple[str, _Reader]]:
+        value, where = self._get(key, optional, {})
+        if not isinstance(value, dict):
+            raise ManifestError(f"{where}: expected an object, got {_json_kind(value)}")
+        return [(k, _Reader(v, f"{where}.{k}")) for k, v in value.items()]
+
+
+def _json_kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an "
+            "integer", float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _tensor(item: _Reader, output: bool) -> TensorSignature:
+    r = _Reader(item.raw, item.where)
+    dtype = r.text("dtype")
+    if dtype not in ABI_DTYPES:
+        raise ManifestError(f"{item.where}.dtype: {dtype!r} is not one of "
+                            f"{', '.join(ABI_DTYPES)}")
+    shape = r.dims("shape")
+    assert shape is not None
+    for axis, d in enumerate(shape):
+        if isinstance(d, int) and d < 0:
+            raise ManifestError(f"{item.where}.shape[{axis}]: a dim cannot be negative ({d})")
+    fields: dict[str, Any] = {"name": r.text("name"), "dtype": dtype, "shape": shape,
+                              "shape_expr": None, "max_shape": None, "max_shape_expr": None}
+    if output:
+        fields.update(shape_expr=r.dims("shape_expr"), max_shape=r.dims("max_shape", True),
+                      max_shape_expr=r.dims("max_shape_expr", True))
+        for key in ("shape_expr", "max_shape", "max_shape_expr"):
+            if fields[key] is not None and len(fields[key]) != len(shape):
+                raise ManifestError(f"{item.where}.{key}: {len(fields[key])} dims, but shape "
+                                    f"has {len(shape)}")
+        if (fields["max_shape"] is None) != (fields["max_shape_expr"] is None):
+            raise ManifestError(f"{item.where}: max_shape and max_shape_expr come together")
+    return TensorSignature(**fields)
+
+
+def _data_dim(item: _Reader) -> DataDimSignature:
+    r = _Reader(item.raw, item.where)
+    return DataDimSignature(name=r.identifier("name"), bound=r.expression_text("bound"),
+                            bound_expr=r.expression_text("bound_expr"), node=r.text("node"))
+
+
+def _constraint(item: _Reader) -> tuple[str, str]:
+    r = _Reader(item.raw, item.where, list)
+    if len(r.raw) != 2:
+        raise ManifestError(f"{item.where}: expected [condition, message]")
+    return (_Reader(r.raw[0], f"{item.where}[0]", None).text(),
+            _Reader(r.raw[1], f"{item.where}[1]", None).text())
+
+
+def _node_profile(item: _Reader) -> NodeProfileEntry:
+    r = _Reader(item.raw, item.where)
+    return NodeProfileEntry(name=r.text("name"), op=r.text("op"),
+                            shapes=r.text("shapes", optional=True),
+                            flops=r.expression_text("flops"))
+
+
+def _cpu_baseline(r: _Reader) -> CpuBaseline:
+    return CpuBaseline(baseline=r.text("baseline"),
+                       requires=tuple(r.items("requires", lambda x: x.text())))
+
+
+#: the syntax allowed in a manifest's expressions (class names of Python's AST): a dim
+#: expression, and what a constraint adds
+_DIM_SYNTAX = frozenset({"Expression", "BinOp", "UnaryOp", "Call", "Name", "Constant", "Load",
+                         "Add", "Sub", "Mult", "FloorDiv", "Mod", "USub", "UAdd"})
+_CONDITION_SYNTAX = _DIM_SYNTAX | {"Compare", "BoolOp", "And", "Eq", "NotEq", "Lt", "LtE", "Gt",
+                                   "GtE"}
+_ONLY_AST = 0x400  # ast.PyCF_ONLY_AST, without importing ast (about a millisecond at start-up)
+
+
+def _expression(text: int | str, names: frozenset[str], where: str,
+                condition: bool = False) -> Any:
+    """`text` compiled for eval (an int stays an int), after checking that it uses only the
+    allowed syntax and `names` (and max, min); ManifestError otherwise."""
+    if isinstance(text, int):
+        return text
+    if len(text) > _MAX_EXPRESSION:
+        raise ManifestError(f"{where}: an expression of {len(text)} characters (at most "
+                            f"{_MAX_EXPRESSION})")
+    try:
+        tree = compile(text, where, "eval", _ONLY_AST)
+        allowed = _CONDITION_SYNTAX if condition else _DIM_SYNTAX
+        todo = [tree]
+        while todo:  # no recursion: a deep tree must not overflow the stack
+            node = todo.pop()
+            kind = type(node).__name__
+            bad = None
+            if kind not in allowed:
+                bad = f"{kind.lower()} syntax"
+            elif kind == "Name" and node.id not in names:
+                bad = f"the unknown name {node.id!r}"
+            elif kind == "Constant" and type(node.value) is not int:
+                bad = f"the constant {node.value!r}"
+            elif kind == "Call" and (type(node.func).__name__ != "Name"
+                                     or node.func.id not in ("max", "min")
+                                     or node.keywords or len(node.args) < 2):
+                bad = "a call other than max(a, b, ...) or min(a, b, ...)"
+            elif kind == "BinOp" and type(node.op).__name__ in ("FloorDiv", "Mod") and (
+                    type(node.right).__name__ == "Constant" and node.right.value == 0):
+                bad = "a division by zero"
+            if bad:
+                raise ManifestError(f"{where}: {text[:80]!r} uses {bad}")
+            if kind == "Call":  # its function is max or min, checked above
+                todo.extend(node.args)
+                continue
+            for field in node._fields:
+                value = getattr(node, field, None)
+                todo.extend(value if isinstance(value, list) else
+                            [value] if hasattr(value, "_fields") else [])
+        return compile(tree, where, "eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        if isinstance(exc, ManifestError):
+            raise
+        raise ManifestError(f"{where}: {text[:80]!r} is not a valid expression "
+                            f"({type(exc).__name__})") from None
 
 
 #: input shapes whose checked dims, output shapes and workspace size a model remembers
@@ -184,29 +579,36 @@ class Model:
     that one pool.
     """
 
-    def __init__(self, library_path: str | os.PathLike, signature: Mapping[str, Any],
-                 keep_alive: Any = None, num_threads: int | None = None) -> None:
-        self.name: str = signature["name"]
+    def __init__(self, library_path: str | os.PathLike,
+                 signature: Mapping[str, Any] | ModelSignature, keep_alive: Any = None,
+                 num_threads: int | None = None) -> None:
+        if not isinstance(signature, ModelSignature):
+            signature = ModelSignature.from_json(signature)
+        self.signature = signature
+        self.name: str = signature.name
         self._path = os.fspath(library_path)
         self._keep_alive = keep_alive  # e.g. the temporary directory of cuvil.compile
-        self.inputs = tuple(TensorInfo(t["name"], np.dtype(t["dtype"]), tuple(t["shape"]))
-                            for t in signature["inputs"])
-        self.outputs = tuple(TensorInfo(t["name"], np.dtype(t["dtype"]), tuple(t["shape"]),
-                                        tuple(t.get("max_shape", t["shape"])))
-                             for t in signature["outputs"])
-        self._symbols = tuple(signature["symbols"])
-        self._node_labels = tuple(signature.get("nodes", ()))
+        self.inputs = tuple(TensorInfo(t.name, np.dtype(t.dtype), t.shape)
+                            for t in signature.inputs)
+        self.outputs = tuple(TensorInfo(t.name, np.dtype(t.dtype), t.shape, t.max_shape)
+                             for t in signature.outputs)
+        self._symbols = signature.symbols
+        self._node_labels = signature.nodes
         # buffers are allocated for the largest shape; the run writes the dims the data decides
         # into the dim array after the input dims, which give the outputs' actual shapes
-        self._data_dims = tuple(d["name"] for d in signature.get("data_dims", ()))
-        self._out_shapes = [[_compile_expr(d) for d in t.get("max_shape_expr", t["shape_expr"])]
-                            for t in signature["outputs"]]
-        self._actual_shapes = [None if "max_shape_expr" not in t or t["shape"] == t["max_shape"]
-                               else [_compile_expr(d) for d in t["shape_expr"]]
-                               for t in signature["outputs"]]
-        self._workspace = _compile_expr(signature["workspace"])
-        self._constraints = [(compile(c, "<cuvil constraint>", "eval"), msg)
-                             for c, msg in signature.get("constraints", [])]
+        self._data_dims = tuple(d.name for d in signature.data_dims)
+        names = signature.dim_names
+        where = f"model {self.name!r}: "
+        self._out_shapes = [[_expression(d, names, f"{where}outputs[{i}].shape_expr")
+                             for d in t.max_shape_expr or t.shape_expr or ()]
+                            for i, t in enumerate(signature.outputs)]
+        self._actual_shapes = [None if t.max_shape_expr is None or t.shape == t.max_shape
+                               else [_expression(d, names, f"{where}outputs[{i}].shape_expr")
+                                     for d in t.shape_expr or ()]
+                               for i, t in enumerate(signature.outputs)]
+        self._workspace = _expression(signature.workspace, names, f"{where}workspace")
+        self._constraints = [(_expression(c, names, f"{where}constraints[{i}]", condition=True),
+                              msg) for i, (c, msg) in enumerate(signature.constraints)]
         self._lib = self._load(signature)
         self._run = getattr(self._lib, exported_symbol(self.name, "run"))
         self._run.restype = ctypes.c_int32
@@ -214,9 +616,6 @@ class Model:
         self._run_profiled = getattr(self._lib, exported_symbol(self.name, "run_profiled"))
         self._run_profiled.restype = ctypes.c_int32
         self._run_profiled.argtypes = [ctypes.c_void_p] * 5
-        # (name, op, shapes, FLOPs: an int or the text of an expression, compiled when profiled)
-        self._node_profile = [(p["name"], p["op"], p.get("shapes", ""), p["flops"])
-                              for p in signature.get("node_profile", ())]
         self._node_flops: list[Any] | None = None
         self._lock = threading.Lock()
         self._plans: dict[tuple[tuple[int, ...], ...], _Plan] = {}  # by the inputs' shapes
@@ -248,7 +647,7 @@ class Model:
                              f"{value!r}")
         self._num_threads = value
 
-    def _load(self, signature: Mapping[str, Any]) -> ctypes.CDLL:
+    def _load(self, signature: ModelSignature) -> ctypes.CDLL:
         try:
             lib = _open_library(self._path)
         except OSError as exc:
@@ -272,7 +671,7 @@ class Model:
         self._check_cpu(lib, signature)
         return lib
 
-    def _check_cpu(self, lib: ctypes.CDLL, signature: Mapping[str, Any]) -> None:
+    def _check_cpu(self, lib: ctypes.CDLL, signature: ModelSignature) -> None:
         """Refuse, before any of the library's code for its baseline runs, a CPU without the
         flags it needs: the library's check is compiled for the plain architecture."""
         check = getattr(lib, exported_symbol(self.name, "cpu_check"))
@@ -284,7 +683,7 @@ class Model:
         names = missing.value.decode("ascii", "replace").split()
         machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(),
                                                               platform.machine().lower())
-        cpu = signature.get("cpu", {}).get(machine, {}).get("baseline", "?")
+        cpu = signature.cpu[machine].baseline if machine in signature.cpu else "?"
         raise ImportError(
             f"model {self.name!r} ({self._path}) needs CPU features this machine lacks: "
             f"{', '.join(names)}. The library was built for CPU baseline {cpu!r}. Rebuild the "
@@ -509,8 +908,8 @@ class Model:
         return result
 
     def _new_profile(self) -> Profile:
-        return Profile(self.name, [NodeTime(i, name, op, shapes) for i, (name, op, shapes, _)
-                                   in enumerate(self._node_profile)])
+        return Profile(self.name, [NodeTime(i, p.name, p.op, p.shapes)
+                                   for i, p in enumerate(self.signature.node_profile)])
 
     def _print_session(self) -> None:
         if self._session is not None and self._session.runs:
@@ -540,11 +939,14 @@ class Model:
         if profile is None:
             status = self._run(in_ptrs, out_ptrs, dims, scratch.address)
         else:
-            stamps = (ctypes.c_uint64 * (len(self._node_profile) + 2))()
+            stamps = (ctypes.c_uint64 * (len(self.signature.node_profile) + 2))()
             status = self._run_profiled(in_ptrs, out_ptrs, dims, scratch.address, stamps)
             if status == 0:
                 if self._node_flops is None:  # not at load: most processes never profile
-                    self._node_flops = [_compile_expr(f) for *_, f in self._node_profile]
+                    names = self.signature.dim_names
+                    self._node_flops = [_expression(p.flops, names, f"model {self.name!r}: "
+                                                    f"node_profile[{i}].flops")
+                                        for i, p in enumerate(self.signature.node_profile)]
                 env = {**_EVAL_GLOBALS, **plan.dims, **self._data_dim_values(dims)}
                 flops = [f if isinstance(f, int) else int(eval(f, env)) for f in self._node_flops]
                 with self._lock:
@@ -597,23 +999,6 @@ class Model:
         ins = ", ".join(f"{t.name}: {t.dtype.name}{_shape_text(t.shape)}" for t in self.inputs)
         outs = ", ".join(f"{t.name}: {t.dtype.name}{_shape_text(t.shape)}" for t in self.outputs)
         return f"<cuvil model {self.name}({ins}) -> ({outs})>"
-
-
-class _Record:
-    """A plain record with a readable repr (not a dataclass: importing dataclasses and
-    decorating classes cost the import of every model package milliseconds)."""
-
-    __slots__: tuple[str, ...] = ()
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
-        return f"{type(self).__name__}({fields})"
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and all(
-            getattr(self, k) == getattr(other, k) for k in self.__slots__)
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, like a dataclass
 
 
 class NodeTime(_Record):
@@ -839,10 +1224,15 @@ def _shape_text(shape: Sequence[int | str]) -> str:
 
 def load_models(package_dir: str | os.PathLike) -> dict[str, Model]:
     """Load every model listed in a generated package's `_models.json`."""
-    with open(os.path.join(package_dir, "_models.json"), encoding="utf-8") as f:
-        manifest = json.load(f)
-    if manifest.get("abi_version") != ABI_VERSION:
-        raise ImportError(f"{package_dir}: built for cuvil ABI {manifest.get('abi_version')}, this "
-                          f"runtime speaks ABI {ABI_VERSION}; rebuild the package")
-    return {m["name"]: Model(os.path.join(package_dir, m["library"]), m)
-            for m in manifest["models"]}
+    path = os.path.join(package_dir, "_models.json")
+    fix = "; reinstall the package (`cuvil check` on its wheel says more)"
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (ValueError, RecursionError):  # bad bytes, bad JSON, nesting deeper than the stack
+        raise ImportError(f"{path}: not valid JSON{fix}") from None
+    try:
+        manifest = Manifest.from_json(raw)
+        return {m.name: Model(os.path.join(package_dir, m.library), m) for m in manifest.models}
+    except ManifestError as exc:
+        raise ImportError(f"{path}: {exc}{fix}") from None
