@@ -483,8 +483,27 @@ def _inspect_types(path: Path, args: argparse.Namespace) -> int:
     return 1 if report.broken else 0
 
 
+def _inspect_ir(path: Path, args: argparse.Namespace) -> int:
+    """The compiler's graph as text after the stage `--after` names, or after every pass with
+    each value's memory placement (passes/ir_text.py)."""
+    from cuvil.compiler.frontend import import_model
+    from cuvil.compiler.passes import run_passes
+    from cuvil.compiler.passes.ir_text import graph_text
+    from cuvil.compiler.passes.plan_memory import plan_memory
+
+    pins = dict(_parse_dims(text, "--input") for text in args.input) or None
+    name = re.sub(r"\W", "_", path.stem) if path.stem.isascii() else "model"
+    graph = run_passes(import_model(str(path), pins, name), until=args.after)
+    print(graph_text(graph, plan_memory(graph) if args.after is None else None))
+    return 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     path = Path(args.path)
+    if args.ir or args.after:
+        if not path.is_file() or path.suffix == ".whl":
+            raise ConfigError(f"{path}: --ir needs an .onnx model file")
+        return _inspect_ir(path, args)
     if args.quantization:
         return _inspect_quantization(args)
     if args.types:
@@ -831,9 +850,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--types", action="store_true",
                    help="print every value's dtype and shape, and flag each place where precision "
                         "changes (Casts, float16 computed in float32) or typing stops")
+    p.add_argument("--ir", action="store_true",
+                   help="print the compiler's graph after every pass, each node with what it "
+                        "runs and each value with where it lives in memory")
+    p.add_argument("--after", metavar="PASS",
+                   help="with --ir: the graph after this stage instead (frontend, bodies, or a "
+                        "pass of the pipeline, e.g. fold_batchnorm)")
     _quantization_options(p, "inspect")
     p.add_argument("--input", action="append", default=[], metavar="NAME=DIM,...",
-                   help="pin or name an input's dims for --quantization or --types of a model file")
+                   help="pin or name an input's dims for --quantization, --types or --ir of a "
+                        "model file")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("targets", parents=[common], help="list the known targets (* marks this machine)")

@@ -23,11 +23,10 @@ from cuvil.compiler.frontend.calibration import CalibrationSource
 from cuvil.compiler.frontend.quantize import QuantizeSettings, quantize_model
 from cuvil.compiler.ir import MAX_TENSOR_BYTES, Graph, Node, Value, dim_str
 from cuvil.compiler.kernels.objects import KernelRequest, KernelSet, kernel_module_ir
-from cuvil.compiler.ops import lookup
 from cuvil.compiler.ops.flops import node_flops
-from cuvil.compiler.ops.gemm import FUSED_ACTIVATION, MATMUL_BIAS_SLOT, RESIDUAL_SLOT
 from cuvil.compiler.ops.native import NativeKernel, native_ops, uses_native
 from cuvil.compiler.passes import run_passes
+from cuvil.compiler.passes.ir_text import node_label
 from cuvil.compiler.passes.plan_memory import plan_memory
 from cuvil.compiler.symbolic import relational_to_python, to_python
 from cuvil.config import CompileOptions
@@ -88,11 +87,6 @@ def signature_of(graph: Graph, name: str, library_file: str) -> dict[str, Any]:
 def _node_profile(node: Node) -> dict[str, Any]:
     """The node's name, what it runs (its path and fused steps: "Conv(winograd)+Add+Relu"), the
     shapes that tell nodes of one type apart and its FLOPs per call."""
-    product = node.op_type in ("Conv", "Gemm", "MatMul")
-    steps = [("Bias", product and node.op_type == "MatMul" and node.input(MATMUL_BIAS_SLOT) is not None),
-             ("Add", product and node.input(RESIDUAL_SLOT) is not None),
-             (str(node.attrs.get(FUSED_ACTIVATION)), FUSED_ACTIVATION in node.attrs)]
-    fused = "+".join(step for step, there in steps if there)
     first = next((v for v in node.inputs if v is not None), None)
 
     def shape(v: Value) -> str:
@@ -101,11 +95,8 @@ def _node_profile(node: Node) -> dict[str, Any]:
     # the data input and the weights (constants of rank 2 or more: a conv's kernel size)
     ins = [v for v in node.inputs if v is not None and (v is first or (v.is_const and v.type.rank > 1))]
     outs = ", ".join(shape(v) for v in node.outputs)
-    op = lookup(node.domain, node.op_type, node.opset)
-    path = op.path(node) if op is not None else ""
-    label = f"{node.op_type}({path})" if path else node.op_type
     return {"name": node.name or (node.outputs[0].name if node.outputs else "?"),
-            "op": f"{label}+{fused}" if fused else label,
+            "op": node_label(node),
             "shapes": f"{', '.join(shape(v) for v in ins)} -> {outs}" if ins else outs,
             "flops": to_python(node_flops(node))}
 

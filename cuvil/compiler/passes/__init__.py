@@ -27,6 +27,7 @@ from cuvil.compiler.passes.quantized_lookup import quantized_lookup
 from cuvil.compiler.passes.rewrite_bodies import rewrite_bodies
 from cuvil.compiler.passes.widen_float16 import widen_float16
 from cuvil.compiler.passes.winograd_weights import winograd_weights
+from cuvil.errors import ConfigError
 
 #: the pipeline, in order (constant folding runs inside the frontend, which needs constants
 #: to type shape inputs)
@@ -67,19 +68,33 @@ def verify_enabled() -> bool:
     return os.environ.get(VERIFY_ENV, "") not in ("", "0")
 
 
-def run_passes(graph: Graph, verify: bool | None = None) -> Graph:
-    """Run the pipeline; `verify` (default: `CUVIL_VERIFY_IR`) checks the graph before the
-    first pass (the frontend's output) and after each."""
+#: the stages `run_passes` can stop after (`cuvil inspect --ir --after`): the frontend's graph,
+#: the passes over If/Loop/Scan bodies, then each pass of the pipeline
+STAGES = ("frontend", "bodies", *(p.__name__ for p in PIPELINE))
+
+
+def run_passes(graph: Graph, verify: bool | None = None, until: str | None = None) -> Graph:
+    """Run the pipeline, or its stages up to `until` (one of STAGES); `verify` (default:
+    `CUVIL_VERIFY_IR`) checks the graph before the first pass (the frontend's output) and
+    after each."""
+    if until is not None and until not in STAGES:
+        raise ConfigError(f"no pass named {until!r}; the stages are {', '.join(STAGES)}")
     check = verify_enabled() if verify is None else verify
     if check:
         _verify(graph, "the frontend")
+    if until == "frontend":
+        return graph
     graph = run_subgraph_passes(graph)
     if check:
         _verify(graph, "the passes over If/Loop/Scan bodies")
+    if until == "bodies":
+        return graph
     for p in PIPELINE:
         graph = p(graph)
         if check:
             _verify(graph, f"pass {p.__name__}")
+        if until == p.__name__:
+            break
     return graph
 
 
