@@ -10,9 +10,10 @@ from onnx import helper, numpy_helper
 from oracle import assert_matches_ort
 
 from cuvil.compiler.frontend import import_model
-from cuvil.compiler.passes import PIPELINE
+from cuvil.compiler.passes import PIPELINE, run_passes
 from cuvil.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from cuvil.compiler.passes.fold_batchnorm import fold_batchnorm
+from cuvil.compiler.passes.ir_text import node_label
 
 EPS = 1e-3
 
@@ -212,7 +213,12 @@ def test_batchnorm_stays_when_folding_would_change_the_model(case):
         weights = {"w": np.random.default_rng(7).standard_normal((5, 4)).astype(np.float32)}
     model, _ = model_with(layer, x_shape, weights, c=3, **kw)
     graph = folded(model)
-    assert "BatchNormalization" in [n.op_type for n in graph.nodes]
+    ops = [n.op_type for n in graph.nodes]
+    if case in ("training", "runtime_params"):  # not an affine map of constants
+        assert "BatchNormalization" in ops
+    else:  # not folded into the layer: a Mul and an Add of per-channel constants after it
+        assert ops == [layer.op_type, "Mul", "Add", *ops[3:]], ops
+        assert graph.nodes[0].inputs[1].name == "w"  # type: ignore[union-attr]
     feeds = {"x": np.random.default_rng(8).standard_normal(x_shape).astype(np.float32)}
     for name in kw.get("runtime", []):
         feeds[name] = (np.abs(W) if name == "w" else
@@ -299,3 +305,35 @@ def test_a_mul_that_is_not_per_channel_stays(case):
     assert "Mul" in [n.op_type for n in folded(model).nodes]
     x = rng.standard_normal(x_shape).astype(np.float32)
     assert_matches_ort(model, {"x": x}, rtol=1e-4, atol=1e-4)
+
+
+def test_a_batchnorm_no_producer_absorbs_runs_in_one_pass_with_the_ops_around_it():
+    """DenseNet's pre-activation: Concat -> BatchNormalization -> Mul -> Add -> Relu -> Conv.
+    The normalization becomes a per-channel Mul and Add, and fuse_elementwise runs all five
+    steps in one pass over the concatenation (two passes before: BatchNormalization, then
+    Fused(Mul+Add+Relu))."""
+    rng = np.random.default_rng(11)
+    c = 6
+    params = bn_params(rng, c)
+    inits = {**params, "m": rng.standard_normal((c, 1, 1)).astype(np.float32),
+             "a": rng.standard_normal((c, 1, 1)).astype(np.float32),
+             "w": rng.standard_normal((4, c, 1, 1)).astype(np.float32)}
+    nodes = [helper.make_node("Concat", ["x1", "x2"], ["cat"], axis=1),
+             helper.make_node("BatchNormalization", ["cat", "scale", "shift", "mean", "var"],
+                              ["bn"], epsilon=EPS),
+             helper.make_node("Mul", ["bn", "m"], ["scaled"]),
+             helper.make_node("Add", ["scaled", "a"], ["shifted"]),
+             helper.make_node("Relu", ["shifted"], ["act"]),
+             helper.make_node("Conv", ["act", "w"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x1", onnx.TensorProto.FLOAT, ["n", 2, 5, 5]),
+                     helper.make_tensor_value_info("x2", onnx.TensorProto.FLOAT, ["n", 4, 5, 5])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 4, 5, 5])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    onnx.checker.check_model(model)
+    ops = [node_label(n) for n in run_passes(import_model(model)).nodes]
+    assert ops[:2] == ["Concat", "Fused(Mul+Add+Mul+Add+Relu)"] and len(ops) == 3, ops
+    feeds = {"x1": rng.standard_normal((2, 2, 5, 5)).astype(np.float32),
+             "x2": rng.standard_normal((2, 4, 5, 5)).astype(np.float32)}
+    assert_matches_ort(model, feeds, rtol=1e-4, atol=1e-4)

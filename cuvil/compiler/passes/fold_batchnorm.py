@@ -11,6 +11,10 @@ affine map with s = 0 or a = 1: exporters write a normalization's scale and shif
 (onnx's light Inception-v2: Conv -> BatchNormalization -> Mul -> Add -> Relu), and folded,
 the Relu after them fuses into the convolution's epilogue.
 
+A BatchNormalization that no producer absorbs (after a Concat, an Add, a pooling) becomes a
+Mul and an Add of per-channel constants, which fuse_elementwise runs in one pass together with
+the elementwise ops around them.
+
 Each fold below says how one producer op absorbs (a, s); rewrite rules (passes/rewrite.py)
 find the patterns (producer -> BatchNormalization, Mul or Add, the producer's output read by
 nothing else) and rewire.
@@ -180,9 +184,35 @@ def _fold_scale_or_shift(graph: Graph, node: Node) -> Node | None:
     return None
 
 
+def _as_scale_shift(graph: Graph, bn: Node) -> Node | None:
+    """A BatchNormalization no producer absorbs, as a Mul and an Add of per-channel
+    constants: fuse_elementwise then runs them in one pass with the elementwise ops around
+    them (DenseNet normalizes each concatenation: Concat -> BatchNormalization -> Mul -> Add
+    -> Relu, two passes over the tensor as BatchNormalization and Fused(Mul+Add+Relu))."""
+    x, y = bn.inputs[0], bn.outputs[0]
+    affine = batchnorm_affine(bn)
+    # float32 and float64 (float16 constants would round a and s: its lowering computes
+    # in float32)
+    if affine is None or x is None or x.type != y.type or x.type.dtype.kind != "f" \
+            or x.type.dtype.itemsize < 4 or x.type.rank < 2:
+        return None
+    shape = (-1,) + (1,) * (x.type.rank - 2)  # along axis 1, the channels
+    name = bn.name or y.name
+    scale, shift = (graph.constant(c.reshape(shape).astype(x.type.dtype), f"{name}_{what}")
+                    for c, what in zip(affine, ("scale", "shift")))
+    scaled = graph.value(f"{name}_scaled", x.type)
+    add = graph.replace_node(bn, Node("Add", [scaled, shift], [], name=f"{name}_shift",
+                                      opset=bn.opset))
+    graph.insert_before(add, Node("Mul", [x, scale], [scaled], name=f"{name}_scale",
+                                  opset=bn.opset))
+    return add
+
+
 FOLDABLE = pattern(*FOLDS, dtype=None)
 RULES = (Rule("batchnorm", pattern("BatchNormalization", dtype=None), _fold),
-         Rule("scale-shift", pattern("Mul", "Add", dtype=None), _fold_scale_or_shift))
+         Rule("scale-shift", pattern("Mul", "Add", dtype=None), _fold_scale_or_shift),
+         Rule("batchnorm-as-scale-shift", pattern("BatchNormalization", dtype=None),
+              _as_scale_shift))
 
 
 def fold_batchnorm(graph: Graph) -> Graph:
