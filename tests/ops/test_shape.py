@@ -238,6 +238,21 @@ def test_transpose_blocked_large() -> None:
                                  "x8": _data(rng, "uint8", (a, 33, b)), "s": s})
 
 
+def test_transposes_that_keep_the_innermost_axis_copy_rows_over_the_threads() -> None:
+    """A transformer's packed QKV split ([seq, batch, 3, hidden] -> [3, seq, batch, hidden]):
+    whole rows, a stretch per task, symbolic and constant row counts, rows that do not fill
+    the last task, and rows of one byte."""
+    model = _model([helper.make_node("Transpose", ["x"], ["y"], perm=[2, 0, 1, 3]),
+                    helper.make_node("Transpose", ["b"], ["c"], perm=[1, 0, 2])],
+                   {"x": ("float32", ["s", "n", 3, 384]), "b": ("uint8", ["s", 70, 1])},
+                   ["y", "c"])
+    compiled = cuvil.compile(model)
+    rng = np.random.default_rng(4)
+    for s, n in ((128, 8), (1, 1), (37, 5)):
+        _check(compiled, model, {"x": rng.standard_normal((s, n, 3, 384)).astype(np.float32),
+                                 "b": _data(rng, "uint8", (s, 70, 1))})
+
+
 def test_transposes_that_move_only_axes_of_one() -> None:
     """[s, 1, h] -> [1, s, h] shares its input's bytes (plan_memory): read by a later node,
     returned as an output (then copied), applied to a graph input and twice in a row."""
