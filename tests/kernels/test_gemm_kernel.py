@@ -79,6 +79,9 @@ def reference(a, b, c0, bias, residual, ep: Epilogue, accumulate: bool) -> np.nd
                                    (160, 196, 72),
                                    # K over several blocks of KC, with and without packed panels
                                    (20, 40, 600), (13, 33, 513), (5, 20, 300), (150, 40, 300),
+                                   # N past NARROW with packed B: K in one block (A's rows fit
+                                   # WHOLE_K_BYTES; or not even a block of KC would), or KC
+                                   (20, 300, 600), (300, 260, 520), (100, 270, 1400),
                                    # N <= 4 with packed A (`narrow_panel`): whole panels
                                    # and rows past them, K over blocks, N 5 just past it
                                    (24, 1, 600), (256, 4, 240), (37, 2, 7), (12, 3, 1),

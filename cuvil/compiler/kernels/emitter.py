@@ -283,9 +283,10 @@ class Emitter:
 
     # -- control flow -------------------------------------------------------------------
     @contextmanager
-    def loop(self, stop: Dim | ir.Value, start: Dim | ir.Value = 0, step: int = 1,
+    def loop(self, stop: Dim | ir.Value, start: Dim | ir.Value = 0, step: int | ir.Value = 1,
              name: str = "i") -> Iterator[ir.Value]:
-        """`for i in range(start, stop, step)` with a positive step."""
+        """`for i in range(start, stop, step)` with a positive step (an int, or an i64 known
+        to be positive at run time)."""
         b = self.b
         start_v, stop_v = self.dim(start), self.dim(stop)
         pre = b.block
@@ -299,7 +300,7 @@ class Emitter:
         b.cbranch(b.icmp_signed("<", i, stop_v), body, done)
         b.position_at_end(body)
         yield i
-        nxt = b.add(i, self.i64(step))
+        nxt = b.add(i, step if isinstance(step, ir.Value) else self.i64(step))
         nxt.flags.append("nsw")
         i.add_incoming(nxt, b.block)
         b.branch(header)
