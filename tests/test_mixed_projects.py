@@ -171,6 +171,29 @@ def test_a_user_file_where_cuvil_generates_one_is_refused(
         backend.build_wheel(str(root / "dist"))
 
 
+@pytest.mark.parametrize(("model", "files", "shadowed"), [
+    ("cuvil_runtime", {}, "tiny/_cuvil_runtime.py"),  # the loader cuvil generates
+    ("cuvil_models", {"src/tiny/__init__.py": ""}, "tiny/_cuvil_models.py"),
+    ("helpers", {"src/tiny/__init__.py": "", "src/tiny/_helpers.py": ""}, "tiny/_helpers.py"),
+    ("utils", {"src/tiny/__init__.py": "", "src/tiny/_utils/__init__.py": ""},
+     "tiny/_utils/__init__.py"),
+])
+def test_a_model_whose_library_would_shadow_a_module_is_refused_before_compiling(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: str, files: dict[str, str],
+        shadowed: str) -> None:
+    root = tiny_project(tmp_path / "p", files=files)
+    pyproject = root / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("[tool.cuvil.models.add]",
+                                                       f"[tool.cuvil.models.{model}]"))
+    monkeypatch.chdir(root)
+    with pytest.raises(ConfigError) as info:  # from the build's check, before any compiling
+        backend.build_wheel(str(root / "dist"))
+    message = str(info.value)
+    assert f"[tool.cuvil.models.{model}]" in message and f"shadow the module {shadowed}" in message
+    assert "rename the model" in message
+    assert not (root / "dist").exists() or not list((root / "dist").iterdir())
+
+
 # -- slow: real wheels ---------------------------------------------------------------------------
 
 

@@ -58,12 +58,33 @@ def models_module(package: str, user_files: Iterable[str]) -> str:
 
 
 def check_no_clash(project: ProjectConfig, user_files: Mapping[str, Path], generated: Iterable[str]) -> None:
-    """Refuse a user file at a path cuvil generates (it would be silently replaced)."""
-    for name in sorted(set(generated) & set(user_files)):
+    """Refuse a user file at a path cuvil generates (it would be silently replaced), and a
+    model whose library `<package>/_<model>.so` would shadow a module of the same name: Python
+    imports a compiled library before a .py file, so a model named `cuvil_runtime` (beside the
+    generated `_cuvil_runtime.py`) made a wheel that cannot be imported."""
+    generated = set(generated)
+    for name in sorted(generated & set(user_files)):
         raise ConfigError(
             f"{user_files[name]}: cuvil generates {name} in the wheel (from the models of "
             f"{project.pyproject}), so the project's own file there would be lost; rename it"
         )
+    folder = f"{project.package}/"
+    modules: dict[str, str] = {}
+    for path in sorted(generated | set(user_files)):
+        rest = path[len(folder):] if path.startswith(folder) else ""
+        if rest.endswith(".py") and "/" not in rest:
+            modules.setdefault(rest[:-3], path)
+        elif rest.endswith("/__init__.py") and rest.count("/") == 1:
+            modules.setdefault(rest.split("/")[0], path)
+    for model in project.models:
+        module = modules.get(f"_{model.name}")
+        if module is not None:
+            raise ConfigError(
+                f"{project.pyproject}: [tool.cuvil.models.{model.name}]: the model's library "
+                f"{folder}_{model.name}.so would shadow the module {module} (Python imports a "
+                f"compiled library before a .py file of the same name), so `import "
+                f"{project.package}` would fail; rename the model"
+            )
 
 
 def check_entry_points(
