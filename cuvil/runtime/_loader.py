@@ -137,7 +137,7 @@ class ManifestError(ValueError):
 
 #: the dtypes cuvil compiles, by numpy name (the compiler's IR takes them from here)
 ABI_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8",
-                   "uint16", "uint32", "uint64", "bool")
+              "uint16", "uint32", "uint64", "bool")
 #: longest expression text accepted (the compiler writes a few hundred characters at most)
 _MAX_EXPRESSION = 20_000
 
@@ -309,7 +309,7 @@ class Manifest(_Frozen):
         version = r.raw.get("abi_version")
         if version != ABI_VERSION:
             raise ManifestError(f"built for cuvil ABI {version!r}, this runtime speaks ABI "
-                                f"{ABI_VERSION}; rebuild the package")
+                                f"{ABI_VERSION}")
         models = tuple(r.items("models", lambda x: ModelSignature.from_json(x.raw, x.where)))
         names = [m.name for m in models]
         repeated = sorted({n for n in names if names.count(n) > 1})
@@ -331,10 +331,16 @@ class _Reader:
         self.raw = raw
         self.where = where
 
+    def _path(self, key: str | None) -> str:
+        """Where the value at `key` (None: this value) is, as errors name it."""
+        if key is None:
+            return self.where
+        return f"{self.where}.{key}" if self.where else key
+
     def _get(self, key: str | None, optional: bool = False, default: Any = None) -> tuple[Any, str]:
         if key is None:  # the value itself (a list item)
             return self.raw, self.where
-        where = f"{self.where}.{key}" if self.where else key
+        where = self._path(key)
         if key not in self.raw:
             if optional:
                 return default, where
@@ -351,26 +357,20 @@ class _Reader:
         value = self.text(key)
         parts = value.split(".") if dotted else [value]
         if not all(p.isidentifier() and p.isascii() for p in parts):
-            raise ManifestError(f"{self.where}{'.' + key if key else ''}: {value!r} is not "
+            raise ManifestError(f"{self._path(key)}: {value!r} is not "
                                 f"{'a dotted name' if dotted else 'an identifier'}")
         return value
 
     def file_name(self, key: str) -> str:
         value = self.text(key)
         if not value or value in (".", "..") or any(c in value for c in "/\\\0:"):
-            raise ManifestError(f"{self.where}.{key}: {value!r} is not a bare file name")
+            raise ManifestError(f"{self._path(key)}: {value!r} is not a bare file name")
         return value
 
     def hex_digest(self, key: str) -> str:
         value = self.text(key)
         if len(value) != 64 or value.strip("0123456789abcdef"):
-            raise ManifestError(f"{self.where}.{key}: {value!r} is not a sha256 hex digest")
-        return value
-
-    def integer(self, key: str) -> int:
-        value, where = self._get(key)
-        if type(value) is not int:
-            raise ManifestError(f"{where}: expected an integer, got {_json_kind(value)}")
+            raise ManifestError(f"{self._path(key)}: {value!r} is not a sha256 hex digest")
         return value
 
     def expression_text(self, key: str | None = None) -> int | str:
@@ -457,7 +457,7 @@ def _node_profile(item: _Reader) -> NodeProfileEntry:
 
 def _cpu_baseline(r: _Reader) -> CpuBaseline:
     return CpuBaseline(baseline=r.text("baseline"),
-                       requires=tuple(r.items("requires", lambda x: x.text())))
+                       requires=r.texts("requires"))
 
 
 #: the syntax allowed in a manifest's expressions (class names of Python's AST): a dim
