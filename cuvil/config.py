@@ -258,7 +258,7 @@ class CompileOptions:
     from `[tool.cuvil]` (`ProjectConfig.compile_options`), `cuvil compile`'s flags (one per
     field, of the field's name) or `cuvil.compile()`'s keywords to the driver, which takes it
     whole. The compile cache's key and the editable install's fingerprint take every field
-    (`key_state`): a field added here is in both (tests/test_compile_options.py fails until it
+    (`key_state`): a field added here is in both (tests/config/test_compile_options.py fails until it
     has a value that changes them). The meaning of each is documented on ModelConfig and
     BuildSettings, whose fields of the same names fill it from pyproject.toml."""
 

@@ -18,7 +18,7 @@ from cuvil.toolchains import Arch, bundled_toolchain_dir, list_targets, zig  # n
 
 DOCS = ROOT / "docs" / "targets.md"
 
-#: how CI runs each target's libraries (tests/test_harness.py; macOS: tests/test_check.py)
+#: how CI runs each target's libraries (tests/toolchains/test_harness.py; macOS: tests/check/test_check.py)
 VERIFIED = {
     "x86_64-linux": "C harness and Python import on the host and under qemu-x86_64: Opteron G1, "
                     "Conroe and Penryn refused with the missing flags, Nehalem (baseline copy), "

@@ -12,7 +12,7 @@ __all__ = ["ALLOWED_DYLIBS", "LINKER_SYMBOLS", "check_macho_library"]
 # libSystem is on every Mac and is all a cuvil library may link against.
 ALLOWED_DYLIBS = ("/usr/lib/libSystem.B.dylib",)
 # zig's linker exports these from every dylib (ld64 keeps them private), at a __DATA address of
-# the image; harmless for cuvil's libraries: see tests/test_macho_linker_symbols.py.
+# the image; harmless for cuvil's libraries: see tests/toolchains/test_macho_linker_symbols.py.
 LINKER_SYMBOLS = frozenset({"_mh_dylib_header", "__dso_handle"})
 # Apple silicon Macs start at macOS 11: an arm64 slice may require it whatever the tag says.
 _ARM64_FIRST_MACOS = (11, 0)

@@ -49,7 +49,7 @@ FAMILIES: tuple[Family, ...] = (
         "probabilities within 1e-5); onnx.helper graphs cover the node modes, aggregates and "
         "transforms converters do not write. How each operator compiles, and what is refused, "
         "is in `ml.md`.",
-        ("tests/test_ml_*.py", "tests/test_example_sklearn.py"),
+        ("tests/ops/test_ml_*.py", "tests/test_example_sklearn.py"),
         node_prefix="test_ai_onnx_ml_",
     ),
     Family(

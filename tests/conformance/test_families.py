@@ -22,7 +22,7 @@ def test_section_renders_without_a_run_and_counts_node_tests_when_given() -> Non
     section = families.render()
     assert section == families.render()
     text = "\n".join(section)
-    assert "| TreeEnsembleClassifier | yes (opset 1, `ml_trees`) | - | `tests/test_ml_sklearn.py`" in text
+    assert "| TreeEnsembleClassifier | yes (opset 1, `ml_trees`) | - | `tests/ops/test_ml_sklearn.py`" in text
     assert "| ZipMap | refused: " in text
     assert "| CategoryMapper | no |" in text
     assert "| SkipLayerNormalization | yes (opset 1, `contrib`) | `tests/ops/test_contrib.py` |" in text

@@ -1,4 +1,4 @@
-"""Export the small PyTorch models that `tests/test_dynamic_shapes.py` compiles.
+"""Export the small PyTorch models that `tests/frontend/test_dynamic_shapes.py` compiles.
 
 Each model computes shapes inside the graph the way `torch.onnx.export(..., dynamic_axes=...)`
 writes them (Shape -> Gather -> Unsqueeze -> Concat -> Reshape, Range over a dim, Slice by a

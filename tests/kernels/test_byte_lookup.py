@@ -87,7 +87,7 @@ def test_aarch64_tbl_kernel_under_qemu(tmp_path: Path) -> None:
         assert np.count_nonzero(words & 0xFFE0FC00 == value), f"no four-register {name}"
     qemu = shutil.which("qemu-aarch64-static")
     if qemu is None or not (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").is_file():
-        pytest.skip("needs qemu-user-static and libc6-arm64-cross (tests/test_harness.py)")
+        pytest.skip("needs qemu-user-static and libc6-arm64-cross (tests/toolchains/test_harness.py)")
     (tmp_path / "lookup.o").write_bytes(code)
     program = tmp_path / "run_byte_lookup"
     proc = subprocess.run([*zig.zig_command(), "cc", "-target", arch.zig_target, "-O2",

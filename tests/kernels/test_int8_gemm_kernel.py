@@ -325,7 +325,7 @@ def test_aarch64_kernels_under_qemu(arm, cpu: str) -> None:
     # neoverse-n1, NEON on cortex-a72: the harness reports the OS's answers first)
     qemu = shutil.which("qemu-aarch64-static")
     if qemu is None or not (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").is_file():
-        pytest.skip("needs qemu-user-static and libc6-arm64-cross (tests/test_harness.py)")
+        pytest.skip("needs qemu-user-static and libc6-arm64-cross (tests/toolchains/test_harness.py)")
     dotprod, i8mm = ARM_CPUS[cpu]
     kinds = ["neon", "gated", *(["dot"] if dotprod else []), *(["i8mm"] if i8mm else [])]
     rng = np.random.default_rng(15)

@@ -22,7 +22,7 @@ from cuvil.compiler.driver import compile_model
 from cuvil.config import CompileOptions
 from cuvil.runtime._loader import Model
 
-DIGITS = Path(__file__).resolve().parent.parent / "examples" / "digits" / "models" / "classifier.onnx"
+DIGITS = Path(__file__).resolve().parents[2] / "examples" / "digits" / "models" / "classifier.onnx"
 TOL = {"rtol": 1e-4, "atol": 1e-6}
 SLACK = 4096  # bytes of Python objects a call may create and drop (lists, small ints, ...)
 

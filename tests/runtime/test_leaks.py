@@ -24,7 +24,7 @@ from cuvil.runtime._loader import Model
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_model(width: int = 64) -> object:

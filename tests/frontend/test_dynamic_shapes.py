@@ -22,7 +22,7 @@ from cuvil.compiler.ir import symbol
 from cuvil.compiler.passes.eliminate_dead_code import eliminate_dead_code
 from cuvil.errors import UnsupportedOpError
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def _model(nodes: list[onnx.NodeProto], inputs: dict[str, tuple[int, list[Any]]],

@@ -21,7 +21,7 @@ from cuvil.compiler.driver import compile_model
 from cuvil.config import CompileOptions
 from cuvil.runtime._loader import Model
 
-MODEL = Path(__file__).resolve().parent.parent / "examples" / "digits" / "models" / "classifier.onnx"
+MODEL = Path(__file__).resolve().parents[2] / "examples" / "digits" / "models" / "classifier.onnx"
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +153,7 @@ def _run_pool_script(compiled, tmp_path: Path, oracle, copies: int, body: str,
     x = images(256, seed=1)
     np.savez(tmp_path / "data.npz", x=x, want=oracle(x))
     env = {**os.environ, "CUVIL_NUM_THREADS": str(threads),
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), *sys.path])}
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path])}
     proc = subprocess.run([sys.executable, "-c", _POOL_SCRIPT + body, str(tmp_path / "sig.json"),
                            str(tmp_path / "data.npz"), *map(str, libraries)],
                           env=env, capture_output=True, text=True, timeout=120)

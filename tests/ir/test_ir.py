@@ -273,7 +273,7 @@ MUTATORS = {"append", "remove", "clear", "extend", "insert", "pop", "sort", "rev
 
 def test_no_code_outside_ir_edits_users_or_producer() -> None:
     """Passes and the frontend edit the wiring through Graph's methods only."""
-    root = Path(__file__).parents[1] / "cuvil"
+    root = Path(__file__).parents[2] / "cuvil"
     offenders = []
     for path in root.rglob("*.py"):
         if path.name == "ir.py" and path.parent.name == "compiler":

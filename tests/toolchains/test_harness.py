@@ -47,7 +47,7 @@ pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"),
     reason="cross-runs from an x86-64 Linux host (as CI is)")
 
-HARNESS = Path(__file__).parent / "harness" / "run_model.c"
+HARNESS = Path(__file__).parents[1] / "harness" / "run_model.c"
 AARCH64_SYSROOT = Path("/usr/aarch64-linux-gnu")
 MUSL_LOADER = {"x86_64": Path("/lib/ld-musl-x86_64.so.1"), "aarch64": Path("/lib/ld-musl-aarch64.so.1")}
 WINE = Path("/usr/lib/wine/wine64")

@@ -28,7 +28,7 @@ from cuvil.config import CompileOptions
 from cuvil.errors import ConfigError
 from cuvil.runtime._loader import Model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: docs/precision.md: an output is within this fraction of the largest output of its tensor;
 #: a probability after a softmax within this much of float32's
 BOUND = 2e-2

@@ -32,7 +32,7 @@ from cuvil import cli
 from cuvil.check import CHECK_KINDS, ArchiveLimits, CheckReport, check_wheel, read_wheel
 from cuvil.errors import CheckError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WHEEL_NAME = "tiny-1.0-py3-none-manylinux_2_17_x86_64.whl"
 DIST_INFO = "tiny-1.0.dist-info"
 GOOD_FILES = {

@@ -21,7 +21,7 @@ import pytest
 
 import cuvil.build_backend as backend
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "examples" / "digits"
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ on macOS `MACOSX_DEPLOYMENT_TARGET` (its default: 10.9 for CPython < 3.12, 10.13
 3.13, 10.15 for 3.14, 11.0 for arm64), `_PYTHON_HOST_PLATFORM` (always macosx-10.9-x86_64 /
 -universal2 or macosx-11.0-arm64, whatever the deployment target) and `ARCHFLAGS`; on Linux the
 manylinux/musllinux image's `AUDITWHEEL_PLAT`; on Windows `VSCMD_ARG_TGT_ARCH`. The expected tags
-are what `auditwheel repair` and delocate would write (tests/test_cibuildwheel.py runs them).
+are what `auditwheel repair` and delocate would write (tests/build_backend/test_cibuildwheel.py runs them).
 """
 
 from __future__ import annotations

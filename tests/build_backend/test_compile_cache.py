@@ -28,7 +28,7 @@ from cuvil.config import load_project
 from cuvil.errors import ConfigError
 from cuvil.toolchains import get_target
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EPOCH = "1700000000"
 
 PYPROJECT = """\

@@ -33,7 +33,7 @@ from cuvil.check.macho import LINKER_SYMBOLS
 from cuvil.runtime._loader import ABI_VERSION, abi_checksum
 from cuvil.toolchains import get_target, zig
 
-DIGITS = Path(__file__).resolve().parents[1] / "examples" / "digits"
+DIGITS = Path(__file__).resolve().parents[2] / "examples" / "digits"
 TARGETS = ("x86_64-linux", "aarch64-linux", "universal2-macos")
 EXPORTS = {"cuvil_classifier_abi_checksum", "cuvil_classifier_cpu_check",
            "cuvil_classifier_run", "cuvil_classifier_run_profiled",

@@ -32,7 +32,7 @@ from cuvil.config import CompileOptions, load_project
 from cuvil.errors import BuildError, ConfigError, ModelError
 from cuvil.toolchains import custom_ops, get_target
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "custom-op"
 F = TensorProto.FLOAT
 linux_x86 = pytest.mark.skipif(

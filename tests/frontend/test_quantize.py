@@ -33,7 +33,7 @@ from cuvil.config import load_project
 from cuvil.errors import ConfigError, MissingDependencyError
 from cuvil.toolchains import get_target
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "examples" / "digits"
 CNN = DIGITS / "models" / "classifier.onnx"
 PROJECT = '[project]\nname = "digits-cuvil"\nversion = "1.0.0"\n'

@@ -19,7 +19,7 @@ from cuvil.toolchains import get_target, machine_options, target_machine
 from cuvil.toolchains import llvm as worker_module
 from cuvil.toolchains.llvm import emit_object, emit_object_isolated
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_one_ir() -> str:

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from cuvil.check.doctor import Diagnosis, _for_this_machine, diagnose
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.uname().machine != "x86_64",

@@ -8,7 +8,7 @@ import pytest
 from cuvil.config import load_project, normalize_package_name, read_pyproject
 from cuvil.errors import ConfigError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 PROJECT = '[project]\nname = "digits-cuvil"\nversion = "1.0.0"\n'
 MODEL = '[tool.cuvil.models.classifier]\nsource = "models/classifier.onnx"\n'

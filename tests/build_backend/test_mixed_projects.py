@@ -27,7 +27,7 @@ import cuvil.build_backend as backend
 from cuvil.build_backend._python import _top_level_names
 from cuvil.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digit-reader"
 WHEEL = "digit_reader-1.1.0-py3-none-manylinux_2_17_x86_64.whl"
 # one copy of the code (no CPU variants): a quick compile; cuvil from this checkout

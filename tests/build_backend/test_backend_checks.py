@@ -25,7 +25,7 @@ from cuvil.check import check_wheel
 from cuvil.errors import BuildError, ConfigError
 from cuvil.toolchains import get_target
 
-DIGITS = Path(__file__).resolve().parents[1] / "examples" / "digits"
+DIGITS = Path(__file__).resolve().parents[2] / "examples" / "digits"
 LIBRARY = "digits/_classifier.so"
 
 pytestmark = [

@@ -28,7 +28,7 @@ from cuvil.compiler.driver import compile_model
 from cuvil.config import CompileOptions
 from cuvil.runtime import ABI_VERSION, LOADER_SOURCE, abi_checksum
 
-DIGITS = Path(__file__).resolve().parent.parent / "examples" / "digits" / "models" / "classifier.onnx"
+DIGITS = Path(__file__).resolve().parents[2] / "examples" / "digits" / "models" / "classifier.onnx"
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 

@@ -28,7 +28,7 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "examples" / "digits"
 DIGITS_MODEL = DIGITS / "models" / "classifier.onnx"
 
