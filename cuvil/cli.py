@@ -33,7 +33,7 @@ from cuvil.config import (
     TRANSFORMED_WEIGHTS,
     CompileOptions,
 )
-from cuvil.errors import CheckError, ConfigError, CuvilError
+from cuvil.errors import CheckError, ConfigError, CuvilError, not_a_regular_file
 
 __all__ = ["main"]
 
@@ -458,8 +458,7 @@ def _inspect_quantization(args: argparse.Namespace) -> int:
             m.calibration if m.calibration is not None else "", method or m.calibration_method,
             keep or m.keep_float, folders), f"model {m.name} ({m.source.name})") for m in models]
     else:
-        if not path.is_file():
-            raise ConfigError(f"{path}: no such file (expected an .onnx model or a project folder)")
+        _need_file(path, "an .onnx model or a project folder")
         if not args.calibration:
             raise ConfigError(f"{path}: --quantization needs --calibration FILE.npz (or "
                               "module:function) for a model file")
@@ -498,20 +497,29 @@ def _inspect_ir(path: Path, args: argparse.Namespace) -> int:
     return 0
 
 
+def _need_file(path: Path, expected: str) -> None:
+    kind = not_a_regular_file(path)
+    if kind == "missing":
+        raise ConfigError(f"{path}: no such file (expected {expected})")
+    if kind is not None:
+        raise ConfigError(f"{path}: is {kind}, not a file (expected {expected})")
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if args.ir or args.after:
-        if not path.is_file() or path.suffix == ".whl":
+        _need_file(path, "an .onnx model: --ir reads one")
+        if path.suffix == ".whl":
             raise ConfigError(f"{path}: --ir needs an .onnx model file")
         return _inspect_ir(path, args)
     if args.quantization:
         return _inspect_quantization(args)
     if args.types:
-        if not path.is_file() or path.suffix == ".whl":
+        _need_file(path, "an .onnx model: --types reads one")
+        if path.suffix == ".whl":
             raise ConfigError(f"{path}: --types needs an .onnx model file")
         return _inspect_types(path, args)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file (expected an .onnx model or a .whl wheel)")
+    _need_file(path, "an .onnx model or a .whl wheel")
     if path.suffix == ".whl":
         return _inspect_wheel(path)
     return _inspect_model(path)

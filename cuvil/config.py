@@ -27,7 +27,7 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-from cuvil.errors import ConfigError
+from cuvil.errors import ConfigError, not_a_regular_file
 
 __all__ = [
     "CALIBRATION_METHODS",
@@ -857,6 +857,9 @@ def _is_identifier(name: str) -> bool:
 
 def read_pyproject(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The parsed TOML file; a ConfigError names the file (and line and column) on failure."""
+    kind = not_a_regular_file(path)
+    if kind not in (None, "missing"):
+        _fail(str(path), f"is {kind}, not a file", "Give pyproject.toml as a regular file.")
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -1214,6 +1217,11 @@ def _project_file(value: str, src: _Source, ctx: _Context) -> Path:
             "Move the file into the project, so that the sdist can carry it, and give its path "
             "relative to the project root.",
         )
+    # opened only once it is known to be a file: opening a FIFO would wait for a writer
+    kind = not_a_regular_file(path)
+    if kind not in (None, "missing"):
+        _fail(src.where, f"{_toml(value)} is {kind}, not a file; the path is relative to the "
+              f"project root {ctx.root}", "Give the path of the file itself.")
     try:
         with open(path, "rb"):
             pass

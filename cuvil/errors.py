@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+
 __all__ = [
     "BuildError",
     "CheckError",
@@ -11,6 +14,7 @@ __all__ = [
     "ModelError",
     "ToolchainError",
     "UnsupportedOpError",
+    "not_a_regular_file",
 ]
 
 
@@ -44,3 +48,24 @@ class CheckError(CuvilError):
 
 class MissingDependencyError(CuvilError):
     """A feature that was asked for needs a package that is not installed."""
+
+
+#: what a path is, by the file type bits of its `stat`, when it is not a regular file
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+               (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"))
+
+
+def not_a_regular_file(path: str | os.PathLike[str]) -> str | None:
+    """What `path` is instead of a regular file ("a FIFO (named pipe)", "missing"...), or None
+    when it is one (symlinks followed) or cannot be looked at (the open that follows says why).
+    Asked before opening a file the user names: opening a FIFO blocks until a writer comes,
+    and reading a device may never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    except OSError:
+        return None
+    return next((kind for test, kind in _FILE_KINDS if test(mode)),
+                None if stat.S_ISREG(mode) else "not a regular file")

@@ -31,3 +31,29 @@ def _private_compile_cache(tmp_path_factory: pytest.TempPathFactory,
     monkeypatch.delenv("CUVIL_CACHE")
     monkeypatch.setattr(compile_cache, "default_cache_dir", lambda: folder)
     return folder
+
+
+@pytest.fixture
+def fifo(tmp_path: Path):
+    """`fifo(path)` makes a FIFO (named pipe) at `path`, and the test fails instead of hanging
+    if anything opens it: opening a FIFO waits for a writer, here for at most 20 s."""
+    import signal
+
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this system")
+
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError("blocked for 20 s: something opened the FIFO")
+
+    def make(path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(path)
+        return path
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(20)
+    try:
+        yield make
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -26,7 +26,7 @@ from typing import IO, Any
 from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from cuvil.errors import CheckError
+from cuvil.errors import CheckError, not_a_regular_file
 
 __all__ = [
     "CHECKSUM_SIZE",
@@ -224,6 +224,11 @@ def read_wheel(path: str | Path, limits: ArchiveLimits | None = None) -> WheelAr
 
 
 def _open(path: Path, limits: ArchiveLimits | None = None) -> zipfile.ZipFile:
+    kind = not_a_regular_file(path)
+    if kind == "missing":
+        raise CheckError(f"{path}: no such file")
+    if kind is not None:
+        raise CheckError(f"{path}: not a wheel: it is {kind}, not a file")
     try:
         if limits is not None:
             with open(path, "rb") as f:

@@ -31,7 +31,7 @@ from cuvil.check._elf import read_elf
 from cuvil.check._macho import is_macho, parse_macho
 from cuvil.check._pe import is_pe, read_pe
 from cuvil.check._platform import macos_version, manylinux_glibc, tag_arches, tag_libc, tag_os
-from cuvil.errors import CheckError
+from cuvil.errors import CheckError, not_a_regular_file
 
 __all__ = ["Diagnosis", "diagnose"]
 
@@ -70,7 +70,12 @@ def diagnose(target: str) -> Diagnosis:
     """Diagnose a wheel file, a package folder (one holding `_models.json`) or the name of an
     installed package."""
     path = Path(target)
-    if path.suffix == ".whl" and path.is_file():
+    kind = not_a_regular_file(path)
+    if path.suffix == ".whl" and kind not in (None, "missing", "a directory"):
+        found = Diagnosis(target)
+        found.bad(f"it is {kind}, not a wheel file", "give the path of the .whl file itself")
+        return found
+    if path.suffix == ".whl" and kind is None:
         return _diagnose_wheel(path)
     if path.is_dir():
         return _diagnose_folder(path, Diagnosis(str(path)), tag=None)

@@ -364,3 +364,15 @@ def _wheel_with(folder: Path, name: str, data: bytes, more: Mapping[str, bytes] 
             archive.writestr(member, payload)
         archive.writestr(f"{DIST_INFO}/RECORD", record(files, "sha256"))
     return wheel
+
+
+def test_a_fifo_named_like_a_wheel_is_refused_without_opening_it(
+        tmp_path: Path, fifo, capsys: pytest.CaptureFixture[str]) -> None:
+    wheel = fifo(tmp_path / "digits_cuvil-1.0.0-py3-none-any.whl")
+    # inspect: status 2, as for any path that is not a model or wheel file
+    for argv, status in ((["check", str(wheel)], 1), (["publish", "--dry-run", str(wheel)], 1),
+                         (["inspect", str(wheel)], 2), (["doctor", str(wheel)], 1)):
+        code = cli.main(argv)
+        out = "".join(capsys.readouterr())
+        assert code == status and "Traceback" not in out, (argv, out)
+        assert str(wheel) in out and "a FIFO (named pipe)" in out, (argv, out)

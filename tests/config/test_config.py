@@ -339,10 +339,11 @@ ERRORS = {
             "Fix the path or add the file",
         ],
     ),
-    "unreadable model file": (
+    "model source is a folder": (
         PROJECT + '[tool.cuvil.models.classifier]\nsource = "models"\n',
         MISSING_FILE,
-        ["tool.cuvil.models.classifier.source: cannot read", "Fix the path"],
+        ["tool.cuvil.models.classifier.source", '"models" is a directory, not a file',
+         "Give the path of the file itself"],
     ),
     "absolute source": (
         PROJECT + '[tool.cuvil.models.classifier]\nsource = "/srv/models/classifier.onnx"\n',
@@ -462,3 +463,11 @@ def test_absolute_source_inside_the_project_is_refused(tmp_path):
     (root / "pyproject.toml").write_text(text, encoding="utf-8")
     message = config_error(root)
     assert "absolute path" in message and "relative to the project root" in message
+
+
+def test_a_model_source_that_is_a_fifo_is_refused_without_opening_it(tmp_path, fifo):
+    root = make_project(tmp_path, files=())
+    fifo(root / "models" / "classifier.onnx")
+    message = config_error(root)
+    assert "tool.cuvil.models.classifier.source" in message
+    assert '"models/classifier.onnx" is a FIFO (named pipe), not a file' in message

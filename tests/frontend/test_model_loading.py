@@ -254,3 +254,14 @@ def test_opset_6_prelu_slopes_are_per_channel_and_the_callers_model_is_kept():
     got = cuvil.compile(model)(x)
     np.testing.assert_allclose(got, np.where(x >= 0, x, x * slope[:, None, None]), rtol=1e-6)
     assert model.SerializeToString() == before
+
+
+def test_a_model_file_or_external_data_that_is_a_fifo_is_refused_without_opening_it(tmp_path, fifo):
+    path = fifo(tmp_path / "pipe.onnx")
+    msg = _compile_error(path)
+    assert str(path) in msg and "a FIFO (named pipe), not a model file" in msg
+    path = _save_external(tmp_path / "model")
+    (tmp_path / "model" / "weights.bin").unlink()
+    fifo(tmp_path / "model" / "weights.bin")
+    msg = _compile_error(path)
+    assert "'weights.bin' is a FIFO (named pipe), not a file" in msg

@@ -204,7 +204,7 @@ def _npz(path: Path, **arrays: np.ndarray) -> Path:
     return path
 
 
-def test_calibration_file_errors(tmp_path: Path) -> None:
+def test_calibration_file_errors(tmp_path: Path, fifo) -> None:
     good = tiny_feeds(8)
     (tmp_path / "text.npz").write_text("not a zip")
     np.save(tmp_path / "one.npy", good["x"])
@@ -212,6 +212,7 @@ def test_calibration_file_errors(tmp_path: Path) -> None:
         "missing file": (tmp_path / "absent.npz", ["absent.npz", "no such calibration file",
                                                    "np.savez('absent.npz', x=..., ids=...)"]),
         "not an npz": (tmp_path / "text.npz", ["text.npz", "not an .npz file", "np.savez"]),
+        "a FIFO": (fifo(tmp_path / "pipe.npz"), ["pipe.npz", "is a FIFO (named pipe), not a file"]),
         "an npy array": (tmp_path / "one.npy", ["one.npy", "single .npy array", "np.savez"]),
         "missing input": (_npz(tmp_path / "a.npz", x=good["x"]),
                           ["a.npz", "no array for the model input 'ids'", "one array per input"]),

@@ -22,7 +22,7 @@ from typing import Any, Union
 import numpy as np
 import onnx
 
-from cuvil.errors import ConfigError
+from cuvil.errors import ConfigError, not_a_regular_file
 
 __all__ = ["CalibrationSource", "Feeds", "InputSpec", "feeds_digest", "input_specs",
            "read_calibration"]
@@ -125,8 +125,11 @@ def _inputs_text(specs: Mapping[str, InputSpec]) -> str:
 def _read_npz(path: Path, specs: Mapping[str, InputSpec]) -> list[Feeds]:
     label = str(path)
     fix = f"write it with np.savez({path.name!r}, {', '.join(f'{n}=...' for n in specs)})"
-    if not path.is_file():
+    kind = not_a_regular_file(path)
+    if kind == "missing":
         raise ConfigError(f"{label}: no such calibration file; {fix}")
+    if kind is not None:
+        raise ConfigError(f"{label}: the calibration data is {kind}, not a file; {fix}")
     try:
         loaded = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:

@@ -9,7 +9,7 @@ from typing import Any
 
 import onnx
 
-from cuvil.errors import ModelError
+from cuvil.errors import ModelError, not_a_regular_file
 
 __all__ = ["check_and_upgrade", "default_opset", "load_onnx"]
 
@@ -33,8 +33,10 @@ def load_onnx(source: str | Path | onnx.ModelProto) -> tuple[onnx.ModelProto, st
         return source, label
     path = Path(source)
     label = str(source)
-    if not path.is_file():
-        raise ModelError(f"{label}: no such model file")
+    kind = not_a_regular_file(path)
+    if kind is not None:
+        raise ModelError(f"{label}: no such model file" if kind == "missing" else
+                         f"{label}: is {kind}, not a model file; give the path of the .onnx file")
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -150,11 +152,15 @@ def _load_external_data(model: onnx.ModelProto, path: Path, label: str) -> None:
                 "cuvil reads weights only from files next to the model: copy the file there "
                 "and re-save the model with a relative location"
             )
-        if not target.is_file():
+        kind = not_a_regular_file(target)
+        if kind == "missing":
             raise ModelError(
                 f"{what} needs the external data file {location!r}, which is missing (looked "
                 f"next to the model, in {path.parent.name or '.'}/); copy it next to the model"
             )
+        if kind is not None:
+            raise ModelError(f"{what}: its external data {location!r} is {kind}, not a file; "
+                             "copy the data file next to the model")
         try:
             offset = int(info.get("offset", 0))
             length = int(info["length"]) if "length" in info else None
