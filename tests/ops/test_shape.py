@@ -238,6 +238,21 @@ def test_transpose_blocked_large() -> None:
                                  "x8": _data(rng, "uint8", (a, 33, b)), "s": s})
 
 
+def test_transposes_whose_lines_share_a_cache_set_walk_the_other_way() -> None:
+    """[a, 32, b] -> [b, a, 32]: output lines a * 32 elements apart, input lines b apart;
+    the tile's inner loop runs along the output when only the output's stride is a multiple
+    of 2 KB (a = 16 floats or 64 bytes), along the input otherwise (both or neither are)."""
+    model = _model([helper.make_node("Transpose", ["x"], ["y"], perm=[2, 0, 1]),
+                    helper.make_node("Transpose", ["x8"], ["y8"], perm=[2, 0, 1])],
+                   {"x": ("float32", ["a", 32, "b"]), "x8": ("uint8", ["a8", 32, "b"])},
+                   ["y", "y8"])
+    compiled = cuvil.compile(model)
+    rng = np.random.default_rng(5)
+    for a, a8, b in ((16, 64, 50), (16, 64, 512), (3, 5, 50), (32, 128, 17)):
+        _check(compiled, model, {"x": rng.standard_normal((a, 32, b)).astype(np.float32),
+                                 "x8": _data(rng, "uint8", (a8, 32, b))})
+
+
 def test_transposes_that_keep_the_innermost_axis_copy_rows_over_the_threads() -> None:
     """A transformer's packed QKV split ([seq, batch, 3, hidden] -> [3, seq, batch, hidden]):
     whole rows, a stretch per task, symbolic and constant row counts, rows that do not fill
