@@ -582,7 +582,7 @@ def _input_pins(model: Any) -> list[str]:
 
 def cmd_init(args: argparse.Namespace) -> int:
     from cuvil.compiler.frontend.loader import load_onnx
-    from cuvil.config import load_project, normalize_package_name
+    from cuvil.config import load_project, normalize_package_name, package_name_problem
     from cuvil.scaffold import WANTED_TARGETS, Project, render_files
     from cuvil.toolchains import list_targets
 
@@ -599,6 +599,9 @@ def cmd_init(args: argparse.Namespace) -> int:
         package = args.package or normalize_package_name(project_name)
     except ConfigError as exc:
         raise ConfigError(f"{exc} With cuvil init, pass --package NAME.") from None
+    problem = package_name_problem(package)
+    if problem is not None:  # before any file is written
+        raise ConfigError(f"package {package!r} {problem}; pass --package NAME to cuvil init.")
 
     model_rel = f"models/{name}.onnx"
     known = {t.name for t in list_targets()}

@@ -75,6 +75,12 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # scikit-build-core's regex provider matches it; the version is the group named `value`.
 DEFAULT_VERSION_REGEX = r"""(?m)^__version__\s*(?::\s*str\s*)?=\s*(['"])(?P<value>[^'"\n]+)\1"""
 _IDENTIFIER_RULE = "ASCII letters, digits and _, not starting with a digit, not a Python keyword"
+#: the longest package or model name: each becomes file names (`_<model>.so`, within the
+#: 255 bytes most file systems allow with the suffixes and tags around it) and C symbols
+MAX_NAME_LENGTH = 64
+#: import names a generated package cannot take: Python finds these first (the standard
+#: library's modules) or the package needs them (numpy, its one runtime dependency)
+_TAKEN_IMPORT_NAMES = frozenset(sys.stdlib_module_names) | {"numpy", "cuvil"}
 _BOOLS = {
     "true": True,
     "yes": True,
@@ -634,7 +640,9 @@ class ProjectConfig:
             "string",
             "Import name of the generated package. The default is [project].name lowercased, each "
             'run of other characters than letters, digits and "_" replaced by "_", and a '
-            'trailing "_cuvil" dropped: digits-cuvil gives digits.',
+            'trailing "_cuvil" dropped: digits-cuvil gives digits. At most 64 characters, and not '
+            "the name of a standard-library module, numpy or cuvil (Python would import those "
+            "instead).",
             "digits",
             default=None,
             default_doc="from [project].name",
@@ -880,6 +888,28 @@ def read_pyproject(path: str | os.PathLike[str]) -> dict[str, Any]:
         )
 
 
+def package_name_problem(package: str) -> str | None:
+    """Why a valid identifier cannot name a generated package (too long, or an import name
+    Python resolves elsewhere), or None."""
+    if len(package) > MAX_NAME_LENGTH:
+        return f"has {len(package)} characters, more than the {MAX_NAME_LENGTH} a package name may have"
+    if package in _TAKEN_IMPORT_NAMES:
+        reason = ("numpy, which every generated package imports" if package == "numpy" else
+                  "cuvil's own package" if package == "cuvil" else
+                  "a module of Python's standard library, which Python imports instead")
+        return f"is the import name of {reason}: the package could never be imported"
+    return None
+
+
+def _check_package_name(package: str, ctx: _Context, derived_from: str | None) -> None:
+    problem = package_name_problem(package)
+    if problem is not None:
+        origin = (f" (made from project.name {_toml(derived_from)})" if derived_from is not None
+                  else "")
+        _fail(f"{ctx.file}: tool.cuvil.package", f"{_toml(package)}{origin} {problem}",
+              f'Set another name, e.g. package = "{package[:MAX_NAME_LENGTH - 6]}_model".')
+
+
 def normalize_package_name(project_name: str) -> str:
     """The default import name for a project name: "digits-cuvil" -> "digits"."""
     name = re.sub(r"[^a-z0-9_]+", "_", project_name.lower())
@@ -934,6 +964,7 @@ def load_project(
             'Write e.g. package = "digits".',
         )
 
+    _check_package_name(values["package"], ctx, derived_from=name if tool.get("package") is None else None)
     values["python_source"] = _python_source(values["python_source"], values["package"], ctx)
     for module in values["op_modules"]:
         if not all(_is_identifier(part) for part in module.split(".")):
@@ -1287,6 +1318,13 @@ def _models(value: Any, ctx: _Context) -> tuple[ModelConfig, ...]:
                 f"the model name {_toml(name)} is not valid (expected {_IDENTIFIER_RULE})",
                 "Rename the table, e.g. [tool.cuvil.models.classifier]; the name becomes the C "
                 "symbols cuvil_<name>_* and an attribute of the package.",
+            )
+        if len(name) > MAX_NAME_LENGTH:
+            _fail(
+                where,
+                f"the model name has {len(name)} characters, more than the {MAX_NAME_LENGTH} a "
+                "model name may have (it names the model's library file and C symbols)",
+                "Rename the table, e.g. [tool.cuvil.models.classifier].",
             )
         clash = next((m.name for m in models if m.name.lower() == name.lower()), None)
         if clash is not None:

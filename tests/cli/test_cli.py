@@ -233,6 +233,11 @@ def test_init_rejects_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Pa
         "C identifier",
     )
     assert not (tmp_path / "b" / "pyproject.toml").exists()
+    # a folder named like a standard-library module: refused before anything is written
+    assert_user_error(*run(capsys, "init", str(tmp_path / "json"), "--model", str(DIGITS_MODEL))[::2],
+                      "package 'json' is the import name of a module of Python's standard library",
+                      "--package NAME")
+    assert not (tmp_path / "json").exists()
 
 
 def test_build_all_targets_needs_targets(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

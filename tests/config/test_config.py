@@ -339,6 +339,32 @@ ERRORS = {
             "Fix the path or add the file",
         ],
     ),
+    "package named like a standard-library module": (
+        PROJECT + '[tool.cuvil]\npackage = "json"\n' + MODEL,
+        MISSING_FILE,
+        ["tool.cuvil.package", '"json" is the import name of a module of Python\'s standard library',
+         "could never be imported", 'package = "json_model"'],
+    ),
+    "project name giving a standard-library module": (
+        PROJECT.replace("digits-cuvil", "email-cuvil") + MODEL,
+        MISSING_FILE,
+        ["tool.cuvil.package", '"email" (made from project.name "email-cuvil")', "standard library"],
+    ),
+    "package named numpy": (
+        PROJECT + '[tool.cuvil]\npackage = "numpy"\n' + MODEL,
+        MISSING_FILE,
+        ["tool.cuvil.package", "numpy, which every generated package imports"],
+    ),
+    "package name too long": (
+        PROJECT + f'[tool.cuvil]\npackage = "{"p" * 300}"\n' + MODEL,
+        MISSING_FILE,
+        ["tool.cuvil.package", "has 300 characters, more than the 64", "_model"],
+    ),
+    "model name too long": (
+        PROJECT + f'[tool.cuvil.models.{"m" * 65}]\nsource = "models/classifier.onnx"\n',
+        MISSING_FILE,
+        [f"tool.cuvil.models.{'m' * 65}", "has 65 characters, more than the 64", "Rename the table"],
+    ),
     "model source is a folder": (
         PROJECT + '[tool.cuvil.models.classifier]\nsource = "models"\n',
         MISSING_FILE,
