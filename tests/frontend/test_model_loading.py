@@ -265,3 +265,20 @@ def test_a_model_file_or_external_data_that_is_a_fifo_is_refused_without_opening
     fifo(tmp_path / "model" / "weights.bin")
     msg = _compile_error(path)
     assert "'weights.bin' is a FIFO (named pipe), not a file" in msg
+
+
+@pytest.mark.parametrize("op", ["Constant", "ConstantOfShape"])
+def test_a_tensor_attribute_whose_raw_data_disagrees_with_its_dims_names_the_node(op):
+    """16 bytes of raw data for 3 floats: onnx's checker passes it, numpy_helper cannot
+    reshape it (an initializer with the same fault has its own error)."""
+    t = helper.make_tensor("c", onnx.TensorProto.FLOAT, [4], np.ones(4, np.float32).tobytes(), raw=True)
+    t.dims[0] = 3 if op == "Constant" else 1
+    nodes = ([helper.make_node("Constant", [], ["c"], value=t, name="bad_node")] if op == "Constant"
+             else [helper.make_node("Constant", [], ["shape"], value_ints=[3]),
+                   helper.make_node("ConstantOfShape", ["shape"], ["c"], value=t, name="bad_node")])
+    graph = helper.make_graph(
+        [*nodes, helper.make_node("Add", ["x", "c"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3])])
+    msg = _compile_error(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert f"node 'bad_node' ({op}): attribute 'value' cannot be read" in msg and "re-export" in msg

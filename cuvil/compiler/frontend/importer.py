@@ -659,15 +659,25 @@ def _make_node(pn: onnx.NodeProto, values: Mapping[str, Value], opsets: dict[str
                              "no earlier node produces (is the graph sorted?)")
         else:
             inputs.append(values[name])
-    attrs = {a.name: attribute_value(a) for a in pn.attribute}
+    attrs = {a.name: _attribute(a, pn, label) for a in pn.attribute}
     domain = "" if pn.domain == "ai.onnx" else pn.domain
     return Node(pn.op_type, inputs, [], attrs, name=pn.name, domain=domain,
                 opset=opsets.get(domain, 0))
 
 
+def _attribute(a: onnx.AttributeProto, pn: onnx.NodeProto, label: str) -> Any:
+    """The attribute's value; a ModelError naming the node when it cannot be read (a tensor
+    whose raw bytes disagree with its dims: the checker lets through more bytes than needed)."""
+    try:
+        return attribute_value(a)
+    except Exception as exc:  # numpy_helper's ValueError, protobuf's errors
+        raise ModelError(f"{label}: node {pn.name or pn.output[0]!r} ({pn.op_type}): attribute "
+                         f"{a.name!r} cannot be read ({exc}); re-export the model") from None
+
+
 def _constant_value(pn: onnx.NodeProto, label: str) -> np.ndarray:
     for a in pn.attribute:
-        v = attribute_value(a)
+        v = _attribute(a, pn, label)
         if a.name == "value":
             return np.asarray(v)
         if a.name in ("value_float", "value_floats"):
