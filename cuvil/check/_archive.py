@@ -183,10 +183,11 @@ def read_wheel(path: str | Path, limits: ArchiveLimits | None = None) -> WheelAr
     limits = limits or ArchiveLimits()
     with _open(path, limits) as archive:
         infos = [i for i in archive.infolist() if not i.is_dir()]
-        for info in archive.infolist():
-            problem = _safety_problem(info, limits)
-            if problem:
-                raise CheckError(f"{path}: member {info.filename!r} {problem}")
+        with open(path, "rb") as raw:
+            for info in archive.infolist():
+                problem = _safety_problem(info, limits) or _local_header_problem(raw, info)
+                if problem:
+                    raise CheckError(f"{path}: member {info.filename!r} {problem}")
         seen: set[str] = set()
         for info in archive.infolist():
             if info.filename in seen:
@@ -297,6 +298,44 @@ def _safety_problem(info: zipfile.ZipInfo, limits: ArchiveLimits) -> str | None:
             f"claims {_size(info.file_size)}, more than the per-member limit of "
             f"{_size(limits.max_member_size)}"
         )
+    return None
+
+
+#: a local file header's fixed part: signature, version, flags, method, time, date, CRC-32,
+#: compressed and uncompressed sizes, name and extra field lengths
+_LOCAL_HEADER = struct.Struct("<4s5H3I2H")
+_ZIP64_EXTRA = 0x0001
+_DATA_DESCRIPTOR = 0x08  # flag: sizes and CRC follow the data instead
+
+
+def _local_header_problem(raw: IO[bytes], info: zipfile.ZipInfo) -> str | None:
+    """How the member's local header disagrees with the central directory, or None. Python
+    and pip read sizes from the directory, streaming unzippers from the local header: a wheel
+    whose two disagree unpacks differently depending on the tool."""
+    raw.seek(info.header_offset)
+    head = raw.read(_LOCAL_HEADER.size)
+    if len(head) < _LOCAL_HEADER.size or head[:4] != b"PK\x03\x04":
+        return "has no local file header where the central directory points"
+    _, _, flags, method, _, _, crc, csize, usize, name_len, extra_len = _LOCAL_HEADER.unpack(head)
+    if method != info.compress_type:
+        return (f"is stored with compression method {method} by its local header but "
+                f"{info.compress_type} by the central directory")
+    if flags & _DATA_DESCRIPTOR:
+        return None  # sizes follow the data; the stream's byte count is checked when read
+    if 0xFFFFFFFF in (csize, usize):
+        raw.seek(info.header_offset + _LOCAL_HEADER.size + name_len)
+        extra = raw.read(extra_len)
+        while len(extra) >= 4:
+            tag, size = struct.unpack("<HH", extra[:4])
+            if tag == _ZIP64_EXTRA and size >= 16:
+                usize, csize = struct.unpack("<QQ", extra[4:20])
+                break
+            extra = extra[4 + size:]
+    if (usize, csize, crc) != (info.file_size, info.compress_size, info.CRC):
+        return (f"has a local header that says {usize} bytes ({csize} compressed, CRC "
+                f"{crc:08x}) where the central directory says {info.file_size} "
+                f"({info.compress_size} compressed, CRC {info.CRC:08x}): tools that read one "
+                "or the other would unpack different files")
     return None
 
 

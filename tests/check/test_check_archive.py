@@ -376,3 +376,18 @@ def test_a_fifo_named_like_a_wheel_is_refused_without_opening_it(
         out = "".join(capsys.readouterr())
         assert code == status and "Traceback" not in out, (argv, out)
         assert str(wheel) in out and "a FIFO (named pipe)" in out, (argv, out)
+
+
+def test_a_local_header_that_disagrees_with_the_central_directory_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The central directory is right (Python's zipfile and pip read it); only the local
+    header, which streaming unzippers read, lies about the size."""
+    payload = bytes(range(250)) * 4
+    wheel = write_zip(tmp_path / WHEEL_NAME, [*good_entries(), ("tiny/data.bin", payload)])
+    raw = bytearray(wheel.read_bytes())
+    with zipfile.ZipFile(wheel) as archive:
+        local = archive.getinfo("tiny/data.bin").header_offset
+    struct.pack_into("<I", raw, local + 22, 5000)
+    wheel.write_bytes(raw)
+    assert_refused(wheel, capsys, "'tiny/data.bin' has a local header that says 5000 bytes",
+                   "where the central directory says 1000")
