@@ -278,20 +278,20 @@ def cmd_cache(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------- check
 
 
-def _check(paths: Sequence[str], auditwheel: bool) -> tuple[bool, list[str]]:
+def _check(paths: Sequence[str], auditwheel: bool, load: bool = False) -> tuple[bool, list[str]]:
     from cuvil.check import check_wheel
 
     ok = True
     texts = []
     for path in paths:
-        report = check_wheel(path, auditwheel=auditwheel)
+        report = check_wheel(path, auditwheel=auditwheel, load=load)
         ok = ok and report.ok
         texts.append(report.format())
     return ok, texts
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    ok, texts = _check(args.wheels, auditwheel=not args.no_auditwheel)
+    ok, texts = _check(args.wheels, auditwheel=not args.no_auditwheel, load=args.load)
     print("\n".join(texts))
     return 0 if ok else 1
 
@@ -837,6 +837,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", parents=[common], help="validate built wheels (exit 1 on any failure)")
     p.add_argument("wheels", nargs="+", metavar="WHEEL")
     p.add_argument("--no-auditwheel", action="store_true", help="skip the auditwheel policy check")
+    p.add_argument("--load", action="store_true",
+                   help="also import each wheel this machine can run in a fresh interpreter and call "
+                        "its models once (the build backend always does)")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("doctor", parents=[common],

@@ -39,7 +39,7 @@ def wheel_verifier(
     def verify(wheel: Path) -> None:
         from cuvil.check import check_wheel
 
-        report = check_wheel(wheel)
+        report = check_wheel(wheel, load=True)
         for result in report:
             if result.skipped:
                 log(f"check {result.name} skipped: {result.message}")

@@ -15,9 +15,13 @@ Each module checks one concern and adds named results to the report:
   (glibc or musl: the one of the tag) and its versions, macOS versions, Mach-O code
   signatures;
 - `abi`: the checksum each library exports matches its signature, read statically per slice;
-- `auditwheel`: `auditwheel show` agrees with the manylinux tag (when auditwheel is installed).
+- `auditwheel`: `auditwheel show` agrees with the manylinux tag (when auditwheel is installed);
+- `load` (with `load=True`: `cuvil check --load`, and the build backend): the package imported
+  in a fresh interpreter and each model called once, where this machine can run the wheel.
 
-Nothing is loaded or executed: every architecture can be checked on any host.
+Apart from `load`, nothing is loaded or executed: every architecture can be checked on any
+host. A library damaged where no static check looks can still crash at its first call; the
+load test is what catches that, on the machines that can run it.
 """
 
 from __future__ import annotations
@@ -38,13 +42,15 @@ __all__ = ["CHECK_KINDS", "ArchiveLimits", "CheckReport", "CheckResult", "check_
 
 
 def check_wheel(
-    path: str | Path, *, auditwheel: bool = True, limits: ArchiveLimits | None = None
+    path: str | Path, *, auditwheel: bool = True, limits: ArchiveLimits | None = None,
+    load: bool = False,
 ) -> CheckReport:
     """Run every check on the wheel at `path`.
 
     A file that is not a zip archive, or not a safe one within `limits` (see `ArchiveLimits`),
     gives a report with one failed check, "archive". `auditwheel=False` leaves out the (slower,
-    subprocess) auditwheel check.
+    subprocess) auditwheel check; `load=True` adds the load test (in a subprocess; skipped
+    where this machine cannot run the wheel, or when another check failed).
     """
     from cuvil.check import manifest, record, tags
     from cuvil.check.auditwheel import check_auditwheel
@@ -71,7 +77,24 @@ def check_wheel(
         report.failed("archive", str(exc))
     if auditwheel:
         check_auditwheel(wheel, report)
+    if load:
+        _check_load(path, report)
     return report
+
+
+def _check_load(path: Path, report: CheckReport) -> None:
+    from cuvil.check.doctor import load_test
+
+    if not report.ok:
+        report.skip("load", "not tried: the wheel fails the checks above")
+        return
+    ok, message = load_test(path)
+    if ok is None:
+        report.skip("load", message)
+    elif ok:
+        report.passed("load", message)
+    else:
+        report.failed("load", message)
 
 
 def _check_libraries(wheel: WheelArchive, report: CheckReport) -> None:

@@ -14,7 +14,7 @@ CHECK_KINDS = (
     "archive", "wheel file name", "layout", "WHEEL", "METADATA", "RECORD", "manifest", "platform tag",
     "format", "ELF header", "exported symbols", "SONAME", "RPATH/RUNPATH", "DT_NEEDED", "libc",
     "glibc versions", "Mach-O slices", "install name", "dependencies", "macOS version", "code signature",
-    "PE header", "DLL name", "imports", "ABI checksum", "auditwheel",
+    "PE header", "DLL name", "imports", "ABI checksum", "auditwheel", "load",
 )
 
 

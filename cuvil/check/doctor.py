@@ -102,22 +102,53 @@ def _diagnose_wheel(path: Path) -> Diagnosis:
                       "rebuild the wheel, or download it again; `cuvil check` lists every problem")
         return found
     found.good(f"the wheel is intact ({sum(r.ok for r in report.results)} checks of cuvil check passed)")
-    tag = path.name[:-4].split("-")[-1]
     with tempfile.TemporaryDirectory(prefix="cuvil-doctor-") as tmp:
-        wheel = read_wheel(path)
-        package = None
-        for name in wheel.members:
-            if name.endswith("/_models.json") and name.count("/") == 1:
-                package = name.split("/")[0]
-        if package is None:
+        folder = _extract_package(path, Path(tmp))
+        if folder is None:
             found.bad("the wheel holds no generated package (_models.json)",
                       "this is not a wheel built by cuvil")
             return found
-        import zipfile
+        return _diagnose_folder(folder, found, tag=_platform_tag(path))
 
-        with zipfile.ZipFile(path) as archive:  # safe: read_wheel vetted every member
-            archive.extractall(tmp, [n for n in wheel.members if n.startswith(package + "/")])
-        return _diagnose_folder(Path(tmp) / package, found, tag=tag)
+
+def load_test(path: Path) -> tuple[bool | None, str]:
+    """`cuvil check --load`: import the package of the wheel at `path` (already checked) in a
+    fresh interpreter and call each model once on zeros. (True, what ran), (False, why not), or
+    (None, why this machine cannot try). A call that raises (inputs of zeros may break a
+    model's own constraints) does not fail the test: loading and answering is what it asks."""
+    with tempfile.TemporaryDirectory(prefix="cuvil-load-") as tmp:
+        folder = _extract_package(path, Path(tmp))
+        if folder is None:
+            return None, "the wheel holds no generated package (_models.json): nothing to load"
+        found = Diagnosis(str(path))
+        manifest = _manifest(folder, found)
+        if manifest is not None and _same_build(folder, manifest, found) and \
+                _libraries_intact(folder, manifest, found):
+            if not _for_this_machine(manifest, _platform_tag(path), folder, found):
+                return None, f"not run: {found.findings[-1][1]}"
+            _runs_here(folder, manifest, found, calls_must_succeed=False)
+    ok, what, _ = found.findings[-1]
+    if not ok and "needs CPU features this machine lacks" in what:
+        return None, f"not run: {what.removeprefix('loading or calling a model fails: ')}"
+    return ok, what
+
+
+def _platform_tag(path: Path) -> str:
+    return path.name[:-4].split("-")[-1]
+
+
+def _extract_package(path: Path, into: Path) -> Path | None:
+    """The wheel's generated package (the folder with `_models.json`) unpacked into `into`."""
+    wheel = read_wheel(path)
+    package = next((name.split("/")[0] for name in wheel.members
+                    if name.endswith("/_models.json") and name.count("/") == 1), None)
+    if package is None:
+        return None
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:  # safe: read_wheel vetted every member
+        archive.extractall(into, [n for n in wheel.members if n.startswith(package + "/")])
+    return into / package
 
 
 def _diagnose_folder(folder: Path, found: Diagnosis, tag: str | None) -> Diagnosis:
@@ -279,35 +310,47 @@ def _host_glibc() -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-# loads the package from a copy of its folder and calls each model once on zeros
+# loads the package from a copy of its folder and calls each model once on zeros; with
+# "lenient", a call that raises is reported on stdout and the next model goes on
 _PROBE = """
 import importlib, sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
 package = importlib.import_module(sys.argv[2])
-for name in sys.argv[3:]:
+for name in sys.argv[4:]:
     model = getattr(package, name)
     feeds = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], i.dtype)
              for i in model.inputs}
-    model.run(feeds)
+    try:
+        model.run(feeds)
+    except Exception as exc:
+        if sys.argv[3] != "lenient":
+            raise
+        print("raised", name, type(exc).__name__, flush=True)
+        continue
     print("ran", name, flush=True)
 """
 
 
-def _runs_here(folder: Path, manifest: dict[str, Any], found: Diagnosis) -> None:
+def _runs_here(folder: Path, manifest: dict[str, Any], found: Diagnosis,
+               calls_must_succeed: bool = True) -> None:
     names = [m["name"] for m in manifest["models"]]
     package = str(manifest.get("package", folder.name))
+    mode = "strict" if calls_must_succeed else "lenient"
     with tempfile.TemporaryDirectory(prefix="cuvil-doctor-") as tmp:
         shutil.copytree(folder, Path(tmp) / package)
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CUVIL_PROFILE")}
         try:
-            done = subprocess.run([sys.executable, "-c", _PROBE, tmp, package, *names], env=env,
-                                  capture_output=True, text=True, timeout=300)
+            done = subprocess.run([sys.executable, "-c", _PROBE, tmp, package, mode, *names],
+                                  env=env, capture_output=True, text=True, timeout=300)
         except subprocess.TimeoutExpired:
             found.bad("loading and calling the models took over 5 minutes", "")
             return
     if done.returncode == 0:
-        found.good(f"every model loads and runs here ({', '.join(names)})")
+        raised = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("raised ")]
+        found.good(f"every model loads and runs here ({', '.join(names)})" if not raised else
+                   f"every model loads here ({', '.join(names)}); on inputs of zeros "
+                   + ", ".join(f"{n} raised {e}" for n, e, *_ in raised))
         return
     if done.returncode == -signal.SIGILL:
         found.bad("the library uses instructions this CPU does not have: the process died of "

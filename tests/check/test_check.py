@@ -30,6 +30,7 @@ import cuvil.build_backend as backend
 from cuvil.check import CHECK_KINDS, CheckReport, check_wheel
 from cuvil.check._macho import LC_CODE_SIGNATURE, parse_macho
 from cuvil.check.macho import LINKER_SYMBOLS
+from cuvil.cli import main as cli_main
 from cuvil.runtime._loader import ABI_VERSION, abi_checksum
 from cuvil.toolchains import get_target, zig
 
@@ -209,6 +210,43 @@ def test_good_wheels_pass_every_check(digits: SimpleNamespace, target: str) -> N
         assert report["auditwheel"].ok and not report["auditwheel"].skipped
     else:
         assert "auditwheel" not in names
+
+
+def _file_offset(elf_bytes: bytes, symbol: str) -> int:
+    """Where in the file the code of an exported function starts (pyelftools)."""
+    from elftools.elf.elffile import ELFFile
+
+    elf = ELFFile(io.BytesIO(elf_bytes))
+    (sym,) = elf.get_section_by_name(".dynsym").get_symbol_by_name(symbol)
+    addr = sym["st_value"]
+    for seg in elf.iter_segments():
+        if seg["p_type"] == "PT_LOAD" and seg["p_vaddr"] <= addr < seg["p_vaddr"] + seg["p_filesz"]:
+            return int(addr - seg["p_vaddr"] + seg["p_offset"])
+    raise AssertionError(f"{symbol} lies in no loaded segment")
+
+
+@pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",
+                    reason="loads an x86_64 Linux wheel")
+def test_the_load_test_imports_the_package_and_catches_a_library_that_crashes(
+        digits: SimpleNamespace, tmp_path: Path) -> None:
+    wheel = digits.wheels["x86_64-linux"]
+    report = check_wheel(wheel, auditwheel=False, load=True)
+    assert report["load"].ok and not report["load"].skipped, report.format()
+    assert "every model loads and runs here (classifier)" in report["load"].message
+    # the entry point's first instruction made ud2, RECORD rewritten to match: no static check
+    # reads code, so only loading and calling the library finds it
+    files = read_entries(wheel)
+    lib = files["digits/_classifier.so"]
+    at = _file_offset(lib, "cuvil_classifier_run")
+    broken = repack(wheel, tmp_path, replace={"digits/_classifier.so": lib[:at] + b"\x0f\x0b" + lib[at + 2:]})
+    assert check_wheel(broken, auditwheel=False).ok
+    report = check_wheel(broken, auditwheel=False, load=True)
+    assert not report["load"].ok and "SIGILL" in report["load"].message, report.format()
+    # a wheel this machine cannot run is skipped, with the reason
+    report = check_wheel(digits.wheels["aarch64-linux"], auditwheel=False, load=True)
+    assert report.ok and report["load"].skipped and "this machine is x86_64 linux" in report["load"].message
+    # cuvil check --load says the same
+    assert cli_main(["check", "--load", "--no-auditwheel", str(broken)]) == 1
 
 
 def test_universal2_wheel_has_both_slices_and_a_valid_arm64_signature(digits: SimpleNamespace) -> None:
