@@ -97,7 +97,8 @@ class ElfLibrary:
 def read_elf(data: bytes) -> ElfLibrary:
     try:
         return _read(data)
-    except (ELFError, struct.error, ValueError, KeyError, IndexError, AttributeError) as exc:
+    except (ELFError, struct.error, ValueError, KeyError, IndexError, AttributeError,
+            OverflowError, TypeError) as exc:  # pyelftools seeks wherever a field points
         raise ElfFormatError(f"not a readable ELF file ({type(exc).__name__}: {exc})") from None
 
 

@@ -12,9 +12,9 @@ __all__ = ["CHECK_KINDS", "CheckReport", "CheckResult"]
 # "SONAME" check): the names `check-warnings` in [tool.cuvil] accepts.
 CHECK_KINDS = (
     "archive", "wheel file name", "layout", "WHEEL", "METADATA", "RECORD", "manifest", "platform tag",
-    "format", "ELF header", "exported symbols", "SONAME", "RPATH/RUNPATH", "DT_NEEDED", "libc",
-    "glibc versions", "Mach-O slices", "install name", "dependencies", "macOS version", "code signature",
-    "PE header", "DLL name", "imports", "ABI checksum", "auditwheel", "load",
+    "format", "ELF header", "ELF structure", "exported symbols", "SONAME", "RPATH/RUNPATH", "DT_NEEDED",
+    "libc", "glibc versions", "Mach-O slices", "install name", "dependencies", "macOS version",
+    "code signature", "PE header", "DLL name", "imports", "ABI checksum", "auditwheel", "load",
 )
 
 

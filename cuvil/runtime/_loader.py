@@ -610,10 +610,10 @@ class Model:
         self._constraints = [(_expression(c, names, f"{where}constraints[{i}]", condition=True),
                               msg) for i, (c, msg) in enumerate(signature.constraints)]
         self._lib = self._load(signature)
-        self._run = getattr(self._lib, exported_symbol(self.name, "run"))
+        self._run = _function(self._lib, self.name, "run")
         self._run.restype = ctypes.c_int32
         self._run.argtypes = [ctypes.c_void_p] * 4
-        self._run_profiled = getattr(self._lib, exported_symbol(self.name, "run_profiled"))
+        self._run_profiled = _function(self._lib, self.name, "run_profiled")
         self._run_profiled.restype = ctypes.c_int32
         self._run_profiled.argtypes = [ctypes.c_void_p] * 5
         self._node_flops: list[Any] | None = None
@@ -626,8 +626,7 @@ class Model:
         if os.environ.get("CUVIL_PROFILE", "0") not in ("", "0"):
             self._session = self._new_profile()
             atexit.register(self._print_session)
-        self._set_thread_limit = getattr(self._lib,
-                                         exported_symbol(self.name, "set_thread_limit"))
+        self._set_thread_limit = _function(self._lib, self.name, "set_thread_limit")
         self._set_thread_limit.argtypes = [ctypes.c_int32]
         self._set_thread_limit.restype = None
         if not _share_thread_pool(self._lib, self.name):
@@ -650,7 +649,7 @@ class Model:
     def _load(self, signature: ModelSignature) -> ctypes.CDLL:
         try:
             lib = _open_library(self._path)
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:  # ctypes decodes dlerror()'s text as UTF-8
             raise ImportError(f"cannot load model library {self._path}: {exc}"
                               f"{_why_not_loadable(self._path, str(exc))}") from None
         symbol = exported_symbol(self.name, "abi_checksum")
@@ -674,7 +673,7 @@ class Model:
     def _check_cpu(self, lib: ctypes.CDLL, signature: ModelSignature) -> None:
         """Refuse, before any of the library's code for its baseline runs, a CPU without the
         flags it needs: the library's check is compiled for the plain architecture."""
-        check = getattr(lib, exported_symbol(self.name, "cpu_check"))
+        check = _function(lib, self.name, "cpu_check")
         check.restype = ctypes.c_int32
         check.argtypes = [ctypes.c_char_p, ctypes.c_int64]
         missing = ctypes.create_string_buffer(1024)
@@ -1185,18 +1184,30 @@ def _why_not_loadable(path: str, error: str) -> str:
     return "; run `cuvil doctor` on the package for a diagnosis"
 
 
+def _function(lib: ctypes.CDLL, model: str, part: str) -> Any:
+    """The library's exported function `part` of `model`; ImportError when it is missing (a
+    damaged library, or one built for another model)."""
+    symbol = exported_symbol(model, part)
+    try:
+        return getattr(lib, symbol)
+    except AttributeError:
+        raise ImportError(f"{getattr(lib, '_name', 'the model library')} does not export {symbol}: "
+                          f"it is damaged or not built for model {model!r}; reinstall the "
+                          "package (`cuvil doctor` diagnoses it)") from None
+
+
 def _share_thread_pool(lib: ctypes.CDLL, name: str) -> bool:
     """Make the library run its parallel loops on the process's pool: the first library's.
     True when this library is that first one (it then stays loaded: others use its pool)."""
     registry = _thread_pool_registry()
     with registry.lock:
         if registry.pool is None:
-            get_pool = getattr(lib, exported_symbol(name, "thread_pool"))
+            get_pool = _function(lib, name, "thread_pool")
             get_pool.restype = ctypes.c_void_p
             get_pool.argtypes = []
             registry.pool, registry.owner = get_pool(), lib
             return True
-        use_pool = getattr(lib, exported_symbol(name, "use_thread_pool"))
+        use_pool = _function(lib, name, "use_thread_pool")
         use_pool.restype = ctypes.c_int32
         use_pool.argtypes = [ctypes.c_void_p]
         use_pool(registry.pool)  # -1: a pool of another version; the library keeps its own

@@ -249,6 +249,49 @@ def test_the_load_test_imports_the_package_and_catches_a_library_that_crashes(
     assert cli_main(["check", "--load", "--no-auditwheel", str(broken)]) == 1
 
 
+def _elf_mutants(lib: bytes) -> dict[str, tuple[bytes, str]]:
+    """Changes in the dynamic loader's path through the library that the section-based checks
+    do not see, of the kinds that crashed or aborted the process in dlopen when bytes of a
+    library were changed at random: name -> (bytes, what the ELF structure check must say)."""
+    from elftools.elf.elffile import ELFFile
+
+    elf = ELFFile(io.BytesIO(lib))
+
+    def patched(at: int, fmt: str, value: int) -> bytes:
+        out = bytearray(lib)
+        struct.pack_into(fmt, out, at, value)
+        return bytes(out)
+
+    dynamic = elf.get_section_by_name(".dynamic")["sh_offset"]
+    tags = {struct.unpack_from("<q", lib, dynamic + 16 * i)[0]: dynamic + 16 * i for i in range(64)}
+    last_load = max((s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"),
+                    key=lambda s: s["p_vaddr"])
+    phdr = elf["e_phoff"] + 56 * next(i for i, s in enumerate(elf.iter_segments())
+                                      if s["p_offset"] == last_load["p_offset"] and s["p_type"] == "PT_LOAD")
+    verneed = elf.get_section_by_name(".gnu.version_r")["sh_offset"]
+    soname = struct.unpack_from("<Q", lib, tags[14] + 8)[0]  # DT_SONAME's string offset
+    return {
+        "bloom filter": (patched(elf.get_section_by_name(".gnu.hash")["sh_offset"] + 8, "<I", 3),
+                         "the GNU hash table's header"),
+        "DT_PLTREL": (patched(tags[20] + 8, "<Q", 17), "DT_PLTREL is 17"),
+        "version index": (patched(elf.get_section_by_name(".gnu.version")["sh_offset"] + 2, "<H", 9),
+                          "version indices the library neither defines nor needs"),
+        "data segment": (patched(phdr + 32, "<Q", last_load["p_filesz"] + 0x100), "maps"),
+        "needed version": (patched(verneed + 4, "<I", soname), "names a library the library does not need"),
+    }
+
+
+def test_the_elf_structure_check_follows_the_dynamic_loader(digits: SimpleNamespace, tmp_path: Path) -> None:
+    wheel = digits.wheels["x86_64-linux"]
+    report = check_wheel(wheel, auditwheel=False)
+    assert report["digits/_classifier.so: ELF structure"].ok, report.format()
+    lib = read_entries(wheel)["digits/_classifier.so"]
+    for case, (data, words) in _elf_mutants(lib).items():
+        bad = repack(wheel, tmp_path / case.replace(" ", "_"), replace={"digits/_classifier.so": data})
+        found = failures(check_wheel(bad, auditwheel=False))
+        assert words in found.get("digits/_classifier.so: ELF structure", ""), (case, found)
+
+
 def test_universal2_wheel_has_both_slices_and_a_valid_arm64_signature(digits: SimpleNamespace) -> None:
     report = check_wheel(digits.wheels["universal2-macos"])
     lib = "digits/_classifier.dylib"
