@@ -57,6 +57,8 @@ _RELOCATIONS = {
           1030: "R_AARCH64_TLS_TPREL", 1031: "R_AARCH64_TLSDESC", 1032: "R_AARCH64_IRELATIVE"},
 }
 _RELATIVE = {62: 8, 183: 1027}
+_JUMP_SLOT = {62: 7, 183: 1026}
+_GLOB_DAT = {62: 6, 183: 1025}
 #: reported problems at most: a damaged file shows a few, not thousands
 _MAX_PROBLEMS = 8
 
@@ -243,6 +245,10 @@ def _walk(data: bytes, problems: list[str]) -> None:
                 fail(f"function symbol {i} at {value:#x} lies in a segment that is not executable")
 
     relocations = _RELOCATIONS.get(machine)
+    targets: set[int] = set()
+    # a lazy-binding slot is in .got.plt, a data symbol's address in .got: a relocation that
+    # writes elsewhere leaves its slot unfilled for a call that comes later
+    slots = {_JUMP_SLOT.get(machine): sections.get(".got.plt"), _GLOB_DAT.get(machine): sections.get(".got")}
     for tag, size_tag in ((DT_RELA, DT_RELASZ), (DT_JMPREL, DT_PLTRELSZ)):
         addr, size = tags.get(tag, [None])[0], tags.get(size_tag, [0])[0]
         if addr is None or relocations is None:
@@ -253,17 +259,23 @@ def _walk(data: bytes, problems: list[str]) -> None:
         for j in range(size // _RELA.size):
             offset, info, addend = _RELA.unpack_from(data, at + j * _RELA.size)
             kind, sym = info & 0xFFFFFFFF, info >> 32
+            slot = slots.get(kind)
+            where = f"relocation {j} of {_TAG_NAMES[tag]}"
             if kind not in relocations:
-                fail(f"relocation {j} of {_TAG_NAMES[tag]} has type {kind}, which a library "
-                     "of this machine does not use")
-            elif not any(v <= offset and offset + 8 <= v + m and f & PF_W for v, m, _, _, f in loads):
-                fail(f"relocation {j} of {_TAG_NAMES[tag]} writes at {offset:#x}, outside the "
-                     "writable image")
+                fail(f"{where} has type {kind}, which a library of this machine does not use")
+            elif offset % 8 or offset in targets or not any(
+                    v <= offset and offset + 8 <= v + m and f & PF_W for v, m, _, _, f in loads):
+                fail(f"{where} writes at {offset:#x}: unaligned, outside the writable image or "
+                     "where another relocation writes")
+            elif slot is not None and not slot[0] <= offset < slot[0] + slot[1]:
+                fail(f"{where} ({relocations[kind]}) writes at {offset:#x}, outside the table "
+                     "of such slots")
             elif sym >= nsyms:
-                fail(f"relocation {j} of {_TAG_NAMES[tag]} names symbol {sym} of {nsyms}")
+                fail(f"{where} names symbol {sym} of {nsyms}")
             elif kind == _RELATIVE.get(machine) and not image[0] <= addend <= image[1]:
-                fail(f"relocation {j} of {_TAG_NAMES[tag]} points at {addend:#x}, outside the "
-                     f"image [{image[0]:#x}, {image[1]:#x}]")
+                fail(f"{where} points at {addend:#x}, outside the image [{image[0]:#x}, "
+                     f"{image[1]:#x}]")
+            targets.add(offset)
 
 
 def _sections(data: bytes, shoff: int, shnum: int,

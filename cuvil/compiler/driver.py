@@ -80,7 +80,6 @@ def signature_of(graph: Graph, name: str, library_file: str) -> dict[str, Any]:
             bounded = [graph.upper_bound(d) for d in v.type.shape]
             t["max_shape"] = [dim_str(d) for d in bounded]
             t["max_shape_expr"] = [to_python(d) for d in bounded]
-    sig["checksum"] = abi_checksum(sig)
     return sig
 
 
@@ -167,6 +166,7 @@ def _compile(source: Any, name: str, workdir: Path, tgt: Target, options: Compil
                          "fix the model's dims")
     sig = signature_of(graph, name, library_file)
     sig["workspace"] = to_python(plan.workspace_size)
+    sig["checksum"] = abi_checksum(sig)
     say(f"cuvil: {name}: {len(graph.nodes)} nodes, {len(plan.weights)} bytes of weights, "
         f"workspace {plan.workspace_size} bytes (imported, optimized and planned in "
         f"{time.perf_counter() - start:.2f} s)")

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-ABI_VERSION = 3  # 2: run_profiled and the thread-pool exports (thread_pool, use_thread_pool,
-#    set_thread_limit); 3: cpu_check, and run's STATUS_CPU_UNSUPPORTED
+ABI_VERSION = 4  # 2: run_profiled and the thread-pool exports (thread_pool, use_thread_pool,
+#    set_thread_limit); 3: cpu_check, and run's STATUS_CPU_UNSUPPORTED; 4: the checksum covers
+#    the expressions the loader sizes memory by (output shapes, workspace, constraints)
 
 __all__ = ["ABI_DTYPES", "ABI_VERSION", "Manifest", "ManifestError", "Model", "ModelSignature",
            "NodeTime", "OpTime", "Profile", "TensorInfo", "TensorSignature", "abi_checksum",
@@ -30,24 +31,35 @@ __all__ = ["ABI_DTYPES", "ABI_VERSION", "Manifest", "ManifestError", "Model", "M
 
 
 def abi_checksum(signature: Mapping[str, Any] | ModelSignature) -> str:
-    """sha256 over what caller and library must agree on: ABI version, names, dtypes, shapes."""
+    """sha256 over what caller and library must agree on: ABI version, names, dtypes, shapes,
+    and the expressions the caller sizes the library's memory by (each output's shape and
+    bound, the workspace, the constraints): a manifest edited there would have the library
+    write past the buffers it is given."""
     if isinstance(signature, ModelSignature):
         s: Any = signature
-        name, symbols, data_dims = s.name, s.symbols, [[d.name, d.bound] for d in s.data_dims]
-        inputs, outputs = ([[t.name, t.dtype, list(t.shape)] for t in ts]
-                           for ts in (s.inputs, s.outputs))
+        name, symbols = s.name, s.symbols
+        data_dims = [[d.name, d.bound, d.bound_expr] for d in s.data_dims]
+        inputs = [[t.name, t.dtype, list(t.shape)] for t in s.inputs]
+        outputs = [[t.name, t.dtype, list(t.shape), _listed(t.shape_expr), _listed(t.max_shape_expr)]
+                   for t in s.outputs]
+        workspace, constraints = s.workspace, [list(c) for c in s.constraints]
     else:  # the compiler's dict, before the manifest is written
         s = signature
         name, symbols = s["name"], s["symbols"]
-        data_dims = [[d["name"], d["bound"]] for d in s.get("data_dims", ())]
-        inputs, outputs = ([[t["name"], t["dtype"], list(t["shape"])] for t in s[kind]]
-                           for kind in ("inputs", "outputs"))
+        data_dims = [[d["name"], d["bound"], d.get("bound_expr")] for d in s.get("data_dims", ())]
+        inputs = [[t["name"], t["dtype"], list(t["shape"])] for t in s["inputs"]]
+        outputs = [[t["name"], t["dtype"], list(t["shape"]), _listed(t.get("shape_expr")),
+                    _listed(t.get("max_shape_expr"))] for t in s["outputs"]]
+        workspace, constraints = s.get("workspace"), s.get("constraints", [])
     canonical = {"abi": ABI_VERSION, "model": name, "symbols": list(symbols), "inputs": inputs,
-                 "outputs": outputs}
-    if data_dims:  # absent from other models: their checksums stay the same
-        canonical["data_dims"] = data_dims
+                 "outputs": outputs, "workspace": workspace, "constraints": constraints,
+                 "data_dims": data_dims}
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
     return _sha256(text.encode()).hexdigest()
+
+
+def _listed(dims: Any) -> list[Any] | None:
+    return None if dims is None else list(dims)
 
 
 def _sha256(data: bytes) -> Any:

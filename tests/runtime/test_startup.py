@@ -65,9 +65,13 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_the_checksum_is_the_sha256_of_the_canonical_signature(digits: Any) -> None:
     sig = digits.signature
+    # the expressions the loader sizes memory by are covered too (a digits batch: "batch")
     canonical = {"abi": ABI_VERSION, "model": sig["name"], "symbols": list(sig["symbols"]),
                  "inputs": [[t["name"], t["dtype"], list(t["shape"])] for t in sig["inputs"]],
-                 "outputs": [[t["name"], t["dtype"], list(t["shape"])] for t in sig["outputs"]]}
+                 "outputs": [[t["name"], t["dtype"], list(t["shape"]), list(t["shape_expr"]), None]
+                             for t in sig["outputs"]],
+                 "workspace": sig["workspace"], "constraints": [], "data_dims": []}
+    assert sig["outputs"][0]["shape_expr"][0] == "batch" and sig["workspace"]
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
     want = hashlib.sha256(text.encode()).hexdigest()
     assert abi_checksum(sig) == want
