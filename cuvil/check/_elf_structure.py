@@ -75,7 +75,7 @@ def structure_problems(data: bytes) -> list[str]:
         _walk(data, problems)
     except _Found:
         pass
-    except struct.error as exc:  # a table runs past the file: reported before it is read
+    except (struct.error, IndexError, OverflowError) as exc:  # a table runs past the file
         problems.append(f"a table cannot be read ({exc})")
     return problems[:_MAX_PROBLEMS]
 
@@ -106,6 +106,7 @@ def _walk(data: bytes, problems: list[str]) -> None:
     if shnum and (shoff + shnum * _SHDR.size > len(data) or shstrndx >= shnum):
         fail(f"the section headers ({shnum} at {shoff:#x}, names in {shstrndx}) lie outside "
              "the file")
+        shnum = 0  # the checks that compare with the sections have none to compare with
 
     loads, dynamic, others = [], [], []
     for i in range(phnum):
