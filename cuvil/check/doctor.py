@@ -313,15 +313,26 @@ def _host_glibc() -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-# loads the package from a copy of its folder and calls each model once on zeros; with
-# "lenient", a call that raises is reported on stdout and the next model goes on
+# loads the package from a copy of its folder and calls each model once on zeros. "strict"
+# (the doctor) imports the package itself; "lenient" (the load test, also run inside isolated
+# builds, where a mixed project's own imports may be missing) loads the models through the
+# package's runtime module alone, and reports a call that raises instead of failing
 _PROBE = """
-import importlib, sys
+import importlib, importlib.util, os, sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-package = importlib.import_module(sys.argv[2])
+if sys.argv[3] == "lenient":
+    folder = os.path.join(sys.argv[1], sys.argv[2])
+    runtime_file = os.path.join(folder, "_cuvil_runtime.py")
+    spec = importlib.util.spec_from_file_location("_cuvil_load_test", runtime_file)
+    runtime = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runtime)
+    models = runtime.load_models(folder)
+else:
+    package = importlib.import_module(sys.argv[2])
+    models = {name: getattr(package, name) for name in sys.argv[4:]}
 for name in sys.argv[4:]:
-    model = getattr(package, name)
+    model = models[name]
     feeds = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], i.dtype)
              for i in model.inputs}
     try:
