@@ -12,7 +12,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_check import DigitsWheels, assert_fails_only, read_entries, repack
+from test_check import DigitsWheels, assert_fails_only, repack
+from wheel_files import read_entries
 
 from cuvil.check import check_wheel
 from cuvil.check._pe import read_pe

@@ -11,15 +11,11 @@ real ones (a changed addend that still points inside the image may run and answe
 
 from __future__ import annotations
 
-import base64
-import csv
-import hashlib
 import io
 import json
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +24,7 @@ import pytest
 from conftest import budget
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from wheel_files import read_entries, write_wheel
 
 import cuvil.build_backend as backend
 from cuvil.cli import main as cli_main
@@ -65,8 +62,7 @@ class Original:
             name = backend.build_wheel(str(root / "dist"), {"build-dir": str(root / "build")})
         finally:
             os.chdir(cwd)
-        with zipfile.ZipFile(root / "dist" / name) as archive:
-            self.files = {n: archive.read(n) for n in archive.namelist()}
+        self.files = read_entries(root / "dist" / name)
         self.name = name
         lib = self.files[LIBRARY]
         elf = ELFFile(io.BytesIO(lib))
@@ -79,23 +75,6 @@ class Original:
                 self.regions.append((start, start + size))
         self.outputs = run_package(self.files, root / "original")
         assert self.outputs is not None
-
-
-def write_wheel(path: Path, files: dict[str, bytes]) -> Path:
-    """`files` as a wheel at `path`, with RECORD recomputed."""
-    record = next(n for n in files if n.endswith(".dist-info/RECORD"))
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    for name, data in files.items():
-        if name != record:
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            writer.writerow((name, f"sha256={digest}", len(data)))
-    writer.writerow((record, "", ""))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in {**files, record: out.getvalue().encode()}.items():
-            archive.writestr(name, data)
-    return path
 
 
 def run_package(files: dict[str, bytes], folder: Path) -> np.ndarray | None:
