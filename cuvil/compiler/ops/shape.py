@@ -323,15 +323,15 @@ def emit_permute(k: Emitter, src: ir.Value, dst: ir.Value, dtype: np.dtype,
         along_output = b.and_(aliased[0], b.not_(aliased[1]))
 
         def tile_loops(inner_a: bool) -> None:
+            """The tiles of this task; in each, axis a innermost (or the output's last)."""
             with k.loop(l_stop, start=l_start, step=tile, name="tl") as il0:
-                il_end = _min(k, b.add(il0, k.i64(tile)), l_stop)
-                loops = [(il_end, il0, "jl"), (ia_end, ia0, "ja")]
-                with k.loop(*loops[not inner_a][:2], name=loops[not inner_a][2]) as i, \
-                        k.loop(*loops[inner_a][:2], name=loops[inner_a][2]) as j:
+                spans = {a: (ia_end, ia0), last: (_min(k, b.add(il0, k.i64(tile)), l_stop), il0)}
+                first, second = (last, a) if inner_a else (a, last)
+                with k.loop(*spans[first], name="ji") as i, k.loop(*spans[second], name="jj") as j:
                     out_idx = [k.i64(0)] * rank
                     for o, v in zip(outer_axes, outer):
                         out_idx[o] = v
-                    out_idx[a], out_idx[last] = (j, i) if inner_a else (i, j)
+                    out_idx[first], out_idx[second] = i, j
                     move(xv, yv, out_idx)
 
         with b.if_else(along_output) as (then, otherwise):
