@@ -536,14 +536,20 @@ class _Plan:
     """A model's call for one set of input shapes: symbolic dims, output shapes, workspace
     bytes, and the dims as the library reads them."""
 
-    __slots__ = ("dim_values", "dims", "out_shapes", "workspace")
+    __slots__ = ("dim_values", "dims", "empty", "out_shapes", "workspace")
 
     def __init__(self, dims: dict[str, int], out_shapes: tuple[tuple[int, ...], ...],
-                 workspace: int, dim_values: Any) -> None:
+                 workspace: int, dim_values: Any, empty: bool) -> None:
         self.dims = dims
         self.out_shapes = out_shapes
         self.workspace = workspace
         self.dim_values = dim_values
+        self.empty = empty  # a dim is 0: every output is empty and the library is not called
+
+
+def _evaluated(shape: Sequence[int | str], env: dict[str, Any]) -> tuple[int, ...]:
+    """A shape's dims: integers as they are, expressions evaluated in `env`."""
+    return tuple(d if isinstance(d, int) else int(eval(d, env)) for d in shape)
 
 
 class _Scratch:
@@ -618,6 +624,8 @@ class Model:
                                else [_expression(d, names, f"{where}outputs[{i}].shape_expr")
                                      for d in t.shape_expr or ()]
                                for i, t in enumerate(signature.outputs)]
+        self._data_bounds = [_expression(d.bound_expr, names, f"{where}data_dims[{i}].bound_expr")
+                             for i, d in enumerate(signature.data_dims)]
         self._workspace = _expression(signature.workspace, names, f"{where}workspace")
         self._constraints = [(_expression(c, names, f"{where}constraints[{i}]", condition=True),
                               msg) for i, (c, msg) in enumerate(signature.constraints)]
@@ -831,26 +839,58 @@ class Model:
                     raise ValueError(f"{self.name}: input {info.name!r} dim {axis} ({want!r}) is "
                                      f"{got}, but {want!r} is {dims[want]} in another dim")
                 else:
-                    if got < 1:
-                        raise ValueError(f"{self.name}: input {info.name!r} dim {axis} ({want!r})"
-                                         f" must be at least 1, got {got}")
                     dims[want] = got
         env = {**_EVAL_GLOBALS, **dims}
-        for code, message in self._constraints:
-            if not eval(code, env):
-                raise ValueError(f"{self.name}: the input sizes break a constraint of the model: "
-                                 f"{message} (with {self._dims_text(dims)}); feed inputs whose "
-                                 "dims satisfy it")
-        out_shapes = tuple(tuple(d if isinstance(d, int) else int(eval(d, env)) for d in shape)
-                           for shape in self._out_shapes)
-        ws = self._workspace if isinstance(self._workspace, int) else eval(self._workspace, env)
+        empty = 0 in dims.values()
+        try:
+            for code, message in self._constraints:
+                if not eval(code, env):
+                    raise ValueError(f"{self.name}: the input sizes break a constraint of the "
+                                     f"model: {message} (with {self._dims_text(dims)}); feed "
+                                     "inputs whose dims satisfy it")
+            out_shapes = (self._empty_shapes(dims, env) if empty
+                          else tuple(_evaluated(shape, env) for shape in self._out_shapes))
+            ws = (1 if empty else self._workspace if isinstance(self._workspace, int)
+                  else eval(self._workspace, env))
+        except ZeroDivisionError:  # a size divided by a dim that is 0 here
+            raise self._not_empty(dims, "its output sizes divide by that dim") from None
         dim_values = (ctypes.c_int64 * max(len(self._symbols) + len(self._data_dims), 1))(
             *[dims[s] for s in self._symbols])
-        plan = _Plan(dims, out_shapes, max(int(ws), 1), dim_values)
+        plan = _Plan(dims, out_shapes, max(int(ws), 1), dim_values, empty)
         if len(self._plans) >= _PLAN_CACHE_SIZE:
             self._plans.clear()  # many distinct shapes: start over rather than grow unbounded
         self._plans[shapes] = plan
         return plan
+
+    def _empty_shapes(self, dims: dict[str, int], env: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
+        """The outputs' shapes when a dim is 0, as onnxruntime gives them: each has a 0 dim,
+        so there is nothing to compute. Refused where an output would still hold elements
+        (a reduction over the empty dim, a state passed through) or where the data would
+        decide its shape."""
+        # a dim the data decides is known only where its bound is 0
+        known = {**env, **{name: 0 for name, bound in zip(self._data_dims, self._data_bounds)
+                           if _evaluated([bound], env) == (0,)}}
+        shapes = []
+        for info, max_code, code in zip(self.outputs, self._out_shapes, self._actual_shapes):
+            shape = _evaluated(max_code, env)
+            if 0 not in shape:
+                raise self._not_empty(dims, f"output {info.name!r} would have shape "
+                                            f"{list(shape)}")
+            if code is not None:
+                try:
+                    shape = _evaluated(code, known)
+                except NameError:
+                    raise self._not_empty(dims, f"the data decides output {info.name!r}'s "
+                                                "shape") from None
+            shapes.append(shape)
+        return tuple(shapes)
+
+    def _not_empty(self, dims: dict[str, int], why: str) -> ValueError:
+        zero = {k: v for k, v in dims.items() if v == 0}
+        return ValueError(
+            f"{self.name}: {self._dims_text(zero)}, and {why}: an empty input is answered "
+            "without running the model only where every output is empty too; feed at least "
+            "one element along that dim")
 
     def _outputs(self, plan: _Plan, arrays: Sequence[np.ndarray], in_addresses: Sequence[int],
                  out: Sequence[Any] | None) -> tuple[list[np.ndarray], list[int]]:
@@ -934,6 +974,8 @@ class Model:
         plan = self._plans.get(shapes) or self._plan(arrays, shapes)
         in_addresses = [_address(a) for a in arrays]
         outs, out_addresses = self._outputs(plan, arrays, in_addresses, out)
+        if plan.empty:
+            return outs
         # this thread's scratch, taken out of the thread-local while in use so that a call
         # re-entering on this thread (a signal handler) builds its own instead of sharing it
         scratch = self._scratch.__dict__.pop("current", None) or _Scratch(len(arrays),
@@ -985,7 +1027,7 @@ class Model:
             if shape_code is None:
                 result.append(a)
                 continue
-            shape = tuple(d if isinstance(d, int) else int(eval(d, env)) for d in shape_code)
+            shape = _evaluated(shape_code, env)
             count = 1
             for d in shape:
                 count *= d

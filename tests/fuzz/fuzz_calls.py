@@ -191,7 +191,7 @@ def build_call(model: Any, spec: dict[str, Any]) -> Call:
             value = None
         args[info.name] = value
         right_shape = len(shape) == len(info.shape) and all(
-            g == (w if isinstance(w, int) else dims[w]) and g >= 1 for w, g in zip(info.shape, shape))
+            g == (w if isinstance(w, int) else dims[w]) for w, g in zip(info.shape, shape))
         valid &= container == "array" and dtype == info.dtype and right_shape
         with contextlib.suppress(TypeError, ValueError):  # not convertible: never run by onnxruntime
             converted[info.name] = np.ascontiguousarray(np.asarray(value).astype(info.dtype))
@@ -226,7 +226,11 @@ def build_call(model: Any, spec: dict[str, Any]) -> Call:
                 out[info.name] = fresh.tolist()
             else:  # same_for_two: the first output's array again
                 out[info.name] = next((a for a in out.values() if a is not None), fresh)
-            valid &= kind in ("alloc", "none")
+            given = out[info.name]
+            # an empty array holds no element to alias, and is dense however it was sliced
+            empty_fit = (isinstance(given, np.ndarray) and given.size == 0 and given.shape == shape
+                         and given.dtype == info.dtype and given.flags.carray)
+            valid &= kind in ("alloc", "none") or empty_fit
             if kind == "alloc":
                 out_given[info.name] = fresh
     names = [t.name for t in (*model.inputs, *model.outputs)] + [EXTRA]

@@ -18,9 +18,9 @@ from fuzz_strategies import call_spec, valid_spec
 from hypothesis import given, settings
 
 
-@pytest.mark.parametrize("key", sorted(MODELS))
-def test_a_plain_call_matches_onnxruntime(worker, key: str) -> None:
-    assert check(worker, "call", key, valid_spec(key, 3))[0] == "match"
+@pytest.mark.parametrize(("key", "batch"), [*((k, 3) for k in sorted(MODELS)), ("symbolic", 0)])
+def test_a_plain_call_matches_onnxruntime(worker, key: str, batch: int) -> None:
+    assert check(worker, "call", key, valid_spec(key, batch))[0] == "match"
 
 
 @pytest.mark.parametrize("key", sorted(MODELS))
