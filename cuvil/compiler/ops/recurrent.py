@@ -7,14 +7,17 @@ direction and step, the recurrent product ``gates[batch, :] = h @ R^T`` for all 
 and the gate math of each row, which updates its states in place. Batch rows are
 independent, which is what makes per-row sequence lengths simple: a row whose sequence has
 ended keeps its state (so Y_h/Y_c hold its last valid step) and writes zeros into Y, as
-onnxruntime does. The two directions of a bidirectional layer run on two threads; a single
-direction splits each step's product over the threads by column panels instead.
+onnxruntime does. The two directions of a bidirectional layer run on two threads. A single
+direction splits each step over the threads by blocks of hidden units: a block computes its
+units' columns of every gate (from all of h) and then their gate math, so the gate sums stay
+in the cache of the core that made them and the gate math runs in parallel too. h is
+double-buffered for that: a step reads one buffer whole and writes the other.
 
 Constant float32 W and R are packed at compile time: W transposed (the GEMM kernel reads B
 in rows), R^T in the column panels of the per-step kernel (`_recurrent_kernel`), which keeps
-a few batch rows' sums in registers while it streams R once per step. The gate math of a
-step is one loop over the hidden units per row, vectorized (`vecmath`). Run-time weights and
-float64 use plain dot products instead.
+a few batch rows' sums in registers while it streams R once per step. The gate math is one
+loop over a block's hidden units per row, vectorized (`vecmath`). Run-time weights and float64
+use plain dot products instead, on one thread.
 
 Scratch memory (the projection and, per direction, the states, gate sums and GRU's r*h) is
 the node's workspace scratch (`scratch_bytes`).
@@ -138,13 +141,14 @@ class _Geometry:
 
     @property
     def state_pitch(self) -> int:
-        """Elements reserved per batch row and direction for h, c, gates and r*h."""
-        return _round16(3 * self.hidden + self.width)
+        """Elements reserved per batch row and direction for h (twice), c, gates and r*h."""
+        return _round16(4 * self.hidden + self.width)
 
     def scratch_elements(self) -> Dim:
-        # projection, its bias row, then per direction the h and c states, the gates and r*h
-        # (GRU) of each row. Every part is a multiple of 16 elements (64 bytes and more), so
-        # the memory planner's 64-byte alignment of the size stays a plain polynomial.
+        # projection, its bias row, then per direction the h and c states, the gates, r*h
+        # (GRU) and h's second buffer of each row. Every part is a multiple of 16 elements
+        # (64 bytes and more), so the memory planner's 64-byte alignment of the size stays a
+        # plain polynomial.
         return simplify_dim((self.seq * self.batch + 1) * self.proj_pitch
                             + self.dirs * self.batch * self.state_pitch)
 
@@ -337,10 +341,28 @@ class _Recurrent(Op):
         """True when Rb of the last gate is applied inside the recurrence, not projected."""
         return False
 
-    def step(self, low: _Lowering, d: int, s: ir.Value) -> None:
-        """One time step of direction d for every batch row (`low.rows` visits the active
-        ones)."""
+    def phases(self, node: Node) -> list[_Phase]:
+        """One time step, as the parts that follow each other (GRU's r*h needs every unit's
+        r before its candidate's product)."""
         raise NotImplementedError
+
+
+#: the gate math of one unit: (lowering, batch row b, its projection row, unit j)
+UnitMath = Callable[["_Lowering", ir.Value, ir.Value, ir.Value], None]
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """Part of a time step: the gate sums of gates first..first+count-1, `vec` @ their R^T
+    (`vec` is "h", or "aux": GRU's r*h), then `unit` for every active row and hidden unit.
+    The last phase writes the next h (and Y); an ended row keeps its h there. An earlier phase
+    writes aux, zero for an ended row (its products are not used, but stay finite)."""
+
+    vec: str
+    first: int
+    count: int
+    unit: UnitMath
+    last: bool = True
 
 
 def _dot_function(k: Emitter, dtype: np.dtype) -> ir.Function:
@@ -371,13 +393,14 @@ class _Lowering:
 
     Scratch (in elements): ``proj[seq*batch, dirs*g]`` (rows in X's order), ``bias[dirs*g]``,
     then per direction (so that the two directions can run on two threads) the h and c states
-    ``[batch, hidden]``, gate sums ``gates[batch, g]`` and ``aux[batch, hidden]`` (GRU's r*h),
-    with g = gates x hidden. An instance's state pointers are those of direction `d`.
+    ``[batch, hidden]``, gate sums ``gates[batch, g]``, ``aux[batch, hidden]`` (GRU's r*h) and
+    h's second buffer, with g = gates x hidden. An instance's state pointers are those of
+    direction `d`; `at_step` picks which h buffer a step reads (`h_in`) and writes (`h_out`).
     """
 
     def __init__(self, op: _Recurrent, node: Node, k: Emitter, geo: _Geometry, base: ir.Value,
                  d: int = 0) -> None:
-        self.op, self.node, self.k, self.geo = op, node, k, geo
+        self.op, self.node, self.k, self.geo, self.base, self.d = op, node, k, geo, base, d
         self.dtype = geo.dtype
         self.ty = llvm_type(geo.dtype)
         # the dims as LLVM values, once (lowering a symbolic dim costs sympy work each time)
@@ -391,6 +414,14 @@ class _Lowering:
         self.c_state = self._ptr(self.h_state, self.mul(self.batch, h))
         self.gates = self._ptr(self.c_state, self.mul(self.batch, h))
         self.aux = self._ptr(self.gates, self.mul(self.batch, geo.width))
+        self.h_second = self._ptr(self.aux, self.mul(self.batch, h))
+        self.h_in, self.h_out = self.h_state, self.h_second
+
+    def at_step(self, s: ir.Value) -> None:
+        """Step s reads h from the first buffer when s is even, and writes the other."""
+        odd = self.k.b.trunc(s, ir.IntType(1))
+        self.h_in = self.k.b.select(odd, self.h_second, self.h_state)
+        self.h_out = self.k.b.select(odd, self.h_state, self.h_second)
 
     # -- small helpers -------------------------------------------------------------------
     def _ptr(self, base: ir.Value, index: ir.Value | int) -> ir.Value:
@@ -488,9 +519,37 @@ class _Lowering:
 
     def direction(self, d: int) -> None:
         self.init_states(d)
+        phases = self.op.phases(self.node)
         with self.k.loop(self.seq, name="step") as s:
-            self.op.step(self, d, s)
+            for phase in phases:
+                self.run_phase(s, phase)
+        self.at_step(self.seq)  # the buffer the last step wrote
         self.final_states(d)
+
+    def run_phase(self, s: ir.Value, phase: _Phase) -> None:
+        """One phase of step s: on one thread, or (packed weights) a parallel loop over blocks
+        of PANEL hidden units, each doing its units' products and then their gate math."""
+        k, geo = self.k, self.geo
+        h = geo.hidden
+        if not geo.packed:
+            self.at_step(s)
+            self.products(self.vec(phase), phase.first * h, phase.count * h)
+            self.rows(s, k.i64(0), k.i64(h), phase)
+            return
+        cost = simplify_dim(geo.batch * PANEL * (h * phase.count + 32))  # products + gate math
+        with k.parallel_loop(-(-h // PANEL), cost=cost, name="units",
+                             carry=[self.base, s]) as u:
+            low = _Lowering(self.op, self.node, k, geo, k.carried[0], self.d)
+            step = k.carried[1]
+            low.at_step(step)
+            j0 = low.mul(u, PANEL)
+            count = k.minimum("int64", k.i64(PANEL), k.b.sub(k.i64(h), j0))
+            for q in range(phase.first, phase.first + phase.count):
+                low.panel_product(low.vec(phase), q, j0, count)
+            low.rows(step, j0, count, phase)
+
+    def vec(self, phase: _Phase) -> ir.Value:
+        return self.h_in if phase.vec == "h" else self.aux
 
     def project(self) -> None:
         """proj[row, d*g + j] = X[row] . W[d, j] + bias(d, j) for every row of X."""
@@ -536,54 +595,45 @@ class _Lowering:
         """init + sum(a[i] * b[i] for i < n), reassociated so it vectorizes."""
         return self.k.b.call(_dot_function(self.k, self.dtype), [a, b, n, init])
 
-    def products(self, d: int, vec: ir.Value, first: int, count: int) -> None:
-        """gates[b, first:first+count] = vec[b] @ R[d, first:first+count]^T for every row b."""
+    def panel_product(self, vec: ir.Value, q: int, j0: ir.Value, cols: ir.Value) -> None:
+        """gates[b, q*h + j0 : +cols] = vec[b] @ R[d, gate q, units j0..]^T for every row b, from
+        the packed panel of those units: whole row tiles on the GEMM kernel for many rows, the
+        few rows left on the small-M kernel."""
+        k, geo = self.k, self.geo
+        g, h = geo.width, geo.hidden
+        mr = isa_of(k.module).mr
+        full = self.mul(k.floordiv(self.batch, k.i64(mr)), mr)
+        panel = self._ptr(self.gate_panels(self.d, q), self.mul(j0, h))
+        out = self._ptr(self.gates, self.add(j0, q * h))
+        with k.if_then(k.b.icmp_signed(">", full, k.i64(0))):
+            emit_gemm(k, full, cols, k.i64(h), vec, k.i64(h), panel, k.i64(PANEL), out, k.i64(g))
+        emit_small_gemm(k, k.b.sub(self.batch, full), cols, k.i64(h),
+                        self._ptr(vec, self.mul(full, h)), k.i64(h), panel,
+                        self._ptr(out, self.mul(full, g)), k.i64(g))
+
+    def products(self, vec: ir.Value, first: int, count: int) -> None:
+        """gates[b, first:first+count] = vec[b] @ R[d, first:first+count]^T for every row b, by
+        dot products (weights not packed)."""
         k, geo = self.k, self.geo
         g, h = geo.width, geo.hidden
         r = self.input_ptr(2)
         assert r is not None
-        rd = self._ptr(r, d * g * h)
-        if geo.packed:
-            # one call when the gates' panels follow each other in the columns of `gates`
-            calls = [(first, count)] if h % PANEL == 0 else \
-                [(q * h, h) for q in range(first // h, (first + count) // h)]
-            # the panels (PANEL columns each) are independent: spread over the threads (inline
-            # when the pool is busy, as for the two directions of a bidirectional layer).
-            # Per panel, whole row tiles of the GEMM kernel for many rows, the few rows left
-            # on the small-M kernel.
-            mr = isa_of(k.module).mr
-            for col, n in calls:
-                cost = simplify_dim(geo.batch * h * PANEL)
-                with k.parallel_loop(-(-n // PANEL), cost=cost, name="panel",
-                                     carry=[vec, self.gate_panels(d, col // h),
-                                            self._ptr(self.gates, col)]) as p:
-                    vec_p, panels, out = k.carried
-                    batch = k.dim(geo.batch)
-                    full = self.mul(k.floordiv(batch, k.i64(mr)), mr)
-                    j0 = self.mul(p, PANEL)
-                    cols = k.minimum("int64", k.i64(PANEL), k.b.sub(k.i64(n), j0))
-                    panel = self._ptr(panels, self.mul(j0, h))
-                    with k.if_then(k.b.icmp_signed(">", full, k.i64(0))):
-                        emit_gemm(k, full, cols, k.i64(h), vec_p, k.i64(h), panel, k.i64(PANEL),
-                                  self._ptr(out, j0), k.i64(g))
-                    emit_small_gemm(k, k.b.sub(batch, full), cols, k.i64(h),
-                                    self._ptr(vec_p, self.mul(full, h)), k.i64(h), panel,
-                                    self._ptr(out, self.add(self.mul(full, g), j0)), k.i64(g))
-            return
+        rd = self._ptr(r, self.d * g * h)
         with k.loop(self.batch, name="prod_b") as b:
             vrow = self.row_of(vec, b, h)
             grow = self.row_of(self.gates, b, g)
             with k.loop(first + count, start=first, name="prod_j") as j:
                 self.st(grow, j, self.dot(self._ptr(rd, self.mul(j, h)), vrow, k.i64(h), self.c(0.0)))
 
-    def rows(self, d: int, s: ir.Value, body: Callable[[ir.Value, ir.Value], None],
-             write_y: bool = True) -> None:
-        """Run `body(b, proj_row)` for each batch row b whose sequence covers step s, with
-        `proj_row` pointing at direction d's projection of that row's current input; then
-        copy the new h into Y (`write_y`), or write zeros there for rows already ended."""
+    def rows(self, s: ir.Value, j0: ir.Value, count: ir.Value, phase: _Phase) -> None:
+        """`phase.unit` for units j0..j0+count-1 of each batch row b whose sequence covers
+        step s, with its projection row of direction d's current input; then the new h of
+        those units copied into Y. A row whose sequence has ended keeps its h (zeros in Y
+        with sequence_lens), or gets zero aux."""
         k, geo = self.k, self.geo
-        h = geo.hidden
-        y = self.output_ptr(0) if write_y else None
+        h, d = geo.hidden, self.d
+        end = k.b.add(j0, count)
+        y = self.output_ptr(0) if phase.last else None
         has_lens = self.node.input(4) is not None
         with k.loop(self.batch, name="b") as b:
             n = self.seq_len(b)
@@ -591,17 +641,27 @@ class _Lowering:
                 with then:
                     t = k.b.sub(k.b.sub(n, k.i64(1)), s) if geo.reverse[d] else s
                     row = self.x_row(t, b)
-                    body(b, self._ptr(self.proj, self.add(self.mul(row, geo.dirs * geo.width),
-                                                          d * geo.width)))
+                    prow = self._ptr(self.proj, self.add(self.mul(row, geo.dirs * geo.width),
+                                                         d * geo.width))
+                    with k.loop(end, start=j0, name="unit") as j:
+                        phase.unit(self, b, prow, j)
                     if y is not None:
                         yrow = self._ptr(y, self.y_index(d, t, b))
-                        hrow = self.row_of(self.h_state, b, h)
-                        with k.loop(h, name="y") as j:
+                        hrow = self.row_of(self.h_out, b, h)
+                        with k.loop(end, start=j0, name="y") as j:
                             self.st(yrow, j, self.ld(hrow, j))
                 with otherwise:
+                    if phase.last:
+                        src, dst = self.row_of(self.h_in, b, h), self.row_of(self.h_out, b, h)
+                        with k.loop(end, start=j0, name="keep") as j:
+                            self.st(dst, j, self.ld(src, j))
+                    else:
+                        arow = self.row_of(self.aux, b, h)
+                        with k.loop(end, start=j0, name="aux0") as j:
+                            self.st(arow, j, self.c(0.0))
                     if y is not None and has_lens:
                         yrow = self._ptr(y, self.y_index(d, s, b))
-                        with k.loop(h, name="y0") as j:
+                        with k.loop(end, start=j0, name="y0") as j:
                             self.st(yrow, j, self.c(0.0))
 
     def init_states(self, d: int) -> None:
@@ -619,7 +679,7 @@ class _Lowering:
 
     def final_states(self, d: int) -> None:
         k, h = self.k, self.geo.hidden
-        for out_index, state in ((1, self.h_state), (2, self.c_state)):
+        for out_index, state in ((1, self.h_in), (2, self.c_state)):
             out = self.output_ptr(out_index)
             if out is None:
                 continue
@@ -642,16 +702,13 @@ class RNN(_Recurrent):
     default_acts = ("Tanh",)
     input_names = ("X", "W", "R", "B", "sequence_lens", "initial_h")
 
-    def step(self, low: _Lowering, d: int, s: ir.Value) -> None:
-        k, hid = low.k, low.geo.hidden
-        low.products(d, low.h_state, 0, hid)
+    def phases(self, node: Node) -> list[_Phase]:
+        def unit(low: _Lowering, b: ir.Value, prow: ir.Value, j: ir.Value) -> None:
+            hid = low.geo.hidden
+            pre = low.k.b.fadd(low.ld(prow, j), low.ld(low.row_of(low.gates, b, hid), j))
+            low.st(low.row_of(low.h_out, b, hid), j, low.activate(low.d, 0, pre))
 
-        def unit(b: ir.Value, prow: ir.Value) -> None:
-            hrow, grow = low.row_of(low.h_state, b, hid), low.row_of(low.gates, b, hid)
-            with k.loop(hid, name="unit") as j:
-                low.st(hrow, j, low.activate(d, 0, k.b.fadd(low.ld(prow, j), low.ld(grow, j))))
-
-        low.rows(d, s, unit)
+        return [_Phase("h", 0, 1, unit)]
 
 
 @register
@@ -669,56 +726,42 @@ class GRU(_Recurrent):
     def recurrent_bias_apart(self, node: Node) -> bool:
         return bool(attr(node, "linear_before_reset"))
 
-    def step(self, low: _Lowering, d: int, s: ir.Value) -> None:
-        k, hid = low.k, low.geo.hidden
-        g = 3 * hid
-        fb = k.b
-        one = low.c(1.0)
-        linear = self.recurrent_bias_apart(low.node)
-        bias = low.input_ptr(3)
+    def phases(self, node: Node) -> list[_Phase]:
+        linear = self.recurrent_bias_apart(node)
 
-        def gate(prow: ir.Value, grow: ir.Value, j: ir.Value, index: int) -> ir.Value:
-            jj = low.add(j, index * hid)
-            return fb.fadd(low.ld(prow, jj), low.ld(grow, jj))
+        def gate(low: _Lowering, prow: ir.Value, b: ir.Value, j: ir.Value, index: int) -> ir.Value:
+            jj = low.add(j, index * low.geo.hidden)
+            return low.k.b.fadd(low.ld(prow, jj), low.ld(low.row_of(low.gates, b, low.geo.width), jj))
 
-        def update(b: ir.Value, prow: ir.Value) -> None:
-            hrow, grow = low.row_of(low.h_state, b, hid), low.row_of(low.gates, b, g)
-            with k.loop(hid, name="unit") as j:
-                z = low.activate(d, 0, gate(prow, grow, j, 0))
+        def update(low: _Lowering, b: ir.Value, prow: ir.Value, j: ir.Value) -> None:
+            fb, hid, d = low.k.b, low.geo.hidden, low.d
+            z = low.activate(d, 0, gate(low, prow, b, j, 0))
+            if linear:
+                r = low.activate(d, 0, gate(low, prow, b, j, 1))
                 jj = low.add(j, 2 * hid)
-                if linear:
-                    r = low.activate(d, 0, gate(prow, grow, j, 1))
-                    rec = low.ld(grow, jj)
-                    if bias is not None:
-                        rec = fb.fadd(rec, low.ld(bias, low.add(j, d * 6 * hid + 5 * hid)))
-                    pre = fb.fadd(low.ld(prow, jj), fb.fmul(r, rec))
-                else:
-                    pre = gate(prow, grow, j, 2)
-                cand = low.activate(d, 1, pre)
-                hv = low.ld(hrow, j)
-                low.st(hrow, j, fb.fadd(fb.fmul(fb.fsub(one, z), cand), fb.fmul(z, hv)))
+                rec = low.ld(low.row_of(low.gates, b, low.geo.width), jj)
+                bias = low.input_ptr(3)
+                if bias is not None:
+                    rec = fb.fadd(rec, low.ld(bias, low.add(j, d * 6 * hid + 5 * hid)))
+                pre = fb.fadd(low.ld(prow, jj), fb.fmul(r, rec))
+            else:
+                pre = gate(low, prow, b, j, 2)
+            cand = low.activate(d, 1, pre)
+            hv = low.ld(low.row_of(low.h_in, b, hid), j)
+            low.st(low.row_of(low.h_out, b, hid), j,
+                   fb.fadd(fb.fmul(fb.fsub(low.c(1.0), z), cand), fb.fmul(z, hv)))
 
         if linear:
-            low.products(d, low.h_state, 0, g)
-            low.rows(d, s, update)
-            return
-        low.products(d, low.h_state, 0, 2 * hid)
+            return [_Phase("h", 0, 3, update)]
 
-        def reset(b: ir.Value, prow: ir.Value) -> None:
-            hrow, grow = low.row_of(low.h_state, b, hid), low.row_of(low.gates, b, g)
-            arow = low.row_of(low.aux, b, hid)
-            with k.loop(hid, name="reset") as j:
-                r = low.activate(d, 0, gate(prow, grow, j, 1))
-                low.st(arow, j, fb.fmul(r, low.ld(hrow, j)))
+        def reset(low: _Lowering, b: ir.Value, prow: ir.Value, j: ir.Value) -> None:
+            hid = low.geo.hidden
+            r = low.activate(low.d, 0, gate(low, prow, b, j, 1))
+            low.st(low.row_of(low.aux, b, hid), j,
+                   low.k.b.fmul(r, low.ld(low.row_of(low.h_in, b, hid), j)))
 
-        # rows that have ended get r*h = 0: their products are not used, but stay finite
-        with k.loop(low.batch, name="aux0") as b:
-            arow = low.row_of(low.aux, b, hid)
-            with k.loop(hid, name="aux0_k") as j:
-                low.st(arow, j, low.c(0.0))
-        low.rows(d, s, reset, write_y=False)
-        low.products(d, low.aux, 2 * hid, hid)
-        low.rows(d, s, update)
+        # the candidate's product needs r*h of every unit: a phase of its own
+        return [_Phase("h", 0, 2, reset, last=False), _Phase("aux", 2, 1, update)]
 
 
 @register
@@ -737,19 +780,15 @@ class LSTM(_Recurrent):
         if attr(node, "input_forget") not in (0, 1):
             raise ModelError(f"{node.describe()}: input_forget must be 0 or 1")
 
-    def step(self, low: _Lowering, d: int, s: ir.Value) -> None:
-        k, hid = low.k, low.geo.hidden
-        g = 4 * hid
-        peep = low.input_ptr(7)
-        couple = bool(attr(low.node, "input_forget"))
-        fb = k.b
-        low.products(d, low.h_state, 0, g)
+    def phases(self, node: Node) -> list[_Phase]:
+        couple = bool(attr(node, "input_forget"))
 
-        def unit(b: ir.Value, prow: ir.Value) -> None:
-            hrow, grow = low.row_of(low.h_state, b, hid), low.row_of(low.gates, b, g)
-            crow = low.row_of(low.c_state, b, hid)
+        def unit(low: _Lowering, b: ir.Value, prow: ir.Value, j: ir.Value) -> None:
+            fb, hid, d = low.k.b, low.geo.hidden, low.d
+            grow, crow = low.row_of(low.gates, b, low.geo.width), low.row_of(low.c_state, b, hid)
+            peep = low.input_ptr(7)
 
-            def gate(j: ir.Value, index: int, cell: ir.Value | None) -> ir.Value:
+            def gate(index: int, cell: ir.Value | None) -> ir.Value:
                 jj = low.add(j, index * hid)
                 pre = fb.fadd(low.ld(prow, jj), low.ld(grow, jj))
                 if peep is not None and cell is not None:
@@ -758,14 +797,13 @@ class LSTM(_Recurrent):
                     pre = fb.fadd(pre, fb.fmul(p, cell))
                 return pre
 
-            with k.loop(hid, name="unit") as j:
-                c_prev = low.ld(crow, j)
-                i = low.activate(d, 0, gate(j, 0, c_prev))
-                f = fb.fsub(low.c(1.0), i) if couple else low.activate(d, 0, gate(j, 2, c_prev))
-                cand = low.activate(d, 1, gate(j, 3, None))
-                c_new = fb.fadd(fb.fmul(f, c_prev), fb.fmul(i, cand))
-                o = low.activate(d, 0, gate(j, 1, c_new))
-                low.st(crow, j, c_new)
-                low.st(hrow, j, fb.fmul(o, low.activate(d, 2, c_new, clip=False)))
+            c_prev = low.ld(crow, j)
+            i = low.activate(d, 0, gate(0, c_prev))
+            f = fb.fsub(low.c(1.0), i) if couple else low.activate(d, 0, gate(2, c_prev))
+            cand = low.activate(d, 1, gate(3, None))
+            c_new = fb.fadd(fb.fmul(f, c_prev), fb.fmul(i, cand))
+            o = low.activate(d, 0, gate(1, c_new))
+            low.st(crow, j, c_new)
+            low.st(low.row_of(low.h_out, b, hid), j, fb.fmul(o, low.activate(d, 2, c_new, clip=False)))
 
-        low.rows(d, s, unit)
+        return [_Phase("h", 0, 4, unit)]
