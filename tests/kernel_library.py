@@ -12,7 +12,7 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.module import hide_declarations
 from cuvil.compiler.driver import RUNTIME_SOURCE
-from cuvil.compiler.kernels.target import KernelTarget, set_target
+from cuvil.compiler.kernels.target import KernelTarget
 from cuvil.toolchains import get_target, target_machine, zig
 from cuvil.toolchains.llvm import emit_object
 
@@ -26,15 +26,15 @@ def cpu_of(features: str) -> str:
             else "x86-64-v2")
 
 
-def host_module(features: str) -> tuple[ir.Module, Any]:
-    """An empty module for the host's arch with `features`, and its target machine."""
+def host_module(features: str) -> tuple[ir.Module, Any, KernelTarget]:
+    """An empty module for the host's arch with `features`, its target machine and the
+    kernels' target."""
     arch = get_target(None).arches[0]
     tm = target_machine(arch, cpu=cpu_of(features), features=features)
     module = ir.Module("g")
     module.triple = arch.llvm_triple
     module.data_layout = str(tm.target_data)
-    set_target(module, KernelTarget(module.triple, features))
-    return module, tm
+    return module, tm, KernelTarget(module.triple, features)
 
 
 def link(tmp: Path, module: ir.Module, tm: Any) -> ctypes.CDLL:

@@ -11,6 +11,7 @@ rounded)."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from pathlib import Path
 
 import llvmlite.binding as llvm
@@ -22,8 +23,8 @@ from llvmlite import ir
 from cuvil.compiler.kernels.bf16_gemm import (
     SIDES,
     bf16_hardware,
-    bf16_isa_of,
-    bf16_isas_of,
+    bf16_isa,
+    bf16_isas,
     emit_float32_panels,
     emit_parallel_bf16_gemm,
     from_bf16,
@@ -33,7 +34,7 @@ from cuvil.compiler.kernels.bf16_gemm import (
 )
 from cuvil.compiler.kernels.emitter import I8, I32, I64, PTR, Emitter
 from cuvil.compiler.kernels.gemm import Epilogue, Layout, emit_parallel_gemm
-from cuvil.compiler.kernels.target import KernelTarget, set_target
+from cuvil.compiler.kernels.target import KernelTarget
 
 AVX512 = FEATURES["avx512"]
 #: name -> (LLVM features, host flags needed, the kind it must select first)
@@ -60,13 +61,14 @@ def _host_flags() -> set[str]:
 EPILOGUE_KINDS = ("gated", "amx_emulated")
 
 
-def _emit(module: ir.Module, prefix: str, epilogues: int = len(EPILOGUES)) -> None:
+def _emit(module: ir.Module, target: KernelTarget, prefix: str,
+          epilogues: int = len(EPILOGUES)) -> None:
     """`int32 <prefix>_<side>_<e>(dims[M, N, K, acc], L, R, C, bias, residual)` per side and
     epilogue (the first `epilogues`)."""
     for side in SIDES:
         for e, ep in enumerate(EPILOGUES[:epilogues]):
             fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 6), f"{prefix}_{side}_{e}")
-            k = Emitter(module, fn, fn.args[0], [], {})
+            k = Emitter(module, fn, fn.args[0], [], {}, target)
             m, n, kk, acc = (k.b.load(k.b.gep(fn.args[0], [k.i64(i)], source_etype=I64), typ=I64)
                              for i in range(4))
             left, right, c, bias, residual = fn.args[1:]
@@ -89,15 +91,15 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> tuple[ctypes.CDLL, dict[str
     for name, (features, needs, first) in KINDS.items():
         if not set(needs) <= flags:
             continue
-        module, tm = host_module(features)
+        module, tm, target = host_module(features)
         if name in EMULATED_KINDS:
-            module.cuvil_amx_tiles = "emulated"
-        assert bf16_isa_of(module).kind == first
-        _emit(module, name, len(EPILOGUES) if name in EPILOGUE_KINDS else 1)
+            target = dataclasses.replace(target, emulate_amx=True)
+        assert bf16_isa(target).kind == first
+        _emit(module, target, name, len(EPILOGUES) if name in EPILOGUE_KINDS else 1)
         modules.append((module, tm))
         # what the gated copy runs here: the first kind whose test this host passes
         runs = first if name != "gated" else next(
-            isa.kind for isa in bf16_isas_of(module)
+            isa.kind for isa in bf16_isas(target)
             if {"amx": {"amx-bf16", "amx-tile"}, "dpbf16": {"avx512bf16"}}[isa.kind] <= flags)
         built[name] = runs
     if not modules:
@@ -195,12 +197,12 @@ def test_copies_without_bf16_instructions_hold_no_bf16_kernel() -> None:
     arm = ir.Module("g")
     arm.triple = arch.llvm_triple
     arm.data_layout = str(tm.target_data)
-    set_target(arm, KernelTarget(arm.triple, arch.features))
-    for module in (arm, host_module("")[0], host_module(FEATURES["avx2"])[0],
-                   host_module(AVX512 + ",-amx-bf16,-avx512bf16")[0]):
+    hosts = [host_module(f) for f in ("", FEATURES["avx2"], AVX512 + ",-amx-bf16,-avx512bf16")]
+    for module, target in [(arm, KernelTarget(arm.triple, arch.features)),
+                           *((module, target) for module, _, target in hosts)]:
         fn = ir.Function(module, ir.FunctionType(I32, []), "f")
-        assert bf16_isas_of(module) == []
-        assert bf16_hardware(Emitter(module, fn, ir.Constant(PTR, None), [], {})) is None
+        assert bf16_isas(target) == []
+        assert bf16_hardware(Emitter(module, fn, ir.Constant(PTR, None), [], {}, target)) is None
 
 
 #: copies with no bf16 kernel: their float32 GEMM kernel on the derived panels
@@ -219,10 +221,10 @@ def panels_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     for kind, features in PANEL_KINDS.items():
         if kind == "avx512" and "avx512f" not in _host_flags():
             continue
-        module, tm = host_module(features)
+        module, tm, target = host_module(features)
         for i, (side, m, n, kk, groups) in enumerate(PANEL_SHAPES):
             fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 4), f"{kind}_{i}")
-            k = Emitter(module, fn, ir.Constant(PTR, None), [], {})
+            k = Emitter(module, fn, ir.Constant(PTR, None), [], {}, target)
             left, right, c, panels = fn.args
             b = k.b
             rows, cols = (m, kk) if side == "a" else (kk, n)

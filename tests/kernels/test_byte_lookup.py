@@ -18,6 +18,7 @@ from llvmlite import ir
 
 from cuvil.compiler.codegen.module import hide_declarations
 from cuvil.compiler.kernels.byte_lookup import LOOKUP_TYPE, byte_lookup_function
+from cuvil.compiler.kernels.target import KernelTarget
 from cuvil.toolchains import get_target, target_machine, zig
 from cuvil.toolchains.llvm import emit_object
 
@@ -35,10 +36,10 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> tuple[ctypes.CDLL, list[str
     for name, (features, needs) in KINDS.items():
         if needs is not None and needs not in flags:
             continue
-        module, tm = host_module(features)
+        module, tm, target = host_module(features)
         fn = ir.Function(module, LOOKUP_TYPE, f"lookup_{name}")
         b = ir.IRBuilder(fn.append_basic_block("entry"))
-        b.call(byte_lookup_function(module), fn.args)
+        b.call(byte_lookup_function(module, target), fn.args)
         b.ret_void()
         modules.append((module, tm))
         built.append(name)
@@ -79,7 +80,7 @@ def test_aarch64_tbl_kernel_under_qemu(tmp_path: Path) -> None:
     module.data_layout = str(tm.target_data)
     fn = ir.Function(module, LOOKUP_TYPE, "lookup")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    b.call(byte_lookup_function(module), fn.args)
+    b.call(byte_lookup_function(module, KernelTarget(module.triple, "+neon")), fn.args)
     b.ret_void()
     code = emit_object(hide_declarations(str(module), "-"), tm)
     words = np.frombuffer(code[: len(code) // 4 * 4], "<u4")

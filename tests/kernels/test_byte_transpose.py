@@ -14,6 +14,7 @@ from llvmlite import ir
 
 from cuvil.compiler.kernels.byte_transpose import emit_byte_transpose
 from cuvil.compiler.kernels.emitter import I32, I64, PTR, Emitter
+from cuvil.compiler.kernels.target import KernelTarget
 
 #: (rows, cols): tiles only, rows or columns past them, both, fewer than a tile, a conv's
 #: 3 channels by 12544 positions, its 24 channels, several chunks of column tiles
@@ -21,11 +22,12 @@ SHAPES = [(16, 32), (35, 16), (16, 37), (35, 37), (3, 5), (1, 1), (3, 12544), (2
           (17, 600), (48, 3)]
 
 
-def _emit(module: ir.Module, name: str, rows: int | None, cols: int | None) -> None:
+def _emit(module: ir.Module, target: KernelTarget, name: str, rows: int | None,
+          cols: int | None) -> None:
     """`int32 name(src, dst, dims[rows, cols, src_stride, dst_stride])`, rows and cols baked
     in as constants where given (the partial tiles), else read at run time."""
     fn = ir.Function(module, ir.FunctionType(I32, [PTR, PTR, PTR]), name)
-    k = Emitter(module, fn, fn.args[2], [], {})
+    k = Emitter(module, fn, fn.args[2], [], {}, target)
     src, dst, dims = fn.args
     got = [k.b.load(k.b.gep(dims, [k.i64(i)], source_etype=I64), typ=I64) for i in range(4)]
     n_rows = k.i64(rows) if rows is not None else got[0]
@@ -37,10 +39,10 @@ def _emit(module: ir.Module, name: str, rows: int | None, cols: int | None) -> N
 @pytest.fixture(scope="module", params=sorted(FEATURES))
 def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     skip_unless_host_has(request.param)
-    module, tm = host_module(FEATURES[request.param])
+    module, tm, target = host_module(FEATURES[request.param])
     for i, (rows, cols) in enumerate(SHAPES):
         for kind, known in (("c", (rows, cols)), ("r", (None, None)), ("m", (rows, None))):
-            _emit(module, f"t{i}{kind}", *known)
+            _emit(module, target, f"t{i}{kind}", *known)
     return link(tmp_path_factory.mktemp(f"transpose_{request.param}"), module, tm)
 
 

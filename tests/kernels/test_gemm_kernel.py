@@ -15,7 +15,7 @@ from llvmlite import ir
 from cuvil.compiler.codegen.module import hide_declarations
 from cuvil.compiler.kernels.emitter import I32, I64, PTR, Emitter
 from cuvil.compiler.kernels.gemm import Epilogue, Layout, emit_parallel_gemm, pack_a, pack_b
-from cuvil.compiler.kernels.target import KernelTarget, set_target
+from cuvil.compiler.kernels.target import KernelTarget
 
 EPILOGUES = [Epilogue(), Epilogue("row"), Epilogue("col", activation="Relu"),
              Epilogue("none", activation="Relu"), Epilogue("row", residual=True, activation="Relu"),
@@ -34,11 +34,11 @@ KERNELS = ([(e, 0) for e in range(len(EPILOGUES))]
 def build(tmp: Path, features: str) -> ctypes.CDLL:
     """A library exporting gemm_<i>_<l>(dims[M,N,K,acc], A, B, C, bias, residual) for each
     (epilogue i, layout l) of KERNELS (only those: LLVM's optimizer is most of the test's time)."""
-    module, tm = host_module(features)
+    module, tm, target = host_module(features)
     for e, li in KERNELS:
         ep, layout = EPILOGUES[e], LAYOUTS[li]
         fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 6), f"gemm_{e}_{li}")
-        k = Emitter(module, fn, fn.args[0], [], {})
+        k = Emitter(module, fn, fn.args[0], [], {}, target)
         dims = [k.b.load(k.b.gep(fn.args[0], [k.i64(i)], source_etype=I64), typ=I64)
                 for i in range(4)]
         m, n, kk, acc = dims
@@ -122,9 +122,8 @@ def test_each_level_uses_its_full_vector_width(level: str) -> None:
     module = ir.Module("g")
     module.triple = arch.llvm_triple
     module.data_layout = str(tm.target_data)
-    set_target(module, KernelTarget(module.triple, features))
     fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 4), "gemm")
-    k = Emitter(module, fn, fn.args[0], [], {})
+    k = Emitter(module, fn, fn.args[0], [], {}, KernelTarget(module.triple, features))
     size = k.i64(64)
     emit_parallel_gemm(k, size, size, size, fn.args[1], size, fn.args[2], size, fn.args[3], size,
                        accumulate=False, bias=fn.args[0], epilogue=Epilogue())

@@ -32,11 +32,11 @@ def build(tmp: Path, features: str) -> ctypes.CDLL:
     """gemv_<e>_<layout>_<alpha index>(dims[M, N, K, acc], A, B, C, bias, residual) for each
     case of CASES and layout, with the case's accumulate flag (only what the tests call: LLVM's
     optimizer is most of the test's time)."""
-    module, tm = host_module(features)
+    module, tm, target = host_module(features)
     for (e, ai, accumulate), layout in itertools.product(CASES, LAYOUTS):
         ep, alpha = EPILOGUES[e], ALPHAS[ai]
         fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 6), f"gemv_{e}_{layout}_{ai}")
-        k = Emitter(module, fn, fn.args[0], [], {})
+        k = Emitter(module, fn, fn.args[0], [], {}, target)
         m, n, kk, acc = (k.b.load(k.b.gep(fn.args[0], [k.i64(i)], source_etype=I64), typ=I64)
                          for i in range(4))
         a, b, c, bias, residual = fn.args[1:]

@@ -28,11 +28,11 @@ from cuvil.compiler.kernels.int8_gemm import (
     QEpilogue,
     emit_parallel_int8_gemm,
     emit_parallel_int8_gemm_runtime_b,
-    int8_isa_of,
+    int8_isa,
     pack_b_int8,
     packed_b_size,
 )
-from cuvil.compiler.kernels.target import KernelTarget, set_target
+from cuvil.compiler.kernels.target import KernelTarget
 from cuvil.toolchains import get_target, target_machine, zig
 from cuvil.toolchains.llvm import emit_object
 
@@ -61,11 +61,11 @@ def _host_flags() -> set[str]:
     return {f[1:] for f in llvm.get_host_cpu_features().flatten().split(",") if f[0] == "+"}
 
 
-def _function(module: ir.Module, name: str, body) -> None:
+def _function(module: ir.Module, target: KernelTarget, name: str, body) -> None:
     """`int32 name(dims[M, N, K, a_zero, c_zero], A, B, C, scale, bias, b_zero, scratch,
     a_scale)`: body(k, m, n, kk, a_zero, c_zero, args) emits the product."""
     fn = ir.Function(module, ir.FunctionType(I32, [PTR] * 9), name)
-    k = Emitter(module, fn, fn.args[0], [], {})
+    k = Emitter(module, fn, fn.args[0], [], {}, target)
     dims = [k.b.load(k.b.gep(fn.args[0], [k.i64(i)], source_etype=I64), typ=I64)
             for i in range(5)]
     m, n, kk, az, cz = dims
@@ -73,7 +73,8 @@ def _function(module: ir.Module, name: str, body) -> None:
     k.b.ret(ir.Constant(I32, 0))
 
 
-def _emit(module: ir.Module, prefix: str, epilogues: bool, only_packed: bool = False) -> None:
+def _emit(module: ir.Module, target: KernelTarget, prefix: str, epilogues: bool,
+          only_packed: bool = False) -> None:
     def packed(a_signed: bool, row_sums: bool, ep: QEpilogue = INT32):
         def body(k, m, n, kk, az, cz, args):
             a, b, c, scale, bias, _, _, a_scale = args
@@ -94,15 +95,15 @@ def _emit(module: ir.Module, prefix: str, epilogues: bool, only_packed: bool = F
     for a_signed in (False, True):
         for row_sums in (False, True):
             if not only_packed or a_signed == row_sums:  # (the gate: two kernels suffice)
-                _function(module, f"{prefix}_packed_{int(a_signed)}{int(row_sums)}",
+                _function(module, target, f"{prefix}_packed_{int(a_signed)}{int(row_sums)}",
                           packed(a_signed, row_sums))
     for a_signed, b_signed in [] if only_packed else SIGNS:
         for per_column in (False, True):
-            _function(module, f"{prefix}_runtime_{int(a_signed)}{int(b_signed)}{int(per_column)}",
+            _function(module, target, f"{prefix}_runtime_{int(a_signed)}{int(b_signed)}{int(per_column)}",
                       runtime(a_signed, b_signed, per_column))
     if epilogues:
         for name, ep in EPILOGUES.items():
-            _function(module, f"{prefix}_ep_{name}", packed(False, False, ep))
+            _function(module, target, f"{prefix}_ep_{name}", packed(False, False, ep))
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +114,9 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> tuple[ctypes.CDLL, set[str]
     for name, (features, needs, kind) in KINDS.items():
         if needs is not None and needs not in flags:
             continue
-        module, tm = host_module(features)
-        assert int8_isa_of(module).kind == kind
-        _emit(module, name, name in EPILOGUE_KINDS, only_packed=name == "gated")
+        module, tm, target = host_module(features)
+        assert int8_isa(target).kind == kind
+        _emit(module, target, name, name in EPILOGUE_KINDS, only_packed=name == "gated")
         modules.append((module, tm))
         built.add(name)
     return link_modules(tmp_path_factory.mktemp("int8"), modules), built
@@ -287,12 +288,12 @@ def arm(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, bytes], Pat
         module = ir.Module(name)
         module.triple = arch.llvm_triple
         module.data_layout = str(tm.target_data)
-        set_target(module, KernelTarget(module.triple, features))
+        target = KernelTarget(module.triple, features)
         kinds, gated = ARM_ISAS[name]
         for a_signed in (False, True):
-            isa = int8_isa_of(module, a_signed)
+            isa = int8_isa(target, a_signed)
             assert (isa.kind, isa.gate is not None) == (kinds[a_signed], gated)
-        _emit(module, name, False, only_packed=name == "gated")
+        _emit(module, target, name, False, only_packed=name == "gated")
         objects[name] = emit_object(hide_declarations(str(module), "-"), tm)
         (tmp / f"{name}.o").write_bytes(objects[name])
     runtime = zig.compile_c(RUNTIME_SOURCE, tmp / "rt.o", arch)

@@ -18,7 +18,7 @@ import cuvil.toolchains.llvm as llvm
 from cuvil.check._elf import read_elf
 from cuvil.compiler.kernels.gemm import PLAIN, gemm_function
 from cuvil.compiler.kernels.objects import KernelSet, kernel_module_ir
-from cuvil.compiler.kernels.target import KernelTarget, set_target
+from cuvil.compiler.kernels.target import KernelTarget
 from cuvil.runtime import Model
 
 
@@ -87,9 +87,8 @@ def test_the_kernel_symbol_names_what_its_code_depends_on() -> None:
     def declared(triple: str, features: str) -> str:
         module = ir.Module()
         module.triple = triple
-        set_target(module, KernelTarget(triple, features))
         module.cuvil_kernels = KernelSet(driver.kernel_tag(triple, "", features, {"cpu": "x"}))
-        return gemm_function(module, PLAIN).name
+        return gemm_function(module, KernelTarget(triple, features), PLAIN).name
 
     avx2 = declared("x86_64-unknown-linux-gnu", "+avx2,+fma")
     assert avx2 == declared("x86_64-unknown-linux-gnu", "+avx2,+fma")
@@ -101,9 +100,8 @@ def test_the_kernel_symbol_names_what_its_code_depends_on() -> None:
 def test_the_kernel_module_defines_the_kernel_hidden_and_its_helpers_internal() -> None:
     module = ir.Module()
     module.triple = "aarch64-unknown-linux-gnu"
-    set_target(module, KernelTarget(module.triple, "+neon"))
     kernels = module.cuvil_kernels = KernelSet("t")
-    fn = gemm_function(module, PLAIN)
+    fn = gemm_function(module, KernelTarget(module.triple, "+neon"), PLAIN)
     assert fn.is_declaration and list(kernels.requests) == [fn.name]
     text = kernel_module_ir(kernels.requests[fn.name], module.triple, "", "+neon")
     defines = [line for line in text.splitlines() if line.startswith("define ")]

@@ -24,6 +24,7 @@ from cuvil.compiler.codegen.module import hide_declarations
 from cuvil.compiler.driver import RUNTIME_SOURCE
 from cuvil.compiler.ir import TensorType, Value, symbol
 from cuvil.compiler.kernels.emitter import I32, PTR, Emitter
+from cuvil.compiler.kernels.target import KernelTarget
 from cuvil.toolchains.llvm import emit_object
 
 
@@ -41,7 +42,8 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     n = symbol("n")
     x = Value("x", TensorType(np.float32, (n, 3)))
     y = Value("y", TensorType(np.float32, (n, 3)))
-    k = Emitter(module, fn, fn.args[2], ["n"], {x: fn.args[0], y: fn.args[1]})
+    k = Emitter(module, fn, fn.args[2], ["n"], {x: fn.args[0], y: fn.args[1]},
+                KernelTarget(module.triple))
     with k.parallel_loop(n, cost=1 << 20) as i:
         xv, yv = k.view(x), k.view(y)
         with k.loop(3) as j:
@@ -51,7 +53,7 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # threads[0]: what a loop started outside any loop would get; threads[1 + i]: inside one
     fn = ir.Function(module, ir.FunctionType(I32, [PTR, PTR, PTR]), "cuvil_par_threads")
     t = Value("t", TensorType(np.int64, (n + 1,)))
-    k = Emitter(module, fn, fn.args[2], ["n"], {t: fn.args[0]})
+    k = Emitter(module, fn, fn.args[2], ["n"], {t: fn.args[0]}, KernelTarget(module.triple))
     k.store(k.view(t), [k.i64(0)], k.parallel_threads())
     with k.parallel_loop(n, cost=1 << 20) as i:
         k.store(k.view(t), [k.b.add(i, k.i64(1))], k.parallel_threads())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cuvil.compiler.kernels.target import KernelTarget, set_target
+from cuvil.compiler.kernels.target import KernelTarget
 from cuvil.errors import ToolchainError
 from cuvil.toolchains import (
     ENV_VAR,
@@ -584,18 +584,13 @@ def test_cmake_toolchain_builds_shared_library(tmp_path, built):
 ])
 def test_baseline_kernels_get_what_the_cpu_implies(target, cpu, float_lanes, int8_kind):
     # a pinned or implied cpu's extensions (zig's cpu model) reach the kernels' tile choice
-    from llvmlite import ir
-
     from cuvil.compiler.driver import baseline_features
-    from cuvil.compiler.kernels.gemm import isa_of
-    from cuvil.compiler.kernels.int8_gemm import int8_isa_of
+    from cuvil.compiler.kernels.int8_gemm import int8_isa
 
     arch = get_target(target).arches[0]
-    module = ir.Module()
-    module.triple = arch.llvm_triple
-    set_target(module, KernelTarget(module.triple, baseline_features(arch, cpu)[0]))
-    assert isa_of(module).vector == float_lanes
-    isa = int8_isa_of(module)
+    kernel_target = KernelTarget(arch.llvm_triple, baseline_features(arch, cpu)[0])
+    assert kernel_target.isa.vector == float_lanes
+    isa = int8_isa(kernel_target)
     below = isa.fallback
     assert (isa.kind, isa.gate is not None, below and below.kind,
             below and below.gate is not None) == int8_kind

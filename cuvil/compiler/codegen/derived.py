@@ -26,6 +26,7 @@ from llvmlite import ir
 
 from cuvil.compiler.ir import Graph, Node, Value
 from cuvil.compiler.kernels.emitter import I8, I32, POPULATE, PTR, RELEASE, Emitter
+from cuvil.compiler.kernels.target import KernelTarget
 from cuvil.compiler.memory import MemoryPlan
 from cuvil.compiler.ops import lookup, replaced_constants
 
@@ -43,7 +44,8 @@ SCHED_YIELD = "sched_yield"
 class DerivedWeights:
     """The derived-weights buffer of one module and its `prepare(dims)` function."""
 
-    def __init__(self, module: ir.Module, graph: Graph, plan: MemoryPlan, names: dict[str, str],
+    def __init__(self, module: ir.Module, target: KernelTarget, graph: Graph, plan: MemoryPlan,
+                 names: dict[str, str],
                  weights: ir.GlobalVariable | None, symbols: list[str], *, primary: bool) -> None:
         size = ir.ArrayType(I8, plan.derived_size)
         self.buffer = ir.GlobalVariable(module, size, names["derived"])
@@ -54,7 +56,7 @@ class DerivedWeights:
                 var.initializer = init
             else:
                 var.linkage = "external"
-        fill = _fill_function(module, graph, plan, self.buffer, weights, symbols)
+        fill = _fill_function(module, target, graph, plan, self.buffer, weights, symbols)
         self.prepare = _prepare_function(module, self.state, self.buffer, plan.derived_eager_size,
                                          fill)
         self._offsets = plan.derived
@@ -78,7 +80,8 @@ def hide_derived(ir_text: str, names: dict[str, str]) -> str:
     return ir_text
 
 
-def _fill_function(module: ir.Module, graph: Graph, plan: MemoryPlan, buffer: ir.GlobalVariable,
+def _fill_function(module: ir.Module, target: KernelTarget, graph: Graph, plan: MemoryPlan,
+                   buffer: ir.GlobalVariable,
                    weights: ir.GlobalVariable | None, symbols: list[str]) -> ir.Function:
     """fill(dims): every node's `lower_derived`, in graph order (each in a function of its own)."""
     fill = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]),
@@ -97,7 +100,7 @@ def _fill_function(module: ir.Module, graph: Graph, plan: MemoryPlan, buffer: ir
                          module.get_unique_name(f"derive{index}_{node.op_type}"))
         fn.linkage = "internal"
         fn.attributes.add("noinline")
-        k = Emitter(module, fn, fn.args[0], symbols, {})
+        k = Emitter(module, fn, fn.args[0], symbols, {}, target)
         for v in [*node.inputs, *node.outputs]:
             s = plan.storage.get(v) if v is not None else None
             if v is None or s is None:

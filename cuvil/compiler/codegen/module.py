@@ -42,7 +42,7 @@ from cuvil.compiler.kernels.emitter import (
     Emitter,
 )
 from cuvil.compiler.kernels.objects import KernelSet
-from cuvil.compiler.kernels.target import KernelTarget, set_target
+from cuvil.compiler.kernels.target import KernelTarget
 from cuvil.compiler.memory import MemoryPlan
 from cuvil.compiler.ops import lookup
 from cuvil.errors import ModelError
@@ -89,7 +89,7 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
     module = ir.Module(name=model)
     module.triple = triple
     module.data_layout = data_layout
-    set_target(module, KernelTarget(triple, features))  # kernels size their tiles from it
+    target = KernelTarget(triple, features)  # kernels size their tiles from it
     module.cuvil_kernels = kernels
     # the data-dependent dims' slots follow the input dims': their producers store them there
     symbols = [s.name for s in graph.symbols] + [d.symbol.name for d in graph.data_dims]
@@ -111,20 +111,21 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
     if primary:
         # int64_t workspace_size(const int64_t *dims)
         ws_fn = ir.Function(module, ir.FunctionType(I64, [PTR]), names["workspace_size"])
-        k = Emitter(module, ws_fn, ws_fn.args[0], symbols, {})
+        k = Emitter(module, ws_fn, ws_fn.args[0], symbols, {}, target)
         k.b.ret(k.dim(plan.workspace_size))
 
-    derived = (DerivedWeights(module, graph, plan, names, weights, symbols, primary=primary)
+    derived = (DerivedWeights(module, target, graph, plan, names, weights, symbols,
+                              primary=primary)
                if plan.derived_size else None)
     shared = _SharedFunctions()
-    node_fns = [_node_function(module, graph, plan, i, symbols, shared)
+    node_fns = [_node_function(module, target, graph, plan, i, symbols, shared)
                 for i in range(len(graph.nodes))]
 
     for entry in ENTRY_POINTS:
         fn_name = names[entry] if variant is None else variant_run_symbol(model, variant, entry)
         if variant is not None:
             hidden.append(fn_name)
-        _run_function(module, fn_name, graph, plan, node_fns, weights, derived, symbols,
+        _run_function(module, target, fn_name, graph, plan, node_fns, weights, derived, symbols,
                       profiled=entry == "run_profiled")
 
     ir_text = hide_derived(hide_declarations(str(module), names["weights"], hidden,
@@ -143,7 +144,8 @@ def dll_exports(ir_text: str, model: str) -> str:
                   flags=re.M)
 
 
-def _run_function(module: ir.Module, name: str, graph: Graph, plan: MemoryPlan,
+def _run_function(module: ir.Module, target: KernelTarget, name: str, graph: Graph,
+                  plan: MemoryPlan,
                   node_fns: list[ir.Function | None], weights: ir.GlobalVariable | None,
                   derived: DerivedWeights | None, symbols: list[str], *, profiled: bool) -> None:
     """`run`: the derived weights made ready, each node's function in order, then the copies
@@ -153,7 +155,7 @@ def _run_function(module: ir.Module, name: str, graph: Graph, plan: MemoryPlan,
     params = [PTR] * (5 if profiled else 4)
     run = ir.Function(module, ir.FunctionType(I32, params), name)
     inputs, outputs, dims, workspace = run.args[:4]
-    k = Emitter(module, run, dims, symbols, {})
+    k = Emitter(module, run, dims, symbols, {}, target)
     stamp = _stamper(module, k, run.args[4]) if profiled else _no_stamp
     if derived is not None:
         k.b.call(derived.prepare, [dims])
@@ -194,17 +196,18 @@ def _run_function(module: ir.Module, name: str, graph: Graph, plan: MemoryPlan,
         if isinstance(v.type.nbytes, int) or not v.type.nbytes.free_symbols & graph.data_dim_table.keys():
             k.memcpy(k.b.load(slot, typ=PTR), src, k.dim(v.type.nbytes))
         else:  # `run` read the dims on entry, before the nodes stored the data-dependent ones
-            k.b.call(_copy_function(module, v, symbols), [dims, k.b.load(slot, typ=PTR), src])
+            k.b.call(_copy_function(k, v, symbols), [dims, k.b.load(slot, typ=PTR), src])
     stamp(len(graph.nodes) + 1)
     k.b.ret(ir.Constant(I32, 0))
 
 
-def _copy_function(module: ir.Module, v: Value, symbols: list[str]) -> ir.Function:
+def _copy_function(caller: Emitter, v: Value, symbols: list[str]) -> ir.Function:
     """copy(dims, dst, src): `v`'s bytes, counted from the dims when it is called."""
+    module = caller.module
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR] * 3),
                      module.get_unique_name(f"copy_{v.name}"))
     fn.linkage = "internal"
-    k = Emitter(module, fn, fn.args[0], symbols, {})
+    k = Emitter(module, fn, fn.args[0], symbols, {}, caller.target)
     k.memcpy(fn.args[1], fn.args[2], k.dim(v.type.nbytes))
     k.b.ret_void()
     return fn
@@ -260,7 +263,8 @@ def _buffers(node: Node) -> list[Value]:
     return seen
 
 
-def _node_function(module: ir.Module, graph: Graph, plan: MemoryPlan, index: int,
+def _node_function(module: ir.Module, target: KernelTarget, graph: Graph, plan: MemoryPlan,
+                   index: int,
                    symbols: list[str], shared: _SharedFunctions) -> ir.Function | None:
     node = graph.nodes[index]
     if node in plan.elided or node in plan.hoisted:  # hoisted: run by derived.py, once
@@ -284,7 +288,7 @@ def _node_function(module: ir.Module, graph: Graph, plan: MemoryPlan, index: int
     if noalias:
         for arg in fn.args[1:]:
             arg.add_attribute("noalias")
-    k = Emitter(module, fn, fn.args[0], symbols, dict(zip(bufs, fn.args[1:])))
+    k = Emitter(module, fn, fn.args[0], symbols, dict(zip(bufs, fn.args[1:])), target)
     k.scratch = fn.args[1 + len(bufs)] if scratch else None
     k.derived = fn.args[-1] if derived else None
     watched = _watch_constants(node)

@@ -30,7 +30,7 @@ variants of a library), K padded with zeros to a multiple of K_ALIGN:
   PACK_COLS x 2 bf16: column c's B[2g, c], B[2g+1, c] side by side, what a 2-way bf16 dot
   product reads (vdpbf16ps, AMX's B tile).
 
-Instruction sets (`bf16_isa_of`):
+Instruction sets (`bf16_isa`):
 
 - "amx": AMX-BF16 tiles (Sapphire Rapids and later): C in blocks of 32 x 32 (four 16 x 16
   float32 tiles, two tiles of L, two of R per 32 values of K); the tile configuration comes
@@ -81,7 +81,7 @@ from cuvil.compiler.kernels.emitter import (
 )
 from cuvil.compiler.kernels.gemm import PLAIN, Epilogue, block_span, split_blocks
 from cuvil.compiler.kernels.objects import kernel_function
-from cuvil.compiler.kernels.target import target_of
+from cuvil.compiler.kernels.target import KernelTarget
 
 F32 = ir.FloatType()
 I16 = ir.IntType(16)
@@ -200,14 +200,14 @@ AMX_READY = "cuvil_amx_ready"
 BF16_ALLOWED = "cuvil_bf16_allowed"
 
 
-def bf16_isas_of(module: ir.Module) -> list[Bf16Isa]:
-    """The kernels the module's copy holds, best first, and whether the CPU must be asked
-    about the last one (the others: always): none outside x86's AVX-512 copies."""
-    return _chain(module)[0]
+def bf16_isas(target: KernelTarget) -> list[Bf16Isa]:
+    """The kernels the target's copy holds, best first: none outside x86's AVX-512 copies."""
+    return _chain(target)[0]
 
 
-def _chain(module: ir.Module) -> tuple[list[Bf16Isa], bool]:
-    target = target_of(module)
+def _chain(target: KernelTarget) -> tuple[list[Bf16Isa], bool]:
+    """`bf16_isas`, and whether the CPU must be asked about the last one (the others:
+    always)."""
     if not target.is_x86 or not target.has("avx512f"):
         return [], False
     chain = []
@@ -218,9 +218,9 @@ def _chain(module: ir.Module) -> tuple[list[Bf16Isa], bool]:
     return chain, not target.has("avx512bf16")
 
 
-def bf16_isa_of(module: ir.Module) -> Bf16Isa:
-    """The kernel the module's copy runs when every run-time test passes."""
-    return bf16_isas_of(module)[0]
+def bf16_isa(target: KernelTarget) -> Bf16Isa:
+    """The kernel the target's copy runs when every run-time test passes."""
+    return bf16_isas(target)[0]
 
 
 # ------------------------------------------------------------------------------ the function
@@ -229,7 +229,8 @@ _TYPE = ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, PTR, I64, PTR, 
                                         PTR])
 
 
-def bf16_gemm_function(module: ir.Module, side: str, epilogue: Epilogue = PLAIN) -> ir.Function:
+def bf16_gemm_function(module: ir.Module, target: KernelTarget, side: str,
+                       epilogue: Epilogue = PLAIN) -> ir.Function:
     """`void bf16gemm(M, N, K, L, ldl, R, ldr, C, ldc, accumulate, bias, residual)`:
     C[i, j] = act((accumulate ? C[i, j] : 0) + sum_k L[i, k] R[k, j] (+ bias) (+ residual)),
     to call only where `bf16_hardware` says yes.
@@ -240,24 +241,25 @@ def bf16_gemm_function(module: ir.Module, side: str, epilogue: Epilogue = PLAIN)
     assert side in SIDES, side
     name = f"cuvil.bf16gemm.{side}.{epilogue.suffix}"
 
-    def define_isa(module: ir.Module, fn: ir.Function, isa: Bf16Isa) -> None:
+    def define_isa(module: ir.Module, fn: ir.Function, target: KernelTarget,
+                   isa: Bf16Isa) -> None:
         fn.attributes.add("noinline")
         for i in (3, 5, 7, 10, 11):
             fn.args[i].add_attribute("noalias")
         if isa.features:
-            add_target_features(module, fn, isa.features)
-        _Writer(module, fn, isa, side, epilogue).write()
+            add_target_features(target, fn, isa.features)
+        _Writer(module, fn, target, isa, side, epilogue).write()
 
-    def define(module: ir.Module, fn: ir.Function) -> None:
-        chain = bf16_isas_of(module)
+    def define(module: ir.Module, fn: ir.Function, target: KernelTarget) -> None:
+        chain = bf16_isas(target)
         assert chain, "no bf16 kernel in this copy: its products run float32 (bf16_hardware)"
         if len(chain) == 1:
-            define_isa(module, fn, chain[0])
+            define_isa(module, fn, target, chain[0])
             return
         kernels = [ir.Function(module, _TYPE, f"{name}.{isa.kind}") for isa in chain]
         for kernel, isa in zip(kernels, chain):
             kernel.linkage = "internal"
-            define_isa(module, kernel, isa)
+            define_isa(module, kernel, target, isa)
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         for isa, kernel in zip(chain[:-1], kernels[:-1]):
             with b.if_then(_gate(module, b, isa)):
@@ -267,7 +269,7 @@ def bf16_gemm_function(module: ir.Module, side: str, epilogue: Epilogue = PLAIN)
         b.call(kernels[-1], fn.args)
         b.ret_void()
 
-    return kernel_function(module, name, _TYPE, define)
+    return kernel_function(module, target, name, _TYPE, define)
 
 
 def _gate(module: ir.Module, b: ir.IRBuilder, isa: Bf16Isa) -> ir.Value:
@@ -284,14 +286,15 @@ def bf16_hardware(k: Emitter) -> ir.Value | None:
     """Whether a bf16 product runs on the bf16 kernel here (an i1), or None where the module's
     copy holds none (the float32 path, always): the CPU and OS run one of the copy's bf16
     kernels, and CUVIL_BF16 is not 0 (the runtime's `cuvil_bf16_allowed`)."""
-    if not bf16_isas_of(k.module):
+    if not bf16_isas(k.target):
         return None
-    fn = kernel_function(k.module, "cuvil.bf16.hardware", _HARDWARE_TYPE, _define_hardware)
+    fn = kernel_function(k.module, k.target, "cuvil.bf16.hardware", _HARDWARE_TYPE,
+                         _define_hardware)
     return k.b.icmp_signed("!=", k.b.call(fn, []), ir.Constant(I32, 0))
 
 
-def _define_hardware(module: ir.Module, fn: ir.Function) -> None:
-    chain, ask_last = _chain(module)
+def _define_hardware(module: ir.Module, fn: ir.Function, target: KernelTarget) -> None:
+    chain, ask_last = _chain(target)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     with b.if_then(b.not_(asked_once(module, b, "cuvil.bf16_allowed", BF16_ALLOWED, []))):
         b.ret(ir.Constant(I32, 0))
@@ -413,14 +416,14 @@ def to_bf16_bits(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 class _AmxTiles:
     """The AMX operations of a kernel on 16 x 64-byte tiles: LLVM's intrinsics (a tile is an
-    x86_amx value; LLVM writes the tile configuration from the shapes they carry), or, where a
-    module says `cuvil_amx_tiles = "emulated"` (tests/codegen, on CPUs without AMX), calls of
+    x86_amx value; LLVM writes the tile configuration from the shapes they carry), or, for a
+    target with `emulate_amx` (tests/kernels, on CPUs without AMX), calls of
     functions with the same meaning on 1 KiB buffers in the kernel's frame
     (tests/harness/amx_emulation.c: dot updates its accumulator in place and returns it)."""
 
     def __init__(self, writer: _Writer) -> None:
         self.writer, self.b, self.module = writer, writer.k.b, writer.module
-        self.emulated = getattr(self.module, "cuvil_amx_tiles", "intrinsics") == "emulated"
+        self.emulated = writer.k.target.emulate_amx
         self.type = PTR if self.emulated else TILE
         self.c16, self.c64 = ir.Constant(I16, 16), ir.Constant(I16, 64)
 
@@ -452,9 +455,9 @@ class _AmxTiles:
 
 
 class _Writer:
-    def __init__(self, module: ir.Module, fn: ir.Function, isa: Bf16Isa, side: str,
-                 epilogue: Epilogue) -> None:
-        self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {})
+    def __init__(self, module: ir.Module, fn: ir.Function, target: KernelTarget, isa: Bf16Isa,
+                 side: str, epilogue: Epilogue) -> None:
+        self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {}, target)
         self.module, self.isa, self.side, self.epilogue = module, isa, side, epilogue
         (self.m, self.n, self.kk, self.l, self.ldl, self.r, self.ldr, self.c, self.ldc,
          self.acc, self.bias, self.residual) = fn.args
@@ -838,7 +841,7 @@ def emit_bf16_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, l_ptr: ir
                    side: str, accumulate: bool = False, bias: ir.Value | None = None,
                    residual: ir.Value | None = None, epilogue: Epilogue = PLAIN) -> None:
     """Call the module's kernel (one thread): see `bf16_gemm_function`."""
-    fn = bf16_gemm_function(k.module, side, epilogue)
+    fn = bf16_gemm_function(k.module, k.target, side, epilogue)
     null = ir.Constant(PTR, None)
     k.b.call(fn, [m, n, kk, l_ptr, ldl, r_ptr, ldr, c, ldc, ir.Constant(I1, int(accumulate)),
                   bias if bias is not None else null, residual if residual is not None else null])

@@ -37,7 +37,7 @@ from cuvil.compiler.kernels.emitter import (
     splat,
 )
 from cuvil.compiler.kernels.objects import kernel_function
-from cuvil.compiler.kernels.target import target_of
+from cuvil.compiler.kernels.target import KernelTarget
 
 __all__ = ["byte_lookup_function"]
 
@@ -51,28 +51,27 @@ _V = ir.VectorType(I8, _LANES)
 _PSHUFB = {32: "llvm.x86.avx2.pshuf.b", 64: "llvm.x86.avx512.pshuf.b.512"}
 
 
-def byte_lookup_function(module: ir.Module) -> ir.Function:
-    """The kernel for the module's target and features (see the module docstring)."""
+def byte_lookup_function(module: ir.Module, target: KernelTarget) -> ir.Function:
+    """The kernel for the target and its features (see the module docstring)."""
 
-    def define(module: ir.Module, fn: ir.Function) -> None:
-        target = target_of(module)
+    def define(module: ir.Module, fn: ir.Function, target: KernelTarget) -> None:
         if target.triple.startswith("aarch64"):
-            _neon(module, fn)
+            _neon(module, fn, target)
         elif not target.triple.startswith("x86_64"):
-            _bytewise(module, fn)
+            _bytewise(module, fn, target)
         elif not target.has("avx512bw"):
-            _nibbles(module, fn, 32) if target.has("avx2") else _bytewise(module, fn)
+            _nibbles(module, fn, target, 32) if target.has("avx2") else _bytewise(module, fn, target)
         elif target.has("avx512vbmi"):
-            _vbmi(module, fn)
+            _vbmi(module, fn, target)
         elif target.excludes("avx512vbmi"):
-            _nibbles(module, fn, 64)
+            _nibbles(module, fn, target, 64)
         else:
             fast, slow = (ir.Function(module, LOOKUP_TYPE, f"{fn.name}.{kind}")
                           for kind in ("vbmi", "nibbles"))
             fast.linkage = slow.linkage = "internal"
-            add_target_features(module, fast, "+avx512vbmi")
-            _vbmi(module, fast)
-            _nibbles(module, slow, 64)
+            add_target_features(target, fast, "+avx512vbmi")
+            _vbmi(module, fast, target)
+            _nibbles(module, slow, target, 64)
             b = ir.IRBuilder(fn.append_basic_block("entry"))
             with b.if_else(cpuid_gate(module, b, _VBMI_BIT)) as (yes, no):
                 with yes:
@@ -81,11 +80,11 @@ def byte_lookup_function(module: ir.Module) -> ir.Function:
                     b.call(slow, fn.args)
             b.ret_void()
 
-    return kernel_function(module, "cuvil.lookup8", LOOKUP_TYPE, define)
+    return kernel_function(module, target, "cuvil.lookup8", LOOKUP_TYPE, define)
 
 
-def _emitter(module: ir.Module, fn: ir.Function) -> Emitter:
-    return Emitter(module, fn, ir.Constant(PTR, None), [], {})
+def _emitter(module: ir.Module, fn: ir.Function, target: KernelTarget) -> Emitter:
+    return Emitter(module, fn, ir.Constant(PTR, None), [], {}, target)
 
 
 def _bytes(k: Emitter, table: ir.Value, src: ir.Value, dst: ir.Value, flip: ir.Value,
@@ -97,15 +96,15 @@ def _bytes(k: Emitter, table: ir.Value, src: ir.Value, dst: ir.Value, flip: ir.V
         b.store(y, b.gep(dst, [i], source_etype=I8))
 
 
-def _bytewise(module: ir.Module, fn: ir.Function) -> None:
-    k = _emitter(module, fn)
+def _bytewise(module: ir.Module, fn: ir.Function, target: KernelTarget) -> None:
+    k = _emitter(module, fn, target)
     table, src, dst, n, flip = fn.args
     _bytes(k, table, src, dst, flip, k.i64(0), n)
     k.b.ret_void()
 
 
-def _vbmi(module: ir.Module, fn: ir.Function) -> None:
-    k = _emitter(module, fn)
+def _vbmi(module: ir.Module, fn: ir.Function, target: KernelTarget) -> None:
+    k = _emitter(module, fn, target)
     b = k.b
     permute = declare_function(module, "llvm.x86.avx512.vpermi2var.qi.512", _V, [_V, _V, _V])
     quarters = _table_rows(k, fn.args[0], _LANES, _LANES)
@@ -151,13 +150,13 @@ def _table_rows(k: Emitter, table: ir.Value, size: int, lanes: int) -> list[ir.V
     return rows
 
 
-def _nibbles(module: ir.Module, fn: ir.Function, lanes: int) -> None:
+def _nibbles(module: ir.Module, fn: ir.Function, target: KernelTarget, lanes: int) -> None:
     """x86 `pshufb` on 16 rows of 16 entries: row h looked up by the low 4 bits of each index
     whose high 4 bits are h. AVX-512BW keeps a row's results by a mask compare (merge-masked
     shuffles); AVX2 instead moves the index out of the shuffle's range where the high bits
     differ, ((x xor 16 h) +sat 0x70 has bit 7 set, which makes pshufb give 0) and ORs the rows'
     results, four one-uop instructions a row where a byte blend costs two or three on Intel."""
-    k = _emitter(module, fn)
+    k = _emitter(module, fn, target)
     b = k.b
     vt = ir.VectorType(I8, lanes)
     shuffle = declare_function(module, _PSHUFB[lanes], vt, [vt, vt])
@@ -183,10 +182,10 @@ def _nibbles(module: ir.Module, fn: ir.Function, lanes: int) -> None:
     _vectors(k, fn, lanes, body)
 
 
-def _neon(module: ir.Module, fn: ir.Function) -> None:
+def _neon(module: ir.Module, fn: ir.Function, target: KernelTarget) -> None:
     """AArch64 `tbl` on the table's first 64 entries, then `tbx` on each next 64 with the
     index less 64 (indices below wrap past 64: out of range, the result stays)."""
-    k = _emitter(module, fn)
+    k = _emitter(module, fn, target)
     b = k.b
     vt = ir.VectorType(I8, 16)
     rows = _table_rows(k, fn.args[0], 16, 16)

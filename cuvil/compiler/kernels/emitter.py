@@ -18,7 +18,7 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.ir import Dim, Value
-from cuvil.compiler.kernels.target import target_of
+from cuvil.compiler.kernels.target import KernelTarget
 from cuvil.compiler.symbolic import lower_dim
 from cuvil.runtime import STATUS_INDEX_OUT_OF_RANGE
 
@@ -109,7 +109,8 @@ class _LLVMIntOps:
 
 
 class Emitter:
-    """Writes one function's body. `buffers` maps the IR values it reads/writes to pointers."""
+    """Writes one function's body for `target`. `buffers` maps the IR values it reads/writes
+    to pointers."""
 
     def __init__(
         self,
@@ -118,8 +119,10 @@ class Emitter:
         dims_ptr: ir.Value,
         symbols: Sequence[str],
         buffers: dict[Value, ir.Value],
+        target: KernelTarget,
     ) -> None:
         self.module = module
+        self.target = target
         self.function = function
         self.b = ir.IRBuilder(function.append_basic_block("entry"))
         self._dims_ptr = dims_ptr
@@ -616,10 +619,10 @@ def declare_function(module: ir.Module, name: str, ret: ir.Type,
         return ir.Function(module, ir.FunctionType(ret, list(args)), name)
 
 
-def add_target_features(module: ir.Module, fn: ir.Function, extra: str) -> None:
-    """Compile `fn` for the module's features plus `extra` (a kernel that runs behind a CPUID
+def add_target_features(target: KernelTarget, fn: ir.Function, extra: str) -> None:
+    """Compile `fn` for the target's features plus `extra` (a kernel that runs behind a CPUID
     test). llvmlite knows no string attributes: this one is written as it is."""
-    features = ",".join(f for f in (target_of(module).features, extra) if f)
+    features = ",".join(f for f in (target.features, extra) if f)
     set.add(fn.attributes, f'"target-features"="{features}"')
 
 

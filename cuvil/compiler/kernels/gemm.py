@@ -10,7 +10,7 @@ of as many vectors as they need, the lanes of its last vector past N masked off.
 times at most GEMV_COLUMNS columns runs the other way round (`narrow_panel`): vectors along
 A's rows, one column at a time.
 
-Tile sizes follow the target's vector registers (`isa_of`): AVX-512's 32 registers of 16
+Tile sizes follow the target's vector registers (`KernelTarget.isa`): AVX-512's 32 registers of 16
 floats hold a 12 x 32 tile (24 accumulators, two rows of B, a broadcast); AVX2's 16 of 8
 floats a 6 x 16; SSE's 16 of 4 a 4 x 8; AArch64's 32 NEON registers a 12 x 8.
 
@@ -48,32 +48,9 @@ from cuvil.compiler.kernels.emitter import (
     splat,
 )
 from cuvil.compiler.kernels.objects import kernel_function
-from cuvil.compiler.kernels.target import target_of
+from cuvil.compiler.kernels.target import KernelTarget
 
 F32 = ir.FloatType()
-
-
-@dataclass(frozen=True)
-class Isa:
-    vector: int  # floats per vector register
-    mr: int  # rows per tile
-    nv: int  # vectors per tile row (NR = nv * vector)
-
-    @property
-    def nr(self) -> int:
-        return self.vector * self.nv
-
-
-def isa_of(module: ir.Module) -> Isa:
-    """Tile shape for the module's target, from the triple and the CPU features it was given."""
-    target = target_of(module)
-    if target.is_aarch64:
-        return Isa(vector=4, mr=12, nv=2)
-    if target.has("avx512f"):
-        return Isa(vector=16, mr=12, nv=2)
-    if target.has("avx2") or target.has("avx"):
-        return Isa(vector=8, mr=6, nv=2)
-    return Isa(vector=4, mr=4, nv=2)
 
 
 #: rows per panel of a pre-packed A (`pack_a`) and columns per panel of a pre-packed B
@@ -154,7 +131,7 @@ _GEMM_TYPE = ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, PTR, I64, 
                                              PTR])
 
 
-def gemm_function(module: ir.Module, epilogue: Epilogue = PLAIN,
+def gemm_function(module: ir.Module, target: KernelTarget, epilogue: Epilogue = PLAIN,
                   layout: Layout = ROW_MAJOR) -> ir.Function:
     """`void gemm(M, N, K, A, lda, B, ldb, C, ldc, accumulate, bias, residual)` (all i64 but
     pointers and the flag).
@@ -165,18 +142,18 @@ def gemm_function(module: ir.Module, epilogue: Epilogue = PLAIN,
     an A by columns has A[i, k] at a[k * lda + i]; a packed B, `pack_b` of the [K, N] one
     (ldb is not read).
     """
-    def define(module: ir.Module, fn: ir.Function) -> None:
+    def define(module: ir.Module, fn: ir.Function, target: KernelTarget) -> None:
         # one shared copy: inlined into each caller, LLVM would specialize and unroll it for
         # every call's constant sizes, multiplying compile time and code size for no speed
         fn.attributes.add("noinline")
         for i in (3, 5, 7, 10, 11):
             fn.args[i].add_attribute("noalias")
-        isa = isa_of(module)
+        isa = target.isa
         assert PACK_ROWS % isa.mr == 0 and PACK_COLS % isa.nr == 0, isa
-        _GemmWriter(module, fn, isa, epilogue, layout).write()
+        _GemmWriter(module, fn, target, epilogue, layout).write()
 
-    return kernel_function(module, f"cuvil.gemm.{epilogue.suffix}{layout.suffix}", _GEMM_TYPE,
-                           define)
+    return kernel_function(module, target, f"cuvil.gemm.{epilogue.suffix}{layout.suffix}",
+                           _GEMM_TYPE, define)
 
 
 #: K is walked in blocks of KC: one packed panel of B (KC x NR floats, 16 KB with AVX2) then
@@ -219,10 +196,10 @@ PANELS = 4
 
 
 class _GemmWriter:
-    def __init__(self, module: ir.Module, fn: ir.Function, isa: Isa, epilogue: Epilogue,
-                 layout: Layout) -> None:
-        self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {})
-        self.isa = isa
+    def __init__(self, module: ir.Module, fn: ir.Function, target: KernelTarget,
+                 epilogue: Epilogue, layout: Layout) -> None:
+        self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {}, target)
+        self.isa = target.isa
         self.epilogue = epilogue
         self.layout = layout
         (self.m, self.n, self.kk, self.a, self.lda, self.bm, self.ldb, self.c, self.ldc,
@@ -698,7 +675,7 @@ def emit_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, l
     """Call the module's kernel from the current function (one thread). `residual` (when the
     epilogue adds one) is laid out like C, with C's row stride; `layout` says whether A or B
     are pre-packed (`pack_a`, `pack_b`)."""
-    fn = gemm_function(k.module, epilogue, layout)
+    fn = gemm_function(k.module, k.target, epilogue, layout)
     null = ir.Constant(PTR, None)
     k.b.call(fn, [m, n, kk, a, lda, b_ptr, ldb, c, ldc, ir.Constant(I1, int(accumulate)),
                   bias if bias is not None else null, residual if residual is not None else null])
@@ -748,7 +725,7 @@ def emit_parallel_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir
                        residual: ir.Value | None = None, epilogue: Epilogue = PLAIN,
                        layout: Layout = ROW_MAJOR) -> None:
     """The same product split over threads into blocks of rows (or of columns when M is small)."""
-    isa = isa_of(k.module)
+    isa = k.target.isa
     b = k.b
     # (a block of a pre-packed operand starts on one of its panels)
     by_rows, block, count, other, tile = split_blocks(

@@ -38,9 +38,9 @@ from cuvil.compiler.kernels.emitter import (
     masked_intrinsic,
     splat,
 )
-from cuvil.compiler.kernels.gemm import PACK_COLS, PLAIN, Epilogue, isa_of
+from cuvil.compiler.kernels.gemm import PACK_COLS, PLAIN, Epilogue
 from cuvil.compiler.kernels.objects import kernel_function
-from cuvil.compiler.kernels.target import target_of
+from cuvil.compiler.kernels.target import KernelTarget
 
 F32 = ir.FloatType()
 #: the most rows of A the kernel takes: each more row is one more set of accumulators
@@ -53,14 +53,8 @@ BLOCKS_PER_THREAD = 4
 _ALIGN = ir.Constant(ir.IntType(32), 4)
 
 
-def _accumulator_budget(module: ir.Module) -> int:
-    """Vector registers the accumulators may take: half the register file (32 registers on
-    AArch64 and AVX-512, 16 on AVX2 and SSE); the rest hold B, broadcasts of A, addresses."""
-    return target_of(module).vector_registers // 2
-
-
-def gemv_function(module: ir.Module, rows: int, layout: str, epilogue: Epilogue,
-                  alpha: float = 1.0) -> ir.Function:
+def gemv_function(module: ir.Module, target: KernelTarget, rows: int, layout: str,
+                  epilogue: Epilogue, alpha: float = 1.0) -> ir.Function:
     """`void gemv(N, K, A, lda, B, ldb, C, ldc, accumulate, bias, residual, j0, j1)`: columns
     j0 <= j < j1 of C[rows, N] (all i64 but pointers and the flag). j0 is a multiple of
     PACK_COLS for the "packed" layout. `bias` and `residual` are for the whole C (the residual
@@ -69,13 +63,13 @@ def gemv_function(module: ir.Module, rows: int, layout: str, epilogue: Epilogue,
     name = (f"cuvil.gemv{rows}.{layout}.{epilogue.suffix}"
             + (f".a{struct.pack('<f', alpha).hex()}" if alpha != 1.0 else ""))
 
-    def define(module: ir.Module, fn: ir.Function) -> None:
+    def define(module: ir.Module, fn: ir.Function, target: KernelTarget) -> None:
         fn.attributes.add("noinline")
         for i in (2, 4, 6, 9, 10):
             fn.args[i].add_attribute("noalias")
-        _GemvWriter(module, fn, rows, layout, epilogue, alpha).write()
+        _GemvWriter(module, fn, target, rows, layout, epilogue, alpha).write()
 
-    return kernel_function(module, name, _GEMV_TYPE, define)
+    return kernel_function(module, target, name, _GEMV_TYPE, define)
 
 
 _GEMV_TYPE = ir.FunctionType(ir.VoidType(), [I64, I64, PTR, I64, PTR, I64, PTR, I64, I1, PTR, PTR,
@@ -83,13 +77,15 @@ _GEMV_TYPE = ir.FunctionType(ir.VoidType(), [I64, I64, PTR, I64, PTR, I64, PTR, 
 
 
 class _GemvWriter:
-    def __init__(self, module: ir.Module, fn: ir.Function, rows: int, layout: str,
-                 epilogue: Epilogue, alpha: float) -> None:
-        self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {})
+    def __init__(self, module: ir.Module, fn: ir.Function, target: KernelTarget, rows: int,
+                 layout: str, epilogue: Epilogue, alpha: float) -> None:
+        self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {}, target)
         self.rows, self.layout, self.epilogue, self.alpha = rows, layout, epilogue, alpha
-        self.width = isa_of(module).vector
+        self.width = target.isa.vector
         self.vt = ir.VectorType(F32, self.width)
-        self.budget = _accumulator_budget(module)
+        # the accumulators may take half the register file (32 registers on AArch64 and
+        # AVX-512, 16 on AVX2 and SSE); the rest hold B, broadcasts of A, addresses
+        self.budget = target.vector_registers // 2
         (self.n, self.kk, self.a, self.lda, self.bm, self.ldb, self.c, self.ldc, self.acc,
          self.bias, self.residual, self.j0, self.j1) = fn.args
 
@@ -329,7 +325,7 @@ def emit_parallel_gemv(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir
                 res_, j0, j1]
         static = [int(m.constant)] if isinstance(m, ir.Constant) else None
         _by_rows(k, m_, static, lambda rows: bb.call(
-            gemv_function(k.module, rows, layout, epilogue, alpha), args))
+            gemv_function(k.module, k.target, rows, layout, epilogue, alpha), args))
 
 
 def _by_rows(k: Emitter, m: ir.Value, static: list[int] | None,

@@ -28,7 +28,7 @@ every x86 level and every AArch64 kernel reads this one layout (the CPU variants
 share one weights blob; the packing pass does not know the target). After the panels come
 colsum and beta (int32, one per padded column).
 
-Instruction sets (`int8_isa_of`), each a register tile of MR rows x NV vectors of W columns whose
+Instruction sets (`int8_isa`), each a register tile of MR rows x NV vectors of W columns whose
 int32 sums stay in registers over the whole of K:
 
 - "vnni512": AVX-512 VNNI vpdpbusd, 64 multiply-adds per instruction (12 x 32 tile);
@@ -105,7 +105,7 @@ from cuvil.compiler.kernels.emitter import (
 )
 from cuvil.compiler.kernels.gemm import block_span, split_blocks
 from cuvil.compiler.kernels.objects import kernel_function
-from cuvil.compiler.kernels.target import KernelTarget, target_of
+from cuvil.compiler.kernels.target import KernelTarget
 
 I16 = ir.IntType(16)
 F32 = ir.FloatType()
@@ -262,10 +262,9 @@ def _gated(target: KernelTarget, flag: str, kind: str, bit: tuple[int, int, int,
     return isa_named(kind, gate=bit, fallback=fallback, features=f"+{flag}")
 
 
-def int8_isa_of(module: ir.Module, a_signed: bool = False) -> Int8Isa:
-    """The kernel for the module's target and features and A's signedness (see the module
+def int8_isa(target: KernelTarget, a_signed: bool = False) -> Int8Isa:
+    """The kernel for the target and its features and A's signedness (see the module
     docstring)."""
-    target = target_of(module)
     if target.is_aarch64:
         dot = _gated(target, "dotprod", "sdot" if a_signed else "udot", _DOTPROD_BIT,
                      isa_named("generic"))
@@ -279,7 +278,7 @@ def int8_isa_of(module: ir.Module, a_signed: bool = False) -> Int8Isa:
     return isa_named("madd128")
 
 
-def int8_gemm_function(module: ir.Module, a_signed: bool, row_sums: bool,
+def int8_gemm_function(module: ir.Module, target: KernelTarget, a_signed: bool, row_sums: bool,
                        epilogue: QEpilogue = INT32) -> ir.Function:
     """`void qgemm(M, N, K, A, lda, a_zero, B, colsum, beta, C, ldc, scale, a_scale, bias,
     c_zero, post_scale, post_shift)`: C[M, N] (row stride ldc, elements of the epilogue's
@@ -290,25 +289,27 @@ def int8_gemm_function(module: ir.Module, a_signed: bool, row_sums: bool,
     key = f"{int(a_signed)}{int(row_sums)}.{epilogue.suffix}"
     name = f"cuvil.qgemm.{key}"
 
-    def define_isa(module: ir.Module, fn: ir.Function, kind_isa: Int8Isa) -> None:
+    def define_isa(module: ir.Module, fn: ir.Function, target: KernelTarget,
+                   kind_isa: Int8Isa) -> None:
         fn.attributes.add("noinline")
         for i in (3, 6, 9):
             fn.args[i].add_attribute("noalias")
         if kind_isa.features:
-            add_target_features(module, fn, kind_isa.features)
-        _Writer(module, fn, kind_isa, a_signed, row_sums, epilogue).write()
+            add_target_features(target, fn, kind_isa.features)
+        _Writer(module, fn, target, kind_isa, a_signed, row_sums, epilogue).write()
 
-    def define_gated(module: ir.Module, fn: ir.Function, isa: Int8Isa) -> None:
+    def define_gated(module: ir.Module, fn: ir.Function, target: KernelTarget,
+                     isa: Int8Isa) -> None:
         if isa.gate is None:
-            define_isa(module, fn, isa)
+            define_isa(module, fn, target, isa)
             return
         assert isa.fallback is not None
         # a gated fallback is its own gate's entry, not yet its kernel
         fast, slow = (ir.Function(module, _QGEMM_TYPE, f"{name}.{kind}") for kind in (
             isa.kind, isa.fallback.kind + (".gated" if isa.fallback.gate else "")))
         fast.linkage = slow.linkage = "internal"
-        define_isa(module, fast, isa)
-        define_gated(module, slow, isa.fallback)
+        define_isa(module, fast, target, isa)
+        define_gated(module, slow, target, isa.fallback)
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         has = cpuid_gate(module, b, isa.gate)
         with b.if_else(has) as (yes, no):
@@ -318,10 +319,10 @@ def int8_gemm_function(module: ir.Module, a_signed: bool, row_sums: bool,
                 b.call(slow, fn.args)
         b.ret_void()
 
-    def define(module: ir.Module, fn: ir.Function) -> None:
-        define_gated(module, fn, int8_isa_of(module, a_signed))
+    def define(module: ir.Module, fn: ir.Function, target: KernelTarget) -> None:
+        define_gated(module, fn, target, int8_isa(target, a_signed))
 
-    return kernel_function(module, name, _QGEMM_TYPE, define)
+    return kernel_function(module, target, name, _QGEMM_TYPE, define)
 
 
 _QGEMM_TYPE = ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, I32, PTR, PTR, PTR, PTR,
@@ -332,9 +333,9 @@ _ALIGN1 = ir.Constant(I32, 1)
 
 
 class _Writer:
-    def __init__(self, module: ir.Module, fn: ir.Function, isa: Int8Isa, a_signed: bool,
-                 row_sums: bool, epilogue: QEpilogue) -> None:
-        self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {})
+    def __init__(self, module: ir.Module, fn: ir.Function, target: KernelTarget, isa: Int8Isa,
+                 a_signed: bool, row_sums: bool, epilogue: QEpilogue) -> None:
+        self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {}, target)
         self.module = module
         self.isa, self.epilogue = isa, epilogue
         (self.m, self.n, self.kk, self.a, self.lda, self.a_zero, self.bp, self.colsum,
@@ -901,7 +902,7 @@ def _call(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: 
           c_zero: ir.Value | None, post_scale: ir.Value | None = None,
           post_shift: ir.Value | None = None) -> None:
     null = ir.Constant(PTR, None)
-    fn = int8_gemm_function(k.module, a_signed, row_sums, epilogue)
+    fn = int8_gemm_function(k.module, k.target, a_signed, row_sums, epilogue)
     k.b.call(fn, [m, n, kk, a, lda, a_zero, panels, colsum, beta, c, ldc,
                   scale if scale is not None else null,
                   a_scale if a_scale is not None else ir.Constant(F32, 1.0),
@@ -935,7 +936,7 @@ def _parallel(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, l
               scale: ir.Value | None, a_scale: ir.Value | None, bias: ir.Value | None,
               c_zero: ir.Value | None, post_scale: ir.Value | None = None,
               post_shift: ir.Value | None = None) -> None:
-    isa = int8_isa_of(k.module, a_signed)
+    isa = int8_isa(k.target, a_signed)
     b = k.b
     null = ir.Constant(PTR, None)
     by_rows, block, count, other, tile = split_blocks(k, m, n, isa.mr, PACK_COLS)

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
-from cuvil.compiler.kernels.target import KernelTarget, set_target
+from cuvil.compiler.kernels.target import KernelTarget
 
-#: writes the kernel's attributes and body into `fn`, which `module` holds
-Define = Callable[[ir.Module, ir.Function], None]
+#: writes the kernel's attributes and body for a target into `fn`, which `module` holds
+Define = Callable[[ir.Module, ir.Function, KernelTarget], None]
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,12 @@ class KernelSet:
     requests: dict[str, KernelRequest] = field(default_factory=dict)
 
 
-def kernel_function(module: ir.Module, name: str, fn_type: ir.FunctionType,
-                    define: Define) -> ir.Function:
-    """The kernel `name` for a call from `module`: a declaration of the separately compiled
-    kernel when the module carries a KernelSet (`module.cuvil_kernels`), else an internal
-    definition in `module` itself. `define` must read only what the module it is given says
-    (its `target_of`), so that both give the same code."""
+def kernel_function(module: ir.Module, target: KernelTarget, name: str,
+                    fn_type: ir.FunctionType, define: Define) -> ir.Function:
+    """The kernel `name` for a call from `module`, whose code is for `target`: a declaration
+    of the separately compiled kernel when the module carries a KernelSet
+    (`module.cuvil_kernels`), else an internal definition in `module` itself. `define` must
+    read only the target it is given, so that both give the same code."""
     kernels: KernelSet | None = getattr(module, "cuvil_kernels", None)
     symbol = name if kernels is None else f"{name}.{kernels.tag}"
     try:
@@ -58,7 +58,7 @@ def kernel_function(module: ir.Module, name: str, fn_type: ir.FunctionType,
     fn = ir.Function(module, fn_type, symbol)
     if kernels is None:
         fn.linkage = "internal"
-        define(module, fn)
+        define(module, fn, target)
     else:
         kernels.requests.setdefault(symbol, KernelRequest(symbol, fn_type, define))
     return fn
@@ -75,8 +75,8 @@ def kernel_module_ir(request: KernelRequest, triple: str, data_layout: str,
     module = ir.Module(name=request.symbol)
     module.triple = triple
     module.data_layout = data_layout
-    set_target(module, KernelTarget(triple, features))  # sizes the kernel's tiles
-    request.define(module, ir.Function(module, request.fn_type, request.symbol))
+    request.define(module, ir.Function(module, request.fn_type, request.symbol),
+                   KernelTarget(triple, features))
     # llvmlite writes no visibility: the kernel and the runtime functions it calls (CPUID
     # queries in the thread pool's file) are the library's own
     text = _DEFINE_KERNEL.sub(r'define hidden \1@"\2"', str(module))

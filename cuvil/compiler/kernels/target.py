@@ -1,17 +1,60 @@
-"""The CPU a module's code is for, as kernels see it: one typed value instead of each kernel
+"""The CPU a module's code is for, as kernels see it: one typed value, passed explicitly (an
+`Emitter` carries it as `k.target`; a kernel's `define` is handed it), instead of each kernel
 reading the module's triple and feature string its own way.
 
-A module is given its target once (`set_target`: the model modules by codegen/module.py, the
-kernel modules by kernels/objects.py); kernels read it back with `target_of`. Features are
-LLVM's: "+avx2" where the copy may use AVX2, "-amx-tile" where the CPU variant rules AMX out,
-neither where a kernel must ask the CPU at run time.
+Features are LLVM's: "+avx2" where the copy may use AVX2, "-amx-tile" where the CPU variant
+rules AMX out, neither where a kernel must ask the CPU at run time.
+
+The per-architecture choices that follow from the features are data here: `SIMD_LEVELS`
+gives, per architecture, each level's vector width, register count and float32 GEMM tile.
+The int8 and bf16 kernels choose among their instruction kinds in their own modules
+(`int8_gemm.int8_isa`, `bf16_gemm.bf16_isas`), from the same target.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
-from llvmlite import ir
+
+@dataclass(frozen=True)
+class Isa:
+    """The float32 GEMM tile of a SIMD level."""
+
+    vector: int  # floats per vector register
+    mr: int  # rows per tile
+    nv: int  # vectors per tile row (NR = nv * vector)
+
+    @property
+    def nr(self) -> int:
+        return self.vector * self.nv
+
+
+@dataclass(frozen=True)
+class SimdLevel:
+    """What code for one SIMD level of an architecture works with."""
+
+    feature: str | None  # the LLVM feature a copy needs for this level (None: every copy)
+    registers: int  # vector registers
+    gemm: Isa
+
+    @property
+    def vector(self) -> int:
+        """float32 lanes per vector register."""
+        return self.gemm.vector
+
+
+#: per architecture, its levels best first: a copy works at the first level whose feature
+#: it has. 32 registers hold AVX-512's and NEON's 12-row tiles; AVX2's 16 hold 6 rows.
+SIMD_LEVELS: dict[str, tuple[SimdLevel, ...]] = {
+    "x86": (SimdLevel("avx512f", 32, Isa(vector=16, mr=12, nv=2)),
+            SimdLevel("avx2", 16, Isa(vector=8, mr=6, nv=2)),
+            SimdLevel("avx", 16, Isa(vector=8, mr=6, nv=2)),
+            SimdLevel(None, 16, Isa(vector=4, mr=4, nv=2))),
+    "aarch64": (SimdLevel(None, 32, Isa(vector=4, mr=12, nv=2)),),
+    # other architectures: LLVM's generic vectors
+    "other": (SimdLevel(None, 16, Isa(vector=4, mr=4, nv=2)),),
+}
 
 
 @dataclass(frozen=True)
@@ -19,6 +62,9 @@ class KernelTarget:
     triple: str
     #: the LLVM features this copy is compiled with, as given ("+avx2,+fma,-amx-tile")
     features: str = ""
+    #: tests on CPUs without AMX: the bf16 kernel's tile operations call functions with the
+    #: same meaning (tests/harness/amx_emulation.c) instead of LLVM's intrinsics
+    emulate_amx: bool = False
 
     @property
     def flags(self) -> frozenset[str]:
@@ -32,6 +78,11 @@ class KernelTarget:
     def is_aarch64(self) -> bool:
         return self.triple.startswith(("aarch64", "arm64"))
 
+    @property
+    def arch(self) -> str:
+        """The key of `SIMD_LEVELS`: "x86", "aarch64" or "other"."""
+        return "x86" if self.is_x86 else "aarch64" if self.is_aarch64 else "other"
+
     def has(self, feature: str) -> bool:
         """Whether the copy may use `feature` ("avx512f") without asking the CPU."""
         return f"+{feature}" in self.flags
@@ -40,23 +91,21 @@ class KernelTarget:
         """Whether the CPU variant says its CPUs lack `feature`."""
         return f"-{feature}" in self.flags
 
+    @cached_property
+    def simd(self) -> SimdLevel:
+        """The SIMD level of this copy (`SIMD_LEVELS`)."""
+        return next(level for level in SIMD_LEVELS[self.arch]
+                    if level.feature is None or self.has(level.feature))
+
+    @property
+    def isa(self) -> Isa:
+        """The float32 GEMM tile."""
+        return self.simd.gemm
+
     @property
     def vector_registers(self) -> int:
         """SIMD registers of the copy: 32 with NEON and AVX-512, 16 with AVX2 and SSE."""
-        return 32 if self.is_aarch64 or self.has("avx512f") else 16
+        return self.simd.registers
 
 
-def set_target(module: ir.Module, target: KernelTarget) -> None:
-    """Give `module` its target (an llvmlite module has no field for it: an attribute holds
-    it, read only through `target_of`)."""
-    module.cuvil_target = target
-
-
-def target_of(module: ir.Module) -> KernelTarget:
-    """The target `set_target` gave `module`; a module given none (hand-built in a test)
-    is its triple with no features."""
-    target = getattr(module, "cuvil_target", None)
-    return target if target is not None else KernelTarget(module.triple)
-
-
-__all__ = ["KernelTarget", "set_target", "target_of"]
+__all__ = ["SIMD_LEVELS", "Isa", "KernelTarget", "SimdLevel"]

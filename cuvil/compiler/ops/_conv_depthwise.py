@@ -34,7 +34,6 @@ from cuvil.compiler.kernels.emitter import (
     masked_intrinsic,
     splat,
 )
-from cuvil.compiler.kernels.gemm import isa_of
 from cuvil.compiler.ops import required_input
 from cuvil.compiler.ops._window import Window, ceil_div
 from cuvil.compiler.ops.gemm import ACTIVATION_PARAMS, FUSED_ACTIVATION, RESIDUAL_SLOT
@@ -99,7 +98,7 @@ def lower_conv_depthwise(node: Node, k: Emitter, win: Window) -> None:
     taps = numel(win.kernel)
     assert isinstance(taps, int)
     # narrower vectors for narrow outputs (7 x 7 planes): fewer lanes computed for nothing
-    width = isa_of(k.module).vector
+    width = k.target.isa.vector
     if isinstance(cols.out, int):
         while width > 4 and width // 2 >= cols.out:
             width //= 2

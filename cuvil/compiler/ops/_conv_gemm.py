@@ -63,7 +63,6 @@ from cuvil.compiler.kernels.gemm import (
     block_span,
     emit_gemm,
     emit_parallel_gemm,
-    isa_of,
 )
 from cuvil.compiler.ops import required_input
 from cuvil.compiler.ops._window import Window, ceil_div, clamp
@@ -374,7 +373,7 @@ def _batch_pointwise(k: Emitter, sizes: tuple[int, int],
     x, w, y, bias, residual = ptrs
     images, in_plane = image
     null = ir.Constant(PTR, None)
-    nr = isa_of(k.module).nr
+    nr = k.target.isa.nr
     tiles = k.floordiv(b.add(p, k.i64(nr - 1)), k.i64(nr))
     wanted = k.floordiv(b.add(b.mul(k.parallel_threads(), k.i64(BLOCKS_PER_THREAD)),
                               b.sub(images, k.i64(1))), images)
@@ -521,7 +520,7 @@ def _batch_transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: 
     kernel_epilogue = replace(epilogue, bias="col" if bias is not None else "none",
                               residual=False,
                               activation=None if residual is not None else epilogue.activation)
-    lanes = isa_of(k.module).vector
+    lanes = k.target.isa.vector
     null = ir.Constant(PTR, None)
     blocks, cost = slot_blocks(k, images, b.mul(p, k.i64(kk * m)))
     carry = [x, w, y, bias if bias is not None else null,
@@ -553,7 +552,7 @@ def _untranspose(k: Emitter, ct: ir.Value, y: ir.Value, residual: ir.Value | Non
     lanes channels x lanes positions transposed in registers, spread over the threads by
     blocks of channels."""
     p, m = sizes
-    lanes = isa_of(k.module).vector
+    lanes = k.target.isa.vector
     blocks = -(-m // lanes)
     null = ir.Constant(PTR, None)
     with k.parallel_loop(k.i64(blocks), cost=k.b.mul(p, k.i64(lanes)), name="untranspose",
@@ -568,7 +567,7 @@ def _untranspose_block(k: Emitter, blk: ir.Value, ct_c: ir.Value, y_c: ir.Value,
                        epilogue: Epilogue) -> None:
     """Channels blk * lanes ... of Y from Y^T (`_untranspose`)."""
     p_c, m = sizes
-    lanes = isa_of(k.module).vector
+    lanes = k.target.isa.vector
     b = k.b
     vt = ir.VectorType(F32, lanes)
     it = ir.VectorType(I64, lanes)
@@ -764,7 +763,7 @@ def _copy_run(k: Emitter, dst: ir.Value, src: ir.Value, count: ir.Value) -> None
     vector on AVX-512, `masked_tails`): LLVM leaves the generic copy scalar, since it cannot
     tell the input from the unfolded columns apart."""
     b = k.b
-    width = isa_of(k.module).vector
+    width = k.target.isa.vector
     vt = ir.VectorType(F32, width)
     whole = b.mul(b.udiv(count, k.i64(width)), k.i64(width))
     with k.loop(whole, step=width, name="cpv") as o:
@@ -789,7 +788,7 @@ def masked_tails(k: Emitter) -> bool:
     """Whether the fewer than a vector's floats left at the end of a run are copied by one
     masked load and store: AVX-512 masks every lane for free, where AVX2 and NEON would
     emulate them lane by lane. Rows of 7x7 and 14x14 maps are all tail at 16 lanes."""
-    return isa_of(k.module).vector == 16
+    return k.target.isa.vector == 16
 
 
 def _lanes_below(b: ir.IRBuilder, count: ir.Value, lanes: int) -> ir.Value:
@@ -810,7 +809,7 @@ def whole_strided_vectors(k: Emitter, span: tuple[ir.Value, ir.Value], start: ir
     scatter does in vectors before its element-by-element rest)."""
     b = k.b
     lo, hi = span
-    width = isa_of(k.module).vector
+    width = k.target.isa.vector
     # a vector may start at o when o * stride + start + stride * width <= size
     last_start = k.floordiv(b.sub(b.sub(size, start), k.i64(stride * width)), k.i64(stride))
     vectors = k.minimum("int64", k.floordiv(b.sub(hi, lo), k.i64(width)),
@@ -827,7 +826,7 @@ def _copy_strided(k: Emitter, dst: ir.Value, src: ir.Value, axis: tuple[ir.Value
     element-by-element loop took a third to a half of strided convolutions."""
     b = k.b
     start, stride, size = axis
-    width = isa_of(k.module).vector
+    width = k.target.isa.vector
     lo_v = lo
     if stride <= MAX_VECTOR_STRIDE:
         wide = ir.VectorType(F32, width * stride)

@@ -31,7 +31,7 @@ from llvmlite import ir
 from cuvil.compiler.ir import Dim, Node, numel, simplify_dim
 from cuvil.compiler.kernels.activation import apply_activation
 from cuvil.compiler.kernels.emitter import PTR, Emitter
-from cuvil.compiler.kernels.gemm import Epilogue, Layout, emit_gemm, isa_of
+from cuvil.compiler.kernels.gemm import Epilogue, Layout, emit_gemm
 from cuvil.compiler.ops import required_input
 from cuvil.compiler.ops._conv_gemm import (
     BATCH_SLOTS,
@@ -132,7 +132,7 @@ def lower_conv_transpose_gemm(node: Node, k: Emitter, win: TransposedWindow) -> 
         # the copy of W_g^T pays when a chunk's columns make more than one panel of the
         # kernel (each reads the task's weights again); with one, they are read once anyway
         copy_w = bb.icmp_signed(">", k.minimum("int64", bb.mul(rows_per_chunk, inner), in_plane_c),
-                                k.i64(isa_of(k.module).nr))
+                                k.i64(k.target.isa.nr))
         lo, hi = block_tasks(k, j, blocks_c, tasks_c)
         with k.loop(hi, start=lo, name="ct") as t:
             plane_g = bb.sdiv(t, per_group_c)  # n * group + g
@@ -244,7 +244,7 @@ def _add_strided(k: Emitter, dst: ir.Value, src: ir.Value, stride: int,
     one by one."""
     b = k.b
     lo, hi, size = span
-    lanes = isa_of(k.module).vector
+    lanes = k.target.isa.vector
     p_vec = lo
     if stride <= MAX_VECTOR_STRIDE:
         wide = ir.VectorType(F32, lanes * stride)

@@ -81,7 +81,7 @@ from cuvil.compiler.kernels.emitter import (
     splat,
     transpose_lanes,
 )
-from cuvil.compiler.kernels.gemm import PACK_COLS, Epilogue, Layout, emit_gemm, isa_of
+from cuvil.compiler.kernels.gemm import PACK_COLS, Epilogue, Layout, emit_gemm
 from cuvil.compiler.ops import UNCHECKED, required_input
 from cuvil.compiler.ops._window import Window, window
 from cuvil.compiler.ops.gemm import BF16_WEIGHTS, RESIDUAL_SLOT, logical_weight, node_epilogue
@@ -594,7 +594,7 @@ def _splat_const(ty: ir.Type, value: float) -> ir.Constant:
 
 
 def _lanes(k: Emitter) -> int:
-    return min(isa_of(k.module).vector, MAX_LANES)
+    return min(k.target.isa.vector, MAX_LANES)
 
 
 def _groups(plan: _Plan, lanes: int) -> tuple[int, int]:

@@ -1,6 +1,6 @@
 """DynamicQuantizeLinear of a contiguous float32 tensor in explicit vector registers.
 
-Two passes over vectors of the ISA's full float width (`isa_of`): the range [min(x, 0),
+Two passes over vectors of the ISA's full float width (`KernelTarget.isa`): the range [min(x, 0),
 max(x, 0)] (compare and select, one vminps/vmaxps per vector; NaN is skipped, as the scalar
 rule does), then q = saturate(round_half_even(x / scale) + zero) into uint8. The scale and
 zero point are formed as onnxruntime forms them: scale = (max - min) / 255 (1 / 255 for an
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from cuvil.compiler.kernels.emitter import I8, I32, I64, PTR, Emitter, splat
-from cuvil.compiler.kernels.gemm import isa_of
+from cuvil.compiler.kernels.target import KernelTarget
 
 __all__ = ["emit_dynamic_quantize"]
 
@@ -27,10 +27,11 @@ def emit_dynamic_quantize(k: Emitter, x: ir.Value, n: ir.Value, q: ir.Value, sca
                           zero: ir.Value) -> None:
     """q[:n] (uint8) = x[:n] (float32) quantized; its scale (a float) stored at `scale`, its
     zero point (a byte) at `zero`."""
-    k.b.call(_function(k.module), [x, n, q, scale, zero])
+    k.b.call(_function(k), [x, n, q, scale, zero])
 
 
-def _function(module: ir.Module) -> ir.Function:
+def _function(caller: Emitter) -> ir.Function:
+    module = caller.module
     name = "cuvil.dynamic_quantize.uint8"
     if name in module.globals:
         return module.globals[name]
@@ -38,7 +39,7 @@ def _function(module: ir.Module) -> ir.Function:
     fn.linkage = "internal"
     for i in (0, 2):
         fn.args[i].add_attribute("noalias")
-    _Writer(module, fn).write()
+    _Writer(module, fn, caller.target).write()
     return fn
 
 
@@ -49,11 +50,11 @@ def _intrinsic(module: ir.Module, name: str, ty: ir.Type) -> ir.Function:
 
 
 class _Writer:
-    def __init__(self, module: ir.Module, fn: ir.Function) -> None:
+    def __init__(self, module: ir.Module, fn: ir.Function, target: KernelTarget) -> None:
         self.module = module
-        self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {})
+        self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {}, target)
         self.x, self.n, self.q, self.scale_out, self.zero_out = fn.args
-        self.width = isa_of(module).vector
+        self.width = target.isa.vector
 
     def slot(self, init: ir.Value) -> ir.Value:
         b = self.k.b

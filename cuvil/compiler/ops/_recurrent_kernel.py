@@ -17,8 +17,7 @@ import numpy as np
 from llvmlite import ir
 
 from cuvil.compiler.kernels.emitter import I64, PTR, REDUCE_FLAGS, Emitter, splat
-from cuvil.compiler.kernels.gemm import isa_of
-from cuvil.compiler.kernels.target import target_of
+from cuvil.compiler.kernels.target import KernelTarget
 
 __all__ = ["PANEL", "emit_small_gemm", "pack_panels", "packed_rows"]
 
@@ -48,10 +47,11 @@ def pack_panels(bt: np.ndarray) -> np.ndarray:
 def emit_small_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,
                     lda: ir.Value, panels: ir.Value, c: ir.Value, ldc: ir.Value) -> None:
     """C[m, n] = A[m, kk] @ B, B packed by `pack_panels` (float32, one thread)."""
-    k.b.call(_function(k.module), [m, n, kk, a, lda, panels, c, ldc])
+    k.b.call(_function(k), [m, n, kk, a, lda, panels, c, ldc])
 
 
-def _function(module: ir.Module) -> ir.Function:
+def _function(caller: Emitter) -> ir.Function:
+    module = caller.module
     name = "cuvil.recurrent_gemm.float32"
     if name in module.globals:
         return module.globals[name]
@@ -61,20 +61,19 @@ def _function(module: ir.Module) -> ir.Function:
     fn.attributes.add("noinline")  # one copy shared by every recurrent node
     for i in (3, 5, 6):
         fn.args[i].add_attribute("noalias")
-    _Writer(module, fn).write()
+    _Writer(module, fn, caller.target).write()
     return fn
 
 
 class _Writer:
-    def __init__(self, module: ir.Module, fn: ir.Function) -> None:
-        self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {})
+    def __init__(self, module: ir.Module, fn: ir.Function, target: KernelTarget) -> None:
+        self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {}, target)
         self.m, self.n, self.kk, self.a, self.lda, self.bp, self.c, self.ldc = fn.args
-        isa = isa_of(module)
-        self.width = isa.vector
+        self.width = target.isa.vector
         self.vt = ir.VectorType(F32, self.width)
         # accumulators a tile may hold: most of the register file (32 registers with AVX-512
         # and NEON, 16 otherwise), leaving room for the row of B and the broadcasts
-        self.budget = target_of(module).vector_registers // 2
+        self.budget = target.vector_registers // 2
         self.per_panel = PANEL // self.width  # vectors per panel row
         k = self.k
         b = k.b

@@ -3,7 +3,7 @@
 The generic softmax loops (`normalization._softmax`) leave vectorization to LLVM, which picks
 the target's preferred width (256 bits on AVX-512 CPUs), lowers `llvm.maximum` to a
 several-instruction sequence and runs the full-range exp. A row here takes three passes over
-vectors of the ISA's full width (`isa_of`): the max (compare and select: one `vmaxps`),
+vectors of the ISA's full width (`KernelTarget.isa`): the max (compare and select: one `vmaxps`),
 e = exp(x - max) stored into y while its sum accumulates (`vecmath.exp_nonpositive`: x - max
 is never positive), then y * (1 / sum). The last n mod width elements take the same steps in
 scalar code. NaN anywhere in a row makes the whole row NaN (its exp poisons the sum), as a
@@ -18,7 +18,7 @@ from llvmlite import ir
 
 from cuvil.compiler.kernels import vecmath
 from cuvil.compiler.kernels.emitter import I64, PTR, REDUCE_FLAGS, Emitter, splat
-from cuvil.compiler.kernels.gemm import isa_of
+from cuvil.compiler.kernels.target import KernelTarget
 
 __all__ = ["emit_softmax_row"]
 
@@ -28,24 +28,25 @@ I32 = ir.IntType(32)
 
 def emit_softmax_row(k: Emitter, x: ir.Value, y: ir.Value, n: ir.Value) -> None:
     """y[:n] = softmax(x[:n]) for float32 pointers (y may be x)."""
-    k.b.call(_function(k.module), [x, y, n])
+    k.b.call(_function(k), [x, y, n])
 
 
-def _function(module: ir.Module) -> ir.Function:
+def _function(caller: Emitter) -> ir.Function:
+    module = caller.module
     name = "cuvil.softmax_row.float32"
     if name in module.globals:
         return module.globals[name]
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64]), name)
     fn.linkage = "internal"
-    _Writer(module, fn).write()
+    _Writer(module, fn, caller.target).write()
     return fn
 
 
 class _Writer:
-    def __init__(self, module: ir.Module, fn: ir.Function) -> None:
-        self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {})
+    def __init__(self, module: ir.Module, fn: ir.Function, target: KernelTarget) -> None:
+        self.k = Emitter(module, fn, ir.Constant(PTR, None), [], {}, target)
         self.x, self.y, self.n = fn.args
-        self.width = isa_of(module).vector
+        self.width = target.isa.vector
         self.vt = ir.VectorType(F32, self.width)
 
     def splat(self, v: ir.Value) -> ir.Value:

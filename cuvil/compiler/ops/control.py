@@ -224,7 +224,7 @@ def _body_node_function(k: Emitter, body: _Body, node: Node, name: str) -> ir.Fu
     if len(set(places)) == len(places):
         for arg in fn.args[1:]:
             arg.add_attribute("noalias")
-    sub = Emitter(k.module, fn, fn.args[0], k.symbols, dict(zip(bufs, fn.args[1:])))
+    sub = Emitter(k.module, fn, fn.args[0], k.symbols, dict(zip(bufs, fn.args[1:])), k.target)
     sub.scratch = fn.args[-1] if scratch else None
     try:
         op.lower(node, sub)

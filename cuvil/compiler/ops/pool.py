@@ -31,7 +31,6 @@ from cuvil.compiler.kernels.emitter import (
     splat,
     store_lanes,
 )
-from cuvil.compiler.kernels.gemm import isa_of
 from cuvil.compiler.ops import (
     FLOATS,
     UNCHECKED,
@@ -267,7 +266,7 @@ def _vector_row(k: Emitter, red: _Reduction, views: tuple, at: tuple[ir.Value, .
     n, c, oh = at
     first, (kh_lo, kh_hi), row_count = rows
     b = k.b
-    width = isa_of(k.module).vector
+    width = k.target.isa.vector
     vt = ir.VectorType(F32, width)
     it = ir.VectorType(I64, width)
     kw = win.kernel[1]

@@ -467,7 +467,7 @@ class LookupTable(Op):
         # not fusable: a chain's loop would look bytes up one at a time, the kernel does 64
         x, y = required_input(node, 0), node.outputs[0]
         table = k.constant_table(node.attrs[LOOKUP_TABLE], "lookup")
-        lookup = byte_lookup_function(k.module)
+        lookup = byte_lookup_function(k.module, k.target)
         flip = ir.Constant(I8, 0x80 if x.type.dtype == np.dtype("int8") else 0)
         n = k.dim(numel(x.type.shape))
         blocks = k.b.sdiv(k.b.add(n, k.i64(LOOKUP_BLOCK - 1)), k.i64(LOOKUP_BLOCK))

@@ -41,7 +41,7 @@ from llvmlite import ir
 from cuvil.compiler.ir import Dim, Node, TensorType, simplify_dim
 from cuvil.compiler.kernels import vecmath
 from cuvil.compiler.kernels.emitter import I64, PTR, Emitter, llvm_type
-from cuvil.compiler.kernels.gemm import Epilogue, emit_gemm, emit_parallel_gemm, isa_of
+from cuvil.compiler.kernels.gemm import Epilogue, emit_gemm, emit_parallel_gemm
 from cuvil.compiler.ops import UNCHECKED, InferContext, Op, attr, register
 from cuvil.compiler.ops._recurrent_kernel import PANEL, emit_small_gemm, pack_panels, packed_rows
 from cuvil.errors import ModelError, UnsupportedOpError
@@ -376,7 +376,7 @@ def _dot_function(k: Emitter, dtype: np.dtype) -> ir.Function:
     fn.linkage = "internal"
     fn.attributes.add("noinline")
     a, b, n, init = fn.args
-    inner = Emitter(k.module, fn, ir.Constant(PTR, None), [], {})
+    inner = Emitter(k.module, fn, ir.Constant(PTR, None), [], {}, k.target)
     slot = inner.b.alloca(ty)
     inner.b.store(init, slot)
     with inner.loop(n, name="dot") as i:
@@ -601,7 +601,7 @@ class _Lowering:
         few rows left on the small-M kernel."""
         k, geo = self.k, self.geo
         g, h = geo.width, geo.hidden
-        mr = isa_of(k.module).mr
+        mr = k.target.isa.mr
         full = self.mul(k.floordiv(self.batch, k.i64(mr)), mr)
         panel = self._ptr(self.gate_panels(self.d, q), self.mul(j0, h))
         out = self._ptr(self.gates, self.add(j0, q * h))
