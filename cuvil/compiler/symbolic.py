@@ -9,7 +9,7 @@ generated Python package evaluate exactly the same arithmetic.
 from __future__ import annotations
 
 import functools
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import sympy
 
@@ -40,7 +40,7 @@ def lower_dim(expr: Any, ops: IntOps[T], memo: dict[int, Any] | None = None) -> 
 # A plan is a tree of tuples: ("const", int), ("sym", name) or (op, left, right) with op an
 # `IntOps` method name. Planning calls sympy's `together`/`expand`, which are slow; a model's
 # dims repeat (every node's loops, every workspace offset), so plans are cached by expression.
-_Plan = tuple
+_Plan = tuple[Any, ...]
 
 
 def _evaluate(plan: _Plan, ops: IntOps[T], memo: dict[int, Any]) -> T:
@@ -48,7 +48,7 @@ def _evaluate(plan: _Plan, ops: IntOps[T], memo: dict[int, Any]) -> T:
     # its id cannot be reused while the memo lives. Shared subplans come from `_plan`'s cache.
     hit = memo.get(id(plan))
     if hit is not None:
-        return hit[1]
+        return cast(T, hit[1])
     if plan[0] == "const":
         out = ops.const(plan[1])
     elif plan[0] == "sym":

@@ -212,4 +212,4 @@ def _same_dim(a: Dim, b: Dim) -> bool:
     diff = sympy.sympify(a) - b
     # rules give the same expressions for the same inputs; simplify (slow on nested floors)
     # only settles the rare spelling difference
-    return sympy.expand(diff) == 0 or sympy.simplify(diff) == 0
+    return bool(sympy.expand(diff) == 0 or sympy.simplify(diff) == 0)

@@ -55,7 +55,7 @@ def abi_checksum(signature: Mapping[str, Any] | ModelSignature) -> str:
                  "outputs": outputs, "workspace": workspace, "constraints": constraints,
                  "data_dims": data_dims}
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
-    return _sha256(text.encode()).hexdigest()
+    return str(_sha256(text.encode()).hexdigest())
 
 
 def _listed(dims: Any) -> list[Any] | None:
@@ -597,7 +597,7 @@ class Model:
     that one pool.
     """
 
-    def __init__(self, library_path: str | os.PathLike,
+    def __init__(self, library_path: str | os.PathLike[str],
                  signature: Mapping[str, Any] | ModelSignature, keep_alive: Any = None,
                  num_threads: int | None = None) -> None:
         if not isinstance(signature, ModelSignature):
@@ -1287,7 +1287,7 @@ def _shape_text(shape: Sequence[int | str]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def load_models(package_dir: str | os.PathLike) -> dict[str, Model]:
+def load_models(package_dir: str | os.PathLike[str]) -> dict[str, Model]:
     """Load every model listed in a generated package's `_models.json`."""
     path = os.path.join(package_dir, "_models.json")
     fix = "; reinstall the package (`cuvil check` on its wheel says more)"

@@ -142,6 +142,10 @@ def _released_after(graph: Graph, plan: MemoryPlan) -> dict[Node, list[Value]]:
     return out
 
 
+def _i32(n: int) -> ir.Constant:
+    return ir.Constant(I32, n)
+
+
 def _prepare_function(module: ir.Module, state: ir.GlobalVariable, buffer: ir.GlobalVariable,
                       size: int, fill: ir.Function) -> ir.Function:
     """prepare(dims): returns once the buffer is READY, filling it if this caller is the first
@@ -150,21 +154,20 @@ def _prepare_function(module: ir.Module, state: ir.GlobalVariable, buffer: ir.Gl
                      module.get_unique_name("prepare_derived"))
     fn.linkage = "internal"
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    i32 = lambda n: ir.Constant(I32, n)  # noqa: E731
     done = fn.append_basic_block("done")
     claim = fn.append_basic_block("claim")
     wait = fn.append_basic_block("wait")
     ready = b.load_atomic(state, "acquire", 4, typ=I32)
-    b.cbranch(b.icmp_unsigned("==", ready, i32(READY)), done, claim)
+    b.cbranch(b.icmp_unsigned("==", ready, _i32(READY)), done, claim)
     b.position_at_end(claim)
-    won = b.extract_value(b.cmpxchg(state, i32(EMPTY), i32(BUSY), "acq_rel", "acquire"), 1)
+    won = b.extract_value(b.cmpxchg(state, _i32(EMPTY), _i32(BUSY), "acq_rel", "acquire"), 1)
     with b.if_then(won):
         if size:  # (the on-demand part past it: see the module docstring)
             populate = module.globals.get(POPULATE) or ir.Function(
                 module, ir.FunctionType(ir.VoidType(), [PTR, ir.IntType(64)]), POPULATE)
             b.call(populate, [buffer, ir.Constant(ir.IntType(64), size)])
         b.call(fill, [fn.args[0]])
-        b.store_atomic(i32(READY), state, "release", 4)
+        b.store_atomic(_i32(READY), state, "release", 4)
         b.branch(done)
     b.branch(wait)
     b.position_at_end(wait)
@@ -172,7 +175,7 @@ def _prepare_function(module: ir.Module, state: ir.GlobalVariable, buffer: ir.Gl
                                                               SCHED_YIELD)
     b.call(yield_fn, [])
     ready = b.load_atomic(state, "acquire", 4, typ=I32)
-    b.cbranch(b.icmp_unsigned("==", ready, i32(READY)), done, wait)
+    b.cbranch(b.icmp_unsigned("==", ready, _i32(READY)), done, wait)
     b.position_at_end(done)
     b.ret_void()
     return fn

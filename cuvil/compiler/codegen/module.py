@@ -379,7 +379,8 @@ class _WatchedValue(Value):
     @property
     def const(self) -> np.ndarray | None:
         self.__dict__["_const_read"] = True
-        return self.__dict__["const"]
+        const: np.ndarray | None = self.__dict__["const"]
+        return const
 
     @const.setter
     def const(self, value: np.ndarray | None) -> None:

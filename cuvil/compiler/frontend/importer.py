@@ -174,7 +174,7 @@ def import_model(source: str | Path | onnx.ModelProto,
 
 #: names in scope: ONNX names -> values; a subgraph's scope is a child of its node's scope, so
 #: it reads enclosing values by name and its own names shadow (never clobber) outer ones
-Scope = ChainMap  # ChainMap[str, Value]
+Scope = ChainMap[str, Value]
 
 #: stands in a scope for the outputs of unsupported nodes: their users cannot be typed
 _UNKNOWN = Value("<unknown>", _UNTYPED)
@@ -340,7 +340,7 @@ class _Importer:
         return body
 
     def _lookup(self, scope: Scope, name: str, where: str) -> Value:
-        v = scope.get(name) if name else None
+        v: Value | None = scope.get(name) if name else None
         if v is None:
             raise ModelError(f"{self.label}: {where}: output {name!r} is not produced by any node "
                              "of the subgraph nor defined around it")

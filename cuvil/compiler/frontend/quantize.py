@@ -89,7 +89,7 @@ def quantize_with_reference(source: str | Path | onnx.ModelProto, settings: Quan
     say(f"cuvil: quantizing {label} to int8 on {len(feeds)} calibration feeds "
         f"({settings.method} ranges)")
 
-    class Reader(quantization.CalibrationDataReader):  # type: ignore[name-defined]
+    class Reader(quantization.CalibrationDataReader):  # type: ignore[name-defined,misc]
         def __init__(self) -> None:
             self._feeds = iter(feeds)
 

@@ -515,8 +515,8 @@ def _not(node: Node, ins: list[Known | None]) -> list[Known] | None:
 
 @_rule("And", "Or", "Xor")
 def _logical(node: Node, ins: list[Known | None]) -> list[Known] | None:
-    fn = {"And": lambda a, b: a and b, "Or": lambda a, b: a or b,
-          "Xor": lambda a, b: a != b}[node.op_type]
+    fn: Callable[[bool, bool], bool] = {"And": lambda a, b: a and b, "Or": lambda a, b: a or b,
+                                        "Xor": lambda a, b: a != b}[node.op_type]
     return _elementwise(node, ins, lambda a, b: None if not (isinstance(a, int) and isinstance(
         b, int)) else int(bool(fn(bool(a), bool(b)))))
 

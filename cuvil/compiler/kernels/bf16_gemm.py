@@ -384,7 +384,7 @@ def _widened(b: ir.IRBuilder, bits: ir.Value) -> ir.Value:
     return b.bitcast(b.shl(b.zext(bits, I32), ir.Constant(I32, 16)), F32)
 
 
-class _NamedType(ir.Type):
+class _NamedType(ir.Type):  # type: ignore[misc]  # llvmlite is untyped
     """An LLVM type that llvmlite has no class for, written by its name."""
 
     def __init__(self, llvm_name: str) -> None:

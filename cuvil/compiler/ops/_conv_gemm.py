@@ -471,7 +471,7 @@ def _transposed_product(k: Emitter, parallel: bool, bf16: bool, p: ir.Value, m: 
             epilogue=epilogue, layout=Layout(a_columns=True, packed_b=True))
 
 
-def _transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: tuple,
+def _transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: tuple[ir.Value, ...],
                 sizes: tuple[int, int, int],
                 image: tuple[ir.Value, ir.Value, ir.Value, ir.Value], pointwise: bool,
                 epilogue: Epilogue, bf16: bool) -> None:
@@ -502,7 +502,8 @@ def _transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: tuple,
                      (p, m), epilogue)
 
 
-def _batch_transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...], ptrs: tuple,
+def _batch_transposed(k: Emitter, win: Window, in_shape: tuple[Dim, ...],
+                      ptrs: tuple[ir.Value, ...],
                       sizes: tuple[int, int, int], image: tuple[ir.Value, ir.Value, ir.Value],
                       pointwise: bool, epilogue: Epilogue, bf16: bool) -> None:
     """Several images of a transposed product (`_transposed`): one parallel loop over blocks

@@ -343,7 +343,8 @@ def _u(node: Node) -> np.ndarray:
     alpha = int(node.attrs[WINOGRAD_TILE]) + 2
     _, g, _ = transforms(alpha - 2)
     # u[a, b, o, c] = sum_j,l G[a, j] w[o, c, j, l] G[b, l]
-    return np.einsum("aj,ocjl,bl->aboc", g, w, g).reshape(alpha * alpha, m_out, c_in)
+    u: np.ndarray = np.einsum("aj,ocjl,bl->aboc", g, w, g)
+    return u.reshape(alpha * alpha, m_out, c_in)
 
 
 def bf16_weight_transform(node: Node) -> np.ndarray:

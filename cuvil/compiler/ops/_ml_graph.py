@@ -58,12 +58,17 @@ class Body:
         self._count += 1
         return f"{self._prefix}{self._count}"
 
-    def op(self, op_type: str, *inputs: str, outputs: int = 1, domain: str = "",
-           **attrs: Any) -> Any:
-        outs = [self.name() for _ in range(outputs)]
+    def op(self, op_type: str, *inputs: str, domain: str = "", **attrs: Any) -> str:
+        """A node of one output; its name."""
+        return self.outputs(op_type, 1, *inputs, domain=domain, **attrs)[0]
+
+    def outputs(self, op_type: str, count: int, *inputs: str, domain: str = "",
+                **attrs: Any) -> list[str]:
+        """A node of `count` outputs; their names."""
+        outs = [self.name() for _ in range(count)]
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, domain=domain or None,
                                            **attrs))
-        return outs[0] if outputs == 1 else outs
+        return outs
 
     def const(self, value: Any, dtype: Any = np.float32) -> str:
         arr = np.asarray(value, dtype=dtype)

@@ -63,7 +63,7 @@ def _static(node: Node, d: Dim, what: str) -> int:
 
 
 def _same(a: Dim, b: Dim) -> bool:
-    return sympy.simplify(sympy.sympify(a) - b) == 0
+    return bool(sympy.simplify(sympy.sympify(a) - b) == 0)
 
 
 def _ints(b: Body, *values: int) -> str:
@@ -235,8 +235,8 @@ class SkipLayerNormalization(Contrib):
         b = Body(node)
         s = _skip_sum(b, node, 4)
         params = [b.inputs[2]] + ([b.inputs[3]] if node.input(3) is not None else [])
-        y, mean, inv = b.op("LayerNormalization", s, *params, outputs=3, axis=-1,
-                            epsilon=float(attr(node, "epsilon", LAYER_NORM_EPSILON)))
+        y, mean, inv = b.outputs("LayerNormalization", 3, s, *params, axis=-1,
+                                 epsilon=float(attr(node, "epsilon", LAYER_NORM_EPSILON)))
         return _finish(b, y, mean, inv, s)
 
 
@@ -353,7 +353,7 @@ def _mask_bias(b: Body, node: Node, slot: int, batch: Dim, heads: _Heads, filter
                 end = b.op("Unsqueeze", b.cast(x, np.int64), _ints(b, 1))  # [b, 1]
                 keep = b.op("Less", keys, end)
             elif _same(shape[0], 2 * batch):
-                end, start = b.op("Split", b.cast(x, np.int64), axis=0, outputs=2)
+                end, start = b.outputs("Split", 2, b.cast(x, np.int64), axis=0)
                 end, start = (b.op("Unsqueeze", e, _ints(b, 1)) for e in (end, start))
                 keep = b.op("And", b.op("Less", keys, end),
                             b.op("GreaterOrEqual", keys, start))
@@ -464,7 +464,7 @@ class Attention(Contrib):
                 raise ModelError(f"{node.describe()}: with a past state Q, K and V must have one "
                                  f"hidden size; qkv_hidden_sizes is {sizes}")
             past_k, past_v = (b.op("Squeeze", p, _ints(b, 0))
-                              for p in b.op("Split", b.inputs[4], axis=0, outputs=2))
+                              for p in b.outputs("Split", 2, b.inputs[4], axis=0))
         h = _with_past(b, parts[1], parts[2], past_k, past_v, True, q)
         mask = _mask_bias(b, node, 3, x.type.shape[0], h,
                           float(attr(node, "mask_filter_value", MASK_FILTER_VALUE)),

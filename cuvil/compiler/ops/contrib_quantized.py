@@ -86,7 +86,7 @@ class DynamicQuantizeMatMul(Contrib):
         required_input(node, 1)
         required_input(node, 2)
         b = Body(node)
-        q, a_scale, a_zero = b.op("DynamicQuantizeLinear", b.inputs[0], outputs=3)
+        q, a_scale, a_zero = b.outputs("DynamicQuantizeLinear", 3, b.inputs[0])
         acc = _matmul_integer(b, q, a_zero, b.inputs[1], 3)
         scale = b.op("Mul", a_scale, b.inputs[2])
         return _finish(b, _scaled(b, acc, scale, 4, np.dtype("float32")))
@@ -164,7 +164,7 @@ class QAttention(QuantizedContrib):
                  if k in ("num_heads", "unidirectional", "mask_filter_value", "scale",
                           "past_present_share_buffer", "do_rotary")}
         # output and present (Attention computes present when K and V stack)
-        return _finish(b, *b.op("Attention", *inputs, outputs=2, domain=MS, **attrs))
+        return _finish(b, *b.outputs("Attention", 2, *inputs, domain=MS, **attrs))
 
 
 @register
@@ -191,7 +191,7 @@ class QEmbedLayerNormalization(Contrib):
         while inputs[-1] == "":
             inputs.pop()
         attrs = {"epsilon": float(attr(node, "epsilon", LAYER_NORM_EPSILON))}
-        y, mask_index = b.op("EmbedLayerNormalization", *inputs, outputs=2, domain=MS, **attrs)
+        y, mask_index = b.outputs("EmbedLayerNormalization", 2, *inputs, domain=MS, **attrs)
         return _finish(b, y, mask_index)
 
 

@@ -592,7 +592,7 @@ def broadcast_batch(k: Emitter, v: View, batch: tuple[Dim, ...]) -> View:
                    shape=(*batch, *v.shape[-2:]))
 
 
-def matrix_at(k: Emitter, v: View, batch_index: list | None) -> View:
+def matrix_at(k: Emitter, v: View, batch_index: list[ir.Value] | None) -> View:
     """The 2-D matrix of `v` at a batch index (None: the first one's layout, for decisions)."""
     if batch_index is None:
         return replace(v, dims=v.dims[-2:], strides=v.strides[-2:], shape=v.shape[-2:])

@@ -122,8 +122,8 @@ def _coupling(b: Body, pair_probs: str, classes: int) -> str:
               b.op("Concat", rows, b.const([k], np.int64), axis=0))
     active0 = b.op("Expand", b.const([[True]], np.bool_),
                    b.op("Concat", rows, b.const([1], np.int64), axis=0))
-    loop = b.op("Loop", b.const(COUPLING_SWEEPS, np.int64), b.const(True, np.bool_), p0, active0,
-                outputs=2, body=_sweep(b.node, k, q, diag))
+    loop = b.outputs("Loop", 2, b.const(COUPLING_SWEEPS, np.int64), b.const(True, np.bool_), p0,
+                     active0, body=_sweep(b.node, k, q, diag))
     return loop[0]
 
 

@@ -253,7 +253,7 @@ def _vector_rows(win: Window, dtype: np.dtype) -> bool:
             and win.kernel[1] <= MAX_VECTOR_KERNEL)
 
 
-def _vector_row(k: Emitter, red: _Reduction, views: tuple, at: tuple[ir.Value, ...],
+def _vector_row(k: Emitter, red: _Reduction, views: tuple[View, ...], at: tuple[ir.Value, ...],
                 rows: tuple[ir.Value, tuple[ir.Value, ir.Value], ir.Value | None], win: Window,
                 count_pad: bool) -> None:
     """Output row `at` = (image, channel, row) of a `_vector_rows` pool, a vector of columns
@@ -315,7 +315,7 @@ def _vector_row(k: Emitter, red: _Reduction, views: tuple, at: tuple[ir.Value, .
                     b.icmp_signed("<=", b.add(ow, k.i64(width)), out_w))
 
 
-def _strided_row(k: Emitter, red: _Reduction, views: tuple, at: tuple[ir.Value, ...],
+def _strided_row(k: Emitter, red: _Reduction, views: tuple[View, ...], at: tuple[ir.Value, ...],
                  rows: tuple[ir.Value, tuple[ir.Value, ir.Value], ir.Value | None], win: Window,
                  columns: tuple[ir.Value, ir.Value]) -> None:
     """Output row `at` of a 2-D pool (any stride, the output in the compute dtype), columns
@@ -469,7 +469,7 @@ class GlobalPool(Op):
             k.store(y, [i], k.convert(result, ct, dtype))
 
 
-def _product(dims: Sequence) -> object:
+def _product(dims: Sequence[Dim]) -> object:
     out = 1
     for d in dims:
         out = out * d

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -940,7 +941,7 @@ def _lower_depthwise(node: Node, k: Emitter, conv: Node, weights: np.ndarray) ->
 
 
 def _kernel_gemm(node: Node, k: Emitter, m: Dim, n: int, kk: int, a: ir.Value,
-                 c: ir.Value, fused: dict | None = None) -> None:
+                 c: ir.Value, fused: dict[str, Any] | None = None) -> None:
     """c[m, n] = the product of a[m, kk] (rows of bytes) and the node's packed weight: int32
     sums, or the requantized bytes of a QLinear op with `fused` (`_fused_requantize`)."""
     i32 = np.dtype("int32")
@@ -1006,7 +1007,7 @@ def _fuses_requantize(node: Node) -> bool:
         "float32"
 
 
-def _fused_requantize(node: Node, k: Emitter, n: Dim, mult: ir.Value) -> dict:
+def _fused_requantize(node: Node, k: Emitter, n: Dim, mult: ir.Value) -> dict[str, Any]:
     """The kernel's arguments for requantizing in its epilogue, as onnxruntime does: the
     multiplier a_scale * b_scale[j] / y_scale formed in float32 (into `mult`, n floats), the
     float32 product with (acc + bias[j]), rounded half to even, plus y's zero point."""

@@ -15,6 +15,7 @@ products (no summed label) keep the Einsum lowering.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -63,7 +64,7 @@ def _rewrite(graph: Graph, node: Node) -> Node | None:
     missing = [i for i, lab in enumerate(p_axes) if lab is None]
     perm = [kept.index(lab) for lab in eq.output]
     # MatMul, then Squeeze and Transpose where needed; the last of them replaces the Einsum
-    steps: list[tuple[str, list[Value], dict, Sequence[str | None]]] = [
+    steps: list[tuple[str, list[Value], dict[str, Any], Sequence[str | None]]] = [
         ("MatMul", [b2], {}, p_axes)]
     if missing:
         axes = graph.constant(np.array(missing, np.int64), f"{name}_squeeze_axes")

@@ -21,6 +21,8 @@ residual after an activation (the order of the epilogue is fixed).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from cuvil.compiler.ir import Graph, Node, Value
@@ -149,7 +151,7 @@ def _gelu_kind(node: Node) -> str | None:
 
 
 #: op type -> (its parameters, or None when it cannot be fused; the activation's name)
-ACTIVATION_OPS = {
+ACTIVATION_OPS: dict[str, Callable[[Node], tuple[tuple[float, ...] | None, str | None]]] = {
     "Relu": lambda n: ((), "Relu"),
     "Clip": lambda n: (_clip_bounds(n), "Clip"),
     "LeakyRelu": lambda n: ((_f32(n, "alpha", 0.01),), "LeakyRelu"),

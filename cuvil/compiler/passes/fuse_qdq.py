@@ -115,7 +115,7 @@ def _int32_bias(bias: Value | None, scale: np.ndarray, count: int) -> np.ndarray
     rounded = np.rint(np.broadcast_to(value.reshape(-1), (count,)).astype(np.float64) / scale)
     if np.any(np.abs(rounded) >= 2 ** 31):
         return None
-    return rounded.astype(np.int32)
+    return np.asarray(rounded, dtype=np.int32)
 
 
 def _quantizes_per_tensor(q: Node) -> bool:
