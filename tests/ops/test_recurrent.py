@@ -307,9 +307,10 @@ def test_larger_shapes() -> None:
 def test_recurrent_kernel_panels(const: bool) -> None:
     """Hidden sizes around the packed panels of the per-step kernel (64 columns: whole panels,
     a partial last panel, gates called one by one when hidden is not a multiple of 64), at
-    batches hitting its 4-, 2- and 1-row tiles; both directions, sequence_lens, both GRU
-    reset modes; on one thread and with a single direction's panels split over two. With
-    run-time weights, the same nodes on the unpacked fallback."""
+    batches hitting its 4-, 2- and 1-row tiles and the GEMM kernel's whole row tiles (13 rows:
+    past AVX-512's 12), each with blocks of one and of several panels; both directions,
+    sequence_lens, both GRU reset modes; on one thread and with a single direction's units
+    split over two. With run-time weights, the same nodes on the unpacked fallback."""
     rng = np.random.default_rng(4)
     shapes = [("LSTM", 64, 30, {"direction": "bidirectional"}),
               ("LSTM", 70, 12, {"direction": "reverse"}),
@@ -322,7 +323,7 @@ def test_recurrent_kernel_panels(const: bool) -> None:
     model, oracle = build(cases), build(cases, oracle=True)
     compiled = cuvil.compile(model)
     failures = []
-    for seq, batch in [(7, 1), (5, 7), (3, 10)]:
+    for seq, batch in [(7, 1), (5, 7), (3, 10), (3, 13)]:
         feeds = make_feeds(rng, cases, seq, batch)
         want = run_ort(oracle, feeds)
         for threads in (1, 2):

@@ -528,22 +528,30 @@ class _Lowering:
 
     def run_phase(self, s: ir.Value, phase: _Phase) -> None:
         """One phase of step s: on one thread, or (packed weights) a parallel loop over blocks
-        of PANEL hidden units, each doing its units' products and then their gate math."""
+        of hidden units, one block per thread that the loop gets (a call per gate and block:
+        more blocks would only add calls), each doing its units' products and then their gate
+        math."""
         k, geo = self.k, self.geo
+        b = k.b
         h = geo.hidden
         if not geo.packed:
             self.at_step(s)
             self.products(self.vec(phase), phase.first * h, phase.count * h)
             self.rows(s, k.i64(0), k.i64(h), phase)
             return
-        cost = simplify_dim(geo.batch * PANEL * (h * phase.count + 32))  # products + gate math
-        with k.parallel_loop(-(-h // PANEL), cost=cost, name="units",
-                             carry=[self.base, s]) as u:
+        panels = k.i64(-(-h // PANEL))
+        blocks = k.minimum("int64", panels, self.k.parallel_threads())
+        per_block = k.floordiv(b.add(panels, b.sub(blocks, k.i64(1))), blocks)  # panels
+        blocks = k.floordiv(b.add(panels, b.sub(per_block, k.i64(1))), per_block)
+        # the products and the gate math of a panel's units
+        cost = b.mul(k.dim(simplify_dim(geo.batch * PANEL * (h * phase.count + 32))), per_block)
+        with k.parallel_loop(blocks, cost=cost, name="units",
+                             carry=[self.base, s, per_block]) as u:
             low = _Lowering(self.op, self.node, k, geo, k.carried[0], self.d)
-            step = k.carried[1]
+            step, width = k.carried[1], low.mul(k.carried[2], PANEL)
             low.at_step(step)
-            j0 = low.mul(u, PANEL)
-            count = k.minimum("int64", k.i64(PANEL), k.b.sub(k.i64(h), j0))
+            j0 = k.b.mul(u, width)
+            count = k.minimum("int64", width, k.b.sub(k.i64(h), j0))
             for q in range(phase.first, phase.first + phase.count):
                 low.panel_product(low.vec(phase), q, j0, count)
             low.rows(step, j0, count, phase)
@@ -597,16 +605,23 @@ class _Lowering:
 
     def panel_product(self, vec: ir.Value, q: int, j0: ir.Value, cols: ir.Value) -> None:
         """gates[b, q*h + j0 : +cols] = vec[b] @ R[d, gate q, units j0..]^T for every row b, from
-        the packed panel of those units: whole row tiles on the GEMM kernel for many rows, the
-        few rows left on the small-M kernel."""
+        the packed panels of those units (j0 a multiple of PANEL): whole row tiles on the GEMM
+        kernel for many rows, a panel at a time (it reads one as a [h, PANEL] matrix), the few
+        rows left on the small-M kernel."""
         k, geo = self.k, self.geo
+        b = k.b
         g, h = geo.width, geo.hidden
         mr = k.target.isa.mr
         full = self.mul(k.floordiv(self.batch, k.i64(mr)), mr)
         panel = self._ptr(self.gate_panels(self.d, q), self.mul(j0, h))
         out = self._ptr(self.gates, self.add(j0, q * h))
-        with k.if_then(k.b.icmp_signed(">", full, k.i64(0))):
-            emit_gemm(k, full, cols, k.i64(h), vec, k.i64(h), panel, k.i64(PANEL), out, k.i64(g))
+        with k.if_then(b.icmp_signed(">", full, k.i64(0))):
+            count = k.floordiv(b.add(cols, k.i64(PANEL - 1)), k.i64(PANEL))
+            with k.loop(count, name="panel") as p:
+                jp = self.mul(p, PANEL)
+                emit_gemm(k, full, k.minimum("int64", k.i64(PANEL), b.sub(cols, jp)), k.i64(h),
+                          vec, k.i64(h), self._ptr(panel, self.mul(jp, h)), k.i64(PANEL),
+                          self._ptr(out, jp), k.i64(g))
         emit_small_gemm(k, k.b.sub(self.batch, full), cols, k.i64(h),
                         self._ptr(vec, self.mul(full, h)), k.i64(h), panel,
                         self._ptr(out, self.mul(full, g)), k.i64(g))
