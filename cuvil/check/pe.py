@@ -1,4 +1,5 @@
-"""PE/COFF DLLs (Windows wheels): header and machine, exported symbols, DLL name, imports."""
+"""PE/COFF DLLs (Windows wheels): header and machine, the structure the Windows loader reads,
+exported symbols, DLL name, imports."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import re
 
 from cuvil.check._archive import Library, WheelArchive
 from cuvil.check._pe import PeFormatError, PeImage, read_pe
+from cuvil.check._pe_structure import structure_problems
 from cuvil.check._platform import arch_problems
 from cuvil.check._report import CheckReport
 
@@ -20,12 +22,24 @@ _ALLOWED_TEXT = "KERNEL32.dll and the C runtime (api-ms-win-crt-*.dll, ucrtbase.
 def check_pe_library(wheel: WheelArchive, library: Library, report: CheckReport) -> PeImage | None:
     """Run every PE check on `library`; return the parsed file for the ABI check (None if unreadable)."""
     label = library.path
+    image: PeImage | None = None
     try:
         image = read_pe(library.data)
     except PeFormatError as exc:
         report.failed(f"{label}: PE header", str(exc))
+    if image is not None:
+        _header(wheel, image, label, report)
+    # pefile accepts many damaged files: the loader's path is walked on its own
+    problems = structure_problems(library.data)
+    if problems:
+        report.failed(f"{label}: PE structure", "; ".join(problems) + ": the Windows loader would "
+                      "refuse the DLL or read outside it")
+    else:
+        report.passed(f"{label}: PE structure", "headers, section table, data directories, "
+                      "exports, imports, base relocations, exception, TLS and debug tables "
+                      "consistent and within the file and the image")
+    if image is None:
         return None
-    _header(wheel, image, label, report)
     _exports(library, image, label, report)
     _dll_name(library, image, label, report)
     _imports(image, label, report)
