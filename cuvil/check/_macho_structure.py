@@ -12,6 +12,7 @@ x86_64 slice need not be signed, so this is what stands between its bytes and dy
 
 from __future__ import annotations
 
+import bisect
 import struct
 from collections.abc import Iterator
 from typing import NoReturn
@@ -86,6 +87,14 @@ _SUBTYPES = {CPU_TYPE_X86_64: {3, 8}, CPU_TYPE_ARM64: {0, 1, 2}}
 VM_PROT_READ, VM_PROT_EXECUTE = 1, 4
 N_UNDF, N_ABS, N_INDR, N_PBUD, N_SECT, N_EXT = 0x0, 0x2, 0xA, 0xC, 0xE, 0x1
 INDIRECT_SYMBOL_LOCAL, INDIRECT_SYMBOL_ABS = 0x80000000, 0x40000000
+SG_NORELOC, SG_READ_ONLY = 0x4, 0x10
+MH_DYLIB_IN_CACHE = 0x80000000
+#: the section type dyld acts on for the sections of these names (initializers it calls,
+#: pointers it binds, zero-fill it maps, thread-local variables it sets up)
+_SECTION_TYPES = {"__mod_init_func": 0x9, "__mod_term_func": 0xA, "__init_offsets": 0x16,
+                  "__got": 0x6, "__nl_symbol_ptr": 0x6, "__la_symbol_ptr": 0x7, "__stubs": 0x8,
+                  "__bss": 0x1, "__common": 0x1, "__thread_data": 0x11, "__thread_bss": 0x12,
+                  "__thread_vars": 0x13, "__thread_ptrs": 0x14}
 #: sections whose entries are slots of the indirect symbol table: type -> entry size (0: stubs)
 _INDIRECT_SECTIONS = {0x6: 8, 0x7: 8, 0x8: 0, 0x10: 8, 0x14: 8}
 
@@ -100,8 +109,14 @@ def universal_problems(data: bytes, images: list[MachOImage]) -> list[str]:
     problems = []
     ranges = sorted((im.offset_in_file, im.offset_in_file + len(im.data), im.arch) for im in images)
     magic, fat_count = struct.unpack_from(">II", data)
-    if ranges and ranges[0][0] < 8 + (20 if magic == FAT_MAGIC else 32) * fat_count:
+    entry = 20 if magic == FAT_MAGIC else 32
+    if ranges and ranges[0][0] < 8 + entry * fat_count:
         problems.append(f"the {ranges[0][2]} slice overlaps the universal header")
+    for i, im in enumerate(images):  # dyld picks the slice by the header's cputype and subtype
+        (subtype,) = struct.unpack_from(">I", data, 8 + entry * i + 4)
+        if subtype != im.cpusubtype:
+            problems.append(f"the universal header lists the {im.arch} slice with cpusubtype "
+                            f"{subtype:#x}, but the slice says {im.cpusubtype:#x}")
     for (_, end, arch), (start, _, other) in zip(ranges, ranges[1:]):
         if end > start:
             problems.append(f"the {arch} and {other} slices overlap")
@@ -129,6 +144,8 @@ class _Slice:
         subtype = image.cpusubtype & 0x00FFFFFF
         if subtype not in _SUBTYPES.get(image.cputype, {subtype}):
             self.fail(f"the header's cpusubtype {subtype} is not one dyld loads for {image.arch}")
+        if image.flags & MH_DYLIB_IN_CACHE:
+            self.fail("the header says the image is in the dyld shared cache (MH_DYLIB_IN_CACHE)")
         commands = self._commands()
         self._segments()
         blobs = self._linkedit(commands)
@@ -180,6 +197,8 @@ class _Slice:
             self.fail("a dylib without LC_ID_DYLIB")
         if not dylibs:
             self.fail("no LC_LOAD_DYLIB: dyld requires every image to link libSystem")
+        if LC_UUID not in seen:
+            self.fail("no LC_UUID: dyld requires one of images built with current SDKs")
         for needed in (LC_SYMTAB, LC_DYSYMTAB):
             if needed not in seen:
                 self.stop(f"no {_ONCE[needed]}")
@@ -205,6 +224,11 @@ class _Slice:
                 self.stop(f"{where}'s addresses wrap around")
             if (segment.initprot | segment.maxprot) & ~7 or segment.initprot & ~segment.maxprot:
                 fail(f"{where}'s protections {segment.initprot:#x}/{segment.maxprot:#x} are invalid")
+            # dyld makes a segment marked read-only so once it has fixed it up
+            if segment.flags & ~(SG_NORELOC | SG_READ_ONLY) or (
+                    segment.flags & SG_READ_ONLY and not segment.name.endswith("_CONST")):
+                fail(f"{where} has flags {segment.flags:#x}: unknown, or read-only for a segment "
+                     "that is written to")
             if segment.vmsize and (segment.vmaddr % page or segment.fileoff % page):
                 self.stop(f"{where} at address {segment.vmaddr:#x}, offset {segment.fileoff:#x} is "
                           f"not aligned to the {page // 1024} KiB pages mmap maps")
@@ -225,6 +249,10 @@ class _Slice:
         for a, b in zip(segments, segments[1:]):  # dyld: load command order is address order
             if b.vmaddr < a.vmaddr + a.vmsize or (b.filesize and b.fileoff < a.fileoff + a.filesize):
                 self.stop(f"segment {b.name} overlaps segment {a.name} or comes before it")
+            # the linkers lay segments out end to end, a page apart at most
+            if b.vmaddr != -(-(a.vmaddr + a.vmsize) // page) * page:
+                fail(f"segment {b.name} starts at {b.vmaddr:#x}, not on the page where {a.name} "
+                     f"ends ({a.vmaddr + a.vmsize:#x})")
 
     def _grouped(self) -> Iterator[tuple[Segment, list[Section]]]:
         at = 0
@@ -236,6 +264,9 @@ class _Slice:
         where = f"section {section}"
         if section.segname != segment.name:
             self.fail(f"{where} lies in the load command of segment {segment.name}")
+        kind = section.flags & 0xFF
+        if kind > 0x16 or _SECTION_TYPES.get(section.sectname, kind) != kind:
+            self.fail(f"{where} has section type {kind:#x}, not one dyld knows for it")
         if not segment.vmaddr <= section.addr <= section.addr + section.size <= \
                 segment.vmaddr + segment.vmsize:
             self.stop(f"{where} ({section.size} bytes at {section.addr:#x}) lies outside its "
@@ -349,7 +380,7 @@ class _Slice:
                                   "lazy bind opcodes")):
             offset, size = fields[2 * i], fields[2 * i + 1]
             if size:
-                problem = _run_opcodes(self.data[offset:offset + size], name, self.image.segments,
+                problem = _run_opcodes(self.data[offset:offset + size], name, list(self._grouped()),
                                        ndylibs)
                 if problem:
                     self.fail(f"the {name}: {problem}")
@@ -381,9 +412,15 @@ def _uleb(blob: bytes, at: int) -> tuple[int, int]:
         shift += 7
 
 
-def _run_opcodes(blob: bytes, kind: str, segments: list[Segment], ndylibs: int) -> str | None:
+def _run_opcodes(blob: bytes, kind: str, grouped: list[tuple[Segment, list[Section]]],
+                 ndylibs: int) -> str | None:
     """What is wrong with a rebase or bind opcode stream (None when nothing): mach-o/loader.h's
     REBASE_OPCODE_* and BIND_OPCODE_*, whose opcodes share their numbers up to 0x90."""
+    segments = [segment for segment, _ in grouped]
+    ranges = [sorted((s.addr, s.addr + s.size) for s in sections if not s.zerofill)
+              for _, sections in grouped]
+    starts = [[start for start, _ in r] for r in ranges]
+    ends = [[end for _, end in r] for r in ranges]
     rebase, lazy = kind.startswith("rebase"), kind.startswith("lazy")
     # weak binds name a symbol to coalesce, from whichever image defines it: no library
     at, segment, offset, ordinal_set = 0, None, 0, kind.startswith("weak")
@@ -393,10 +430,16 @@ def _run_opcodes(blob: bytes, kind: str, segments: list[Segment], ndylibs: int) 
         if segment is None:
             return "a fixup before its segment is set"
         target = segments[segment]
-        last = offset + (count - 1) * stride if count else offset
-        if not target.initprot & 2 or last + pointer > target.vmsize:
-            return (f"a fixup at {last:#x} of segment {target.name}, which is not writable or "
-                    "not that long")
+        for i in range(count):
+            at_offset = offset + i * stride
+            address = target.vmaddr + at_offset
+            if not target.initprot & 2 or at_offset + pointer > target.vmsize:
+                return (f"a fixup at {at_offset:#x} of segment {target.name}, which is not "
+                        "writable or not that long")
+            # the linker fixes up pointers in sections: elsewhere is padding or nothing
+            j = bisect.bisect_right(starts[segment], address) - 1
+            if j < 0 or address + pointer > ends[segment][j]:
+                return f"a fixup at {address:#x} of segment {target.name} lies in none of its sections"
         return None
 
     while at < len(blob):
@@ -404,7 +447,7 @@ def _run_opcodes(blob: bytes, kind: str, segments: list[Segment], ndylibs: int) 
         at += 1
         opcode, immediate = byte & 0xF0, byte & 0x0F
         problem = None
-        if opcode == 0x00:  # DONE: lazy binding streams hold one run per symbol, each ending so
+        if opcode == 0x00:  # DONE (or the stream's end); lazy binding holds one run per symbol
             if not lazy:
                 return None
         elif opcode == 0x10 and rebase:  # SET_TYPE_IMM

@@ -150,7 +150,7 @@ def _deployment_target(
         found.append(f"{im.arch} {text}")
         for version, platform in limits:
             allowed = max(version, _ARM64_FIRST_MACOS) if im.cputype == CPU_TYPE_ARM64 else version
-            if im.min_os[:2] > allowed:
+            if im.min_os > (*allowed, 0):  # 10.13.1 does not load on the 10.13.0 the tag allows
                 oldest = ".".join(map(str, allowed))
                 problems.append(
                     f"{im.arch} slice needs macOS {text}, newer than the {oldest} that tag {platform} "
