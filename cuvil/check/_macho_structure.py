@@ -213,7 +213,7 @@ class _Slice:
             if names.count(name) != 1:
                 self.stop(f"{names.count(name)} {name} segments, expected 1")
         (sizeofcmds,) = struct.unpack_from("<I", self.data, 20)
-        for segment, sections in self._grouped():
+        for segment in image.segments:
             where = f"segment {segment.name}"
             if segment.fileoff + segment.filesize > len(self.data):
                 self.stop(f"{where} ({segment.filesize} bytes at {segment.fileoff:#x}) runs past "
@@ -243,8 +243,6 @@ class _Slice:
                     fail(f"__LINKEDIT ends at {segment.fileoff + segment.filesize:#x}, but the "
                          f"slice at {len(self.data):#x}: the linker puts it last")
                 self.linkedit = segment
-            for section in sections:
-                self._section(segment, section)
         segments = self.image.segments
         for a, b in zip(segments, segments[1:]):  # dyld: load command order is address order
             if b.vmaddr < a.vmaddr + a.vmsize or (b.filesize and b.fileoff < a.fileoff + a.filesize):
@@ -253,6 +251,9 @@ class _Slice:
             if b.vmaddr != -(-(a.vmaddr + a.vmsize) // page) * page:
                 fail(f"segment {b.name} starts at {b.vmaddr:#x}, not on the page where {a.name} "
                      f"ends ({a.vmaddr + a.vmsize:#x})")
+        for segment, sections in self._grouped():
+            for section in sections:
+                self._section(segment, section)
 
     def _grouped(self) -> Iterator[tuple[Segment, list[Section]]]:
         at = 0
