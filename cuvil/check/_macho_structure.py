@@ -182,7 +182,9 @@ class _Slice:
                     self.stop(f"{what}: its name (at {offset}) does not lie within the command "
                               f"({size} bytes), NUL-terminated")
                 path = data[at + offset:data.index(b"\0", at + offset)]
-                if cmd != LC_ID_DYLIB and _STRINGS[cmd] == 24:  # a library it links
+                if cmd == LC_LAZY_LOAD_DYLIB:
+                    self.fail(f"{what} is LC_LAZY_LOAD_DYLIB, which dyld no longer supports")
+                elif cmd != LC_ID_DYLIB and _STRINGS[cmd] == 24:  # a library it links
                     if path in dylibs:
                         self.fail(f"{what} links {path.decode(errors='replace')} a second time")
                     dylibs.append(path)
@@ -342,7 +344,13 @@ class _Slice:
                           f"{symbol.sect} of {nsects}")
         fields = struct.unpack_from("<18I", self.data, commands[LC_DYSYMTAB] + 8)
         nsyms = len(symbols)
-        # the three ranges of LC_DYSYMTAB: local, external defined and undefined symbols
+        # the three ranges of LC_DYSYMTAB: local, external defined and undefined symbols, which
+        # the linkers write in this order, covering the table
+        if fields[2] != fields[0] + fields[1] or fields[4] != fields[2] + fields[3] or \
+                fields[0] or fields[4] + fields[5] != nsyms:
+            self.fail(f"LC_DYSYMTAB's local, external and undefined symbols ({fields[0]}+{fields[1]}, "
+                      f"{fields[2]}+{fields[3]}, {fields[4]}+{fields[5]}) do not cover the {nsyms} "
+                      "symbols in order")
         for (first, count), name, test in zip(
                 (fields[0:2], fields[2:4], fields[4:6]), ("local", "external", "undefined"),
                 (lambda t: not t & N_EXT or bool(t & N_STAB),

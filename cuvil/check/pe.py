@@ -14,8 +14,11 @@ from cuvil.check._report import CheckReport
 __all__ = ["ALLOWED_IMPORTS", "check_pe_library"]
 
 #: what every Windows 10 has, and all a cuvil DLL may import: KERNEL32 and the Universal C
-#: Runtime (its api-ms-win-crt-* API sets, or ucrtbase itself), or the older msvcrt
-ALLOWED_IMPORTS = re.compile(r"^(kernel32|ucrtbase|msvcrt|api-ms-win-crt-[a-z0-9-]+)\.dll$", re.I)
+#: Runtime (its API sets, which all are version l1-1-0, or ucrtbase itself), or the older msvcrt;
+#: a set of another name is one no Windows has, and the DLL would not load
+ALLOWED_IMPORTS = re.compile(
+    r"^(kernel32|ucrtbase|msvcrt|api-ms-win-crt-(conio|convert|environment|filesystem|heap|locale|math"
+    r"|multibyte|private|process|runtime|stdio|string|time|utility)-l1-1-0)\.dll$", re.I)
 _ALLOWED_TEXT = "KERNEL32.dll and the C runtime (api-ms-win-crt-*.dll, ucrtbase.dll, msvcrt.dll)"
 
 
