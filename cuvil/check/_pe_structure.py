@@ -232,25 +232,37 @@ class _Image:
 
     def _imports(self, rva: int, size: int) -> None:
         iat = self.directories[IAT]
+        named: set[str] = set()
         for i in range(size // _IMPORT.size):
             at = self.offset(rva + i * _IMPORT.size, _IMPORT.size, f"import descriptor {i}")
-            lookup, _, _, name, first = _IMPORT.unpack_from(self.data, at)
+            lookup, stamp, _, name, first = _IMPORT.unpack_from(self.data, at)
             if not (lookup or name or first):
                 return
-            dll = self.string(name, f"import descriptor {i}'s DLL name").decode("ascii", "replace")
-            count = self._thunks(lookup or first, f"{dll}'s import lookup table")
-            self.offset(first, 8 * (count + 1), f"{dll}'s import address table")
+            raw = self.string(name, f"import descriptor {i}'s DLL name")
+            dll = raw.decode("ascii", "replace")
+            if not raw or not raw.isascii() or not dll.isprintable():  # pefile skips such names
+                self.fail(f"import descriptor {i} names the DLL {dll!r}, which LoadLibrary cannot find")
+            if dll.lower() in named:  # the linkers give each DLL one descriptor
+                self.fail(f"import descriptor {i} names {dll}, which an earlier one names")
+            named.add(dll.lower())
+            thunks = self._thunks(lookup or first, f"{dll}'s import lookup table")
+            count = len(thunks)
+            at = self.offset(first, 8 * (count + 1), f"{dll}'s import address table")
+            # until it is bound (a time stamp), the address table is a copy of the lookup table
+            if not stamp and struct.unpack_from(f"<{count + 1}Q", self.data, at) != (*thunks, 0):
+                self.fail(f"{dll}'s import address table ({first:#x}) is not its lookup table's copy")
             if iat[1] and not iat[0] <= first and first + 8 * (count + 1) <= iat[0] + iat[1]:
                 self.fail(f"{dll}'s import address table ({first:#x}) lies outside the IAT directory")
         self.fail("the import directory has no terminating (all-zero) descriptor")
 
-    def _thunks(self, rva: int, what: str) -> int:
-        """The number of entries of an import lookup table, each checked; it ends with a zero."""
-        count = 0
+    def _thunks(self, rva: int, what: str) -> list[int]:
+        """The entries of an import lookup table, each checked; it ends with a zero."""
+        thunks: list[int] = []
         while True:
+            count = len(thunks)
             (thunk,) = struct.unpack_from("<Q", self.data, self.offset(rva + 8 * count, 8, what))
             if not thunk:
-                return count
+                return thunks
             if thunk >> 63:  # by ordinal: bits 16 to 62 must be zero
                 if thunk & 0x7FFFFFFFFFFF0000:
                     self.fail(f"entry {count} of {what} ({thunk:#x}) is not an ordinal")
@@ -259,7 +271,7 @@ class _Image:
             else:
                 self.offset(thunk, 2, f"entry {count} of {what}")
                 self.string(thunk + 2, f"the name of entry {count} of {what}")
-            count += 1
+            thunks.append(thunk)
 
     def _relocations(self, rva: int, size: int) -> None:
         at = self.offset(rva, size, "the base relocation directory")
