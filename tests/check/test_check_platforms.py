@@ -1,9 +1,8 @@
 """cuvil check on the musllinux and Windows wheels of the digits example: the good ones pass,
 and one defect at a time (a DLL of another machine, an extra export, an import beyond KERNEL32
 and the C runtime, a glibc library under a musllinux tag and the reverse) fails the check that
-names it. The DLLs are relinked with zig from the build's own object files. The Mach-O and PE
-structure checks are shown one broken loader table at a time in the macOS and Windows
-libraries as built."""
+names it. The DLLs are relinked with zig from the build's own object files. The PE structure
+check is shown one broken loader table at a time in the DLL as built."""
 
 from __future__ import annotations
 
@@ -14,21 +13,12 @@ import sys
 from fnmatch import fnmatch
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
-from test_check import DigitsWheels, assert_fails_only, repack
-from wheel_files import read_entries
+from test_check import assert_fails_only, patched, repack
+from wheel_files import DigitsWheels, read_entries
 
 from cuvil.check import check_wheel
-from cuvil.check._macho import (
-    LC_DYLD_INFO_ONLY,
-    LC_DYSYMTAB,
-    LC_LOAD_DYLIB,
-    LC_SEGMENT_64,
-    LC_SYMTAB,
-    parse_macho,
-)
 from cuvil.check._pe import read_pe
 from cuvil.runtime import _loader
 from cuvil.toolchains import get_target, zig
@@ -37,9 +27,7 @@ pytestmark = pytest.mark.slow
 
 DLL = "digits/_classifier.dll"
 SO = "digits/_classifier.so"
-DYLIB = "digits/_classifier.dylib"
 NEW_TARGETS = ("x86_64-linux-musl", "aarch64-linux-musl", "x86_64-windows", "aarch64-windows")
-LC_BUILD_VERSION = 0x32
 
 
 @pytest.fixture(scope="module")
@@ -118,67 +106,6 @@ def test_import_beyond_kernel32_and_the_crt_fails(digits: SimpleNamespace, tmp_p
     assert message.startswith("imports from USER32.dll; a cuvil DLL may import only KERNEL32.dll")
 
 
-def _patched(data: bytes, at: int, fmt: str, value: int) -> bytes:
-    out = bytearray(data)
-    struct.pack_into(fmt, out, at, value)
-    return bytes(out)
-
-
-def _macho_mutants(lib: bytes) -> dict[str, tuple[bytes, str]]:
-    """One rule of dyld's broken in the universal2 library at a time (the unsigned x86_64 slice,
-    where no code signature catches it; LC_BUILD_VERSION is the arm64 slice's): name -> (bytes,
-    what the Mach-O structure check must say, a pattern for fnmatch)."""
-    _, images = parse_macho(lib)
-    x86, arm = (next(im for im in images if im.arch == arch) for arch in ("x86_64", "aarch64"))
-    base = x86.offset_in_file
-
-    def command(kind: int, image: Any = x86) -> int:
-        return image.offset_in_file + next(at for cmd, at, _ in image.commands if cmd == kind)
-
-    segments = {lib[at + 8:at + 24].rstrip(b"\0").decode(): at for at in
-                (base + off for cmd, off, _ in x86.commands if cmd == LC_SEGMENT_64)}
-    linkedit = next(s for s in x86.segments if s.name == "__LINKEDIT")
-    data_const = next(s for s in x86.segments if s.name == "__DATA_CONST")
-    symoff, nsyms, _, strsize = struct.unpack_from("<IIII", lib, command(LC_SYMTAB) + 8)
-    (rebase_at,) = struct.unpack_from("<I", lib, command(LC_DYLD_INFO_ONLY) + 8)
-    (indirect_at,) = struct.unpack_from("<I", lib, command(LC_DYSYMTAB) + 8 + 4 * 12)
-    dylib = command(LC_LOAD_DYLIB)
-    return {
-        "export trie past __LINKEDIT": (
-            _patched(lib, command(LC_DYLD_INFO_ONLY) + 40, "<I", linkedit.fileoff + linkedit.filesize),
-            "the export trie (240 bytes at * runs past __LINKEDIT"),
-        "overlapping segments": (_patched(lib, segments["__DATA"] + 24, "<Q", data_const.vmaddr),
-                                 "overlaps segment __DATA_CONST"),
-        "section outside its segment": (_patched(lib, segments["__TEXT"] + 72 + 32, "<Q", 0x7F000),
-                                        "section __TEXT,__text"),
-        "undefined symbols past the table": (
-            _patched(lib, command(LC_DYSYMTAB) + 8 + 20, "<I", nsyms),
-            "LC_DYSYMTAB's undefined symbols"),
-        "indirect symbol naming no symbol": (_patched(lib, base + indirect_at, "<I", nsyms + 3),
-                                             "indirect symbol table entries * name no symbol"),
-        "symbol name past the string table": (_patched(lib, base + symoff, "<I", strsize + 5),
-                                              "lies outside its table"),
-        "dylib name inside the command's fixed part": (
-            _patched(lib, dylib + 8, "<I", 20), "its name (at 20) does not lie within the command"),
-        "rebase into __TEXT": (_patched(lib, base + rebase_at + 1, "<B", 0x20),
-                               "the rebase opcodes: a fixup at 0x8 of segment __TEXT"),
-        "LC_BUILD_VERSION's size": (
-            _patched(lib, command(LC_BUILD_VERSION, arm) + 20, "<I", 2),
-            "aarch64 slice: load command 12 (0x32) is 32 bytes; dyld requires 40"),
-        "universal header's cpusubtype": (_patched(lib, 12, ">I", 8),
-                                          "lists the x86_64 slice with cpusubtype 0x8"),
-    }
-
-
-def test_the_macho_structure_check_follows_dyld(digits: SimpleNamespace, tmp_path: Path) -> None:
-    wheel = digits.wheels["universal2-macos"]
-    assert check_wheel(wheel)[f"{DYLIB}: Mach-O structure"].ok
-    for case, (data, words) in _macho_mutants(read_entries(wheel)[DYLIB]).items():
-        bad = repack(wheel, tmp_path / case.replace(" ", "_"), replace={DYLIB: data})
-        failed = {name: message for name, ok, message in check_wheel(bad) if not ok}
-        assert fnmatch(failed.get(f"{DYLIB}: Mach-O structure", ""), f"*{words}*"), (case, failed)
-
-
 def _pe_mutants(lib: bytes) -> dict[str, tuple[bytes, str]]:
     """One rule of the Windows loader's broken at a time in the x86_64 DLL: name -> (bytes,
     what the PE structure check must say)."""
@@ -194,24 +121,24 @@ def _pe_mutants(lib: bytes) -> dict[str, tuple[bytes, str]]:
     imports = pe.get_offset_from_rva(directories[1].VirtualAddress)
     debug_entry = directories[6].get_file_offset()
     section = pe.sections[2].get_file_offset()
-    swapped = _patched(_patched(lib, names_at, "<I", second), names_at + 4, "<I", first)
+    swapped = patched(patched(lib, names_at, "<I", second), names_at + 4, "<I", first)
     return {
         "export names out of order": (swapped, "the export name table is not sorted"),
         "export ordinal past the functions": (
-            _patched(lib, ordinals_at, "<H", exports.NumberOfFunctions), "export ordinal 0"),
+            patched(lib, ordinals_at, "<H", exports.NumberOfFunctions), "export ordinal 0"),
         "base relocation block of a bad size": (
-            _patched(lib, relocations + 4, "<I", 10), "has size 10: not a multiple of 4"),
+            patched(lib, relocations + 4, "<I", 10), "has size 10: not a multiple of 4"),
         "base relocation of an unknown type": (
-            _patched(lib, relocations + 8, "<H", 0x5000 | struct.unpack_from("<H", lib, relocations + 8)[0]
+            patched(lib, relocations + 8, "<H", 0x5000 | struct.unpack_from("<H", lib, relocations + 8)[0]
                      & 0xFFF), "an entry of type 5"),
         "data directory outside every section": (
-            _patched(lib, debug_entry, "<I", pe.OPTIONAL_HEADER.SizeOfImage + 0x1000),
+            patched(lib, debug_entry, "<I", pe.OPTIONAL_HEADER.SizeOfImage + 0x1000),
             "the debug directory (28 bytes at * lies outside the bytes of every section"),
-        "sections out of order": (_patched(lib, section + 12, "<I", pe.sections[2].VirtualAddress
+        "sections out of order": (patched(lib, section + 12, "<I", pe.sections[2].VirtualAddress
                                            + 0x1000), "not where the one before ends"),
-        "import DLL name outside the image": (_patched(lib, imports + 12, "<I", 0x7FFFFF00),
+        "import DLL name outside the image": (patched(lib, imports + 12, "<I", 0x7FFFFF00),
                                               "import descriptor 0's DLL name"),
-        "e_lfanew past the file": (_patched(lib, 0x3C, "<I", len(lib)), "e_lfanew"),
+        "e_lfanew past the file": (patched(lib, 0x3C, "<I", len(lib)), "e_lfanew"),
     }
 
 
