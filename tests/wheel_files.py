@@ -1,15 +1,20 @@
 """A wheel's files read into a dict and written back, RECORD recomputed: for tests that change
-a built wheel the way a damaged download or a careless repack would (a RECORD that matches)."""
+a built wheel the way a damaged download or a careless repack would (a RECORD that matches);
+and the digits example's wheels those tests start from."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import hashlib
 import io
+import os
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+DIGITS = Path(__file__).resolve().parents[1] / "examples" / "digits"
 
 
 def read_entries(wheel: Path) -> dict[str, bytes]:
@@ -36,3 +41,39 @@ def write_wheel(path: Path, files: Mapping[str, bytes], record: bool = True) -> 
         for name, data in files.items():
             archive.writestr(name, data)
     return path
+
+
+@contextlib.contextmanager
+def chdir(path: Path) -> Iterator[None]:
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+class DigitsWheels:
+    """The digits example's wheel per target, each built on first use (once per module)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.build_dir = root / "build"  # holds each build's object files, for relinking
+        self._built: dict[str, Path | BaseException] = {}
+
+    def __getitem__(self, target: str) -> Path:
+        if target not in self._built:
+            import cuvil.build_backend as backend
+
+            try:
+                with chdir(DIGITS):
+                    config = {"target": target, "build-dir": str(self.build_dir)}
+                    self._built[target] = (
+                        self.root / "dist" / backend.build_wheel(str(self.root / "dist"), config)
+                    )
+            except Exception as exc:  # remembered: a failed build is not retried by every test
+                self._built[target] = exc
+        built = self._built[target]
+        if isinstance(built, BaseException):
+            raise built
+        return built

@@ -10,7 +10,9 @@ Each module checks one concern and adds named results to the report:
 - `record`: layout (only the package and the .dist-info), WHEEL, METADATA, RECORD hashes;
 - `manifest`: `_models.json` follows the loader's schema (runtime `ModelSignature`), is
   consistent and names every native file;
-- `elf` / `macho` / `pe`: each library's header, exported symbols (exactly the models' C ABI),
+- `elf` / `macho` / `pe`: each library's structure as its platform's loader reads it (offsets
+  and sizes within the file, tables consistent: `_elf_structure`, `_macho_structure`,
+  `_pe_structure`), header, exported symbols (exactly the models' C ABI),
   SONAME, install name or DLL name, search paths, dependencies or imports, the C library
   (glibc or musl: the one of the tag) and its versions, macOS versions, Mach-O code
   signatures;

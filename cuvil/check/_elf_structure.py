@@ -16,6 +16,8 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
+from cuvil.check._structure import Problems, walk_problems
+
 __all__ = ["structure_problems"]
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
@@ -59,36 +61,19 @@ _RELOCATIONS = {
 _RELATIVE = {62: 8, 183: 1027}
 _JUMP_SLOT = {62: 7, 183: 1026}
 _GLOB_DAT = {62: 6, 183: 1025}
-#: reported problems at most: a damaged file shows a few, not thousands
-_MAX_PROBLEMS = 8
-
-
-class _Found(Exception):
-    """Stops the walk: later tables depend on what failed."""
 
 
 def structure_problems(data: bytes) -> list[str]:
     """What in the loader's path through `data` (an ELF64 little-endian shared library) is
     inconsistent; empty when nothing is."""
-    problems: list[str] = []
-    try:
-        _walk(data, problems)
-    except _Found:
-        pass
-    except (struct.error, IndexError, OverflowError) as exc:  # a table runs past the file
-        problems.append(f"a table cannot be read ({exc})")
-    return problems[:_MAX_PROBLEMS]
+    return walk_problems(lambda problems: _walk(data, problems))
 
 
-def _walk(data: bytes, problems: list[str]) -> None:
-    def fail(text: str) -> None:
-        problems.append(text)
-        if len(problems) >= _MAX_PROBLEMS:
-            raise _Found
+def _walk(data: bytes, problems: Problems) -> None:
+    fail = problems.fail
 
-    def stop(text: str) -> NoReturn:
-        problems.append(text)
-        raise _Found
+    def stop(text: str) -> NoReturn:  # a local name ruff knows does not return
+        problems.stop(text)
 
     if len(data) < _EHDR.size:
         stop("the file is shorter than an ELF header")

@@ -141,6 +141,8 @@ class Section:
     size: int
     offset: int
     flags: int
+    reserved1: int = 0  # pointer and stub sections: their first entry in the indirect symbol table
+    reserved2: int = 0  # stub sections: the size of one stub
 
     @property
     def zerofill(self) -> bool:
@@ -157,6 +159,10 @@ class Segment:
     vmsize: int
     fileoff: int
     filesize: int
+    maxprot: int = 0
+    initprot: int = 0
+    nsects: int = 0  # its sections follow those of the segments before it in `sections`
+    flags: int = 0
 
 
 @dataclass(frozen=True)
@@ -527,11 +533,12 @@ def _parse_thin(data: bytes, offset_in_file: int, label: str) -> MachOImage:
         body = data[offset : offset + cmdsize]
         what = f"{label}: load command {i} ({cmd:#x})"
         if cmd == LC_SEGMENT_64:
-            segname, vmaddr, vmsize, fileoff, filesize, _maxprot, _initprot, nsects, _flags = _unpack(
-                "<16sQQQQiiII", body, 8, what
+            segname, vmaddr, vmsize, fileoff, filesize, maxprot, initprot, nsects, seg_flags = _unpack(
+                "<16sQQQQIIII", body, 8, what
             )
             segments.append(
-                Segment(segname.rstrip(b"\0").decode("ascii", "replace"), vmaddr, vmsize, fileoff, filesize)
+                Segment(segname.rstrip(b"\0").decode("ascii", "replace"), vmaddr, vmsize, fileoff, filesize,
+                        maxprot, initprot, nsects, seg_flags)
             )
             for j in range(nsects):
                 (
@@ -544,8 +551,8 @@ def _parse_thin(data: bytes, offset_in_file: int, label: str) -> MachOImage:
                     _reloff,
                     _nreloc,
                     sect_flags,
-                    _r1,
-                    _r2,
+                    reserved1,
+                    reserved2,
                     _r3,
                 ) = _unpack("<16s16sQQIIIIIIII", body, 72 + 80 * j, f"{what} section {j}")
                 sections.append(
@@ -557,6 +564,8 @@ def _parse_thin(data: bytes, offset_in_file: int, label: str) -> MachOImage:
                         size,
                         sect_offset,
                         sect_flags,
+                        reserved1,
+                        reserved2,
                     )
                 )
         elif cmd == LC_SYMTAB:

@@ -13,8 +13,9 @@ __all__ = ["CHECK_KINDS", "CheckReport", "CheckResult"]
 CHECK_KINDS = (
     "archive", "wheel file name", "layout", "WHEEL", "METADATA", "RECORD", "manifest", "platform tag",
     "format", "ELF header", "ELF structure", "exported symbols", "SONAME", "RPATH/RUNPATH", "DT_NEEDED",
-    "libc", "glibc versions", "Mach-O slices", "install name", "dependencies", "macOS version",
-    "code signature", "PE header", "DLL name", "imports", "ABI checksum", "auditwheel", "load",
+    "libc", "glibc versions", "Mach-O slices", "Mach-O structure", "install name", "dependencies",
+    "macOS version", "code signature", "PE header", "PE structure", "DLL name", "imports", "ABI checksum",
+    "auditwheel", "load",
 )
 
 

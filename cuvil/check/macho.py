@@ -1,9 +1,11 @@
-"""Mach-O libraries (macOS wheels, thin or universal): slices, install name, exports, code signature."""
+"""Mach-O libraries (macOS wheels, thin or universal): slices, their structure as dyld reads it,
+install name, exports, code signature."""
 
 from __future__ import annotations
 
 from cuvil.check._archive import Library, WheelArchive
 from cuvil.check._macho import CPU_TYPE_ARM64, MH_DYLIB, MachOFormatError, MachOImage, parse_macho
+from cuvil.check._macho_structure import structure_problems, universal_problems
 from cuvil.check._platform import macos_version, tag_arches
 from cuvil.check._report import CheckReport
 
@@ -27,6 +29,7 @@ def check_macho_library(wheel: WheelArchive, library: Library, report: CheckRepo
         report.failed(f"{label}: Mach-O slices", str(exc))
         return []
     _slices(wheel, fat, images, label, report)
+    _structure(library.data, fat, images, label, report)
     _install_name(library, images, label, report)
     _exports(library, images, label, report)
     _dependencies(images, label, report)
@@ -58,6 +61,19 @@ def _slices(
         report.failed(name, "; ".join(problems))
     else:
         report.passed(name, f"{kind}: {', '.join(arches)}, MH_DYLIB")
+
+
+def _structure(data: bytes, fat: bool, images: list[MachOImage], label: str, report: CheckReport) -> None:
+    name = f"{label}: Mach-O structure"
+    problems = universal_problems(data, images) if fat else []
+    for im in images:
+        problems += [f"{im.arch} slice: {p}" for p in structure_problems(im)]
+    if problems:
+        report.failed(name, "; ".join(problems) + ": dyld would refuse the library or read outside it")
+    else:
+        report.passed(name, "load commands, segments and sections, the link-edit blobs in __LINKEDIT, "
+                      "the symbol tables, rebase and bind opcodes and export trie of every slice "
+                      "consistent and within it")
 
 
 def _install_name(library: Library, images: list[MachOImage], label: str, report: CheckReport) -> None:
@@ -134,7 +150,7 @@ def _deployment_target(
         found.append(f"{im.arch} {text}")
         for version, platform in limits:
             allowed = max(version, _ARM64_FIRST_MACOS) if im.cputype == CPU_TYPE_ARM64 else version
-            if im.min_os[:2] > allowed:
+            if im.min_os > (*allowed, 0):  # 10.13.1 does not load on the 10.13.0 the tag allows
                 oldest = ".".join(map(str, allowed))
                 problems.append(
                     f"{im.arch} slice needs macOS {text}, newer than the {oldest} that tag {platform} "

@@ -1,4 +1,5 @@
-"""PE/COFF DLLs (Windows wheels): header and machine, exported symbols, DLL name, imports."""
+"""PE/COFF DLLs (Windows wheels): header and machine, the structure the Windows loader reads,
+exported symbols, DLL name, imports."""
 
 from __future__ import annotations
 
@@ -6,26 +7,42 @@ import re
 
 from cuvil.check._archive import Library, WheelArchive
 from cuvil.check._pe import PeFormatError, PeImage, read_pe
+from cuvil.check._pe_structure import structure_problems
 from cuvil.check._platform import arch_problems
 from cuvil.check._report import CheckReport
 
 __all__ = ["ALLOWED_IMPORTS", "check_pe_library"]
 
 #: what every Windows 10 has, and all a cuvil DLL may import: KERNEL32 and the Universal C
-#: Runtime (its api-ms-win-crt-* API sets, or ucrtbase itself), or the older msvcrt
-ALLOWED_IMPORTS = re.compile(r"^(kernel32|ucrtbase|msvcrt|api-ms-win-crt-[a-z0-9-]+)\.dll$", re.I)
+#: Runtime (its API sets, which all are version l1-1-0, or ucrtbase itself), or the older msvcrt;
+#: a set of another name is one no Windows has, and the DLL would not load
+ALLOWED_IMPORTS = re.compile(
+    r"^(kernel32|ucrtbase|msvcrt|api-ms-win-crt-(conio|convert|environment|filesystem|heap|locale|math"
+    r"|multibyte|private|process|runtime|stdio|string|time|utility)-l1-1-0)\.dll$", re.I)
 _ALLOWED_TEXT = "KERNEL32.dll and the C runtime (api-ms-win-crt-*.dll, ucrtbase.dll, msvcrt.dll)"
 
 
 def check_pe_library(wheel: WheelArchive, library: Library, report: CheckReport) -> PeImage | None:
     """Run every PE check on `library`; return the parsed file for the ABI check (None if unreadable)."""
     label = library.path
+    image: PeImage | None = None
     try:
         image = read_pe(library.data)
     except PeFormatError as exc:
         report.failed(f"{label}: PE header", str(exc))
+    if image is not None:
+        _header(wheel, image, label, report)
+    # pefile accepts many damaged files: the loader's path is walked on its own
+    problems = structure_problems(library.data)
+    if problems:
+        report.failed(f"{label}: PE structure", "; ".join(problems) + ": the Windows loader would "
+                      "refuse the DLL or read outside it")
+    else:
+        report.passed(f"{label}: PE structure", "headers, section table, data directories, "
+                      "exports, imports, base relocations, exception, TLS and debug tables "
+                      "consistent and within the file and the image")
+    if image is None:
         return None
-    _header(wheel, image, label, report)
     _exports(library, image, label, report)
     _dll_name(library, image, label, report)
     _imports(image, label, report)

@@ -8,7 +8,6 @@ object files with zig, so each one differs from a good wheel in one defect only.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
@@ -16,24 +15,33 @@ import struct
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from fnmatch import fnmatch
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from wheel_files import read_entries, write_wheel
+from wheel_files import DigitsWheels, read_entries, write_wheel
 
-import cuvil.build_backend as backend
 from cuvil.check import CHECK_KINDS, CheckReport, check_wheel
-from cuvil.check._macho import LC_CODE_SIGNATURE, parse_macho
+from cuvil.check._macho import (
+    LC_CODE_SIGNATURE,
+    LC_DYLD_INFO_ONLY,
+    LC_DYSYMTAB,
+    LC_LOAD_DYLIB,
+    LC_SEGMENT_64,
+    LC_SYMTAB,
+    parse_macho,
+)
 from cuvil.check.macho import LINKER_SYMBOLS
 from cuvil.cli import main as cli_main
 from cuvil.runtime._loader import ABI_VERSION, abi_checksum
 from cuvil.toolchains import get_target, zig
 
-DIGITS = Path(__file__).resolve().parents[2] / "examples" / "digits"
 TARGETS = ("x86_64-linux", "aarch64-linux", "universal2-macos")
+MACHO_LIB = "digits/_classifier.dylib"
+LC_BUILD_VERSION = 0x32
 EXPORTS = {"cuvil_classifier_abi_checksum", "cuvil_classifier_cpu_check",
            "cuvil_classifier_run", "cuvil_classifier_run_profiled",
            "cuvil_classifier_workspace_size", "cuvil_classifier_thread_pool",
@@ -41,16 +49,6 @@ EXPORTS = {"cuvil_classifier_abi_checksum", "cuvil_classifier_cpu_check",
 
 
 # ------------------------------------------------------------------------ wheel helpers
-
-
-@contextlib.contextmanager
-def chdir(path: Path) -> Iterator[None]:
-    old = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(old)
 
 
 def repack(
@@ -98,30 +96,6 @@ def manifest_of(wheel: Path) -> dict[str, Any]:
 # ----------------------------------------------------------------------- built wheels
 
 
-class DigitsWheels:
-    """The digits example's wheel per target, each built on first use (once per module)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.build_dir = root / "build"  # holds each build's object files, for relinking
-        self._built: dict[str, Path | BaseException] = {}
-
-    def __getitem__(self, target: str) -> Path:
-        if target not in self._built:
-            try:
-                with chdir(DIGITS):
-                    config = {"target": target, "build-dir": str(self.build_dir)}
-                    self._built[target] = (
-                        self.root / "dist" / backend.build_wheel(str(self.root / "dist"), config)
-                    )
-            except Exception as exc:  # remembered: a failed build is not retried by every test
-                self._built[target] = exc
-        built = self._built[target]
-        if isinstance(built, BaseException):
-            raise built
-        return built
-
-
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     wheels = DigitsWheels(tmp_path_factory.mktemp("digits"))
@@ -159,6 +133,13 @@ def flip_hex(data: bytes, at: int) -> bytes:
     """`data` with the hex digit at `at` changed to another hex digit."""
     new = b"0" if data[at : at + 1] != b"0" else b"1"
     return data[:at] + new + data[at + 1 :]
+
+
+def patched(data: bytes, at: int, fmt: str, value: int) -> bytes:
+    """`data` with `value` packed at `at`."""
+    out = bytearray(data)
+    struct.pack_into(fmt, out, at, value)
+    return bytes(out)
 
 
 pytestmark = pytest.mark.slow
@@ -229,11 +210,6 @@ def _elf_mutants(lib: bytes) -> dict[str, tuple[bytes, str]]:
 
     elf = ELFFile(io.BytesIO(lib))
 
-    def patched(at: int, fmt: str, value: int) -> bytes:
-        out = bytearray(lib)
-        struct.pack_into(fmt, out, at, value)
-        return bytes(out)
-
     dynamic = elf.get_section_by_name(".dynamic")["sh_offset"]
     tags = {struct.unpack_from("<q", lib, dynamic + 16 * i)[0]: dynamic + 16 * i for i in range(64)}
     last_load = max((s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"),
@@ -243,13 +219,14 @@ def _elf_mutants(lib: bytes) -> dict[str, tuple[bytes, str]]:
     verneed = elf.get_section_by_name(".gnu.version_r")["sh_offset"]
     soname = struct.unpack_from("<Q", lib, tags[14] + 8)[0]  # DT_SONAME's string offset
     return {
-        "bloom filter": (patched(elf.get_section_by_name(".gnu.hash")["sh_offset"] + 8, "<I", 3),
+        "bloom filter": (patched(lib, elf.get_section_by_name(".gnu.hash")["sh_offset"] + 8, "<I", 3),
                          "the GNU hash table's header"),
-        "DT_PLTREL": (patched(tags[20] + 8, "<Q", 17), "DT_PLTREL is 17"),
-        "version index": (patched(elf.get_section_by_name(".gnu.version")["sh_offset"] + 2, "<H", 9),
+        "DT_PLTREL": (patched(lib, tags[20] + 8, "<Q", 17), "DT_PLTREL is 17"),
+        "version index": (patched(lib, elf.get_section_by_name(".gnu.version")["sh_offset"] + 2, "<H", 9),
                           "version indices the library neither defines nor needs"),
-        "data segment": (patched(phdr + 32, "<Q", last_load["p_filesz"] + 0x100), "maps"),
-        "needed version": (patched(verneed + 4, "<I", soname), "names a library the library does not need"),
+        "data segment": (patched(lib, phdr + 32, "<Q", last_load["p_filesz"] + 0x100), "maps"),
+        "needed version": (patched(lib, verneed + 4, "<I", soname),
+                           "names a library the library does not need"),
     }
 
 
@@ -262,6 +239,61 @@ def test_the_elf_structure_check_follows_the_dynamic_loader(digits: SimpleNamesp
         bad = repack(wheel, tmp_path / case.replace(" ", "_"), replace={"digits/_classifier.so": data})
         found = failures(check_wheel(bad, auditwheel=False))
         assert words in found.get("digits/_classifier.so: ELF structure", ""), (case, found)
+
+
+def _macho_mutants(lib: bytes) -> dict[str, tuple[bytes, str]]:
+    """One rule of dyld's broken in the universal2 library at a time (the unsigned x86_64 slice,
+    where no code signature catches it; LC_BUILD_VERSION is the arm64 slice's): name -> (bytes,
+    what the Mach-O structure check must say, a pattern for fnmatch)."""
+    _, images = parse_macho(lib)
+    x86, arm = (next(im for im in images if im.arch == arch) for arch in ("x86_64", "aarch64"))
+    base = x86.offset_in_file
+
+    def command(kind: int, image: Any = x86) -> int:
+        return image.offset_in_file + next(at for cmd, at, _ in image.commands if cmd == kind)
+
+    segments = {lib[at + 8:at + 24].rstrip(b"\0").decode(): at for at in
+                (base + off for cmd, off, _ in x86.commands if cmd == LC_SEGMENT_64)}
+    linkedit = next(s for s in x86.segments if s.name == "__LINKEDIT")
+    data_const = next(s for s in x86.segments if s.name == "__DATA_CONST")
+    symoff, nsyms, _, strsize = struct.unpack_from("<IIII", lib, command(LC_SYMTAB) + 8)
+    (rebase_at,) = struct.unpack_from("<I", lib, command(LC_DYLD_INFO_ONLY) + 8)
+    (indirect_at,) = struct.unpack_from("<I", lib, command(LC_DYSYMTAB) + 8 + 4 * 12)
+    dylib = command(LC_LOAD_DYLIB)
+    return {
+        "export trie past __LINKEDIT": (
+            patched(lib, command(LC_DYLD_INFO_ONLY) + 40, "<I", linkedit.fileoff + linkedit.filesize),
+            "the export trie (240 bytes at * runs past __LINKEDIT"),
+        "overlapping segments": (patched(lib, segments["__DATA"] + 24, "<Q", data_const.vmaddr),
+                                 "overlaps segment __DATA_CONST"),
+        "section outside its segment": (patched(lib, segments["__TEXT"] + 72 + 32, "<Q", 0x7F000),
+                                        "section __TEXT,__text"),
+        "undefined symbols past the table": (
+            patched(lib, command(LC_DYSYMTAB) + 8 + 20, "<I", nsyms),
+            "LC_DYSYMTAB's undefined symbols"),
+        "indirect symbol naming no symbol": (patched(lib, base + indirect_at, "<I", nsyms + 3),
+                                             "indirect symbol table entries * name no symbol"),
+        "symbol name past the string table": (patched(lib, base + symoff, "<I", strsize + 5),
+                                              "lies outside its table"),
+        "dylib name inside the command's fixed part": (
+            patched(lib, dylib + 8, "<I", 20), "its name (at 20) does not lie within the command"),
+        "rebase into __TEXT": (patched(lib, base + rebase_at + 1, "<B", 0x20),
+                               "the rebase opcodes: a fixup at 0x8 of segment __TEXT"),
+        "LC_BUILD_VERSION's size": (
+            patched(lib, command(LC_BUILD_VERSION, arm) + 20, "<I", 2),
+            "aarch64 slice: load command 12 (0x32) is 32 bytes; dyld requires 40"),
+        "universal header's cpusubtype": (patched(lib, 12, ">I", 8),
+                                          "lists the x86_64 slice with cpusubtype 0x8"),
+    }
+
+
+def test_the_macho_structure_check_follows_dyld(digits: SimpleNamespace, tmp_path: Path) -> None:
+    wheel = digits.wheels["universal2-macos"]
+    assert check_wheel(wheel)[f"{MACHO_LIB}: Mach-O structure"].ok
+    for case, (data, words) in _macho_mutants(read_entries(wheel)[MACHO_LIB]).items():
+        bad = repack(wheel, tmp_path / case.replace(" ", "_"), replace={MACHO_LIB: data})
+        failed = {name: message for name, ok, message in check_wheel(bad) if not ok}
+        assert fnmatch(failed.get(f"{MACHO_LIB}: Mach-O structure", ""), f"*{words}*"), (case, failed)
 
 
 def test_universal2_wheel_has_both_slices_and_a_valid_arm64_signature(digits: SimpleNamespace) -> None:

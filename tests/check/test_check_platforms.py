@@ -1,19 +1,22 @@
 """cuvil check on the musllinux and Windows wheels of the digits example: the good ones pass,
 and one defect at a time (a DLL of another machine, an extra export, an import beyond KERNEL32
 and the C runtime, a glibc library under a musllinux tag and the reverse) fails the check that
-names it. The DLLs are relinked with zig from the build's own object files."""
+names it. The DLLs are relinked with zig from the build's own object files. The PE structure
+check is shown one broken loader table at a time in the DLL as built."""
 
 from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import sys
+from fnmatch import fnmatch
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_check import DigitsWheels, assert_fails_only, repack
-from wheel_files import read_entries
+from test_check import assert_fails_only, patched, repack
+from wheel_files import DigitsWheels, read_entries
 
 from cuvil.check import check_wheel
 from cuvil.check._pe import read_pe
@@ -101,6 +104,52 @@ def test_import_beyond_kernel32_and_the_crt_fails(digits: SimpleNamespace, tmp_p
     failed = assert_fails_only(check_wheel(bad), "imports")
     message = failed[f"{DLL}: imports"]
     assert message.startswith("imports from USER32.dll; a cuvil DLL may import only KERNEL32.dll")
+
+
+def _pe_mutants(lib: bytes) -> dict[str, tuple[bytes, str]]:
+    """One rule of the Windows loader's broken at a time in the x86_64 DLL: name -> (bytes,
+    what the PE structure check must say)."""
+    import pefile
+
+    pe = pefile.PE(data=lib)
+    exports = pe.DIRECTORY_ENTRY_EXPORT.struct
+    names_at = pe.get_offset_from_rva(exports.AddressOfNames)
+    ordinals_at = pe.get_offset_from_rva(exports.AddressOfNameOrdinals)
+    first, second = struct.unpack_from("<II", lib, names_at)
+    directories = pe.OPTIONAL_HEADER.DATA_DIRECTORY
+    relocations = pe.get_offset_from_rva(directories[5].VirtualAddress)
+    imports = pe.get_offset_from_rva(directories[1].VirtualAddress)
+    debug_entry = directories[6].get_file_offset()
+    section = pe.sections[2].get_file_offset()
+    swapped = patched(patched(lib, names_at, "<I", second), names_at + 4, "<I", first)
+    return {
+        "export names out of order": (swapped, "the export name table is not sorted"),
+        "export ordinal past the functions": (
+            patched(lib, ordinals_at, "<H", exports.NumberOfFunctions), "export ordinal 0"),
+        "base relocation block of a bad size": (
+            patched(lib, relocations + 4, "<I", 10), "has size 10: not a multiple of 4"),
+        "base relocation of an unknown type": (
+            patched(lib, relocations + 8, "<H", 0x5000 | struct.unpack_from("<H", lib, relocations + 8)[0]
+                     & 0xFFF), "an entry of type 5"),
+        "data directory outside every section": (
+            patched(lib, debug_entry, "<I", pe.OPTIONAL_HEADER.SizeOfImage + 0x1000),
+            "the debug directory (28 bytes at * lies outside the bytes of every section"),
+        "sections out of order": (patched(lib, section + 12, "<I", pe.sections[2].VirtualAddress
+                                           + 0x1000), "not where the one before ends"),
+        "import DLL name outside the image": (patched(lib, imports + 12, "<I", 0x7FFFFF00),
+                                              "import descriptor 0's DLL name"),
+        "e_lfanew past the file": (patched(lib, 0x3C, "<I", len(lib)), "e_lfanew"),
+    }
+
+
+def test_the_pe_structure_check_follows_the_windows_loader(digits: SimpleNamespace,
+                                                           tmp_path: Path) -> None:
+    wheel = digits.wheels["x86_64-windows"]
+    assert check_wheel(wheel)[f"{DLL}: PE structure"].ok
+    for case, (data, words) in _pe_mutants(read_entries(wheel)[DLL]).items():
+        bad = repack(wheel, tmp_path / case.replace(" ", "_"), replace={DLL: data})
+        failed = {name: message for name, ok, message in check_wheel(bad) if not ok}
+        assert fnmatch(failed.get(f"{DLL}: PE structure", ""), f"*{words}*"), (case, failed)
 
 
 def test_dll_in_a_linux_wheel_fails_the_format_check(digits: SimpleNamespace, tmp_path: Path) -> None:

@@ -5,7 +5,8 @@
  *   run_model LIBRARY INPUTS OUTPUT_FLOATS...
  *
  * INPUTS holds each input in order as a little-endian uint64 byte count then the bytes,
- * padded to a multiple of 8 bytes. The model must have no symbolic dims (dims is NULL).
+ * padded to a multiple of 8 bytes. The model's symbolic dims are -DCUVIL_DIMS=d0,d1,... at
+ * compile time (without it, dims is NULL: the model must have none).
  * Each output is float32 with the given element count; the harness prints
  * "cpu_check: copy N" (the code copy run() uses), then "output I" and one value a line.
  * Exit codes: 0 success, 3 the CPU lacks what the library needs (cpu_check's names on
@@ -35,6 +36,12 @@ static void *ALIGNED_ALLOC(size_t size) {
 #endif
 
 #include CUVIL_HEADER
+
+#ifdef CUVIL_DIMS
+static const int64_t DIMS[] = {CUVIL_DIMS};
+#else
+#define DIMS NULL
+#endif
 
 #define CAT3_(a, b, c) a##b##c
 #define CAT3(a, b, c) CAT3_(a, b, c)
@@ -127,8 +134,8 @@ int main(int argc, char **argv) {
         outputs[i] = malloc((size_t)counts[i] * sizeof(float) + 1);
     }
     workspace = ALIGNED_ALLOC((size_t)((__typeof__(&API(workspace_size)))lookup(
-        lib, API_NAME(workspace_size)))(NULL) + 64);
-    status = ((__typeof__(&API(run)))lookup(lib, API_NAME(run)))(inputs, outputs, NULL, workspace);
+        lib, API_NAME(workspace_size)))(DIMS) + 64);
+    status = ((__typeof__(&API(run)))lookup(lib, API_NAME(run)))(inputs, outputs, DIMS, workspace);
     if (status != 0) {
         fprintf(stderr, "run_model: run() returned %d\n", (int)status);
         return 2;
