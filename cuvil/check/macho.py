@@ -99,8 +99,8 @@ def _exports(library: Library, images: list[MachOImage], label: str, report: Che
     for im in images:
         try:
             found, source = im.exported_names()
-        except MachOFormatError as exc:
-            problems.append(f"{im.arch}: {exc}")
+        except MachOFormatError as exc:  # its message names the slice's arch
+            problems.append(str(exc))
             continue
         sources.add(source)
         tolerated |= found & LINKER_SYMBOLS
