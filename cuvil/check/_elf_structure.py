@@ -66,202 +66,282 @@ _GLOB_DAT = {62: 6, 183: 1025}
 def structure_problems(data: bytes) -> list[str]:
     """What in the loader's path through `data` (an ELF64 little-endian shared library) is
     inconsistent; empty when nothing is."""
-    return walk_problems(lambda problems: _walk(data, problems))
+    return walk_problems(lambda problems: _Library(data, problems).walk())
 
 
-def _walk(data: bytes, problems: Problems) -> None:
-    fail = problems.fail
+#: a PT_LOAD segment: (address, memory size, file offset, file size, flags)
+_Load = tuple[int, int, int, int, int]
 
-    def stop(text: str) -> NoReturn:  # a local name ruff knows does not return
-        problems.stop(text)
 
-    if len(data) < _EHDR.size:
-        stop("the file is shorter than an ELF header")
-    (ident, _, machine, version, _, phoff, shoff, _, ehsize, phentsize, phnum, shentsize, shnum,
-     shstrndx) = _EHDR.unpack_from(data)
-    if ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1:
-        stop("not an ELF64 little-endian file")
-    if ident[6] != 1 or version != 1:
-        fail(f"ELF version {ident[6]}/{version}, expected 1")
-    if ehsize != _EHDR.size or phentsize != _PHDR.size or (shnum and shentsize != _SHDR.size):
-        stop(f"header sizes {ehsize}/{phentsize}/{shentsize} are not ELF64's "
-             f"({_EHDR.size}/{_PHDR.size}/{_SHDR.size})")
-    if not phnum or phoff + phnum * _PHDR.size > len(data):
-        stop(f"the program headers ({phnum} at {phoff:#x}) lie outside the file")
-    if shnum and (shoff + shnum * _SHDR.size > len(data) or shstrndx >= shnum):
-        fail(f"the section headers ({shnum} at {shoff:#x}, names in {shstrndx}) lie outside "
-             "the file")
-        shnum = 0  # the checks that compare with the sections have none to compare with
+class _Library:
+    """One walk through a library, table by table in the loader's order: each table is found
+    through the ones before it, so a step that cannot go on stops the walk."""
 
-    loads, dynamic, others = [], [], []
-    for i in range(phnum):
-        p_type, flags, offset, vaddr, _, filesz, memsz, align = _PHDR.unpack_from(
-            data, phoff + i * _PHDR.size)
-        if p_type == PT_PHDR and (offset != phoff or filesz != memsz or filesz != phnum * _PHDR.size):
-            stop(f"PT_PHDR ({filesz} bytes at {offset:#x}) is not the program headers "
-                 f"({phnum * _PHDR.size} bytes at {phoff:#x})")
-        if p_type not in (PT_LOAD, 0) and filesz:
-            others.append((i, offset, vaddr, filesz))
-        if p_type == PT_LOAD:
-            if offset + filesz > len(data) or filesz > memsz:
-                stop(f"PT_LOAD {i}: {filesz} bytes at {offset:#x} (of {memsz} in memory) lie "
-                     "outside the file")
-            if align > 1 and (align & (align - 1) or (vaddr - offset) % align):
-                stop(f"PT_LOAD {i}: address {vaddr:#x} and offset {offset:#x} disagree modulo "
-                     f"its alignment {align:#x}")
-            loads.append((vaddr, memsz, offset, filesz, flags))
-        elif p_type == PT_DYNAMIC:
-            dynamic.append((offset, vaddr, filesz))
-    loads.sort()
-    if not loads:
-        stop("no PT_LOAD segment")
-    for (v1, m1, *_), (v2, *_) in zip(loads, loads[1:]):
-        if v1 + m1 > v2:
-            stop(f"PT_LOAD segments overlap at {v2:#x}")
-    by_offset = sorted((o, o + f) for _, _, o, f, _ in loads if f)
-    for (_, end), (start, _) in zip(by_offset, by_offset[1:]):
-        if end > start:
-            stop(f"PT_LOAD segments share the file's bytes at {start:#x}")
-    if shnum and any(o < shoff + shnum * _SHDR.size and shoff < e for o, e in by_offset):
-        stop("a PT_LOAD segment maps the section headers into memory")
-    for i, offset, vaddr, filesz in others:
-        if not any(v <= vaddr and vaddr + filesz <= v + f and o + vaddr - v == offset
-                   for v, _, o, f, _ in loads):
-            fail(f"segment {i} ({filesz} bytes at {vaddr:#x}, offset {offset:#x}) is not part of "
-                 "a PT_LOAD segment's file-backed bytes")
-    if len(dynamic) != 1:
-        stop(f"{len(dynamic)} PT_DYNAMIC segments, expected 1")
-    dyn_offset, dyn_vaddr, dyn_size = dynamic[0]
+    def __init__(self, data: bytes, problems: Problems) -> None:
+        self.data, self.problems = data, problems
+        self.fail = problems.fail
+        self.loads: list[_Load] = []
+        self.tags: dict[int, list[int]] = {}
+        self.sections: dict[str, tuple[int, int, int]] = {}
 
-    def file_range(addr: int, size: int, what: str) -> int:
+    def stop(self, text: str) -> NoReturn:
+        self.problems.stop(text)
+
+    def walk(self) -> None:
+        self.header()
+        self.segments()
+        self.dynamic_table()
+        self.table_tags()
+        self.string_table()
+        self.section_views()
+        _versions(self.data, self.tags, self.nsyms, self.strsz, self.strings, self.sections,
+                  self.file_range, self.fail)
+        self.symbols()
+        self.relocations()
+
+    def header(self) -> None:
+        data, fail, stop = self.data, self.fail, self.stop
+        if len(data) < _EHDR.size:
+            stop("the file is shorter than an ELF header")
+        (ident, _, self.machine, version, _, phoff, shoff, _, ehsize, phentsize, phnum,
+         shentsize, shnum, shstrndx) = _EHDR.unpack_from(data)
+        if ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1:
+            stop("not an ELF64 little-endian file")
+        if ident[6] != 1 or version != 1:
+            fail(f"ELF version {ident[6]}/{version}, expected 1")
+        if ehsize != _EHDR.size or phentsize != _PHDR.size or (shnum and shentsize != _SHDR.size):
+            stop(f"header sizes {ehsize}/{phentsize}/{shentsize} are not ELF64's "
+                 f"({_EHDR.size}/{_PHDR.size}/{_SHDR.size})")
+        if not phnum or phoff + phnum * _PHDR.size > len(data):
+            stop(f"the program headers ({phnum} at {phoff:#x}) lie outside the file")
+        if shnum and (shoff + shnum * _SHDR.size > len(data) or shstrndx >= shnum):
+            fail(f"the section headers ({shnum} at {shoff:#x}, names in {shstrndx}) lie outside "
+                 "the file")
+            shnum = 0  # the checks that compare with the sections have none to compare with
+        self.phoff, self.phnum, self.shoff, self.shnum, self.shstrndx = \
+            phoff, phnum, shoff, shnum, shstrndx
+
+    def segments(self) -> None:
+        """The program headers: PT_LOAD segments inside the file, aligned, apart; the other
+        segments inside them; one PT_DYNAMIC."""
+        data, fail, stop = self.data, self.fail, self.stop
+        phoff, phnum = self.phoff, self.phnum
+        loads, dynamic, others = self.loads, [], []
+        for i in range(phnum):
+            p_type, flags, offset, vaddr, _, filesz, memsz, align = _PHDR.unpack_from(
+                data, phoff + i * _PHDR.size)
+            if p_type == PT_PHDR and (offset != phoff or filesz != memsz
+                                      or filesz != phnum * _PHDR.size):
+                stop(f"PT_PHDR ({filesz} bytes at {offset:#x}) is not the program headers "
+                     f"({phnum * _PHDR.size} bytes at {phoff:#x})")
+            if p_type not in (PT_LOAD, 0) and filesz:
+                others.append((i, offset, vaddr, filesz))
+            if p_type == PT_LOAD:
+                if offset + filesz > len(data) or filesz > memsz:
+                    stop(f"PT_LOAD {i}: {filesz} bytes at {offset:#x} (of {memsz} in memory) lie "
+                         "outside the file")
+                if align > 1 and (align & (align - 1) or (vaddr - offset) % align):
+                    stop(f"PT_LOAD {i}: address {vaddr:#x} and offset {offset:#x} disagree "
+                         f"modulo its alignment {align:#x}")
+                loads.append((vaddr, memsz, offset, filesz, flags))
+            elif p_type == PT_DYNAMIC:
+                dynamic.append((offset, vaddr, filesz))
+        loads.sort()
+        if not loads:
+            stop("no PT_LOAD segment")
+        for (v1, m1, *_), (v2, *_) in zip(loads, loads[1:]):
+            if v1 + m1 > v2:
+                stop(f"PT_LOAD segments overlap at {v2:#x}")
+        by_offset = sorted((o, o + f) for _, _, o, f, _ in loads if f)
+        for (_, end), (start, _) in zip(by_offset, by_offset[1:]):
+            if end > start:
+                stop(f"PT_LOAD segments share the file's bytes at {start:#x}")
+        headers_end = self.shoff + self.shnum * _SHDR.size
+        if self.shnum and any(o < headers_end and self.shoff < e for o, e in by_offset):
+            stop("a PT_LOAD segment maps the section headers into memory")
+        for i, offset, vaddr, filesz in others:
+            if not any(v <= vaddr and vaddr + filesz <= v + f and o + vaddr - v == offset
+                       for v, _, o, f, _ in loads):
+                fail(f"segment {i} ({filesz} bytes at {vaddr:#x}, offset {offset:#x}) is not "
+                     "part of a PT_LOAD segment's file-backed bytes")
+        if len(dynamic) != 1:
+            stop(f"{len(dynamic)} PT_DYNAMIC segments, expected 1")
+        self.dyn_offset, self.dyn_vaddr, self.dyn_size = dynamic[0]
+
+    def file_range(self, addr: int, size: int, what: str) -> int:
         """The file offset of [addr, addr + size) of the image, which must lie in the file."""
-        for vaddr, _, offset, filesz, _ in loads:
+        for vaddr, _, offset, filesz, _ in self.loads:
             if vaddr <= addr and addr + size <= vaddr + filesz:
                 return offset + addr - vaddr
-        stop(f"{what} ({size} bytes at {addr:#x}) lies outside the file-backed image")
+        return self.stop(f"{what} ({size} bytes at {addr:#x}) lies outside the file-backed image")
 
-    if file_range(dyn_vaddr, dyn_size, "the dynamic table") != dyn_offset:
-        stop(f"PT_DYNAMIC's offset {dyn_offset:#x} and address {dyn_vaddr:#x} disagree")
-    tags: dict[int, list[int]] = {}
-    for at in range(dyn_offset, dyn_offset + dyn_size - _DYN.size + 1, _DYN.size):
-        tag, value = _DYN.unpack_from(data, at)
-        if tag == DT_NULL:
-            break
-        tags.setdefault(tag, []).append(value)
-    else:
-        stop("the dynamic table has no DT_NULL end")
+    def dynamic_table(self) -> None:
+        """The dynamic table's entries up to its DT_NULL, by tag."""
+        if self.file_range(self.dyn_vaddr, self.dyn_size, "the dynamic table") != self.dyn_offset:
+            self.stop(f"PT_DYNAMIC's offset {self.dyn_offset:#x} and address "
+                      f"{self.dyn_vaddr:#x} disagree")
+        end = self.dyn_offset + self.dyn_size - _DYN.size + 1
+        for at in range(self.dyn_offset, end, _DYN.size):
+            tag, value = _DYN.unpack_from(self.data, at)
+            if tag == DT_NULL:
+                break
+            self.tags.setdefault(tag, []).append(value)
+        else:
+            self.stop("the dynamic table has no DT_NULL end")
 
-    def one(tag: int, name: str) -> int | None:
-        values = tags.get(tag, [])
+    def one(self, tag: int, name: str) -> int | None:
+        values = self.tags.get(tag, [])
         if len(values) > 1:
-            fail(f"{name} appears {len(values)} times")
+            self.fail(f"{name} appears {len(values)} times")
         return values[0] if values else None
 
-    for tag, size_tag in _TABLES.items():
-        addr = one(tag, _TAG_NAMES[tag])
-        size = one(size_tag, f"the size of {_TAG_NAMES[tag]}") if size_tag is not None else None
-        if addr is not None:
-            if size_tag is not None and size is None:
-                fail(f"{_TAG_NAMES[tag]} without its size")
-            file_range(addr, size or 1, _TAG_NAMES[tag])
-        elif size:
-            fail(f"a size for {_TAG_NAMES[tag]}, which is absent")
-    strtab, strsz, symtab = tags.get(DT_STRTAB, [None])[0], tags.get(DT_STRSZ, [0])[0], \
-        tags.get(DT_SYMTAB, [None])[0]
-    if strtab is None or symtab is None or not strsz:
-        stop("DT_STRTAB, DT_STRSZ or DT_SYMTAB is missing")
-    if one(DT_SYMENT, "DT_SYMENT") not in (None, _SYM.size):
-        fail(f"DT_SYMENT is {tags[DT_SYMENT][0]}, expected {_SYM.size}")
-    if one(DT_RELAENT, "DT_RELAENT") not in (None, _RELA.size):
-        fail(f"DT_RELAENT is {tags[DT_RELAENT][0]}, expected {_RELA.size}")
-    if one(DT_PLTREL, "DT_PLTREL") not in (None, DT_RELA):
-        fail(f"DT_PLTREL is {tags[DT_PLTREL][0]}, expected DT_RELA ({DT_RELA})")
-    for size_tag, name in ((DT_INIT_ARRAYSZ, "DT_INIT_ARRAYSZ"), (DT_FINI_ARRAYSZ, "DT_FINI_ARRAYSZ")):
-        if tags.get(size_tag, [0])[0] % 8:
-            fail(f"{name} {tags[size_tag][0]} is not a whole number of pointers")
-    strings = data[file_range(strtab, strsz, "DT_STRTAB"):][:strsz]
-    if not strings.endswith(b"\0"):
-        fail("the dynamic string table does not end with a NUL")
+    def table_tags(self) -> None:
+        """Each table's address (and size) once, inside the file; entry sizes ELF64's."""
+        tags, fail = self.tags, self.fail
+        for tag, size_tag in _TABLES.items():
+            addr = self.one(tag, _TAG_NAMES[tag])
+            size = (self.one(size_tag, f"the size of {_TAG_NAMES[tag]}")
+                    if size_tag is not None else None)
+            if addr is not None:
+                if size_tag is not None and size is None:
+                    fail(f"{_TAG_NAMES[tag]} without its size")
+                self.file_range(addr, size or 1, _TAG_NAMES[tag])
+            elif size:
+                fail(f"a size for {_TAG_NAMES[tag]}, which is absent")
+        strtab, symtab = tags.get(DT_STRTAB, [None])[0], tags.get(DT_SYMTAB, [None])[0]
+        self.strsz = tags.get(DT_STRSZ, [0])[0]
+        if strtab is None or symtab is None or not self.strsz:
+            self.stop("DT_STRTAB, DT_STRSZ or DT_SYMTAB is missing")
+        self.strtab, self.symtab = strtab, symtab
+        for tag, name, want in ((DT_SYMENT, "DT_SYMENT", _SYM.size),
+                                (DT_RELAENT, "DT_RELAENT", _RELA.size)):
+            if self.one(tag, name) not in (None, want):
+                fail(f"{name} is {tags[tag][0]}, expected {want}")
+        if self.one(DT_PLTREL, "DT_PLTREL") not in (None, DT_RELA):
+            fail(f"DT_PLTREL is {tags[DT_PLTREL][0]}, expected DT_RELA ({DT_RELA})")
+        for size_tag, name in ((DT_INIT_ARRAYSZ, "DT_INIT_ARRAYSZ"),
+                               (DT_FINI_ARRAYSZ, "DT_FINI_ARRAYSZ")):
+            if tags.get(size_tag, [0])[0] % 8:
+                fail(f"{name} {tags[size_tag][0]} is not a whole number of pointers")
 
-    def string_problem(offset: int, what: str) -> None:
-        if offset >= strsz or b"\0" not in strings[offset:]:
-            fail(f"{what}'s name lies outside the dynamic string table")
+    def string_table(self) -> None:
+        """The dynamic string table ends with a NUL; the names the tags give lie in it."""
+        at = self.file_range(self.strtab, self.strsz, "DT_STRTAB")
+        self.strings = self.data[at:][:self.strsz]
+        if not self.strings.endswith(b"\0"):
+            self.fail("the dynamic string table does not end with a NUL")
+        for tag, name in _STRING_TAGS.items():
+            for offset in self.tags.get(tag, []):
+                self.string_problem(offset, name)
 
-    for tag, name in _STRING_TAGS.items():
-        for offset in tags.get(tag, []):
-            string_problem(offset, name)
+    def string_problem(self, offset: int, what: str) -> None:
+        if offset >= self.strsz or b"\0" not in self.strings[offset:]:
+            self.fail(f"{what}'s name lies outside the dynamic string table")
 
-    sections = dict(_sections(data, shoff, shnum, shstrndx)) if shnum else {}
-    for vaddr, memsz, offset, filesz, _ in loads:
-        ends = [o + s for a, s, o in sections.values() if a and vaddr <= a < vaddr + memsz]
-        if ends and offset + filesz != max(ends):
-            fail(f"the PT_LOAD at {vaddr:#x} maps {filesz} bytes of the file, but its sections "
-                 f"end {max(ends) - offset} bytes in")
-    nsyms = _symbol_count(data, tags, symtab, sections, file_range, stop)
-    for name, tag, size_tag in ((".dynamic", None, None), (".dynsym", DT_SYMTAB, None),
-                                (".dynstr", DT_STRTAB, DT_STRSZ), (".gnu.hash", DT_GNU_HASH, None),
-                                (".rela.dyn", DT_RELA, DT_RELASZ), (".rela.plt", DT_JMPREL, DT_PLTRELSZ),
-                                (".init_array", DT_INIT_ARRAY, DT_INIT_ARRAYSZ),
-                                (".fini_array", DT_FINI_ARRAY, DT_FINI_ARRAYSZ),
-                                (".gnu.version", DT_VERSYM, None), (".gnu.version_r", DT_VERNEED, None),
-                                (".hash", DT_HASH, None)):
-        if name not in sections:
-            continue
-        addr, size, offset = sections[name]
-        want = ((dyn_vaddr, dyn_size) if tag is None else
-                (tags.get(tag, [None])[0], tags.get(size_tag, [size])[0] if size_tag else size))
-        if (addr, size) != want or (tag is None and offset != dyn_offset):
-            fail(f"section {name} ({size} bytes at {addr:#x}) is not where the dynamic table "
-                 f"says ({want[1]} bytes at {want[0] if want[0] is None else hex(want[0])})")
-    if sections.get(".dynsym") and sections[".dynsym"][1] != nsyms * _SYM.size:
-        fail("the symbol table's size disagrees with the hash table's symbol count")
+    def section_views(self) -> None:
+        """The section headers' view agrees with the loader's: segments end where their
+        sections do, the loader's tables are the sections of their names; the symbol count
+        (from the hash tables)."""
+        tags, fail = self.tags, self.fail
+        sections = self.sections
+        if self.shnum:
+            sections.update(_sections(self.data, self.shoff, self.shnum, self.shstrndx))
+        for vaddr, memsz, offset, filesz, _ in self.loads:
+            ends = [o + s for a, s, o in sections.values() if a and vaddr <= a < vaddr + memsz]
+            if ends and offset + filesz != max(ends):
+                fail(f"the PT_LOAD at {vaddr:#x} maps {filesz} bytes of the file, but its "
+                     f"sections end {max(ends) - offset} bytes in")
+        self.nsyms = _symbol_count(self.data, tags, self.symtab, sections, self.file_range,
+                                   self.stop)
+        for name, tag, size_tag in _SECTION_TABLES:
+            if name not in sections:
+                continue
+            addr, size, offset = sections[name]
+            want = ((self.dyn_vaddr, self.dyn_size) if tag is None else
+                    (tags.get(tag, [None])[0], tags.get(size_tag, [size])[0] if size_tag else size))
+            if (addr, size) != want or (tag is None and offset != self.dyn_offset):
+                fail(f"section {name} ({size} bytes at {addr:#x}) is not where the dynamic "
+                     f"table says ({want[1]} bytes at "
+                     f"{want[0] if want[0] is None else hex(want[0])})")
+        if sections.get(".dynsym") and sections[".dynsym"][1] != self.nsyms * _SYM.size:
+            fail("the symbol table's size disagrees with the hash table's symbol count")
 
-    _versions(data, tags, nsyms, strsz, strings, sections, file_range, fail)
+    def symbols(self) -> None:
+        """Each symbol's name in the string table; a defined object or function inside the
+        image, a function in an executable segment."""
+        sym_at = self.file_range(self.symtab, self.nsyms * _SYM.size, "the symbol table")
+        for i in range(self.nsyms):
+            st_name, info, _, shndx, value, size = _SYM.unpack_from(self.data,
+                                                                    sym_at + i * _SYM.size)
+            self.string_problem(st_name, f"symbol {i}")
+            if shndx and shndx < 0xFF00 and info & 0xF in (1, 2):  # a defined object or function
+                seg = next((s for s in self.loads if s[0] <= value and value + size <= s[0] + s[1]),
+                           None)
+                if seg is None:
+                    self.fail(f"symbol {i} ({size} bytes at {value:#x}) lies outside the image")
+                elif info & 0xF == 2 and not seg[4] & PF_X:
+                    self.fail(f"function symbol {i} at {value:#x} lies in a segment that is not "
+                              "executable")
 
-    image = (loads[0][0], loads[-1][0] + loads[-1][1])
-    sym_at = file_range(symtab, nsyms * _SYM.size, "the symbol table")
-    for i in range(nsyms):
-        st_name, info, _, shndx, value, size = _SYM.unpack_from(data, sym_at + i * _SYM.size)
-        string_problem(st_name, f"symbol {i}")
-        if shndx and shndx < 0xFF00 and info & 0xF in (1, 2):  # a defined object or function
-            seg = next((s for s in loads if s[0] <= value and value + size <= s[0] + s[1]), None)
-            if seg is None:
-                fail(f"symbol {i} ({size} bytes at {value:#x}) lies outside the image")
-            elif info & 0xF == 2 and not seg[4] & PF_X:
-                fail(f"function symbol {i} at {value:#x} lies in a segment that is not executable")
+    def relocations(self) -> None:
+        """Each relocation of a type this machine's libraries use, writing an aligned slot of
+        the writable image that no other relocation writes (a lazy-binding slot in .got.plt,
+        a data symbol's address in .got: written elsewhere, its slot stays unfilled for a
+        call that comes later), naming a symbol of the table; RELATIVE addends inside the
+        image."""
+        machine, tags, loads = self.machine, self.tags, self.loads
+        relocations = _RELOCATIONS.get(machine)
+        if relocations is None:
+            return
+        image = (loads[0][0], loads[-1][0] + loads[-1][1])
+        targets: set[int] = set()
+        slots = {_JUMP_SLOT.get(machine): self.sections.get(".got.plt"),
+                 _GLOB_DAT.get(machine): self.sections.get(".got")}
+        for tag, size_tag in ((DT_RELA, DT_RELASZ), (DT_JMPREL, DT_PLTRELSZ)):
+            addr, size = tags.get(tag, [None])[0], tags.get(size_tag, [0])[0]
+            if addr is None:
+                continue
+            if size % _RELA.size:
+                self.fail(f"{_TAG_NAMES[tag]}'s size {size} is not a whole number of entries")
+            at = self.file_range(addr, size, _TAG_NAMES[tag])
+            for j in range(size // _RELA.size):
+                offset, info, addend = _RELA.unpack_from(self.data, at + j * _RELA.size)
+                kind, sym = info & 0xFFFFFFFF, info >> 32
+                where = f"relocation {j} of {_TAG_NAMES[tag]}"
+                problem = self.relocation_problem(kind, sym, offset, addend, slots.get(kind),
+                                                  targets, image)
+                if problem:
+                    self.fail(f"{where} {problem}")
+                targets.add(offset)
 
-    relocations = _RELOCATIONS.get(machine)
-    targets: set[int] = set()
-    # a lazy-binding slot is in .got.plt, a data symbol's address in .got: a relocation that
-    # writes elsewhere leaves its slot unfilled for a call that comes later
-    slots = {_JUMP_SLOT.get(machine): sections.get(".got.plt"), _GLOB_DAT.get(machine): sections.get(".got")}
-    for tag, size_tag in ((DT_RELA, DT_RELASZ), (DT_JMPREL, DT_PLTRELSZ)):
-        addr, size = tags.get(tag, [None])[0], tags.get(size_tag, [0])[0]
-        if addr is None or relocations is None:
-            continue
-        if size % _RELA.size:
-            fail(f"{_TAG_NAMES[tag]}'s size {size} is not a whole number of entries")
-        at = file_range(addr, size, _TAG_NAMES[tag])
-        for j in range(size // _RELA.size):
-            offset, info, addend = _RELA.unpack_from(data, at + j * _RELA.size)
-            kind, sym = info & 0xFFFFFFFF, info >> 32
-            slot = slots.get(kind)
-            where = f"relocation {j} of {_TAG_NAMES[tag]}"
-            if kind not in relocations:
-                fail(f"{where} has type {kind}, which a library of this machine does not use")
-            elif offset % 8 or offset in targets or not any(
-                    v <= offset and offset + 8 <= v + m and f & PF_W for v, m, _, _, f in loads):
-                fail(f"{where} writes at {offset:#x}: unaligned, outside the writable image or "
-                     "where another relocation writes")
-            elif slot is not None and not slot[0] <= offset < slot[0] + slot[1]:
-                fail(f"{where} ({relocations[kind]}) writes at {offset:#x}, outside the table "
-                     "of such slots")
-            elif sym >= nsyms:
-                fail(f"{where} names symbol {sym} of {nsyms}")
-            elif kind == _RELATIVE.get(machine) and not image[0] <= addend <= image[1]:
-                fail(f"{where} points at {addend:#x}, outside the image [{image[0]:#x}, "
-                     f"{image[1]:#x}]")
-            targets.add(offset)
+    def relocation_problem(self, kind: int, sym: int, offset: int, addend: int,
+                           slot: tuple[int, int, int] | None, targets: set[int],
+                           image: tuple[int, int]) -> str | None:
+        relocations = _RELOCATIONS[self.machine]
+        if kind not in relocations:
+            return f"has type {kind}, which a library of this machine does not use"
+        if offset % 8 or offset in targets or not any(
+                v <= offset and offset + 8 <= v + m and f & PF_W for v, m, _, _, f in self.loads):
+            return (f"writes at {offset:#x}: unaligned, outside the writable image or where "
+                    "another relocation writes")
+        if slot is not None and not slot[0] <= offset < slot[0] + slot[1]:
+            return f"({relocations[kind]}) writes at {offset:#x}, outside the table of such slots"
+        if sym >= self.nsyms:
+            return f"names symbol {sym} of {self.nsyms}"
+        if kind == _RELATIVE.get(self.machine) and not image[0] <= addend <= image[1]:
+            return f"points at {addend:#x}, outside the image [{image[0]:#x}, {image[1]:#x}]"
+        return None
+
+
+#: the sections holding the loader's tables, and the tags giving each one's address and size
+#: (None: the dynamic table itself; no size tag: the section's size is not checked)
+_SECTION_TABLES = ((".dynamic", None, None), (".dynsym", DT_SYMTAB, None),
+                   (".dynstr", DT_STRTAB, DT_STRSZ), (".gnu.hash", DT_GNU_HASH, None),
+                   (".rela.dyn", DT_RELA, DT_RELASZ), (".rela.plt", DT_JMPREL, DT_PLTRELSZ),
+                   (".init_array", DT_INIT_ARRAY, DT_INIT_ARRAYSZ),
+                   (".fini_array", DT_FINI_ARRAY, DT_FINI_ARRAYSZ),
+                   (".gnu.version", DT_VERSYM, None), (".gnu.version_r", DT_VERNEED, None),
+                   (".hash", DT_HASH, None))
 
 
 def _sections(data: bytes, shoff: int, shnum: int,
