@@ -421,7 +421,7 @@ def _uleb(blob: bytes, at: int) -> tuple[int, int]:
         shift += 7
 
 
-def _run_opcodes(blob: bytes, kind: str, grouped: list[tuple[Segment, list[Section]]],
+def _run_opcodes(blob: bytes, kind: str, grouped: list[tuple[Segment, list[Section]]],  # noqa: C901  (dyld's rebase and bind opcodes, one interpreter loop as dyld writes it)
                  ndylibs: int) -> str | None:
     """What is wrong with a rebase or bind opcode stream (None when nothing): mach-o/loader.h's
     REBASE_OPCODE_* and BIND_OPCODE_*, whose opcodes share their numbers up to 0x90."""

@@ -48,7 +48,7 @@ class Case:
     feeds: dict[str, tuple[Any, list[Any], str]] = field(default_factory=dict)
 
 
-def random_case(rng: np.random.Generator, i: int, dtype: Any = np.float32, opset: int = 22,
+def random_case(rng: np.random.Generator, i: int, dtype: Any = np.float32, opset: int = 22,  # noqa: C901  (older than the rule: to split)
                 static: tuple[int, int] | None = None, op: str | None = None,
                 hidden: int | None = None, isize: int | None = None, exotic: bool = True,
                 lengths: bool = True, const: bool | None = None, **overrides: Any) -> Case:

@@ -298,7 +298,7 @@ def _horizontal_sum(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return b.extract_element(x, ir.Constant(ir.IntType(32), 0))
 
 
-def emit_parallel_gemv(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,
+def emit_parallel_gemv(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,  # noqa: PLR0913  (the kernel's C arguments, passed through)
                        lda: ir.Value, b_ptr: ir.Value, ldb: ir.Value, c: ir.Value, ldc: ir.Value,
                        *, layout: str, accumulate: bool = False, bias: ir.Value | None = None,
                        residual: ir.Value | None = None, epilogue: Epilogue = PLAIN,

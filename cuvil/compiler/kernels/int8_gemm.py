@@ -881,7 +881,7 @@ def _b_parts(k: Emitter, b_packed: ir.Value, n: ir.Value, kk: ir.Value
     return colsum, b.gep(colsum, [np_], source_etype=I32)
 
 
-def emit_int8_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,
+def emit_int8_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,  # noqa: PLR0913  (the kernel's C arguments, passed through)
                    lda: ir.Value, a_zero: ir.Value, b_packed: ir.Value, c: ir.Value,
                    ldc: ir.Value, *, a_signed: bool, row_sums: bool,
                    epilogue: QEpilogue = INT32, scale: ir.Value | None = None,
@@ -895,7 +895,7 @@ def emit_int8_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Val
           epilogue, scale, a_scale, bias, c_zero, post_scale, post_shift)
 
 
-def _call(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,
+def _call(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,  # noqa: PLR0913  (the kernel's C arguments, passed through)
           a_zero: ir.Value, panels: ir.Value, colsum: ir.Value, beta: ir.Value, c: ir.Value,
           ldc: ir.Value, a_signed: bool, row_sums: bool, epilogue: QEpilogue,
           scale: ir.Value | None, a_scale: ir.Value | None, bias: ir.Value | None,
@@ -916,7 +916,7 @@ def _out_type(epilogue: QEpilogue) -> ir.Type:
     return {"int32": I32, "float32": F32, "uint8": I8, "int8": I8}[epilogue.output]
 
 
-def emit_parallel_int8_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,
+def emit_parallel_int8_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,  # noqa: PLR0913  (the kernel's C arguments, passed through)
                             lda: ir.Value, a_zero: ir.Value, b_packed: ir.Value, c: ir.Value,
                             ldc: ir.Value, *, a_signed: bool, row_sums: bool,
                             epilogue: QEpilogue = INT32, scale: ir.Value | None = None,
@@ -930,7 +930,7 @@ def emit_parallel_int8_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, 
               epilogue, scale, a_scale, bias, c_zero, post_scale, post_shift)
 
 
-def _parallel(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,
+def _parallel(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,  # noqa: PLR0913  (the kernel's C arguments, passed through)
               a_zero: ir.Value, panels: ir.Value, colsum: ir.Value, beta: ir.Value,
               c: ir.Value, ldc: ir.Value, a_signed: bool, row_sums: bool, epilogue: QEpilogue,
               scale: ir.Value | None, a_scale: ir.Value | None, bias: ir.Value | None,
@@ -973,7 +973,7 @@ def _parallel(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, l
               bb.gep(post_shift_, [col0], source_etype=F32))
 
 
-def emit_parallel_int8_gemm_runtime_b(
+def emit_parallel_int8_gemm_runtime_b(  # noqa: PLR0913  (the kernel's C arguments, passed through)
         k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,
         a_zero: ir.Value, b_ptr: ir.Value, ldb: ir.Value, b_zero: ir.Value, scratch: ir.Value,
         c: ir.Value, ldc: ir.Value, *, a_signed: bool, b_signed: bool,

@@ -50,7 +50,7 @@ def _order(offset: Dim) -> tuple[int, str]:
     return (offset, "") if isinstance(offset, int) else (1 << 62, str(offset))
 
 
-def plan_memory(graph: Graph, *, body: bool = False) -> MemoryPlan:
+def plan_memory(graph: Graph, *, body: bool = False) -> MemoryPlan:  # noqa: C901  (older than the rule: to split)
     """The plan of a model (`body`: of an If/Loop/Scan body, which has no derived buffer)."""
     _plan_bodies(graph)
     plan = MemoryPlan()
