@@ -26,6 +26,7 @@ from cuvil.compiler.kernels.emitter import I32, I64, PTR, Emitter
 from cuvil.compiler.kernels.int8_gemm import (
     INT32,
     QEpilogue,
+    QOperands,
     emit_parallel_int8_gemm,
     emit_parallel_int8_gemm_runtime_b,
     int8_isa,
@@ -79,9 +80,9 @@ def _emit(module: ir.Module, target: KernelTarget, prefix: str, epilogues: bool,
         def body(k, m, n, kk, az, cz, args):
             a, b, c, scale, bias, _, _, a_scale = args
             emit_parallel_int8_gemm(k, m, n, kk, a, kk, az, b, c, n, a_signed=a_signed,
-                                    row_sums=row_sums, epilogue=ep, scale=scale,
-                                    a_scale=k.b.load(a_scale, typ=ir.FloatType()), bias=bias,
-                                    c_zero=cz)
+                                    row_sums=row_sums,
+                                    out=QOperands(ep, scale=scale, bias=bias, c_zero=cz,
+                                                  a_scale=k.b.load(a_scale, typ=ir.FloatType())))
         return body
 
     def runtime(a_signed: bool, b_signed: bool, per_column: bool):

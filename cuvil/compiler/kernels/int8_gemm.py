@@ -212,6 +212,21 @@ INT32 = QEpilogue()
 
 
 @dataclass(frozen=True)
+class QOperands:
+    """What a product's epilogue reads besides the sums: its form (`QEpilogue`) and its
+    operands, each read only where the form uses it (scale, bias, post_scale, post_shift:
+    pointers to N values; a_scale: a float; c_zero: an i32)."""
+
+    epilogue: QEpilogue = INT32
+    scale: ir.Value | None = None
+    a_scale: ir.Value | None = None
+    bias: ir.Value | None = None
+    c_zero: ir.Value | None = None
+    post_scale: ir.Value | None = None
+    post_shift: ir.Value | None = None
+
+
+@dataclass(frozen=True)
 class Int8Isa:
     kind: str  # see the module docstring
     vector: int  # int32 lanes (= columns) per vector
@@ -881,73 +896,62 @@ def _b_parts(k: Emitter, b_packed: ir.Value, n: ir.Value, kk: ir.Value
     return colsum, b.gep(colsum, [np_], source_etype=I32)
 
 
-def emit_int8_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,  # noqa: PLR0913  (the kernel's C arguments, passed through)
+def emit_int8_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,
                    lda: ir.Value, a_zero: ir.Value, b_packed: ir.Value, c: ir.Value,
                    ldc: ir.Value, *, a_signed: bool, row_sums: bool,
-                   epilogue: QEpilogue = INT32, scale: ir.Value | None = None,
-                   a_scale: ir.Value | None = None, bias: ir.Value | None = None,
-                   c_zero: ir.Value | None = None, post_scale: ir.Value | None = None,
-                   post_shift: ir.Value | None = None) -> None:
+                   out: QOperands = QOperands()) -> None:
     """C = the product of A and a packed B (`pack_b_int8` of the K x N matrix; `row_sums` is
-    its PackedB.row_sums), on the calling thread. a_zero, c_zero: i32 values; a_scale: a float."""
+    its PackedB.row_sums), on the calling thread, finished as `out` says. a_zero: an i32."""
     colsum, beta = _b_parts(k, b_packed, n, kk)
-    _call(k, m, n, kk, a, lda, a_zero, b_packed, colsum, beta, c, ldc, a_signed, row_sums,
-          epilogue, scale, a_scale, bias, c_zero, post_scale, post_shift)
+    _call(k, m, n, kk, a, lda, a_zero, b_packed, colsum, beta, c, ldc, a_signed, row_sums, out)
 
 
-def _call(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,  # noqa: PLR0913  (the kernel's C arguments, passed through)
+def _call(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,
           a_zero: ir.Value, panels: ir.Value, colsum: ir.Value, beta: ir.Value, c: ir.Value,
-          ldc: ir.Value, a_signed: bool, row_sums: bool, epilogue: QEpilogue,
-          scale: ir.Value | None, a_scale: ir.Value | None, bias: ir.Value | None,
-          c_zero: ir.Value | None, post_scale: ir.Value | None = None,
-          post_shift: ir.Value | None = None) -> None:
+          ldc: ir.Value, a_signed: bool, row_sums: bool, out: QOperands) -> None:
     null = ir.Constant(PTR, None)
-    fn = int8_gemm_function(k.module, k.target, a_signed, row_sums, epilogue)
+    fn = int8_gemm_function(k.module, k.target, a_signed, row_sums, out.epilogue)
     k.b.call(fn, [m, n, kk, a, lda, a_zero, panels, colsum, beta, c, ldc,
-                  scale if scale is not None else null,
-                  a_scale if a_scale is not None else ir.Constant(F32, 1.0),
-                  bias if bias is not None else null,
-                  c_zero if c_zero is not None else ir.Constant(I32, 0),
-                  post_scale if post_scale is not None else null,
-                  post_shift if post_shift is not None else null])
+                  out.scale if out.scale is not None else null,
+                  out.a_scale if out.a_scale is not None else ir.Constant(F32, 1.0),
+                  out.bias if out.bias is not None else null,
+                  out.c_zero if out.c_zero is not None else ir.Constant(I32, 0),
+                  out.post_scale if out.post_scale is not None else null,
+                  out.post_shift if out.post_shift is not None else null])
 
 
 def _out_type(epilogue: QEpilogue) -> ir.Type:
     return {"int32": I32, "float32": F32, "uint8": I8, "int8": I8}[epilogue.output]
 
 
-def emit_parallel_int8_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,  # noqa: PLR0913  (the kernel's C arguments, passed through)
+def emit_parallel_int8_gemm(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value,
                             lda: ir.Value, a_zero: ir.Value, b_packed: ir.Value, c: ir.Value,
                             ldc: ir.Value, *, a_signed: bool, row_sums: bool,
-                            epilogue: QEpilogue = INT32, scale: ir.Value | None = None,
-                            a_scale: ir.Value | None = None, bias: ir.Value | None = None,
-                            c_zero: ir.Value | None = None, post_scale: ir.Value | None = None,
-                            post_shift: ir.Value | None = None) -> None:
+                            out: QOperands = QOperands()) -> None:
     """`emit_int8_gemm` split over the threads into blocks of rows (or of whole panels of
     columns when M is the smaller side), as the float kernel's emit_parallel_gemm."""
     colsum, beta = _b_parts(k, b_packed, n, kk)
     _parallel(k, m, n, kk, a, lda, a_zero, b_packed, colsum, beta, c, ldc, a_signed, row_sums,
-              epilogue, scale, a_scale, bias, c_zero, post_scale, post_shift)
+              out)
 
 
-def _parallel(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,  # noqa: PLR0913  (the kernel's C arguments, passed through)
+def _parallel(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,
               a_zero: ir.Value, panels: ir.Value, colsum: ir.Value, beta: ir.Value,
-              c: ir.Value, ldc: ir.Value, a_signed: bool, row_sums: bool, epilogue: QEpilogue,
-              scale: ir.Value | None, a_scale: ir.Value | None, bias: ir.Value | None,
-              c_zero: ir.Value | None, post_scale: ir.Value | None = None,
-              post_shift: ir.Value | None = None) -> None:
+              c: ir.Value, ldc: ir.Value, a_signed: bool, row_sums: bool,
+              out: QOperands) -> None:
     isa = int8_isa(k.target, a_signed)
     b = k.b
     null = ir.Constant(PTR, None)
     by_rows, block, count, other, tile = split_blocks(k, m, n, isa.mr, PACK_COLS)
-    a_scale_bits = b.zext(b.bitcast(a_scale if a_scale is not None else ir.Constant(F32, 1.0),
-                                    I32), I64)
+    a_scale = out.a_scale if out.a_scale is not None else ir.Constant(F32, 1.0)
+    a_scale_bits = b.zext(b.bitcast(a_scale, I32), I64)
+    c_zero = out.c_zero if out.c_zero is not None else ir.Constant(I32, 0)
     carry = [m, n, kk, a, lda, b.sext(a_zero, I64), panels, colsum, beta, c, ldc,
-             scale if scale is not None else null, a_scale_bits,
-             bias if bias is not None else null,
-             b.sext(c_zero if c_zero is not None else ir.Constant(I32, 0), I64), count, tile,
-             b.zext(by_rows, I64), post_scale if post_scale is not None else null,
-             post_shift if post_shift is not None else null]
+             out.scale if out.scale is not None else null, a_scale_bits,
+             out.bias if out.bias is not None else null, b.sext(c_zero, I64), count, tile,
+             b.zext(by_rows, I64), out.post_scale if out.post_scale is not None else null,
+             out.post_shift if out.post_shift is not None else null]
+    epilogue = out.epilogue
     out_t = _out_type(epilogue)
     bias_t = F32 if epilogue.bias == "float32" else I32
     with k.parallel_loop(count, cost=b.mul(b.mul(block, other), kk), name="qgemm",
@@ -965,21 +969,19 @@ def _parallel(k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, l
               bb.gep(panels_, [bb.mul(col0, kp)], source_etype=I8),
               bb.gep(colsum_, [col0], source_etype=I32), bb.gep(beta_, [col0], source_etype=I32),
               bb.gep(c_, [bb.select(rows, bb.mul(start, ldc_), col0)], source_etype=out_t),
-              ldc_, a_signed, row_sums, epilogue,
-              bb.gep(scale_, [col0], source_etype=F32),
-              bb.bitcast(bb.trunc(as_, I32), F32),
-              bb.gep(bias_, [col0], source_etype=bias_t), bb.trunc(cz_, I32),
-              bb.gep(post_scale_, [col0], source_etype=F32),
-              bb.gep(post_shift_, [col0], source_etype=F32))
+              ldc_, a_signed, row_sums,
+              QOperands(epilogue, bb.gep(scale_, [col0], source_etype=F32),
+                        bb.bitcast(bb.trunc(as_, I32), F32),
+                        bb.gep(bias_, [col0], source_etype=bias_t), bb.trunc(cz_, I32),
+                        bb.gep(post_scale_, [col0], source_etype=F32),
+                        bb.gep(post_shift_, [col0], source_etype=F32)))
 
 
 def emit_parallel_int8_gemm_runtime_b(  # noqa: PLR0913  (the kernel's C arguments, passed through)
         k: Emitter, m: ir.Value, n: ir.Value, kk: ir.Value, a: ir.Value, lda: ir.Value,
         a_zero: ir.Value, b_ptr: ir.Value, ldb: ir.Value, b_zero: ir.Value, scratch: ir.Value,
         c: ir.Value, ldc: ir.Value, *, a_signed: bool, b_signed: bool,
-        b_zero_per_column: bool, epilogue: QEpilogue = INT32, scale: ir.Value | None = None,
-        a_scale: ir.Value | None = None, bias: ir.Value | None = None,
-        c_zero: ir.Value | None = None) -> None:
+        b_zero_per_column: bool, out: QOperands = QOperands()) -> None:
     """The product with a B[K, N] computed at run time (row-major, row stride ldb, uint8 or
     int8 by `b_signed`), its zero point read from `b_zero` (one value of B's type, or N of them
     with `b_zero_per_column`): B is packed (one thread per panel) into `scratch`
@@ -990,8 +992,7 @@ def emit_parallel_int8_gemm_runtime_b(  # noqa: PLR0913  (the kernel's C argumen
     with k.parallel_loop(panels, cost=b.mul(kk, k.i64(PACK_COLS)), name="qpack",
                          carry=[n, kk, b_ptr, ldb, b_zero, scratch, colsum, beta]) as p:
         _pack_panel(k, p, *k.carried, b_signed=b_signed, per_column=b_zero_per_column)
-    _parallel(k, m, n, kk, a, lda, a_zero, scratch, colsum, beta, c, ldc, a_signed, True,
-              epilogue, scale, a_scale, bias, c_zero)
+    _parallel(k, m, n, kk, a, lda, a_zero, scratch, colsum, beta, c, ldc, a_signed, True, out)
 
 
 def _pack_panel(k: Emitter, p: ir.Value, n: ir.Value, kk: ir.Value, src: ir.Value,

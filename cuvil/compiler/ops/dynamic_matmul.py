@@ -27,7 +27,7 @@ from llvmlite import ir
 
 from cuvil.compiler.ir import Dim, Node, TensorType, numel
 from cuvil.compiler.kernels.emitter import Emitter
-from cuvil.compiler.kernels.int8_gemm import QEpilogue, emit_parallel_int8_gemm
+from cuvil.compiler.kernels.int8_gemm import QEpilogue, QOperands, emit_parallel_int8_gemm
 from cuvil.compiler.ops import InferContext, Op, register, required_input
 from cuvil.compiler.ops._dynamic_quantize_kernel import emit_dynamic_quantize
 from cuvil.compiler.ops._window import entry_alloca
@@ -81,6 +81,7 @@ class DynamicQuantizeMatMul(Op):
             k, k.dim(numel(x.type.shape[:-1])), k.i64(int(n)), k.i64(int(kk)), k.scratch,
             k.i64(int(kk)), b.zext(b.load(zero_slot), ir.IntType(32)),
             k.buffers[required_input(node, 1)], k.buffers[y], k.i64(int(n)), a_signed=False,
-            row_sums=bool(row_sums), epilogue=epilogue,
-            scale=k.buffers[required_input(node, 2)], a_scale=b.load(scale_slot),
-            bias=k.buffers[bias] if bias is not None else None)
+            row_sums=bool(row_sums),
+            out=QOperands(epilogue, scale=k.buffers[required_input(node, 2)],
+                          a_scale=b.load(scale_slot),
+                          bias=k.buffers[bias] if bias is not None else None))

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import onnx
@@ -39,9 +38,9 @@ from cuvil.compiler.kernels.byte_transpose import emit_byte_transpose
 from cuvil.compiler.kernels.emitter import I8, I32, Emitter, View
 from cuvil.compiler.kernels.int8_gemm import (
     GROUP,
-    INT32,
     PACK_COLS,
     QEpilogue,
+    QOperands,
     emit_parallel_int8_gemm,
     emit_parallel_int8_gemm_runtime_b,
 )
@@ -941,7 +940,7 @@ def _lower_depthwise(node: Node, k: Emitter, conv: Node, weights: np.ndarray) ->
 
 
 def _kernel_gemm(node: Node, k: Emitter, m: Dim, n: int, kk: int, a: ir.Value,
-                 c: ir.Value, fused: dict[str, Any] | None = None) -> None:
+                 c: ir.Value, fused: QOperands | None = None) -> None:
     """c[m, n] = the product of a[m, kk] (rows of bytes) and the node's packed weight: int32
     sums, or the requantized bytes of a QLinear op with `fused` (`_fused_requantize`)."""
     i32 = np.dtype("int32")
@@ -951,7 +950,7 @@ def _kernel_gemm(node: Node, k: Emitter, m: Dim, n: int, kk: int, a: ir.Value,
                             k.buffers[required_input(node, weight_slot(node))], c, k.i64(n),
                             a_signed=x.type.dtype.name == "int8",
                             row_sums=bool(node.attrs[INT8_PACKED][1]),
-                            **(fused or {"epilogue": INT32}))
+                            out=fused or QOperands())
 
 
 #: scratch bytes of the multipliers of the fused requantization (one float32 per column),
@@ -997,7 +996,7 @@ def _lower_runtime_b_matmul(node: Node, k: Emitter) -> None:
             k, k.dim(m), k.dim(n), k.dim(kk), am.ptr, k.dim(kk), a_zero, bm.ptr, k.dim(n),
             b_zero_ptr, k.scratch, ym.ptr, k.dim(n), a_signed=a_val.type.dtype.name == "int8",
             b_signed=b_val.type.dtype.name == "int8",
-            b_zero_per_column=b_zero is not None and b_zero.type.numel != 1, **fused)
+            b_zero_per_column=b_zero is not None and b_zero.type.numel != 1, out=fused)
 
 
 def _fuses_requantize(node: Node) -> bool:
@@ -1007,7 +1006,7 @@ def _fuses_requantize(node: Node) -> bool:
         "float32"
 
 
-def _fused_requantize(node: Node, k: Emitter, n: Dim, mult: ir.Value) -> dict[str, Any]:
+def _fused_requantize(node: Node, k: Emitter, n: Dim, mult: ir.Value) -> QOperands:
     """The kernel's arguments for requantizing in its epilogue, as onnxruntime does: the
     multiplier a_scale * b_scale[j] / y_scale formed in float32 (into `mult`, n floats), the
     float32 product with (acc + bias[j]), rounded half to even, plus y's zero point."""
@@ -1021,16 +1020,15 @@ def _fused_requantize(node: Node, k: Emitter, n: Dim, mult: ir.Value) -> dict[st
         k.store(view, [j], k.b.fdiv(k.b.fmul(a, bs), ys))
     bias = node.input(8)
     y_dtype = node.outputs[0].type.dtype.name
-    post = {}
-    if requant.post is not None:
-        table = k.buffers[requant.post]
-        post = {"post_scale": table,
-                "post_shift": k.b.gep(table, [k.i64(n)], source_etype=F32)}
-    return {"epilogue": QEpilogue(y_dtype, "int32" if bias is not None else "none",
-                                  requant.relu, post=requant.post is not None),
-            "scale": mult, "a_scale": ir.Constant(F32, 1.0),
-            "bias": k.buffers[bias] if bias is not None else None,
-            "c_zero": _param(k, requant.y_zero, k.i64(0), i32) or k.const(i32, 0), **post}
+    table = k.buffers[requant.post] if requant.post is not None else None
+    return QOperands(QEpilogue(y_dtype, "int32" if bias is not None else "none", requant.relu,
+                               post=table is not None),
+                     scale=mult, a_scale=ir.Constant(F32, 1.0),
+                     bias=k.buffers[bias] if bias is not None else None,
+                     c_zero=_param(k, requant.y_zero, k.i64(0), i32) or k.const(i32, 0),
+                     post_scale=table,
+                     post_shift=(k.b.gep(table, [k.i64(n)], source_etype=F32)
+                                 if table is not None else None))
 
 
 def _packed_matmul_bytes(node: Node) -> Dim:
