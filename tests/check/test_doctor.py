@@ -3,8 +3,6 @@ fix; and the same causes in the ImportError of the package itself."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import shutil
@@ -16,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from wheel_files import read_entries, write_wheel
 
 from cuvil.check.doctor import Diagnosis, _for_this_machine, diagnose
 
@@ -131,23 +130,6 @@ def test_a_wheel_for_another_os(wheels: dict[str, Path]) -> None:
     assert "-C target=x86_64-linux" in fix
 
 
-def _replace_member(wheel: Path, dest: Path, name: str, data: bytes) -> Path:
-    """A copy of `wheel` whose member `name` holds `data`, its RECORD line updated to match,
-    so that only what `data` itself breaks is found."""
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as out:
-        for info in src.infolist():
-            content = src.read(info)
-            if info.filename == name:
-                content = data
-            elif info.filename.endswith(".dist-info/RECORD"):
-                content = "".join(f"{name},sha256={digest},{len(data)}\n"
-                                  if line.startswith(name + ",") else line + "\n"
-                                  for line in content.decode().splitlines()).encode()
-            out.writestr(info, content)
-    return dest
-
-
 def test_a_macos_library_whose_code_signature_no_longer_matches(wheels: dict[str, Path],
                                                                  tmp_path: Path) -> None:
     from cuvil.check._macho import parse_macho
@@ -159,7 +141,9 @@ def test_a_macos_library_whose_code_signature_no_longer_matches(wheels: dict[str
     _, (image,) = parse_macho(library)
     at = next(s for s in image.sections if s.sectname == "__text").offset + 4
     changed = library[:at] + bytes([library[at] ^ 0x01]) + library[at + 1:]
-    what, fix = failure(diagnose(str(_replace_member(wheel, tmp_path / wheel.name, name, changed))))
+    # only the changed bytes break it: RECORD is rewritten to match
+    changed_wheel = write_wheel(tmp_path / wheel.name, {**read_entries(wheel), name: changed})
+    what, fix = failure(diagnose(str(changed_wheel)))
     assert "the wheel is damaged" in what and "code signature" in what
     assert "modified after it was signed" in what and "rebuild the wheel" in fix
 
