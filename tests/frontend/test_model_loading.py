@@ -192,11 +192,13 @@ def test_external_data_shorter_than_declared(tmp_path):
     ("w\0.bin", "holds a NUL byte"),  # was a raw ValueError
     ("a" * 300, "cannot read external data"),  # too long for the file system: a raw OSError
     (".", "is a directory, not a file"),  # the folder itself: was called outside it
-], ids=["symlink-loop", "nul", "too-long", "dot"])
-def test_external_data_locations_no_file_can_have(tmp_path, location, why, no_reads_outside):
+    ("@folder/weights.bin", ("is an absolute path; ONNX reads locations relative to the model's "
+     "folder (onnxruntime refuses absolute ones): re-save the model with location 'weights.bin'")),
+], ids=["symlink-loop", "nul", "too-long", "dot", "absolute-inside"])
+def test_odd_external_data_locations_are_refused_naming_the_tensor(tmp_path, location, why, no_reads_outside):
     path = _save_external(tmp_path / "model")
     (tmp_path / "model" / "loop.bin").symlink_to("loop.bin")
-    _set_location(path, "w1", location)
+    _set_location(path, "w1", location.replace("@folder", str(path.parent)))
     msg = _compile_error(path)
     assert str(path) in msg and "'w1'" in msg and why in msg
 

@@ -169,7 +169,7 @@ def _entry(model: onnx.ModelProto, files: Files, kind: str, a: int, b: int) -> N
 def _file(files: Files, kind: str, a: int, b: int) -> None:
     names = sorted(k for k in files if k not in (MODEL, OUTSIDE))
     name = _pick(names, a)
-    data = files[name]
+    data = files.get(name)
     if not isinstance(data, bytes):
         return
     if kind == "truncate":

@@ -207,6 +207,12 @@ def _external_file(location: str, base: Path, path: Path, what: str) -> Path:
             "cuvil reads weights only from files next to the model: copy the file there "
             "and re-save the model with a relative location"
         )
+    if Path(location).is_absolute():  # inside the folder, but no other machine has that path
+        raise ModelError(
+            f"{what}: its external data location {location!r} is an absolute path; ONNX reads "
+            "locations relative to the model's folder (onnxruntime refuses absolute ones): "
+            f"re-save the model with location {target.relative_to(base).as_posix()!r}"
+        )
     kind = not_a_regular_file(target)
     if kind == "missing":
         raise ModelError(
