@@ -4,9 +4,10 @@
 A seed is a folder, given as `{name: content}` relative to the model's folder: `model.onnx`,
 its data files, and `../outside.bin` (a copy of a data file beside the folder, which nothing may
 read). Content is bytes, or `("fifo",)`, `("dir",)`, `("symlink", target)`; a location may
-start with `@ROOT@`, the folder holding the model's folder (unknown until the worker makes it).
-A mutation is `(kind, a, b)` as in fuzz_seeds.py: `a` picks the tensor or the data file, `b`
-what it becomes, so a failing case replays as an `@example`.
+start with `@ROOT@`, the folder holding the model's folder (unknown until the worker makes it),
+or be `@BYTES@`, written as bytes that are not UTF-8. A mutation is `(kind, a, b)` as in
+fuzz_seeds.py: `a` picks the tensor or the data file, `b` what it becomes, so a failing case
+replays as an `@example`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from onnx import TensorProto, helper, numpy_helper
 MODEL = "model.onnx"
 OUTSIDE = "../outside.bin"
 ROOT = "@ROOT@"
+#: a location that becomes bytes that are not UTF-8 (protobuf's API sets no such string)
+NOT_UTF8 = ("@BYTES@", b"w\xff\xfe.bin")
 Files = dict[str, Any]
 
 
@@ -89,12 +92,12 @@ def _numbers(current: int, size: int) -> list[str | None]:
 
 def _locations(own: str, files: Files) -> list[str | None]:
     """A missing file, a folder, absolute paths (outside, and to its own file inside), `..`
-    escapes, empty, NUL and control bytes, another tensor's file, the model itself, a name too
-    long for the file system; None removes the entry."""
+    escapes, empty, NUL, control bytes and bytes not UTF-8, another tensor's file, the model
+    itself, a name too long for the file system; None removes the entry."""
     others = sorted(k for k in files if k not in (MODEL, OUTSIDE, own)) or [own]
     return ["missing.bin", "sub", f"{ROOT}/outside.bin", f"{ROOT}/model/{own}", OUTSIDE,
             f"../model/{own}", f"sub/../{own}", f"./{own}", "", ".", "..", "w\0.bin",
-            "\x01\x7f odd\n.bin", "\u00e9.bin", *others, MODEL, "a" * 300, None]
+            "\x01\x7f odd\n.bin", "\u00e9.bin", NOT_UTF8[0], *others, MODEL, "a" * 300, None]
 
 
 def _set(t: onnx.TensorProto, key: str, value: str | None) -> None:
@@ -219,7 +222,7 @@ def make_folder(root: Path, files: Files) -> Path:
             for t in tensors(model):
                 for e in t.external_data:
                     e.value = e.value.replace(ROOT, str(root))
-            content = model.SerializeToString()
+            content = model.SerializeToString().replace(NOT_UTF8[0].encode(), NOT_UTF8[1])
         if isinstance(content, bytes):
             path.write_bytes(content)
         elif content[0] == "fifo":
