@@ -178,13 +178,19 @@ def _names(path: Path) -> set[str]:
 def _reference(path: Path) -> bytes:
     """The model with the bytes its tensors' entries point to, read by onnx's reader (not
     cuvil's) after dropping the keys the ONNX spec does not define, which cuvil ignores
-    (onnx's reader takes `basepath` as a folder, onnxruntime refuses any of them)."""
+    (onnx's reader takes `basepath` as a folder, onnxruntime refuses any of them), and with
+    `..` taken out of locations (onnx's reader refuses any; cuvil and onnxruntime follow
+    `../model/w` back into the model's folder)."""
     import onnx
     from fuzz_external import tensors
 
+    folder = str(path.parent)
     model = onnx.load(str(path), load_external_data=False)
     for t in tensors(model):
         spec = [e for e in t.external_data if e.key in ("location", "offset", "length", "checksum")]
+        for e in spec:
+            if e.key == "location":
+                e.value = os.path.relpath(os.path.normpath(os.path.join(folder, e.value)), folder)
         del t.external_data[:]
         t.external_data.extend(spec)
     onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))

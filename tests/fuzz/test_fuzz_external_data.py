@@ -32,6 +32,8 @@ def test_every_seed_compiles_and_matches_onnxruntime(worker, seed: str) -> None:
 @example(seed="constant/one-file", mutations=[("replace", 0, 199)])
 # an absolute location of a file inside the model's folder: compiled, onnxruntime refuses it
 @example(seed="matmul/per-tensor", mutations=[("location", 0, 3)])
+# a location out of the folder and back in ('../model/w'): cuvil and onnxruntime read it
+@example(seed="reshape_transpose/one-file", mutations=[("location", 0, 5)])
 @settings(max_examples=budget(100))
 @given(seed=st.sampled_from(SEED_NAMES), mutations=st.lists(mutation, min_size=1, max_size=3))
 def test_mutated_external_data_compiles_and_matches_or_raises_cuvil_errors(

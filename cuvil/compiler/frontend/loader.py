@@ -226,8 +226,9 @@ def _external_file(location: str, base: Path, path: Path, what: str) -> Path:
 
 
 #: bits per element of the types numpy holds in more bits than they take in a file
-_PACKED_BITS: dict[int, int] = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4,
-                onnx.TensorProto.FLOAT4E2M1: 4, onnx.TensorProto.INT2: 2, onnx.TensorProto.UINT2: 2}
+_PACKED_BITS: dict[int, int] = {
+    onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4, onnx.TensorProto.FLOAT4E2M1: 4,
+    onnx.TensorProto.INT2: 2, onnx.TensorProto.UINT2: 2}
 
 
 def _byte_size(t: onnx.TensorProto) -> int | None:
@@ -248,7 +249,8 @@ def _byte_size(t: onnx.TensorProto) -> int | None:
 def _external_extent(t: onnx.TensorProto, info: dict[str, str], what: str
                      ) -> tuple[int, int | None]:
     """The offset and length the entries give (ASCII digits only, as onnxruntime reads them);
-    a missing length is the tensor's size, as in onnxruntime (None: read to the file's end)."""
+    a missing length is the tensor's size, as in onnxruntime (None for a type of no fixed
+    size: read to the file's end)."""
     numbers = {}
     for key in ("offset", "length"):
         value = info.get(key)
