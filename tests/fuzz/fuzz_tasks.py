@@ -193,7 +193,7 @@ def _reference(path: Path) -> bytes:
                 e.value = os.path.relpath(os.path.normpath(os.path.join(folder, e.value)), folder)
         del t.external_data[:]
         t.external_data.extend(spec)
-    onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+    onnx.external_data_helper.load_external_data_for_model(model, folder)
     return model.SerializeToString()
 
 
@@ -201,7 +201,7 @@ def compile_folder_and_compare(files: dict[str, Any]) -> Outcome:
     """Compile the model of a folder (see fuzz_external.py) and compare it with onnxruntime
     reading the same folder; where onnxruntime refuses the folder, with onnxruntime running
     the model with the bytes onnx's own reader finds there. A refusal must name the model's
-    file, and cuvil must open nothing beside the model's folder."""
+    file, a tensor or a node, and cuvil must open nothing beside the model's folder."""
     from fuzz_external import make_folder
 
     global _opened
@@ -231,8 +231,8 @@ def compile_folder_and_compare(files: dict[str, Any]) -> Outcome:
             refused = _first_line(exc)
             try:
                 session, agreed = _session(_reference(path)), "bytes-match"
-            except Exception as exc:
-                return "ort-refuses", f"load: {refused}; onnx.load: {_first_line(exc)}"
+            except Exception as err:
+                return "ort-refuses", f"load: {refused}; onnx.load: {_first_line(err)}"
         return _run_and_compare(model, session, path.read_bytes(), agreed)
 
 

@@ -1,11 +1,19 @@
 """External-data fuzzing: seed models saved with their weights in one data file or one file per
 tensor, with their `external_data` entries edited (offsets and lengths negative, huge, past the
 end, unaligned, not numbers or missing; locations missing, folders, absolute, escaping, empty,
-with NUL or control bytes, another tensor's file; wrong checksums; duplicate keys;
-`data_location` flipped) and their data files truncated, extended, flipped, or replaced by a
-FIFO, a folder or a symlink (out of the folder, to another file, to itself). Each either
+with NUL, control bytes or bytes not UTF-8, another tensor's file; wrong checksums; duplicate
+keys; `data_location` flipped) and their data files truncated, extended, flipped, or replaced
+by a FIFO, a folder or a symlink (out of the folder, to another file, to itself). Each either
 compiles and matches onnxruntime reading the same folder, or raises a CuvilError naming the
-model's file, and opens nothing outside the model's folder; compiles run in a child process."""
+model's file, a tensor or a node; and cuvil opens nothing outside the model's folder. Compiles
+run in a child process.
+
+Where onnxruntime refuses the folder (a Reshape's shape in external data, which its shape
+inference cannot read; a key the ONNX spec does not define, which cuvil ignores), cuvil is
+compared with onnxruntime running the bytes onnx's own reader finds (outcome "bytes-match").
+One case has no such reference and counts as "ort-refuses": a Reshape's shape in a shared file
+without a length, which cuvil reads at the tensor's size as onnxruntime does for every other
+seed, and onnx's reader reads to the end of the file."""
 
 from __future__ import annotations
 
@@ -30,7 +38,8 @@ def test_every_seed_compiles_and_matches_onnxruntime(worker, seed: str) -> None:
 
 # found by the fuzzer: a data file replaced by a symlink to itself gave a raw RuntimeError
 @example(seed="constant/one-file", mutations=[("replace", 0, 199)])
-# an absolute location of a file inside the model's folder: compiled, onnxruntime refuses it
+# an absolute location of a file inside the model's folder: compiled (onnxruntime and onnx's
+# reader refuse it), now refused
 @example(seed="matmul/per-tensor", mutations=[("location", 0, 3)])
 # a location out of the folder and back in ('../model/w'): cuvil and onnxruntime read it
 @example(seed="reshape_transpose/one-file", mutations=[("location", 0, 5)])
