@@ -51,14 +51,20 @@ def _compile_error(source, cls=ModelError) -> str:
     return str(exc)
 
 
-def _set_location(path: Path, tensor: str, location: str) -> None:
+def _set_entry(path: Path, tensor: str, key: str, value: str | None) -> None:
+    """Set an initializer's external-data entry `key` (added if missing; None removes it)."""
     model = onnx.load(str(path), load_external_data=False)
-    for t in model.graph.initializer:
-        if t.name == tensor:
-            for e in t.external_data:
-                if e.key == "location":
-                    e.value = location
+    t = next(t for t in model.graph.initializer if t.name == tensor)
+    entries = [e for e in t.external_data if e.key != key]
+    del t.external_data[:]
+    t.external_data.extend(entries)
+    if value is not None:
+        t.external_data.add(key=key, value=value)
     path.write_bytes(model.SerializeToString())
+
+
+def _set_location(path: Path, tensor: str, location: str) -> None:
+    _set_entry(path, tensor, "location", location)
 
 
 @pytest.fixture()
@@ -179,6 +185,60 @@ def test_external_data_shorter_than_declared(tmp_path):
     weights.write_bytes(weights.read_bytes()[:-100])
     msg = _compile_error(path)
     assert str(path) in msg and "weights.bin" in msg and "truncated" in msg
+
+
+@pytest.mark.parametrize(("location", "why"), [
+    ("loop.bin", "cannot be followed"),  # a symlink to itself: was a raw RuntimeError
+    ("w\0.bin", "holds a NUL byte"),  # was a raw ValueError
+    ("a" * 300, "cannot read external data"),  # too long for the file system: a raw OSError
+    (".", "is a directory, not a file"),  # the folder itself: was called outside it
+    ("@folder/weights.bin", ("is an absolute path; ONNX reads locations relative to the model's "
+     "folder (onnxruntime refuses absolute ones): re-save the model with location 'weights.bin'")),
+], ids=["symlink-loop", "nul", "too-long", "dot", "absolute-inside"])
+def test_odd_external_data_locations_are_refused_naming_the_tensor(tmp_path, location, why, no_reads_outside):
+    path = _save_external(tmp_path / "model")
+    (tmp_path / "model" / "loop.bin").symlink_to("loop.bin")
+    _set_location(path, "w1", location.replace("@folder", str(path.parent)))
+    msg = _compile_error(path)
+    assert str(path) in msg and "'w1'" in msg and why in msg
+
+
+@pytest.mark.parametrize("value", ["-4", "4_0", " +48", "0x10", "1e3", "\u0663", ""])
+@pytest.mark.parametrize("key", ["offset", "length"])
+def test_external_data_offsets_and_lengths_are_digits_only(tmp_path, key, value):
+    """As onnxruntime reads them: Python's int() takes '4_0', ' +48' and Arabic digits."""
+    path = _save_external(tmp_path / "model")
+    _set_entry(path, "b1", key, value)
+    msg = _compile_error(path)
+    assert f"tensor 'b1': its external data {key} {value!r} is not a number of bytes" in msg
+
+
+def test_an_external_data_key_given_twice_is_refused(tmp_path):
+    path = _save_external(tmp_path / "model")
+    model = onnx.load(str(path), load_external_data=False)
+    model.graph.initializer[0].external_data.add(key="offset", value="16")
+    path.write_bytes(model.SerializeToString())
+    msg = _compile_error(path)
+    assert "tensor 'w1': its external data gives 'offset' twice ('0' and '16')" in msg
+
+
+def test_an_external_data_length_that_disagrees_with_the_dims_names_both(tmp_path):
+    path = _save_external(tmp_path / "model")
+    _set_entry(path, "w1", "length", "513")  # within the file: it used to fail in numpy
+    msg = _compile_error(path)
+    assert ("tensor 'w1': its external data length is 513 bytes, but its dims [8, 16] of FLOAT "
+            "take 512") in msg
+
+
+def test_external_data_without_a_length_is_the_tensors_size(tmp_path):
+    """As in onnxruntime: a shared file without lengths holds each tensor at its offset (it
+    used to read to the file's end)."""
+    path = _save_external(tmp_path / "model")
+    for name in ("w1", "b1", "w2"):
+        _set_entry(path, name, "length", None)
+    x = RNG.standard_normal((3, 8)).astype(np.float32)
+    np.testing.assert_allclose(cuvil.compile(path)(x), run_ort(_mlp(), {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_external_data_in_a_model_proto_is_not_read_from_the_working_directory(tmp_path,

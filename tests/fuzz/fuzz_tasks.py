@@ -3,6 +3,8 @@
 Each task returns `(outcome, detail)`: outcome "bug" means the property failed (detail says
 how); the other outcomes are allowed and only counted: "refused" (a CuvilError at compile time
 or a ValueError/TypeError naming the input at call time), "match" (cuvil and onnxruntime agree),
+"bytes-match" (onnxruntime refuses a model's external data that cuvil reads, and cuvil agrees
+with onnxruntime running the model with the bytes onnx's own reader finds there),
 "ort-refuses" (cuvil compiles and runs a model onnxruntime will not load or run: a finding to
 report), "too-big" (compiled, but its inputs are too large to run here).
 """
@@ -10,6 +12,8 @@ report), "too-big" (compiled, but its inputs are too large to run here).
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import tempfile
 import traceback
 from collections.abc import Mapping, Sequence
@@ -32,7 +36,8 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
 
 
-def _session(data: bytes) -> Any:
+def _session(data: bytes | str) -> Any:
+    """onnxruntime's session of a model file's bytes, or of the model at a path."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -111,6 +116,12 @@ def compile_and_compare(data: bytes) -> Outcome:
         session = _session(data)
     except Exception as exc:
         return "ort-refuses", f"load: {_first_line(exc)}"
+    return _run_and_compare(model, session, data)
+
+
+def _run_and_compare(model: Any, session: Any, data: bytes, agreed: str = "match") -> Outcome:
+    """Run the compiled model and onnxruntime's session of the model file `data` on random
+    inputs; `agreed` is the outcome when their outputs are the same."""
     feeds = _random_feeds(model, seed=len(data))
     if feeds is None:
         return "too-big", ""
@@ -134,7 +145,95 @@ def compile_and_compare(data: bytes) -> Outcome:
         return "bug", f"cuvil's call failed where onnxruntime ran:\n{traceback.format_exc()}"
     names = [o.name for o in session.get_outputs()]
     diff = _compare(names, want, got)
-    return ("bug", diff) if diff else ("match", "")
+    return ("bug", diff) if diff else (agreed, "")
+
+
+# -- models with external data ----------------------------------------------------------------
+
+#: the paths opened while a compile is watched (see _audit), None when none is
+_opened: list[str] | None = None
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if event == "open" and _opened is not None and isinstance(args[0], (str, bytes, os.PathLike)):
+        _opened.append(os.fsdecode(args[0]))
+
+
+sys.addaudithook(_audit)
+
+
+def _names(path: Path) -> set[str]:
+    """The model file's name and its tensors' and nodes' names and outputs, quoted as cuvil's
+    messages quote them."""
+    import onnx
+    from fuzz_external import tensors
+
+    model = onnx.load(str(path), load_external_data=False)
+    names = {t.name for t in tensors(model)}
+    for node in model.graph.node:
+        names.update([node.name, *node.output])
+    return {path.name} | {repr(n) for n in names if n}
+
+
+def _reference(path: Path) -> bytes:
+    """The model with the bytes its tensors' entries point to, read by onnx's reader (not
+    cuvil's) after dropping the keys the ONNX spec does not define, which cuvil ignores
+    (onnx's reader takes `basepath` as a folder, onnxruntime refuses any of them), and with
+    `..` taken out of locations (onnx's reader refuses any; cuvil and onnxruntime follow
+    `../model/w` back into the model's folder)."""
+    import onnx
+    from fuzz_external import tensors
+
+    folder = str(path.parent)
+    model = onnx.load(str(path), load_external_data=False)
+    for t in tensors(model):
+        spec = [e for e in t.external_data if e.key in ("location", "offset", "length", "checksum")]
+        for e in spec:
+            if e.key == "location":
+                e.value = os.path.relpath(os.path.normpath(os.path.join(folder, e.value)), folder)
+        del t.external_data[:]
+        t.external_data.extend(spec)
+    onnx.external_data_helper.load_external_data_for_model(model, folder)
+    return model.SerializeToString()
+
+
+def compile_folder_and_compare(files: dict[str, Any]) -> Outcome:
+    """Compile the model of a folder (see fuzz_external.py) and compare it with onnxruntime
+    reading the same folder; where onnxruntime refuses the folder, with onnxruntime running
+    the model with the bytes onnx's own reader finds there. A refusal must name the model's
+    file, a tensor or a node, and cuvil must open nothing beside the model's folder."""
+    from fuzz_external import make_folder
+
+    global _opened
+    with tempfile.TemporaryDirectory(prefix="cuvil-fuzz-") as tmp:
+        root = Path(tmp).resolve()
+        path = make_folder(root, files)
+        _opened = []
+        try:
+            model = cuvil.compile(path)
+        except CuvilError as exc:
+            model, refusal = None, _first_line(exc)
+        except Exception:
+            return "bug", f"cuvil.compile raised a non-CuvilError:\n{traceback.format_exc()}"
+        finally:
+            opened, _opened = _opened, None
+        outside = [p for p in map(os.path.realpath, opened)
+                   if Path(p).is_relative_to(root) and not Path(p).is_relative_to(path.parent)]
+        if outside:
+            return "bug", f"cuvil opened {outside}, outside the model's folder"
+        if model is None:
+            if not any(name in refusal for name in _names(path)):
+                return "bug", f"the refusal names no file, tensor or node: {refusal}"
+            return "refused", refusal
+        try:
+            session, agreed = _session(str(path)), "match"
+        except Exception as exc:
+            refused = _first_line(exc)
+            try:
+                session, agreed = _session(_reference(path)), "bytes-match"
+            except Exception as err:
+                return "ort-refuses", f"load: {refused}; onnx.load: {_first_line(err)}"
+        return _run_and_compare(model, session, path.read_bytes(), agreed)
 
 
 # -- the call boundary ------------------------------------------------------------------------

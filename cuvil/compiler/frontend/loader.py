@@ -138,40 +138,22 @@ def _load_external_data(model: onnx.ModelProto, path: Path, label: str) -> None:
     for t in _tensors(model):
         if not _uses_external_data(t):
             continue
-        info = {e.key: e.value for e in t.external_data}
-        location = info.get("location", "")
         what = f"{label}: tensor {t.name!r}"
-        if not location:
-            raise ModelError(f"{what} is stored externally but names no file (empty location); "
-                             "re-export the model")
-        # resolve() follows symlinks too: a link inside the folder to a file outside is refused
-        target = (base / location).resolve()
-        if base not in target.parents:
-            raise ModelError(
-                f"{what} points to external data {location!r} outside the model's folder; "
-                "cuvil reads weights only from files next to the model: copy the file there "
-                "and re-save the model with a relative location"
-            )
-        kind = not_a_regular_file(target)
-        if kind == "missing":
-            raise ModelError(
-                f"{what} needs the external data file {location!r}, which is missing (looked "
-                f"next to the model, in {path.parent.name or '.'}/); copy it next to the model"
-            )
-        if kind is not None:
-            raise ModelError(f"{what}: its external data {location!r} is {kind}, not a file; "
-                             "copy the data file next to the model")
-        try:
-            offset = int(info.get("offset", 0))
-            length = int(info["length"]) if "length" in info else None
-        except ValueError:
-            raise ModelError(f"{what}: external data offset/length {info.get('offset')!r}/"
-                             f"{info.get('length')!r} are not integers; re-export the model"
-                             ) from None
-        size = sizes.setdefault(target, target.stat().st_size)
+        info = _external_entries(t, what)
+        location = info.get("location", "")
+        target = _external_file(location, base, path, what)
+        if target not in sizes:
+            try:
+                sizes[target] = target.stat().st_size
+            except OSError as exc:
+                raise ModelError(f"{what}: cannot read external data {location!r}: "
+                                 f"{exc.strerror or exc}; copy the file next to the model"
+                                 ) from None
+        size = sizes[target]
+        offset, length = _external_extent(t, info, what)
         if length is None:
             length = size - offset
-        if offset < 0 or length < 0 or offset + length > size:
+        if offset > size or offset + length > size:
             raise ModelError(
                 f"{what}: the external data file {location!r} has {size} bytes, but the model "
                 f"reads {length} bytes at offset {offset} from it (truncated or replaced "
@@ -190,6 +172,101 @@ def _load_external_data(model: onnx.ModelProto, path: Path, label: str) -> None:
         t.raw_data = raw
         del t.external_data[:]
         t.data_location = onnx.TensorProto.DEFAULT
+
+
+def _external_entries(t: onnx.TensorProto, what: str) -> dict[str, str]:
+    """The tensor's external_data entries as a dict; a key given twice is refused (readers
+    differ on which one holds)."""
+    info: dict[str, str] = {}
+    for e in t.external_data:
+        if e.key in info:
+            raise ModelError(f"{what}: its external data gives {e.key!r} twice "
+                             f"({info[e.key]!r} and {e.value!r}); keep one and re-save the model")
+        info[e.key] = e.value
+    return info
+
+
+def _external_file(location: str, base: Path, path: Path, what: str) -> Path:
+    """The regular file inside the model's folder that `location` names, or a ModelError."""
+    if not location:
+        raise ModelError(f"{what} is stored externally but names no file (empty location); "
+                         "re-export the model")
+    if "\0" in location:
+        raise ModelError(f"{what}: its external data location {location!r} holds a NUL byte, "
+                         "which no file name can; re-export the model")
+    try:
+        # resolve() follows symlinks too: a link inside the folder to a file outside is refused
+        target = (base / location).resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+        raise ModelError(f"{what}: its external data location {location!r} cannot be followed "
+                         f"({getattr(exc, 'strerror', None) or exc}); copy the data file next "
+                         "to the model") from None
+    if target != base and base not in target.parents:
+        raise ModelError(
+            f"{what} points to external data {location!r} outside the model's folder; "
+            "cuvil reads weights only from files next to the model: copy the file there "
+            "and re-save the model with a relative location"
+        )
+    if Path(location).is_absolute():  # inside the folder, but no other machine has that path
+        raise ModelError(
+            f"{what}: its external data location {location!r} is an absolute path; ONNX reads "
+            "locations relative to the model's folder (onnxruntime refuses absolute ones): "
+            f"re-save the model with location {target.relative_to(base).as_posix()!r}"
+        )
+    kind = not_a_regular_file(target)
+    if kind == "missing":
+        raise ModelError(
+            f"{what} needs the external data file {location!r}, which is missing (looked "
+            f"next to the model, in {path.parent.name or '.'}/); copy it next to the model"
+        )
+    if kind is not None:
+        raise ModelError(f"{what}: its external data {location!r} is {kind}, not a file; "
+                         "copy the data file next to the model")
+    return target
+
+
+#: bits per element of the types numpy holds in more bits than they take in a file
+_PACKED_BITS: dict[int, int] = {
+    onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4, onnx.TensorProto.FLOAT4E2M1: 4,
+    onnx.TensorProto.INT2: 2, onnx.TensorProto.UINT2: 2}
+
+
+def _byte_size(t: onnx.TensorProto) -> int | None:
+    """The bytes the tensor's dims and type take, None for types of no fixed size."""
+    if t.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return None
+    try:
+        bits = _PACKED_BITS.get(t.data_type) or 8 * onnx.helper.tensor_dtype_to_np_dtype(
+            t.data_type).itemsize
+    except (KeyError, ValueError, TypeError):  # a type this onnx does not know
+        return None
+    count = 1
+    for d in t.dims:
+        count *= d
+    return (count * bits + 7) // 8 if count >= 0 else None
+
+
+def _external_extent(t: onnx.TensorProto, info: dict[str, str], what: str
+                     ) -> tuple[int, int | None]:
+    """The offset and length the entries give (ASCII digits only, as onnxruntime reads them);
+    a missing length is the tensor's size, as in onnxruntime (None for a type of no fixed
+    size: read to the file's end)."""
+    numbers = {}
+    for key in ("offset", "length"):
+        value = info.get(key)
+        if value is not None and not (value.isascii() and value.isdigit()):
+            raise ModelError(f"{what}: its external data {key} {value!r} is not a number of "
+                             "bytes (digits 0-9 only); re-export the model")
+        numbers[key] = None if value is None else int(value)
+    expected = _byte_size(t)
+    length = numbers["length"]
+    if length is not None and expected is not None and length != expected:
+        raise ModelError(
+            f"{what}: its external data length is {length} bytes, but its dims "
+            f"{list(t.dims)} of {onnx.TensorProto.DataType.Name(t.data_type)} take "
+            f"{expected}; fix the tensor's 'length' entry or its dims, or re-export the model"
+        )
+    return numbers["offset"] or 0, expected if length is None else length
 
 
 def check_and_upgrade(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
