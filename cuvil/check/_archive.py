@@ -18,6 +18,7 @@ import re
 import stat
 import struct
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,10 +144,13 @@ class WheelArchive:
         return sorted({p.split("/", 1)[0] for p in self.members if p.split("/", 1)[0].endswith(".dist-info")})
 
     def native_members(self) -> list[str]:
-        """Members that are ELF or Mach-O files, by their magic number."""
+        """Members that are native libraries by their magic number (ELF, Mach-O), or by their
+        name: a file named like an extension module shadows the Python module of its name
+        whatever it holds."""
         from cuvil.check.manifest import native_kind
 
-        return sorted(p for p, m in self.members.items() if native_kind(m.head) is not None)
+        return sorted(p for p, m in self.members.items()
+                      if native_kind(m.head) is not None or p.endswith(NATIVE_SUFFIXES))
 
     def libraries(self) -> Iterator[Library]:
         """The libraries the manifest names, in manifest order (each once), that are in the wheel.
@@ -412,7 +416,9 @@ def _stream(
                     )
                 for sink in sinks:
                     sink(chunk)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
+    # zlib.error: a method or size field that lies about deflated bytes
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError,
+            zlib.error) as exc:
         raise CheckError(f"{where} cannot be read: {exc}") from None
     if count != info.file_size:
         raise CheckError(

@@ -57,6 +57,9 @@ def check_manifest(wheel: WheelArchive, report: CheckReport) -> None:
     problems = []
     if manifest.get("package") != package:
         problems.append(f"it names package {manifest.get('package')!r} but lies in {package}/")
+    if f"{package}/__init__.py" not in wheel.members:  # cuvil writes one, or keeps the project's
+        problems.append(f"{package}/__init__.py is missing: `import {package}` would not load "
+                        "the models")
     if manifest.get("abi_version") != ABI_VERSION:
         problems.append(
             f"abi_version {manifest.get('abi_version')!r} is not this cuvil's ABI {ABI_VERSION}; "

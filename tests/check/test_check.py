@@ -378,6 +378,23 @@ def test_wrong_checksum_byte_fails_the_abi_check(digits: SimpleNamespace, tmp_pa
     assert "different builds" in failed["digits/_classifier.so: ABI checksum of classifier"]
 
 
+@pytest.mark.parametrize(("drop", "replace", "words"), [
+    # a text file named like an extension module: Python would import it before the runtime
+    ((), {"digits/_cuvil_runtime.so": b"# not a library\n"}, "digits/_cuvil_runtime.so"),
+    (("digits/__init__.py",), {"digits/models.py": b"# the renamed __init__\n"},
+     "digits/__init__.py is missing"),
+], ids=["shadowing-module", "no-init"])
+def test_member_names_that_break_the_import_are_refused(digits: SimpleNamespace, tmp_path: Path,
+                                                        drop: tuple[str, ...],
+                                                        replace: dict[str, bytes],
+                                                        words: str) -> None:
+    """Both passed every check, RECORD matching, and `import digits` then failed to give the
+    model (found by tests/fuzz/test_fuzz_wheels.py's odd names)."""
+    wheel = repack(digits.wheels["x86_64-linux"], tmp_path, drop=drop, replace=replace)
+    failed = assert_fails_only(check_wheel(wheel, auditwheel=False), "manifest")
+    assert words in failed["manifest"], failed["manifest"]
+
+
 def test_manifest_signature_edited_after_the_build(digits: SimpleNamespace, tmp_path: Path) -> None:
     src = digits.wheels["x86_64-linux"]
     manifest = manifest_of(src)

@@ -221,6 +221,22 @@ def test_a_header_claiming_less_than_the_member_holds_is_refused(tmp_path: Path)
     assert "'tiny/data.bin' cannot be read" in message
 
 
+def test_a_member_whose_deflated_bytes_are_damaged_is_refused(tmp_path: Path) -> None:
+    """zlib's own error (the wheel fuzzer found it: a raw zlib.error from `cuvil check`)."""
+    data = bytes(range(256)) * 64  # deflates to a stream whose middle is not all literals
+    wheel = write_zip(tmp_path / "tiny-1.0-py3-none-manylinux_2_17_x86_64.whl",
+                      [*good_entries(), ("tiny/data.bin", data)])
+    raw = bytearray(wheel.read_bytes())
+    with zipfile.ZipFile(wheel) as archive:
+        info = archive.getinfo("tiny/data.bin")
+    start = info.header_offset + 30 + len(info.filename.encode())
+    for at in range(start, start + min(info.compress_size, 40)):
+        raw[at] ^= 0xFF
+    wheel.write_bytes(bytes(raw))
+    message = archive_failure(check_wheel(wheel, auditwheel=False))
+    assert "'tiny/data.bin' cannot be read" in message
+
+
 # ------------------------------------------------------------ what a wheel must not hold
 
 

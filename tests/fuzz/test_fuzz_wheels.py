@@ -1,7 +1,8 @@
 """Wheel-side fuzzing: the digits example's wheel with bytes changed where the dynamic loader
 and the checks read its library (ELF header, program headers, the dynamic, symbol, string,
 hash, version and relocation tables), or with its manifest edited, RECORD rewritten to match
-each time (as a damaged download or a careless repack leaves it). Each mutant is either
+each time (as a damaged download or a careless repack leaves it); the zip's own records with a
+field changed; members renamed, given twice or added under odd names. Each mutant is either
 refused by `cuvil check --load` (exit status 1, a FAIL line, no traceback) or imports in a
 fresh interpreter and gives the original's outputs.
 
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import budget
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from wheel_files import DigitsWheels, read_entries, write_wheel
 
@@ -185,6 +186,117 @@ def test_an_edited_manifest_is_refused_or_runs_as_built(original: Original, data
             parent[path[-1]] = data.draw(REPLACEMENTS)
     folder = tmp_path_factory.mktemp(f"manifest{next(counter)}")
     check_mutant(original, {**original.files, MANIFEST: json.dumps(manifest).encode()}, folder, capsys)
+
+
+# ------------------------------------------------- the zip archive and the names in it
+
+#: the fields of a zip's records a reader acts on: (signature, {field: (offset, size)})
+ZIP_FIELDS = {
+    b"PK\x03\x04": {"flags": (6, 2), "method": (8, 2), "crc": (14, 4), "compressed": (18, 4),
+                      "size": (22, 4), "name length": (26, 2), "extra length": (28, 2)},
+    b"PK\x01\x02": {"flags": (8, 2), "method": (10, 2), "crc": (16, 4), "compressed": (20, 4),
+                      "size": (24, 4), "name length": (28, 2), "extra length": (30, 2),
+                      "comment length": (32, 2), "disk": (34, 2), "attributes": (38, 4),
+                      "header offset": (42, 4)},
+    b"PK\x05\x06": {"disk": (4, 2), "entries here": (8, 2), "entries": (10, 2),
+                      "directory size": (12, 4), "directory offset": (16, 4),
+                      "comment length": (20, 2)},
+}
+
+
+def zip_fields(archive: bytes) -> list[tuple[int, int]]:
+    """(offset, size) of every field of ZIP_FIELDS in the archive's records."""
+    found = []
+    for signature, fields in ZIP_FIELDS.items():
+        at = archive.find(signature)
+        while at >= 0:
+            found += [(at + offset, size) for offset, size in fields.values()]
+            at = archive.find(signature, at + 4)
+    return found
+
+
+def installs_as_built(original: Original, wheel: Path, folder: Path) -> None:
+    """A wheel `cuvil check --load` passed: pip's reader (zipfile) unpacks it, and the package
+    gives the original's outputs."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        files = {info.filename: archive.read(info) for info in archive.infolist()
+                 if not info.is_dir()}
+    got = run_package(files, folder / "run")
+    assert got is not None, "passed cuvil check --load but does not run once unpacked"
+    assert np.array_equal(got, original.outputs), "passed cuvil check but answers differently"
+
+
+@settings(max_examples=budget(20), suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_zip_whose_records_lie_is_refused_or_installs_as_built(
+        original: Original, data: st.DataObject, tmp_path_factory: pytest.TempPathFactory,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A field of a local header, a central directory entry or the end record changed, as a
+    damaged download or a hand-made zip leaves it (RECORD left as it was)."""
+    folder = tmp_path_factory.mktemp(f"zip{next(counter)}")
+    archive = bytearray(write_wheel(folder / "clean.whl", original.files).read_bytes())
+    fields = zip_fields(bytes(archive))
+    for _ in range(data.draw(st.integers(1, 2))):
+        at, size = data.draw(st.sampled_from(fields))
+        old = int.from_bytes(archive[at:at + size], "little")
+        top = (1 << (8 * size)) - 1
+        value = data.draw(st.one_of(st.sampled_from([0, 1, top, (old + 1) & top, (old - 1) & top]),
+                                    st.integers(0, top)))
+        archive[at:at + size] = value.to_bytes(size, "little")
+    wheel = folder / original.name
+    wheel.write_bytes(bytes(archive))
+    status = cli_main(["check", "--load", "--no-auditwheel", str(wheel)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err, out + err
+    if status == 1:
+        assert "FAIL " in out, out
+        return
+    assert status == 0, (status, out, err)
+    installs_as_built(original, wheel, folder)
+
+
+NAME_EDITS = ("rename", "duplicate", "add")
+ODD_NAMES = ("../digits/x.py", "/digits/x.py", "digits\\x.py", "digits//x.py", "digits/./x.py",
+             "DIGITS/_classifier.so", "digits/_classifier.so/", "digits/x\x00.py",
+             "digits/_cuvil_runtime.so", "digits/\u00e9.py", "digits_cuvil-1.0.0.dist-info/x")
+
+
+@settings(max_examples=budget(20), suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_odd_member_names_are_refused_or_install_as_built(
+        original: Original, data: st.DataObject, tmp_path_factory: pytest.TempPathFactory,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A member renamed, given twice or added under an odd name, RECORD rewritten to match."""
+    import zipfile
+
+    names = sorted(original.files)
+    edit = data.draw(st.sampled_from(NAME_EDITS))
+    name = data.draw(st.sampled_from(names))
+    odd = data.draw(st.one_of(st.sampled_from(ODD_NAMES), st.sampled_from(names),
+                              st.text(min_size=1, max_size=30)))
+    # a new name (zipfile cannot write an empty one); over an existing member's name, "add"
+    # would only change a file's contents, which RECORD then vouches for
+    assume(odd and (edit != "add" or odd not in original.files))
+    folder = tmp_path_factory.mktemp(f"names{next(counter)}")
+    files = dict(original.files)
+    if edit == "rename":
+        files[odd] = files.pop(name)
+    elif edit == "add":
+        files[odd] = b"# added\n"
+    wheel = write_wheel(folder / original.name, files)
+    if edit == "duplicate":  # a second member of the same name, after RECORD
+        with zipfile.ZipFile(wheel, "a") as archive, pytest.warns(UserWarning, match="Duplicate"):
+            archive.writestr(name, b"# a second copy\n")
+    status = cli_main(["check", "--load", "--no-auditwheel", str(wheel)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err, out + err
+    if status == 1:
+        assert "FAIL " in out, out
+        return
+    assert status == 0, (status, out, err)
+    installs_as_built(original, wheel, folder)
 
 
 # ------------------------------------------------- macOS and Windows libraries
