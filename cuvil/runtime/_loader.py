@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import json
+import operator
 import os
 import platform
 import sys
@@ -102,8 +103,6 @@ class TensorInfo:
                  if self.data_dependent else "")
         return f"TensorInfo(name={self.name!r}, dtype={self.dtype.name}, shape=[{dims}]{bound})"
 
-
-_EVAL_GLOBALS = {"__builtins__": {}, "max": max, "min": min}
 
 #: what every model library exports: `exported_symbol(model, part)` for each of these parts
 #: (the C header declares them; `cuvil check` requires exactly them)
@@ -483,8 +482,9 @@ _ONLY_AST = 0x400  # ast.PyCF_ONLY_AST, without importing ast (about a milliseco
 
 def _expression(text: int | str, names: frozenset[str], where: str,
                 condition: bool = False) -> Any:
-    """`text` compiled for eval (an int stays an int), after checking that it uses only the
-    allowed syntax and `names` (and max, min); ManifestError otherwise."""
+    """`text` as a program for `_run` (an int stays an int), after checking that it uses only
+    the allowed syntax and `names` (and max, min); ManifestError otherwise. Nothing read from
+    a manifest is ever executed as Python: the checked syntax tree becomes a list of steps."""
     if isinstance(text, int):
         return text
     if len(text) > _MAX_EXPRESSION:
@@ -520,12 +520,82 @@ def _expression(text: int | str, names: frozenset[str], where: str,
                 value = getattr(node, field, None)
                 todo.extend(value if isinstance(value, list) else
                             [value] if hasattr(value, "_fields") else [])
-        return compile(tree, where, "eval")
+        return _program(tree)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         if isinstance(exc, ManifestError):
             raise
         raise ManifestError(f"{where}: {text[:80]!r} is not a valid expression "
                             f"({type(exc).__name__})") from None
+
+
+_BINARY = {"Add": operator.add, "Sub": operator.sub, "Mult": operator.mul,
+           "FloorDiv": operator.floordiv, "Mod": operator.mod, "Eq": operator.eq,
+           "NotEq": operator.ne, "Lt": operator.lt, "LtE": operator.le, "Gt": operator.gt,
+           "GtE": operator.ge}
+
+
+def _program(tree: Any) -> tuple[tuple[str, Any], ...]:
+    """A checked expression tree (`_expression`) as steps in postfix order, made without
+    recursion: ("int", value), ("dim", name), ("binary", op), ("negate", None),
+    ("call", (max or min, count)), ("compare", ops), ("and", count)."""
+    steps: list[tuple[str, Any]] = []
+    todo: list[tuple[Any, bool]] = [(tree.body, False)]
+    while todo:
+        node, ready = todo.pop()
+        kind = type(node).__name__
+        if ready:  # its operands are on the stack
+            if kind == "BinOp":
+                steps.append(("binary", _BINARY[type(node.op).__name__]))
+            elif kind == "UnaryOp":
+                if type(node.op).__name__ == "USub":
+                    steps.append(("negate", None))
+            elif kind == "Call":
+                steps.append(("call", (max if node.func.id == "max" else min, len(node.args))))
+            elif kind == "Compare":
+                steps.append(("compare", [_BINARY[type(op).__name__] for op in node.ops]))
+            else:  # BoolOp: And, the only one allowed
+                steps.append(("and", len(node.values)))
+        elif kind == "Constant":
+            steps.append(("int", node.value))
+        elif kind == "Name":
+            steps.append(("dim", node.id))
+        else:
+            operands = ([node.left, node.right] if kind == "BinOp" else
+                        [node.operand] if kind == "UnaryOp" else
+                        [node.left, *node.comparators] if kind == "Compare" else
+                        node.args if kind == "Call" else node.values)  # BoolOp
+            todo.append((node, True))
+            todo.extend((child, False) for child in reversed(operands))
+    return tuple(steps)
+
+
+def _run(program: Any, env: Mapping[str, int]) -> Any:
+    """The value of an `_expression` for the dims in `env` (an int program is itself);
+    KeyError for a dim `env` lacks."""
+    if isinstance(program, int):
+        return program
+    stack: list[Any] = []
+    for step, arg in program:
+        if step == "int":
+            stack.append(arg)
+        elif step == "dim":
+            stack.append(env[arg])
+        elif step == "binary":
+            right = stack.pop()
+            stack.append(arg(stack.pop(), right))
+        elif step == "negate":
+            stack.append(-stack.pop())
+        else:
+            count = arg[1] if step == "call" else len(arg) + 1 if step == "compare" else arg
+            values = stack[len(stack) - count:]
+            del stack[len(stack) - count:]
+            if step == "call":
+                stack.append(arg[0](values))
+            elif step == "compare":
+                stack.append(all(op(a, b) for op, a, b in zip(arg, values, values[1:])))
+            else:
+                stack.append(all(values))
+    return stack[0]
 
 
 #: input shapes whose checked dims, output shapes and workspace size a model remembers
@@ -549,7 +619,7 @@ class _Plan:
 
 def _evaluated(shape: Sequence[int | str], env: dict[str, Any]) -> tuple[int, ...]:
     """A shape's dims: integers as they are, expressions evaluated in `env`."""
-    return tuple(d if isinstance(d, int) else int(eval(d, env)) for d in shape)
+    return tuple(int(_run(d, env)) for d in shape)
 
 
 class _Scratch:
@@ -840,18 +910,18 @@ class Model:
                                      f"{got}, but {want!r} is {dims[want]} in another dim")
                 else:
                     dims[want] = got
-        env = {**_EVAL_GLOBALS, **dims}
+        env: dict[str, Any] = dict(dims)
         empty = 0 in dims.values()
         try:
             for code, message in self._constraints:
-                if not eval(code, env):
+                if not _run(code, env):
                     raise ValueError(f"{self.name}: the input sizes break a constraint of the "
                                      f"model: {message} (with {self._dims_text(dims)}); feed "
                                      "inputs whose dims satisfy it")
             out_shapes = (self._empty_shapes(dims, env) if empty
                           else tuple(_evaluated(shape, env) for shape in self._out_shapes))
             ws = (1 if empty else self._workspace if isinstance(self._workspace, int)
-                  else eval(self._workspace, env))
+                  else _run(self._workspace, env))
         except ZeroDivisionError:  # a size divided by a dim that is 0 here
             raise self._not_empty(dims, "its output sizes divide by that dim") from None
         dim_values = (ctypes.c_int64 * max(len(self._symbols) + len(self._data_dims), 1))(
@@ -879,7 +949,7 @@ class Model:
             if code is not None:
                 try:
                     shape = _evaluated(code, known)
-                except NameError:
+                except KeyError:
                     raise self._not_empty(dims, f"the data decides output {info.name!r}'s "
                                                 "shape") from None
             shapes.append(shape)
@@ -1000,15 +1070,15 @@ class Model:
                     self._node_flops = [_expression(p.flops, names, f"model {self.name!r}: "
                                                     f"node_profile[{i}].flops")
                                         for i, p in enumerate(self.signature.node_profile)]
-                env = {**_EVAL_GLOBALS, **plan.dims, **self._data_dim_values(dims)}
-                flops = [f if isinstance(f, int) else int(eval(f, env)) for f in self._node_flops]
+                env = {**plan.dims, **self._data_dim_values(dims)}
+                flops = [int(_run(f, env)) for f in self._node_flops]
                 with self._lock:
                     profile.add(list(stamps), flops, time.perf_counter_ns() - start)
         self._scratch.current = scratch
         if status != 0:
             raise self._status_error(status)
         if self._data_dims:
-            outs = self._trimmed(outs, out, {**_EVAL_GLOBALS, **plan.dims,
+            outs = self._trimmed(outs, out, {**plan.dims,
                                              **self._data_dim_values(dims)})
         return outs
 

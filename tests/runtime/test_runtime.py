@@ -242,3 +242,24 @@ def test_a_wrong_dtype_error_says_how_to_convert(model: Model, bad, words) -> No
     for w in words:
         assert w in str(info.value), (w, str(info.value))
     assert "got float32" not in str(info.value)
+
+
+def test_the_package_runtime_never_executes_manifest_text() -> None:
+    """Issue 33: expressions read from `_models.json` (shapes, workspace, constraints, FLOPs) are
+    parsed into steps (`_expression`, `_run`), never handed to eval or exec; and they give the
+    values Python's arithmetic gives."""
+    import ast
+
+    from cuvil.runtime import _loader
+
+    tree = ast.parse(Path(_loader.__file__).read_text())
+    called = {node.func.id for node in ast.walk(tree)
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    assert not called & {"eval", "exec"}, called & {"eval", "exec"}
+    env = {"batch": 5, "seq": 7}
+    for text, condition in [("batch*3 + seq // 2 - 1", False), ("max(batch, seq, 4) * -2", False),
+                            ("min(batch*seq, 100) % 7", False), ("-(batch - seq) + +batch", False),
+                            ("batch + 1 == seq and 1 <= batch < seq", True),
+                            (" + ".join(["batch"] * 2000), False)]:
+        program = _loader._expression(text, frozenset(env), "test", condition=condition)
+        assert _loader._run(program, env) == eval(text, {"max": max, "min": min}, env), text
