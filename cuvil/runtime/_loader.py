@@ -617,8 +617,8 @@ class _Plan:
         self.empty = empty  # a dim is 0: every output is empty and the library is not called
 
 
-def _evaluated(shape: Sequence[int | str], env: dict[str, Any]) -> tuple[int, ...]:
-    """A shape's dims: integers as they are, expressions evaluated in `env`."""
+def _evaluated(shape: Sequence[Any], env: dict[str, Any]) -> tuple[int, ...]:
+    """A shape's dims (`_expression`s): integers as they are, programs run in `env`."""
     return tuple(int(_run(d, env)) for d in shape)
 
 
