@@ -7,7 +7,9 @@ import struct
 from collections.abc import Callable
 from typing import NoReturn
 
-__all__ = ["Problems", "walk_problems"]
+from cuvil.check._report import CheckReport
+
+__all__ = ["Problems", "report_structure", "walk_problems"]
 
 #: reported problems at most: a damaged file shows a few, not thousands
 MAX_PROBLEMS = 8
@@ -44,3 +46,13 @@ def walk_problems(walk: Callable[[Problems], None]) -> list[str]:
     except (struct.error, IndexError, OverflowError) as exc:
         problems.found.append(f"a table cannot be read ({exc})")
     return problems.found[:MAX_PROBLEMS]
+
+
+def report_structure(report: CheckReport, name: str, problems: list[str], refused: str,
+                     walked: str) -> None:
+    """The structure check's line: FAIL listing `problems` and what the loader would do with
+    them (`refused`), or PASS saying what was `walked`."""
+    if problems:
+        report.failed(name, "; ".join(problems) + f": {refused}")
+    else:
+        report.passed(name, walked)

@@ -8,6 +8,7 @@ from cuvil.check._elf import ElfFormatError, ElfLibrary, read_elf
 from cuvil.check._elf_structure import structure_problems
 from cuvil.check._platform import arch_problems, manylinux_glibc, tag_libc
 from cuvil.check._report import CheckReport
+from cuvil.check._structure import report_structure
 
 __all__ = ["ALLOWED_NEEDED", "GLIBC_NEEDED", "MUSL_NEEDED", "check_elf_library"]
 
@@ -28,13 +29,10 @@ def check_elf_library(wheel: WheelArchive, library: Library, report: CheckReport
         return None
     _header(wheel, elf, label, report)
     if elf.elfclass == 64 and elf.little_endian:
-        problems = structure_problems(library.data)
-        if problems:
-            report.failed(f"{label}: ELF structure", "; ".join(problems) + ": the dynamic loader "
-                          "would read outside the file or the image, or crash")
-        else:
-            report.passed(f"{label}: ELF structure", "program headers, dynamic table, symbol, "
-                          "string, hash and relocation tables consistent and within the file")
+        report_structure(report, f"{label}: ELF structure", structure_problems(library.data),
+                         "the dynamic loader would read outside the file or the image, or crash",
+                         "program headers, dynamic table, symbol, string, hash and relocation "
+                         "tables consistent and within the file")
     _exports(library, elf, label, report)
     _soname(library, elf, label, report)
     _search_paths(elf, label, report)

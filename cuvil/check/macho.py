@@ -8,6 +8,7 @@ from cuvil.check._macho import CPU_TYPE_ARM64, MH_DYLIB, MachOFormatError, MachO
 from cuvil.check._macho_structure import structure_problems, universal_problems
 from cuvil.check._platform import macos_version, tag_arches
 from cuvil.check._report import CheckReport
+from cuvil.check._structure import report_structure
 
 __all__ = ["ALLOWED_DYLIBS", "LINKER_SYMBOLS", "check_macho_library"]
 
@@ -68,12 +69,10 @@ def _structure(data: bytes, fat: bool, images: list[MachOImage], label: str, rep
     problems = universal_problems(data, images) if fat else []
     for im in images:
         problems += [f"{im.arch} slice: {p}" for p in structure_problems(im)]
-    if problems:
-        report.failed(name, "; ".join(problems) + ": dyld would refuse the library or read outside it")
-    else:
-        report.passed(name, "load commands, segments and sections, the link-edit blobs in __LINKEDIT, "
-                      "the symbol tables, rebase and bind opcodes and export trie of every slice "
-                      "consistent and within it")
+    report_structure(report, name, problems, "dyld would refuse the library or read outside it",
+                     "load commands, segments and sections, the link-edit blobs in __LINKEDIT, "
+                     "the symbol tables, rebase and bind opcodes and export trie of every slice "
+                     "consistent and within it")
 
 
 def _install_name(library: Library, images: list[MachOImage], label: str, report: CheckReport) -> None:

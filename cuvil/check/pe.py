@@ -10,6 +10,7 @@ from cuvil.check._pe import PeFormatError, PeImage, read_pe
 from cuvil.check._pe_structure import structure_problems
 from cuvil.check._platform import arch_problems
 from cuvil.check._report import CheckReport
+from cuvil.check._structure import report_structure
 
 __all__ = ["ALLOWED_IMPORTS", "check_pe_library"]
 
@@ -33,14 +34,11 @@ def check_pe_library(wheel: WheelArchive, library: Library, report: CheckReport)
     if image is not None:
         _header(wheel, image, label, report)
     # pefile accepts many damaged files: the loader's path is walked on its own
-    problems = structure_problems(library.data)
-    if problems:
-        report.failed(f"{label}: PE structure", "; ".join(problems) + ": the Windows loader would "
-                      "refuse the DLL or read outside it")
-    else:
-        report.passed(f"{label}: PE structure", "headers, section table, data directories, "
-                      "exports, imports, base relocations, exception, TLS and debug tables "
-                      "consistent and within the file and the image")
+    report_structure(report, f"{label}: PE structure", structure_problems(library.data),
+                     "the Windows loader would refuse the DLL or read outside it",
+                     "headers, section table, data directories, exports, imports, base "
+                     "relocations, exception, TLS and debug tables consistent and within the "
+                     "file and the image")
     if image is None:
         return None
     _exports(library, image, label, report)
