@@ -287,13 +287,21 @@ def _macho_mutants(lib: bytes) -> dict[str, tuple[bytes, str]]:
     }
 
 
+def assert_structure_mutants_fail(wheel: Path, library: str, check: str,
+                                  mutants: dict[str, tuple[bytes, str]], tmp_path: Path) -> None:
+    """The wheel passes the check `<library>: <check>`; each mutant of its library fails it
+    with a message matching the mutant's words."""
+    assert check_wheel(wheel)[f"{library}: {check}"].ok
+    for case, (data, words) in mutants.items():
+        bad = repack(wheel, tmp_path / case.replace(" ", "_"), replace={library: data})
+        failed = {name: message for name, ok, message in check_wheel(bad) if not ok}
+        assert fnmatch(failed.get(f"{library}: {check}", ""), f"*{words}*"), (case, failed)
+
+
 def test_the_macho_structure_check_follows_dyld(digits: SimpleNamespace, tmp_path: Path) -> None:
     wheel = digits.wheels["universal2-macos"]
-    assert check_wheel(wheel)[f"{MACHO_LIB}: Mach-O structure"].ok
-    for case, (data, words) in _macho_mutants(read_entries(wheel)[MACHO_LIB]).items():
-        bad = repack(wheel, tmp_path / case.replace(" ", "_"), replace={MACHO_LIB: data})
-        failed = {name: message for name, ok, message in check_wheel(bad) if not ok}
-        assert fnmatch(failed.get(f"{MACHO_LIB}: Mach-O structure", ""), f"*{words}*"), (case, failed)
+    assert_structure_mutants_fail(wheel, MACHO_LIB, "Mach-O structure",
+                                  _macho_mutants(read_entries(wheel)[MACHO_LIB]), tmp_path)
 
 
 def test_universal2_wheel_has_both_slices_and_a_valid_arm64_signature(digits: SimpleNamespace) -> None:
