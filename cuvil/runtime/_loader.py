@@ -923,6 +923,8 @@ class Model:
             ws = (1 if empty else self._workspace if isinstance(self._workspace, int)
                   else _run(self._workspace, env))
         except ZeroDivisionError:  # a size divided by a dim that is 0 here
+            if not empty:  # no input dim is 0: not the empty-input case this message is for
+                raise
             raise self._not_empty(dims, "its output sizes divide by that dim") from None
         dim_values = (ctypes.c_int64 * max(len(self._symbols) + len(self._data_dims), 1))(
             *[dims[s] for s in self._symbols])
