@@ -32,7 +32,7 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("frontend", ("cuvil/compiler/frontend/",)),
     ("passes", ("cuvil/compiler/passes/",)),
     ("codegen", ("cuvil/compiler/codegen/",)),
-    ("driver", ("cuvil/compiler/driver.py",)),
+    ("driver", ("cuvil/compiler/driver.py", "cuvil/compiler/llvm_jobs.py")),
     ("api", ("cuvil/__init__.py", "cuvil/onnx_backend.py")),
     ("check", ("cuvil/check/",)),
     ("backend", ("cuvil/build_backend/",)),

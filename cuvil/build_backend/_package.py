@@ -130,6 +130,7 @@ def _compile(project: ProjectConfig, model: ModelConfig, target: Target, workdir
         target=target, log=log, custom_ops=native_kernels(project) if project.custom_ops else (),
         native_objects=natives if project.custom_ops else None,
         native_libs=link_libraries(project.custom_ops),
+        kernel_cache=cache.kernels(log) if cache is not None else None,
     )
     library = compiled.library.read_bytes()
     if cache is not None:

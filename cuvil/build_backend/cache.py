@@ -14,7 +14,10 @@ part of it, so a copy of the project and a build for another Python hit the same
 A setting that starts to reach `compile_model` must be added to `model_key`.
 
 The level is the linked library, not the objects: a hit skips the frontend, passes, codegen
-and the link, so a rebuild costs the wheel writing and checking only.
+and the link, so a rebuild costs the wheel writing and checking only. Below it, the compiler
+keeps each kernel's object code (`CompileCache.kernels`, `<cache-dir>/kernels-v1/`): GEMM
+kernels are most of a small model's LLVM time and the same for every model of a target, so a
+new model compiles only its own code.
 
 Each entry is one file `<key>.entry` in `<cache-dir>/libraries-v1/`: a magic line, the SHA-256
 of the rest, a JSON line (key and signature) and the library's bytes. It is
@@ -22,8 +25,8 @@ written to a temporary file in the same folder and renamed into place, so reader
 entry or none, and a killed build leaves at most a temporary file (removed once stale). An entry
 whose digest does not match (truncated, edited) is removed and the model compiled again. A hit
 touches the entry's mtime; after each store the least recently used entries are removed until
-the folder is within the size limit. Nothing here can fail a build: a cache folder that cannot
-be used is reported and the build goes on without it.
+both folders together are within the size limit. Nothing here can fail a build: a cache
+folder that cannot be used is reported and the build goes on without it.
 """
 
 from __future__ import annotations
@@ -48,12 +51,13 @@ if TYPE_CHECKING:
     from cuvil.config import BuildSettings, ModelConfig, ProjectConfig
     from cuvil.toolchains import Target
 
-__all__ = ["CacheStats", "CompileCache", "cache_dir", "default_cache_dir", "model_key", "open_cache",
-           "sources_digest"]
+__all__ = ["CacheStats", "CompileCache", "KernelObjects", "cache_dir", "default_cache_dir",
+           "model_key", "open_cache", "sources_digest"]
 
 Log = Callable[[str], None]
 
 _FOLDER = "libraries-v1"  # a new entry layout gets a new folder
+_KERNELS_FOLDER = "kernels-v1"
 _MAGIC = b"cuvil compile cache entry 1\n"
 _SUFFIX = ".entry"
 _TEMP_PREFIX = ".tmp-"
@@ -149,14 +153,23 @@ class CacheStats:
 @dataclass(frozen=True)
 class CompileCache:
     folder: Path  # the cache-dir setting
-    max_size: int
+    max_size: int  # bytes of libraries and kernels together
+    _kernels: bool = False  # entries are kernels' object code (`kernels`), not libraries
 
     @property
     def entries(self) -> Path:
         return self.folder / _FOLDER
 
+    @property
+    def kernel_entries(self) -> Path:
+        return self.folder / _KERNELS_FOLDER
+
     def _path(self, key: str) -> Path:
-        return self.entries / f"{key}{_SUFFIX}"
+        return (self.kernel_entries if self._kernels else self.entries) / f"{key}{_SUFFIX}"
+
+    def kernels(self, log: Log) -> KernelObjects:
+        """Kernel object code for the compiler (compiler/llvm_jobs.py), in this cache."""
+        return KernelObjects(dataclasses.replace(self, _kernels=True), log)
 
     def load(self, key: str, log: Log) -> tuple[bytes, dict[str, Any]] | None:
         """(library bytes, signature) of the entry `key`, else None."""
@@ -184,9 +197,10 @@ class CompileCache:
                           sort_keys=True).encode()
         payload = meta + b"\n" + library
         data = _MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+        folder = self._path(key).parent
         try:
-            self.entries.mkdir(parents=True, exist_ok=True)
-            fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, suffix=_SUFFIX, dir=self.entries)
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, suffix=_SUFFIX, dir=folder)
             try:
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
@@ -204,14 +218,16 @@ class CompileCache:
         self.evict(log, keep=key)
 
     def _files(self) -> Iterator[tuple[Path, os.stat_result]]:
-        try:
-            children = list(self.entries.iterdir())
-        except OSError:
-            return
-        for path in children:
-            if path.name.endswith(_SUFFIX):
-                with contextlib.suppress(OSError):  # a concurrent eviction removed it
-                    yield path, path.stat()
+        """Library and kernel entries alike: one size limit holds for both."""
+        for folder in (self.entries, self.kernel_entries):
+            try:
+                children = list(folder.iterdir())
+            except OSError:
+                continue
+            for path in children:
+                if path.name.endswith(_SUFFIX):
+                    with contextlib.suppress(OSError):  # a concurrent eviction removed it
+                        yield path, path.stat()
 
     def evict(self, log: Log, keep: str | None = None) -> None:
         """Remove stale temporary files, then the least recently used entries until the
@@ -247,9 +263,31 @@ class CompileCache:
             with contextlib.suppress(OSError):
                 path.unlink()
                 freed += st.st_size
-        with contextlib.suppress(OSError):
-            self.entries.rmdir()
+        for folder in (self.entries, self.kernel_entries):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         return freed
+
+
+@dataclass(frozen=True)
+class KernelObjects:
+    """The compiler's KernelCache (compiler/llvm_jobs.py) in a compile cache: a kernel's
+    object code by its symbol (which names its code and target) and the compiler that made it
+    (cuvil's version and shaping sources, llvmlite's version), as `model_key` names it."""
+
+    cache: CompileCache
+    log: Log
+
+    def _key(self, symbol: str) -> str:
+        state = [symbol, cuvil.__version__, sources_digest(), _version("llvmlite")]
+        return hashlib.sha256(json.dumps(state).encode()).hexdigest()
+
+    def load(self, symbol: str) -> bytes | None:
+        hit = self.cache.load(self._key(symbol), self.log)
+        return hit[0] if hit is not None else None
+
+    def store(self, symbol: str, code: bytes) -> None:
+        self.cache.store(self._key(symbol), code, {"kernel": symbol}, self.log)
 
 
 def _parse(data: bytes, key: str) -> tuple[bytes, dict[str, Any]] | None:

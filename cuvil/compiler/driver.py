@@ -22,7 +22,8 @@ from cuvil.compiler.frontend import import_model
 from cuvil.compiler.frontend.calibration import CalibrationSource
 from cuvil.compiler.frontend.quantize import QuantizeSettings, quantize_model
 from cuvil.compiler.ir import MAX_TENSOR_BYTES, Graph, Node, Value, dim_str
-from cuvil.compiler.kernels.objects import KernelRequest, KernelSet, kernel_module_ir
+from cuvil.compiler.kernels.objects import KernelSet
+from cuvil.compiler.llvm_jobs import KernelCache, ObjectJobs, parallel_jobs
 from cuvil.compiler.ops.flops import node_flops
 from cuvil.compiler.ops.native import NativeKernel, native_ops, uses_native
 from cuvil.compiler.passes import run_passes
@@ -112,13 +113,15 @@ def compile_model(
     custom_ops: Sequence[NativeKernel] = (),
     native_objects: Callable[[], Mapping[str, Sequence[Path]]] | None = None,
     native_libs: Sequence[str] = (),
+    kernel_cache: KernelCache | None = None,
 ) -> CompiledModel:
     """The model compiled as `options` say (config.CompileOptions; None: the defaults).
     With quantize = "int8" it first becomes a QDQ model calibrated on `options.calibration` (an
     .npz file, a "module:function" entry point or feed dicts; see frontend.quantize).
     `custom_ops` are the native kernels nodes may be matched to; `native_objects` gives, when
     first asked, their compiled files per arch name, linked into the library with the
-    libraries `native_libs` ("c++" for C++ kernels)."""
+    libraries `native_libs` ("c++" for C++ kernels). `kernel_cache` keeps kernel object code
+    between processes (llvm_jobs.py)."""
     from cuvil.toolchains import get_target
 
     say = log or (lambda _msg: None)
@@ -141,13 +144,15 @@ def compile_model(
     say(f"cuvil: importing {source if isinstance(source, (str, Path)) else 'model'} as {name}")
     with native_ops(custom_ops):
         return _compile(source, name, workdir, tgt, options, log=log, library_file=library_file,
-                        native_objects=native_objects, native_libs=native_libs, start=start)
+                        native_objects=native_objects, native_libs=native_libs,
+                        kernel_cache=kernel_cache, start=start)
 
 
 def _compile(source: Any, name: str, workdir: Path, tgt: Target, options: CompileOptions, *,
              log: Log | None, library_file: str | None,
              native_objects: Callable[[], Mapping[str, Sequence[Path]]] | None,
-             native_libs: Sequence[str], start: float) -> CompiledModel:
+             native_libs: Sequence[str], kernel_cache: KernelCache | None,
+             start: float) -> CompiledModel:
     from cuvil.toolchains import zig
 
     say = log or (lambda _msg: None)
@@ -174,8 +179,10 @@ def _compile(source: Any, name: str, workdir: Path, tgt: Target, options: Compil
     blob = workdir / f"{name}.weights.bin"
     blob.write_bytes(bytes(plan.weights))
     objects: dict[str, list[Path]] = {}
+    jobs = ObjectJobs(kernel_cache)
+    llvm_start = time.perf_counter()
     for arch in tgt.arches:
-        objs = _compile_arch(graph, plan, sig, arch, workdir, cpu=options.cpu,
+        objs = _compile_arch(graph, plan, sig, arch, workdir, jobs, cpu=options.cpu,
                              opt_level=options.opt_level, log=log)
         weights_obj = workdir / f"{name}.{arch.name}.weights.o"
         zig.embed_blob(blob, symbol_names(name)["weights"], weights_obj, arch, tgt.object_format,
@@ -183,6 +190,13 @@ def _compile(source: Any, name: str, workdir: Path, tgt: Target, options: Compil
         runtime_objs = [_runtime_object(source, workdir / f"{source.stem}.{arch.name}.o", arch, log)
                         for source in (RUNTIME_SOURCE, CLOCK_SOURCE)]
         objects[arch.name] = [*objs, weights_obj, *runtime_objs]
+    for arch_name, llvm_objects in jobs.wait().items():
+        objects[arch_name][:0] = llvm_objects
+    reused = [f"{n} kernels {where}" for n, where in ((jobs.cached, "from the kernel cache"),
+                                                      (jobs.reused, "compiled earlier")) if n]
+    say(f"cuvil: {name}: LLVM -O{options.opt_level} compiled {jobs.compiled} modules"
+        f"{' (' + ', '.join(reused) + ')' if reused else ''} in "
+        f"{time.perf_counter() - llvm_start:.2f} s, {parallel_jobs()} at a time")
     libs: tuple[str, ...] = ("m", "pthread")
     if native_objects is not None and uses_native(graph):
         natives = native_objects()
@@ -213,13 +227,14 @@ def baseline_features(arch: Any, cpu: str | None) -> tuple[str, tuple[str, ...]]
     return ",".join(filter(None, [given, *(f"+{flag}" for flag in flags)])), flags
 
 
-def _compile_arch(graph: Graph, plan: Any, sig: dict[str, Any], arch: Any, workdir: Path, *,
-                  cpu: str | None, opt_level: int, log: Log | None) -> list[Path]:
-    """Object files of the model's code for one arch: one copy for a named cpu, else the
-    baseline plus each CPU variant of the toolchain file; and the CPU check, with a
-    dispatcher that runs the best copy the CPU supports, compiled for the plain arch."""
+def _compile_arch(graph: Graph, plan: Any, sig: dict[str, Any], arch: Any, workdir: Path,
+                  jobs: ObjectJobs, *, cpu: str | None, opt_level: int,
+                  log: Log | None) -> list[Path]:
+    """Start the LLVM jobs of the model's code for one arch (`jobs`, grouped by arch name):
+    one copy for a named cpu, else the baseline plus each CPU variant of the toolchain file.
+    Return the CPU check, with a dispatcher that runs the best copy the CPU supports,
+    compiled for the plain arch."""
     from cuvil.toolchains import machine_options, target_machine, zig
-    from cuvil.toolchains.llvm import emit_object_isolated
 
     say = log or (lambda _msg: None)
     name = sig["name"]
@@ -229,36 +244,25 @@ def _compile_arch(graph: Graph, plan: Any, sig: dict[str, Any], arch: Any, workd
     # what the loader's and the header's CPU messages name, per slice of a universal2 library
     sig.setdefault("cpu", {})[arch.name] = {"baseline": cpu or arch.cpu,
                                             "requires": list(levels[0][2])}
-    objects = []
     for index, (level_cpu, features, _) in enumerate(levels):
         # the baseline takes the toolchain's features (or the host's, for "native")
         machine = machine_options(arch, cpu=level_cpu, features=features if index else None,
                                   opt_level=opt_level)
         data_layout = str(target_machine(arch, cpu=level_cpu, features=features if index else None,
                                          opt_level=opt_level).target_data)
-        say(f"cuvil: {name}: generating code for {arch.llvm_triple} (cpu {level_cpu})")
-        start = time.perf_counter()
-        obj = workdir / f"{name}.{arch.name}.{index}.o"
         kernels = KernelSet(kernel_tag(arch.llvm_triple, data_layout, features, machine))
-        # LLVM's optimizer runs in a worker process: it keeps memory nothing frees
-        obj.write_bytes(emit_object_isolated(build_module(graph, plan, name, sig["checksum"],
-                                                          arch.llvm_triple, data_layout,
-                                                          features=features, variant=index,
-                                                          kernels=kernels),
-                                             machine))
-        objects.append(obj)
+        module = build_module(graph, plan, name, sig["checksum"], arch.llvm_triple, data_layout,
+                              features=features, variant=index, kernels=kernels)
+        jobs.model(arch.name, workdir / f"{name}.{arch.name}.{index}.o", module, machine)
         for request in kernels.requests.values():
-            kernel_obj = workdir / f"{request.symbol}.o"
-            kernel_obj.write_bytes(_kernel_object(request, arch.llvm_triple, data_layout,
-                                                  features, machine))
-            objects.append(kernel_obj)
-        say(f"cuvil: {name}: wrote {obj.name} and {len(kernels.requests)} kernel objects "
-            f"(LLVM -O{opt_level}) in {time.perf_counter() - start:.2f} s")
+            jobs.kernel(arch.name, workdir / f"{request.symbol}.o", request, arch.llvm_triple,
+                        data_layout, features, machine)
+        say(f"cuvil: {name}: generated code for {arch.llvm_triple} (cpu {level_cpu}), "
+            f"calling {len(kernels.requests)} kernels")
     source = workdir / f"{name}.cpu_check.c"
     source.write_text(render_dispatcher(name, [requires for _, _, requires in levels], arch.is_x86))
-    objects.append(zig.compile_c(source, workdir / f"{name}.{arch.name}.cpu_check.o",
-                                 arch.plain, log=log))
-    return objects
+    return [zig.compile_c(source, workdir / f"{name}.{arch.name}.cpu_check.o", arch.plain,
+                          log=log)]
 
 
 def kernel_tag(triple: str, data_layout: str, features: str, machine: Mapping[str, Any]) -> str:
@@ -266,29 +270,6 @@ def kernel_tag(triple: str, data_layout: str, features: str, machine: Mapping[st
     their name (kernels/objects.py)."""
     text = repr((triple, data_layout, features, sorted(machine.items())))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-#: object code of the kernels this process compiled: (symbol, triple, layout, features,
-#: machine) -> bytes. Kernels depend on the compiler's code only, which a process does not
-#: change, and a model's build reuses what the previous ones compiled.
-_kernel_objects: dict[tuple[Any, ...], bytes] = {}
-#: bytes the cache may hold (a kernel object is some 10-100 KB)
-KERNEL_CACHE_BYTES = 256 << 20
-
-
-def _kernel_object(request: KernelRequest, triple: str, data_layout: str, features: str,
-                   machine: Mapping[str, Any]) -> bytes:
-    from cuvil.toolchains.llvm import emit_object_isolated
-
-    key = (request.symbol, triple, data_layout, features, tuple(sorted(machine.items())))
-    code = _kernel_objects.get(key)
-    if code is None:
-        code = emit_object_isolated(kernel_module_ir(request, triple, data_layout, features),
-                                    dict(machine))
-        if sum(map(len, _kernel_objects.values())) + len(code) > KERNEL_CACHE_BYTES:
-            _kernel_objects.clear()
-        _kernel_objects[key] = code
-    return code
 
 
 #: object code of the runtime's C files (thread pool, clock): (source text, arch) -> bytes.

@@ -60,22 +60,32 @@ def create_target_machine(triple: str, cpu: str, features: str, opt_level: int) 
                                         codemodel="default")
 
 
-def emit_object(ir_text: str, target_machine: Any, opt_level: int = 3) -> bytes:
-    """Optimize the module for the target machine and return its object code (here)."""
+def emit_object(ir_text: str, target_machine: Any, opt_level: int = 3,
+                optimize: bool = True) -> bytes:
+    """Optimize the module for the target machine and return its object code (here).
+    `optimize=False` skips LLVM's IR pipeline (the code generator still works at the target
+    machine's level): for IR that is already as it should run, such as hand-vectorized kernels.
+    LLVM's context is global: one thread at a time runs LLVM in a process."""
     llvm = _llvm()
-    mod = llvm.parse_assembly(ir_text)
-    mod.verify()
-    pto = llvm.PipelineTuningOptions(speed_level=opt_level)
-    pto.loop_vectorization = opt_level >= 2
-    pto.slp_vectorization = opt_level >= 2
-    pb = llvm.create_pass_builder(target_machine, pto)
-    pb.getModulePassManager().run(mod, pb)
-    return bytes(target_machine.emit_object(mod))
+    with _in_process_lock:
+        mod = llvm.parse_assembly(ir_text)
+        mod.verify()
+        if optimize:
+            pto = llvm.PipelineTuningOptions(speed_level=opt_level)
+            pto.loop_vectorization = opt_level >= 2
+            pto.slp_vectorization = opt_level >= 2
+            pb = llvm.create_pass_builder(target_machine, pto)
+            pb.getModulePassManager().run(mod, pb)
+        return bytes(target_machine.emit_object(mod))
 
 
-def emit_object_isolated(ir_text: str, machine: dict[str, Any]) -> bytes:
+_in_process_lock = threading.Lock()
+
+
+def emit_object_isolated(ir_text: str, machine: dict[str, Any], optimize: bool = True) -> bytes:
     """`emit_object` in a worker process; `machine` holds `create_target_machine`'s arguments.
-    An error LLVM raises there is raised here as a RuntimeError with LLVM's message."""
+    An error LLVM raises there is raised here as a RuntimeError with LLVM's message. Calls
+    from several threads run in parallel, each in a worker of its own."""
     global _unavailable
     for attempt in range(2):
         worker = None
@@ -83,9 +93,10 @@ def emit_object_isolated(ir_text: str, machine: dict[str, Any]) -> bytes:
             worker = _take_worker()
             _unavailable = worker is None  # no Python to start here (an embedding host)
         if worker is None:
-            return emit_object(ir_text, create_target_machine(**machine), machine["opt_level"])
+            return emit_object(ir_text, create_target_machine(**machine), machine["opt_level"],
+                               optimize)
         try:
-            reply = worker.request((ir_text, machine))
+            reply = worker.request((ir_text, machine, optimize))
         except _WorkerGone as gone:
             worker.discard()
             if attempt or not gone.idle:  # it crashed: say so; it exited as idle: a new one
@@ -245,7 +256,7 @@ def _serve(max_jobs: int, idle_seconds: float) -> None:
             if not ready:
                 return
         try:
-            ir_text, machine = _receive(requests)
+            ir_text, machine, optimize = _receive(requests)
         except EOFError:
             return
         try:
@@ -253,7 +264,7 @@ def _serve(max_jobs: int, idle_seconds: float) -> None:
             if key not in machines:
                 machines[key] = create_target_machine(**machine)
             reply: tuple[str, Any] = ("ok", emit_object(ir_text, machines[key],
-                                                        machine["opt_level"]))
+                                                        machine["opt_level"], optimize))
         except Exception as exc:  # LLVM's errors (a module that does not verify...)
             reply = ("error", f"{type(exc).__name__}: {exc}")
         _send(replies, reply)

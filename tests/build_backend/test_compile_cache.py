@@ -22,6 +22,8 @@ from projects import write_model
 
 import cuvil.build_backend as backend
 import cuvil.compiler.driver as driver
+import cuvil.compiler.llvm_jobs as llvm_jobs
+import cuvil.toolchains.llvm as llvm
 from cuvil import cli
 from cuvil.build_backend.cache import CompileCache, model_key
 from cuvil.config import load_project
@@ -79,7 +81,8 @@ def build(root: Path, out: Path, monkeypatch: pytest.MonkeyPatch, **settings: st
 
 
 def entries(folder: Path) -> list[Path]:
-    return sorted(folder.rglob("*.entry"))
+    """The library entries (kernels' object code has a folder of its own)."""
+    return sorted(folder.glob("libraries-v1/*.entry"))
 
 
 def library_of(wheel: bytes, out: Path) -> bytes:
@@ -159,6 +162,44 @@ def test_damaged_entries_are_detected_and_rebuilt(
         assert "is damaged" in capfd.readouterr().err
         assert entry.read_bytes() == whole  # stored again, whole
     assert compiles == ["net"] * 4
+
+
+@pytest.mark.slow
+def test_a_new_model_takes_its_kernels_from_the_cache_and_links_the_same_library(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _private_compile_cache: Path,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    build(make_project(tmp_path / "first"), tmp_path / "first-out", monkeypatch)
+    kernels = sorted((_private_compile_cache / "kernels-v1").glob("*.entry"))
+    assert kernels  # a GEMM and matrix-vector kernels per CPU copy
+    uncached = build(make_project(tmp_path / "solo", seed=1), tmp_path / "solo-out", monkeypatch,
+                     cache="false")
+
+    jobs: list[str] = []
+    real = llvm.emit_object_isolated
+
+    def counting(ir_text: str, machine: dict[str, Any], optimize: bool = True) -> bytes:
+        jobs.append(ir_text.split("\n", 1)[0])  # the ModuleID: the model's or the kernel's name
+        return real(ir_text, machine, optimize)
+
+    monkeypatch.setattr(llvm, "emit_object_isolated", counting)
+    # as a new process would: none of this one's kernels in memory
+    monkeypatch.setattr(llvm_jobs, "_kernels", {})
+    other = build(make_project(tmp_path / "other", seed=1), tmp_path / "other-out", monkeypatch,
+                  verbose="true")
+    assert jobs and all('"net"' in job for job in jobs), jobs  # the model's own code only
+    assert f"{len(kernels)} kernels from the kernel cache" in capfd.readouterr().err
+    assert library_of(other, tmp_path) == library_of(uncached, tmp_path)
+
+    # a damaged kernel entry is compiled again, never linked
+    kernels[0].write_bytes(kernels[0].read_bytes()[:-10])
+    for entry in entries(_private_compile_cache):  # so that the model compiles again
+        entry.unlink()
+    monkeypatch.setattr(llvm_jobs, "_kernels", {})
+    jobs.clear()
+    again = build(make_project(tmp_path / "again", seed=1), tmp_path / "again-out", monkeypatch)
+    assert "is damaged" in capfd.readouterr().err
+    assert sum('"net"' not in job for job in jobs) == 1
+    assert library_of(again, tmp_path) == library_of(uncached, tmp_path)
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from oracle import run_ort
 
 import cuvil.compiler.driver as driver
+import cuvil.compiler.llvm_jobs as jobs_module
 import cuvil.toolchains.llvm as llvm
 from cuvil.check._elf import read_elf
 from cuvil.compiler.kernels.gemm import PLAIN, gemm_function
@@ -40,12 +41,12 @@ def llvm_jobs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     jobs: list[str] = []
     real = llvm.emit_object_isolated
 
-    def counting(ir_text: str, machine: dict) -> bytes:
+    def counting(ir_text: str, machine: dict, optimize: bool = True) -> bytes:
         jobs.append(ir_text.split("\n", 1)[0])
-        return real(ir_text, machine)
+        return real(ir_text, machine, optimize)
 
     monkeypatch.setattr(llvm, "emit_object_isolated", counting)
-    monkeypatch.setattr(driver, "_kernel_objects", {})
+    monkeypatch.setattr(jobs_module, "_kernels", {})
     return jobs
 
 

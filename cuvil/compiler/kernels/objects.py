@@ -31,6 +31,8 @@ class KernelRequest:
     symbol: str
     fn_type: ir.FunctionType
     define: Define
+    #: run LLVM's IR optimizer on the kernel's module (else only its code generator)
+    optimize: bool = True
 
 
 @dataclass
@@ -44,11 +46,13 @@ class KernelSet:
 
 
 def kernel_function(module: ir.Module, target: KernelTarget, name: str,
-                    fn_type: ir.FunctionType, define: Define) -> ir.Function:
+                    fn_type: ir.FunctionType, define: Define, *,
+                    optimize: bool = True) -> ir.Function:
     """The kernel `name` for a call from `module`, whose code is for `target`: a declaration
     of the separately compiled kernel when the module carries a KernelSet
     (`module.cuvil_kernels`), else an internal definition in `module` itself. `define` must
-    read only the target it is given, so that both give the same code."""
+    read only the target it is given, so that both give the same code. `optimize=False`: the
+    separate kernel skips LLVM's IR optimizer (for IR written as it should run)."""
     kernels: KernelSet | None = getattr(module, "cuvil_kernels", None)
     symbol = name if kernels is None else f"{name}.{kernels.tag}"
     try:
@@ -60,7 +64,7 @@ def kernel_function(module: ir.Module, target: KernelTarget, name: str,
         fn.linkage = "internal"
         define(module, fn, target)
     else:
-        kernels.requests.setdefault(symbol, KernelRequest(symbol, fn_type, define))
+        kernels.requests.setdefault(symbol, KernelRequest(symbol, fn_type, define, optimize))
     return fn
 
 
