@@ -148,7 +148,8 @@ def _float_dtype(node: Node, to: object) -> np.dtype:
     except Exception:
         dtype = None
     if dtype is None or dtype.name not in FLOATS:
-        raise UnsupportedOpError(f"{node.describe()}: dtype {to} is not one cuvil draws random "
+        name = dtype.name if dtype is not None else f"{to}"
+        raise UnsupportedOpError(f"{node.describe()}: dtype {name} is not one cuvil draws random "
                                  f"values of ({', '.join(FLOATS)})")
     return dtype
 
