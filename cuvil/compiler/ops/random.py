@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 import onnx
@@ -158,8 +159,8 @@ class _Distribution(Op):
     """RandomNormal and RandomUniform (shape attribute) and their *Like forms (the input's
     shape): the output's dtype is the `dtype` attribute, else (the *Like forms) the input's."""
 
-    dtypes = FLOATS
-    like: bool = False
+    dtypes: ClassVar[tuple[str, ...]] = FLOATS
+    like: ClassVar[bool] = False
 
     def out_type(self, node: Node) -> TensorType:
         to = attr(node, "dtype")
