@@ -119,7 +119,25 @@ def _normal(k: Emitter, key: ir.Value, i: ir.Value) -> ir.Value:
     u1 = _unit(k, _bits(k, key, two_i), 53, F64, half=True)
     u2 = _unit(k, _bits(k, key, b.add(two_i, k.i64(1))), 53, F64)
     radius = k.intrinsic("llvm.sqrt", [b.fmul(vecmath.log(b, u1), k.const(F64, -2.0))])
-    return b.fmul(radius, k.intrinsic("llvm.cos", [b.fmul(u2, k.const(F64, 2 * math.pi))]))
+    return b.fmul(radius, _cos_2pi(k, u2))
+
+
+#: sin(x) = x * P(x^2) on [-pi/2, pi/2]: its Taylor series to x^17 (error < 5e-14)
+_SIN_TAYLOR = tuple((-1) ** n / math.factorial(2 * n + 1) for n in range(9))
+
+
+def _cos_2pi(k: Emitter, u: ir.Value) -> ir.Value:
+    """cos(2 pi u) for u in [0, 1), as sin(x) with x = 2 pi (|u - 1/2| - 1/4) in [-pi/2, pi/2]:
+    a polynomial the loop vectorizes, four times faster than libm's cos here."""
+    b = k.b
+    half = b.fsub(u, k.const(F64, 0.5))
+    a = b.select(b.fcmp_ordered("<", half, k.const(F64, 0.0)), b.fneg(half), half)
+    x = b.fmul(b.fsub(a, k.const(F64, 0.25)), k.const(F64, 2 * math.pi))
+    x2 = b.fmul(x, x)
+    acc: ir.Value = k.const(F64, _SIN_TAYLOR[-1])
+    for c in reversed(_SIN_TAYLOR[:-1]):
+        acc = k.intrinsic("llvm.fmuladd", [acc, x2, k.const(F64, c)])
+    return b.fmul(x, acc)
 
 
 def _to_float(k: Emitter, value: ir.Value, src: np.dtype, dst: np.dtype) -> ir.Value:
@@ -203,7 +221,7 @@ class _Normal(_Distribution):
             y = k.b.fadd(k.b.fmul(z, k.const(F64, scale)), k.const(F64, mean))
             return _to_float(k, y, F64, dtype)
 
-        return draw, 80  # two libm-sized calls (log, cos)
+        return draw, 40
 
 
 class _Uniform(_Distribution):
