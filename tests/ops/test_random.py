@@ -307,7 +307,7 @@ def test_onnx_backend_cases_compile_with_their_shapes_and_dtypes():
     (_node("Multinomial", ["x"], "y"), {"x": ("float32", [2, 3, 4])}, ModelError,
      "node 'y'.*2-D"),
     (_node("Multinomial", ["x"], "y", dtype=TensorProto.FLOAT), {"x": ("float32", [2, 3])},
-     ModelError, "node 'y'.*int32 or int64"),
+     UnsupportedOpError, "node 'y'.*cuvil compiles Multinomial to int32, int64"),
 ])
 def test_errors_name_the_node(node, inputs, error, match):
     graph = helper.make_graph(

@@ -15,7 +15,7 @@ threads then fill any part of an output without sharing state, and a seeded node
 not depend on how many threads ran. A seeded node's key is a hash of the seed. An unseeded
 call's key mixes a library-wide call counter, bumped atomically (every call in the process gets
 its own key, from any thread, without locks), with the monotonic clock (processes draw apart,
-as onnxruntime's unseeded default comes from the clock); the C ABI stays as it is.
+as onnxruntime's unseeded nodes do); the C ABI stays as it is.
 
 Uniforms take as many random bits as their dtype holds exactly (24 for float32), so they lie in
 [low, high); normals (Box-Muller, in float64 for every dtype) take 53-bit uniforms in (0, 1)
@@ -41,8 +41,6 @@ from cuvil.compiler.ops import FLOATS, InferContext, Op, attr, register, require
 from cuvil.compiler.ops._window import entry_alloca
 from cuvil.errors import ModelError, UnsupportedOpError
 
-__all__ = ["mix64"]
-
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 #: the library-wide count of unseeded calls (an internal global, updated atomically)
@@ -56,9 +54,8 @@ F64 = np.dtype(np.float64)
 F32 = np.dtype(np.float32)
 
 
-def mix64(x: int) -> int:
-    """splitmix64's output function (Stafford's Mix13) on a 64-bit int: the compiler's copy of
-    `_mix`, for seeds."""
+def _mix64(x: int) -> int:
+    """splitmix64's output function (Stafford's Mix13): `_mix` at compile time, for seeds."""
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
     return x ^ (x >> 31)
@@ -83,7 +80,7 @@ def _call_key(k: Emitter, node: Node) -> ir.Value:
     seed = _seed(node)
     if seed is not None:
         bits = struct.unpack("<Q", struct.pack("<d", seed))[0]
-        return ir.Constant(I64, mix64(bits))
+        return ir.Constant(I64, _mix64(bits))
     try:
         calls = k.module.get_global(_CALLS)
     except KeyError:
@@ -161,15 +158,19 @@ def _fill(k: Emitter, node: Node, out: Value, draw: Draw, cost: int) -> None:
         k.store(y, [i], draw(k, k.carried[0], i))
 
 
-def _float_dtype(node: Node, to: object) -> np.dtype:
+def _dtype_attr(node: Node, allowed: tuple[str, ...]) -> np.dtype | None:
+    """The `dtype` attribute as a numpy dtype, one of `allowed` (None when not set)."""
+    to = attr(node, "dtype")
+    if to is None:
+        return None
     try:
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))  # type: ignore[call-overload]
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))
     except Exception:
         dtype = None
-    if dtype is None or dtype.name not in FLOATS:
+    if dtype is None or dtype.name not in allowed:
         name = dtype.name if dtype is not None else f"{to}"
-        raise UnsupportedOpError(f"{node.describe()}: dtype {name} is not one cuvil draws random "
-                                 f"values of ({', '.join(FLOATS)})")
+        raise UnsupportedOpError(f"{node.describe()}: dtype {name}; cuvil compiles "
+                                 f"{node.op_type} to {', '.join(allowed)}")
     return dtype
 
 
@@ -180,28 +181,24 @@ class _Distribution(Op):
     dtypes: ClassVar[tuple[str, ...]] = FLOATS
     like: ClassVar[bool] = False
 
-    def out_type(self, node: Node) -> TensorType:
-        to = attr(node, "dtype")
+    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
+        self.check_dtypes(node)
+        _seed(node)
+        dtype = _dtype_attr(node, FLOATS)
         if self.like:
             x = required_input(node, 0)
-            if x.type.dtype.name not in DTYPES:
-                raise UnsupportedOpError(f"{node.describe()}: input {x.name!r} has dtype "
-                                         f"{x.type.dtype}, which cuvil does not compile")
-            dtype = x.type.dtype if to is None else _float_dtype(node, to)
+            dtype = dtype or x.type.dtype
             if dtype.name not in FLOATS:
                 raise ModelError(f"{node.describe()}: input {x.name!r} is {dtype.name}; set the "
                                  "dtype attribute to the float type to draw")
-            return TensorType(dtype, x.type.shape)
+            return [TensorType(dtype, x.type.shape)]
         shape = attr(node, "shape")
         dims = [int(d) for d in shape]
         if not dims or any(d < 0 for d in dims):
             raise ModelError(f"{node.describe()}: shape {list(shape)} must list one size >= 0 "
                              "per axis")
-        return TensorType(_float_dtype(node, to), tuple(dims))
-
-    def infer(self, node: Node, ctx: InferContext) -> list[TensorType]:
-        _seed(node)
-        return [self.out_type(node)]
+        assert dtype is not None  # the attribute defaults to float
+        return [TensorType(dtype, tuple(dims))]
 
     def draw(self, node: Node, dtype: np.dtype) -> tuple[Draw, int]:
         raise NotImplementedError
@@ -275,18 +272,7 @@ class Bernoulli(Op):
         self.check_dtypes(node)
         _seed(node)
         x = required_input(node, 0)
-        to = attr(node, "dtype")
-        dtype = x.type.dtype
-        if to is not None:
-            try:
-                dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(to)))
-            except Exception:
-                raise UnsupportedOpError(f"{node.describe()}: dtype {to} is not one cuvil "
-                                         f"compiles ({', '.join(DTYPES)})") from None
-            if dtype.name not in DTYPES:
-                raise UnsupportedOpError(f"{node.describe()}: dtype {dtype} is not one cuvil "
-                                         f"compiles ({', '.join(DTYPES)})")
-        return [TensorType(dtype, x.type.shape)]
+        return [TensorType(_dtype_attr(node, DTYPES) or x.type.dtype, x.type.shape)]
 
     def lower(self, node: Node, k: Emitter) -> None:
         x, out = required_input(node, 0), node.outputs[0]
@@ -322,9 +308,8 @@ class Multinomial(Op):
         if not isinstance(samples, int) or samples < 1:
             raise ModelError(f"{node.describe()}: sample_size must be a positive integer, got "
                              f"{samples!r}")
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(attr(node, "dtype"))))
-        if dtype.name not in ("int32", "int64"):
-            raise ModelError(f"{node.describe()}: dtype must be int32 or int64, got {dtype}")
+        dtype = _dtype_attr(node, ("int32", "int64"))
+        assert dtype is not None  # the attribute defaults to int32
         ctx.require(node, x.type.shape[1] >= 1, "the input has no classes")
         return [TensorType(dtype, (x.type.shape[0], samples))]
 
@@ -336,6 +321,8 @@ class Multinomial(Op):
         x, out = required_input(node, 0), node.outputs[0]
         rows, classes = x.type.shape
         samples = out.type.shape[1]
+        if k.scratch is None:  # no rows at all
+            return
         key = _call_key(k, node)
         with k.parallel_loop(rows, cost=40 * classes + samples * classes, name="row",
                              carry=[key, k.scratch]) as row:
@@ -363,9 +350,10 @@ class Multinomial(Op):
         total = b.load(acc)
         count = entry_alloca(k, I64, "count")
         with k.loop(samples, name="s") as s:
-            # the class whose cumulative interval holds u * total, u in [0, 1) of 32+ bits: the
-            # classes whose sums are <= it, at most classes - 1 (u * total < total)
-            u = _unit(k, _bits(k, key, b.add(b.mul(row, samples), s)), 53, F64)
+            # the class whose cumulative interval holds u * total: the number of classes whose
+            # sums are <= it, at most classes - 1 (u of 32 bits is at most 1 - 2^-32, so
+            # u * total rounds below total)
+            u = _unit(k, _bits(k, key, b.add(b.mul(row, samples), s)), 32, F64)
             target = b.fmul(u, total)
             b.store(k.i64(0), count)
             with k.loop(b.sub(classes, k.i64(1)), name="j") as j:
