@@ -10,6 +10,7 @@ by 0 (a constant, or an input fed 0, as text-to-speech models scale their noise)
 onnxruntime exactly. A seeded node repeats its values at every call and on any number of
 threads (onnx's reference evaluator's semantics); unseeded nodes draw anew at every call, also
 from several Python threads at once, and identical unseeded nodes are neither folded nor merged.
+onnx's Bernoulli node cases hold numpy's draws: they are checked by shape and dtype.
 """
 
 from __future__ import annotations
