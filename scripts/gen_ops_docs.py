@@ -66,6 +66,17 @@ def render() -> str:
         "Attention, packed QKV inputs of MultiHeadAttention; a node that uses one is an error",
         "naming it.",
         "",
+        "## Random generators",
+        "",
+        "RandomNormal, RandomUniform, RandomNormalLike, RandomUniformLike, Bernoulli and",
+        "Multinomial draw at run time, never at compile time. A node with a `seed` attribute",
+        "draws the same values at every call and on any number of threads, as onnx's reference",
+        "evaluator does (onnxruntime instead continues one stream per session: its n-th call",
+        "repeats from session to session, its calls differ from each other). A node without a",
+        "seed draws anew at every call, independently of other nodes, calls, threads and",
+        "processes. cuvil's generator (counter-based, `cuvil/compiler/ops/random.py`) is not",
+        "onnxruntime's: the draws follow the same distributions, never the same values.",
+        "",
         "## Operators compiled through their ONNX function bodies",
         "",
         "onnx defines these operators as functions of other operators. cuvil has no kernel of",
@@ -80,8 +91,8 @@ def render() -> str:
 
 def _function_ops(registered: set[tuple[str, str]]) -> list[str]:
     """ai.onnx operators that onnx defines with a function body and the registry lacks,
-    leaving out those whose body uses an operator cuvil does not compile (Bernoulli's random
-    draws). A body built per node is looked at as built for float inputs."""
+    leaving out those whose body uses an operator cuvil does not compile. A body built per
+    node is looked at as built for float inputs."""
     schemas = [s for s in onnx.defs.get_all_schemas() if s.domain in ("", "ai.onnx")
                and ("", s.name) not in registered and not s.deprecated
                and (s.function_opset_versions or s.context_dependent_function_opset_versions)]

@@ -56,8 +56,10 @@ CATEGORIES: tuple[Category, ...] = (
     Category(
         "random",
         "Random generators",
-        "Their outputs are random draws: no compiled code can reproduce the draws stored in "
-        "the expected outputs. (Dropout in inference mode is in scope.)",
+        "Their outputs are random draws, and only numpy's generator reproduces the draws stored "
+        "in the expected outputs (the cases say so). cuvil compiles these operators: "
+        "tests/ops/test_random.py checks their distributions, and onnx's Bernoulli cases by "
+        "shape and dtype. (Dropout in inference mode is in scope.)",
         ops=("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
              "Multinomial", "Bernoulli"),
         cases=("test_training_dropout*",),

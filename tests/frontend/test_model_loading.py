@@ -265,20 +265,22 @@ def test_every_unsupported_op_is_reported_at_once_before_code_generation(monkeyp
         helper.make_node("Frobnicate", ["a"], ["b"], name="frob_1", domain="com.example"),
         helper.make_node("Frobnicate", ["b"], ["c"], name="frob_2", domain="com.example"),
         helper.make_node("Twiddle", ["c"], ["d"], name="twiddle", domain="com.example"),
-        helper.make_node("RandomUniformLike", ["x"], ["r"], name="noise"),
-        helper.make_node("Add", ["d", "r"], ["y"], name="add"),
+        helper.make_node("ImageDecoder", ["jpeg"], ["image"], name="decode"),
+        helper.make_node("Add", ["d", "x"], ["y"], name="add"),
     ]
     graph = helper.make_graph(
         nodes, "unsupported",
-        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("jpeg", onnx.TensorProto.UINT8, [100])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("image", onnx.TensorProto.UINT8, ["h", "w", 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20),
                                                     helper.make_opsetid("com.example", 3)])
     msg = _compile_error(model, UnsupportedOpError)
     assert "3 operator(s)" in msg
     for expected in ("com.example Frobnicate (opset 3)", "'frob_1'", "'frob_2'",
                      "com.example Twiddle (opset 3)", "'twiddle'",
-                     "ai.onnx RandomUniformLike (opset 17)", "'noise'"):
+                     "ai.onnx ImageDecoder (opset 20)", "'decode'"):
         assert expected in msg, (expected, msg)
     assert "'relu'" not in msg and "'add'" not in msg
     assert issubclass(UnsupportedOpError, CuvilError)

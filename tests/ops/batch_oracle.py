@@ -232,9 +232,10 @@ def _merged(tests: Sequence[Any]) -> onnx.ModelProto:
     return model
 
 
-def check_backend_cases(tests: Sequence[Any]) -> None:
+def check_backend_cases(tests: Sequence[Any], values: bool = True) -> None:
     """Compile the tests' graphs together (one model per opset) and compare every output with
-    the expected data onnx ships, at each test's own rtol/atol."""
+    the expected data onnx ships, at each test's own rtol/atol (`values=False`: its shape and
+    dtype only, for random draws)."""
     groups: dict[tuple[tuple[str, int], ...], list[Any]] = {}
     for t in tests:
         key = tuple(sorted((o.domain, o.version) for o in t.model.opset_import))
@@ -257,7 +258,8 @@ def check_backend_cases(tests: Sequence[Any]) -> None:
                 try:
                     assert have.shape == want.shape, f"shape {have.shape} != {want.shape}"
                     assert have.dtype == want.dtype, f"dtype {have.dtype} != {want.dtype}"
-                    np.testing.assert_allclose(have, want, rtol=t.rtol, atol=t.atol)
+                    if values:
+                        np.testing.assert_allclose(have, want, rtol=t.rtol, atol=t.atol)
                 except AssertionError as exc:
                     msg = re.sub(r"\s+", " ", str(exc))[:400]
                     failures.append(f"{t.name}: output {name}: {msg}")

@@ -513,6 +513,7 @@ def _import_families() -> None:
         normalization,
         pool,
         quantize,
+        random,
         recurrent,
         reduce,
         resize,
