@@ -3,7 +3,8 @@
 Each subcommand is a thin function over the parts that do the work (compiler driver, build
 backend, checks, toolchains). A `CuvilError` is printed as `cuvil: error: ...` on stderr with
 exit code 2 and no traceback; `cuvil check` and `cuvil publish` exit 1 when a check fails.
-Progress lines go to stderr with `--verbose`; results go to stdout.
+Progress lines go to stderr with `--verbose` (`cuvil build` shows them always: on one status
+line on a terminal, see progress.py); results go to stdout.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import io
 import json
 import os
 import re
@@ -182,17 +182,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------- build
 
 
-@contextlib.contextmanager
-def _quiet_unless(verbose: bool) -> Iterator[io.StringIO]:
-    """Hold the backend's stderr progress lines unless --verbose (errors are re-raised anyway)."""
-    buffer = io.StringIO()
-    if verbose:
-        yield buffer
-        return
-    with contextlib.redirect_stderr(buffer):
-        yield buffer
-
-
 def _config_settings(pairs: Sequence[str]) -> dict[str, str]:
     settings: dict[str, str] = {}
     for pair in pairs:
@@ -206,6 +195,7 @@ def _config_settings(pairs: Sequence[str]) -> dict[str, str]:
 def cmd_build(args: argparse.Namespace) -> int:
     import cuvil.build_backend as backend
     from cuvil.config import load_project
+    from cuvil.progress import build_progress
 
     root = Path(args.project_dir).resolve()
     if not (root / "pyproject.toml").is_file():
@@ -229,15 +219,17 @@ def cmd_build(args: argparse.Namespace) -> int:
     with _chdir(root):
         for target in targets:
             config = dict(settings)
+            if args.verbose:  # the commands the toolchain runs and each step's duration too
+                config.setdefault("verbose", "true")
             if target is not None:
                 config["target"] = target
             start = time.perf_counter()
-            with _quiet_unless(args.verbose):
+            with build_progress(args.verbose):
                 name = backend.build_wheel(str(out_dir), config)
             built.append(out_dir / name)
             print(f"built {out_dir / name} ({time.perf_counter() - start:.1f} s)")
         if args.sdist:
-            with _quiet_unless(args.verbose):
+            with build_progress(args.verbose):
                 name = backend.build_sdist(str(out_dir), settings)
             built.append(out_dir / name)
             print(f"built {out_dir / name}")

@@ -36,7 +36,7 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("api", ("cuvil/__init__.py", "cuvil/onnx_backend.py")),
     ("check", ("cuvil/check/",)),
     ("backend", ("cuvil/build_backend/",)),
-    ("cli", ("cuvil/cli.py", "cuvil/__main__.py", "cuvil/scaffold.py")),
+    ("cli", ("cuvil/cli.py", "cuvil/__main__.py", "cuvil/scaffold.py", "cuvil/progress.py")),
 ]
 RANK = {name: i for i, (name, _) in enumerate(PARTS)}
 

@@ -55,6 +55,10 @@ __all__ = [
 ConfigSettings = Mapping[str, Any]
 _Hook = TypeVar("_Hook", bound=Callable[..., Any])
 
+#: the start of the line the build prints for each model once all are built (`cuvil build`
+#: keeps these on screen)
+SUMMARY_PREFIX = "cuvil: built model "
+
 # Marks a folder as cuvil's editable install tree, so a refresh never deletes anything else.
 _EDITABLE_MARKER = ".cuvil-editable"
 

@@ -20,11 +20,14 @@ import dataclasses
 import functools
 import json
 import keyword
+import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable
 
 import cuvil
+from cuvil.build_backend import SUMMARY_PREFIX
 from cuvil.build_backend._custom_ops import load_op_modules, native_kernels
 from cuvil.build_backend._python import (
     MODELS_MODULE,
@@ -60,12 +63,20 @@ def build_package_files(
     signatures = []
     cache = open_cache(settings)
     natives = _natives(project, target, Path(workdir) / "custom-ops", log)
-    for model in project.models:
-        library, sig = _compile(project, model, target, Path(workdir) / model.name, log, cache,
-                                natives)
+    summaries = []
+    for number, model in enumerate(project.models, 1):
+        log(f"cuvil: model {number} of {len(project.models)}: {model.name}")
+        start = time.perf_counter()
+        library, sig, cached = _compile(project, model, target, Path(workdir) / model.name, log,
+                                        cache, natives)
+        summaries.append(model_summary(sig, len(library),
+                                       "from the compile cache" if cached else
+                                       f"compiled in {time.perf_counter() - start:.1f} s"))
         signatures.append(sig)
         files[f"{pkg}/{sig['library']}"] = library
         files[f"{pkg}/{model.name}.h"] = render_header(sig, sig["library"]).encode()
+    for line in summaries:
+        log(line)
     manifest = {
         "abi_version": ABI_VERSION,
         "package": pkg,
@@ -89,6 +100,17 @@ def build_package_files(
     return files
 
 
+def model_summary(signature: Mapping[str, Any], library_size: int, how: str) -> str:
+    """One line: the model's nodes by op (the commonest first), its library's size and how it
+    was made ("compiled in 3.2 s")."""
+    ops = Counter(profile["op"].split("(")[0].split("+")[0]
+                  for profile in signature["node_profile"])
+    shown = ", ".join(f"{count} {op}" for op, count in ops.most_common(4))
+    more = f" and {len(ops) - 4} more ops" if len(ops) > 4 else ""
+    return (f"{SUMMARY_PREFIX}{signature['name']}: {len(signature['node_profile'])} nodes "
+            f"({shown}{more}), {signature['library']} {library_size / 1024:.0f} KiB, {how}")
+
+
 def _natives(project: ProjectConfig, target: Target, workdir: Path,
              log: Callable[[str], None]) -> Callable[[], Mapping[str, Sequence[Path]]]:
     """The project's custom-op kernels compiled for `target`: built when a model first needs
@@ -105,10 +127,10 @@ def _natives(project: ProjectConfig, target: Target, workdir: Path,
 
 def _compile(project: ProjectConfig, model: ModelConfig, target: Target, workdir: Path,
              log: Callable[[str], None], cache: CompileCache | None,
-             natives: Callable[[], Mapping[str, Sequence[Path]]]) -> tuple[bytes, dict[str, Any]]:
-    """The model's library and signature: from the compile cache, else compiled (and stored)."""
-    from cuvil.compiler.driver import compile_model
-    from cuvil.toolchains.custom_ops import link_libraries
+             natives: Callable[[], Mapping[str, Sequence[Path]]]
+             ) -> tuple[bytes, dict[str, Any], bool]:
+    """The model's library and signature, and whether they came from the compile cache (else
+    they are compiled, and stored)."""
 
     options = project.compile_options(model)
     feeds_digest = None
@@ -124,7 +146,11 @@ def _compile(project: ProjectConfig, model: ModelConfig, target: Target, workdir
         if hit is not None:
             log(f"cuvil: {model.name}: {hit[1]['library']} taken from the compile cache "
                 f"(entry {key[:16]} in {cache.folder})")
-            return hit
+            return (*hit, True)
+    # only now: a hit needs neither the compiler nor onnx (a second of imports)
+    from cuvil.compiler.driver import compile_model
+    from cuvil.toolchains.custom_ops import link_libraries
+
     compiled = compile_model(
         model.source, model.name, workdir, options,
         target=target, log=log, custom_ops=native_kernels(project) if project.custom_ops else (),
@@ -135,7 +161,7 @@ def _compile(project: ProjectConfig, model: ModelConfig, target: Target, workdir
     library = compiled.library.read_bytes()
     if cache is not None:
         cache.store(key, library, compiled.signature, log)
-    return library, compiled.signature
+    return library, compiled.signature, False
 
 
 def _entry_point_feeds(project: ProjectConfig, model: ModelConfig) -> tuple[list[Any], str]:

@@ -197,11 +197,17 @@ def _folders(top: str, names: Iterable[str]) -> set[str]:
 def _external_data(source: Path) -> list[Path]:
     """Files holding a model's external tensor data (they sit next to the .onnx file)."""
     try:
+        data = source.read_bytes()
+        # an external tensor names its file under the key "location", which protobuf stores
+        # as these very bytes: without them there is nothing to find (and no second of
+        # importing onnx for a rebuild that the compile cache serves)
+        if b"location" not in data:
+            return []
         import onnx
+
+        model = onnx.load_model(str(source), load_external_data=False)
     except ImportError:  # the compiler needs onnx anyway and will say so when it runs
         return []
-    try:
-        model = onnx.load_model(str(source), load_external_data=False)
     except Exception:  # an unreadable model is reported by the compiler with a better message
         return []
     locations: set[str] = set()

@@ -9,6 +9,7 @@ conftest.py gives every test an empty cache folder of its own."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -107,6 +108,9 @@ def test_a_rebuild_and_a_copy_elsewhere_take_the_library_from_the_cache(
     assert again == cold
     log = capfd.readouterr().err
     assert "net: _net" in log and "taken from the compile cache" in log
+    assert "cuvil: model 1 of 1: net\n" in log
+    assert re.search(r"^cuvil: built model net: 1 nodes \(1 Gemm\), _net\.so \d+ KiB, from the "
+                     r"compile cache$", log, re.M), log
     assert str(_private_compile_cache) in log
 
     copy = tmp_path / "b" / "elsewhere"
@@ -168,6 +172,7 @@ def test_damaged_entries_are_detected_and_rebuilt(
 def test_a_new_model_takes_its_kernels_from_the_cache_and_links_the_same_library(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _private_compile_cache: Path,
         capfd: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(llvm_jobs, "_kernels", {})  # none compiled (for no cache) before
     build(make_project(tmp_path / "first"), tmp_path / "first-out", monkeypatch)
     kernels = sorted((_private_compile_cache / "kernels-v1").glob("*.entry"))
     assert kernels  # a GEMM and matrix-vector kernels per CPU copy

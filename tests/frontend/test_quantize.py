@@ -532,6 +532,9 @@ def test_backend_reads_an_entry_point_once_and_keys_on_its_feeds(
         def store(self, key, library, signature, log):
             pass
 
+        def kernels(self, log):
+            return None
+
     _package._compile(project, project.models[0], get_target(None), tmp_path / "work",
                       lambda message: None, Cache(), natives=dict)
     (call,) = seen
