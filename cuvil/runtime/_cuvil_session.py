@@ -10,12 +10,9 @@ the exception onnxruntime raises, by class name and message text, followed by wh
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from ._loader import Model  # `_cuvil_runtime` in a generated package
 
 __all__ = ["Fail", "InvalidArgument", "ModelMetadata", "NodeArg", "Session"]
 
@@ -64,7 +61,7 @@ class NodeArg:
     def shape(self) -> list[int | str | None]:
         return list(self._shape)
 
-    def __repr__(self) -> str:  # as onnxruntime's
+    def __repr__(self) -> str:  # onnxruntime's str() of a NodeArg (its repr is the default)
         return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
 
 
@@ -100,7 +97,9 @@ class Session:
     run_async, changing providers. Calls share nothing but the model, so threads may call
     one session at once."""
 
-    def __init__(self, model: Model, num_threads: int | None = None) -> None:
+    # `model` is the loader's Model, typed Any: the loader's module has one name in cuvil and
+    # another in a package, and a type checker must resolve this file in both
+    def __init__(self, model: Any, num_threads: int | None = None) -> None:
         self._model = model
         self._num_threads = num_threads
         sig = model.signature
