@@ -115,7 +115,6 @@ class Session:
         self._input_args = {a.name: a for a in self._inputs}
         self._outputs = [node_arg(t) for t in sig.outputs]
         self._output_index = {t.name: i for i, t in enumerate(model.outputs)}
-        self._input_names = frozenset(t.name for t in model.inputs)
 
     def get_inputs(self) -> list[NodeArg]:
         return list(self._inputs)
@@ -173,7 +172,7 @@ class Session:
             raise ValueError(f"Required inputs ({missing}) are missing from input feed "
                              f"({list(input_feed)}). (model {model.name!r} has inputs {names})")
         for key in input_feed:
-            if key not in self._input_names:
+            if key not in self._input_args:
                 raise _error(InvalidArgument, f"Invalid input name: {key}",
                              f"model {model.name!r} has inputs {names}")
         return [self._array(info, input_feed[info.name]) for info in model.inputs]

@@ -756,9 +756,9 @@ class Model:
         self._scratch = threading.local()  # .current: this thread's _Scratch
         self._out_is_input = any(t.name == "out" for t in self.inputs)
         # CUVIL_PROFILE=1: every call is profiled and the sum printed when the process exits
-        self._session: Profile | None = None
+        self._process_profile: Profile | None = None
         if os.environ.get("CUVIL_PROFILE", "0") not in ("", "0"):
-            self._session = self._new_profile()
+            self._process_profile = self._new_profile()
             atexit.register(self._print_session)
         self._set_thread_limit = _function(self._lib, self.name, "set_thread_limit")
         self._set_thread_limit.argtypes = [ctypes.c_int32]
@@ -1090,13 +1090,13 @@ class Model:
                                    for i, p in enumerate(self.signature.node_profile)])
 
     def _print_session(self) -> None:
-        if self._session is not None and self._session.runs:
-            sys.stderr.write(f"{self._session}\n")
+        if self._process_profile is not None and self._process_profile.runs:
+            sys.stderr.write(f"{self._process_profile}\n")
 
     def _execute(self, values: Sequence[Any], profile: Profile | None = None,
                  out: Sequence[Any] | None = None,
                  num_threads: int | None = None) -> list[np.ndarray]:
-        profile = profile or self._session
+        profile = profile or self._process_profile
         start = time.perf_counter_ns() if profile is not None else 0
         arrays, shapes = self._arrays(values)
         plan = self._plans.get(shapes) or self._plan(arrays, shapes)
