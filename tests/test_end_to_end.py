@@ -121,17 +121,29 @@ def predict_in_fresh_venv(venv_python: str, workdir: Path, x: np.ndarray) -> np.
         # may differ from the tiled kernel's in the last bit
         run = digits.classifier.run({"image": x})["probabilities"]
         np.testing.assert_array_equal(run, out)
+        # the onnxruntime-style session, from the package's own copy of the session module
+        session = digits.classifier.session()
+        np.testing.assert_array_equal(session.run(None, {"image": x})[0], out)
         info = [(t.name, t.dtype.name, list(t.shape)) for t in digits.classifier.inputs]
         info += [(t.name, t.dtype.name, list(t.shape)) for t in digits.classifier.outputs]
+        nodes = [(a.name, a.type, a.shape) for a in session.get_inputs() + session.get_outputs()]
         np.save(sys.argv[2], out)
+        print(json.dumps(nodes))
         print(json.dumps(info))
     """)
     (workdir / "predict.py").write_text(script)
     proc = run([venv_python, str(workdir / "predict.py"), str(workdir / "x.npy"),
                 str(workdir / "y.npy")], cwd=workdir)
-    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = proc.stdout.strip().splitlines()
+    info = json.loads(lines[-1])
     assert info == [["image", "float32", ["batch", 1, 8, 8]],
                     ["probabilities", "float32", ["batch", 10]]]
+    import onnxruntime as ort
+
+    oracle = ort.InferenceSession(str(EXAMPLE / "models" / "classifier.onnx"),
+                                  providers=["CPUExecutionProvider"])
+    assert json.loads(lines[-2]) == [[a.name, a.type, a.shape]
+                                     for a in oracle.get_inputs() + oracle.get_outputs()]
     return np.load(workdir / "y.npy")
 
 
@@ -153,7 +165,8 @@ def test_wheel_contents_and_manylinux_policy(isolated_wheel: Path) -> None:
         names = zf.namelist()
         manifest = json.loads(zf.read("digits/_models.json"))
     for expected in ("digits/__init__.py", "digits/__init__.pyi", "digits/py.typed",
-                     "digits/_classifier.so", "digits/classifier.h", "digits/_cuvil_runtime.py"):
+                     "digits/_classifier.so", "digits/classifier.h", "digits/_cuvil_runtime.py",
+                     "digits/_cuvil_session.py"):
         assert expected in names
     assert names[-1].endswith(".dist-info/RECORD")
     assert manifest["target"] == "x86_64-linux"
@@ -270,6 +283,8 @@ def test_built_package_writes_into_out_arrays(tmp_path: Path, held_out: dict[str
         else:
             raise AssertionError("a wrong-shaped out= was accepted")
         assert digits.__file__.startswith(sys.argv[3]), digits.__file__
+        probs = digits.classifier.session().run(["probabilities"], {"image": x})[0]
+        np.testing.assert_array_equal(probs, buf)
         np.save(sys.argv[2], buf)
     """))
     np.save(tmp_path / "x.npy", held_out["x"][:40])

@@ -212,13 +212,16 @@ def _foreign_imports(source: str, name: str) -> list[str]:
 
 
 def test_the_shipped_loader_imports_only_the_standard_library_and_numpy() -> None:
-    from cuvil.runtime import LOADER_SOURCE
+    from cuvil.runtime import LOADER_SOURCE, SESSION_SOURCE
 
     assert LOADER_SOURCE == PACKAGE / "runtime" / "_loader.py"
-    # the backend copies exactly this file into every package
+    assert SESSION_SOURCE == PACKAGE / "runtime" / "_cuvil_session.py"
+    # the backend copies exactly these files into every package
     package_source = (PACKAGE / "build_backend" / "_package.py").read_text(encoding="utf-8")
     assert "LOADER_SOURCE.read_bytes()" in package_source
-    assert _foreign_imports(LOADER_SOURCE.read_text(encoding="utf-8"), "_loader.py") == []
+    assert "SESSION_SOURCE.read_bytes()" in package_source
+    for source in (LOADER_SOURCE, SESSION_SOURCE):
+        assert _foreign_imports(source.read_text(encoding="utf-8"), source.name) == []
 
 
 def test_the_generated_package_imports_only_the_standard_library_numpy_and_its_loader() -> None:

@@ -5,6 +5,7 @@ Layout inside the wheel, for package `digits` with model `classifier`:
     digits/__init__.py          loads every model; `digits.classifier(x)`
     digits/__init__.pyi, py.typed
     digits/_cuvil_runtime.py    the ctypes/numpy caller (a copy of cuvil/runtime/_loader.py)
+    digits/_cuvil_session.py    `classifier.session()`, as onnxruntime's (cuvil/runtime's copy)
     digits/_models.json         signatures: names, dtypes, shapes, ABI checksums
     digits/_classifier.so       the compiled model (C ABI)
     digits/classifier.h         its C header
@@ -32,6 +33,7 @@ from cuvil.build_backend._custom_ops import load_op_modules, native_kernels
 from cuvil.build_backend._python import (
     MODELS_MODULE,
     RUNTIME_MODULE,
+    SESSION_MODULE,
     check_no_clash,
     models_module,
     python_files,
@@ -39,7 +41,7 @@ from cuvil.build_backend._python import (
 from cuvil.build_backend.cache import CompileCache, model_key, open_cache
 from cuvil.compiler.codegen.header import render_header
 from cuvil.config import ModelConfig, ProjectConfig
-from cuvil.runtime import ABI_VERSION, LOADER_SOURCE, Manifest
+from cuvil.runtime import ABI_VERSION, LOADER_SOURCE, SESSION_SOURCE, Manifest
 from cuvil.toolchains import Target
 
 
@@ -52,7 +54,8 @@ def build_package_files(
     pkg = project.package
     user_files = python_files(project)
     loader = models_module(pkg, user_files).replace(".", "/")
-    generated = [f"{pkg}/{n}" for n in (RUNTIME_MODULE + ".py", "_models.json")]
+    generated = [f"{pkg}/{n}" for n in (RUNTIME_MODULE + ".py", SESSION_MODULE + ".py",
+                                        "_models.json")]
     generated += [f"{loader}.py", f"{loader}.pyi" if loader != pkg else f"{pkg}/__init__.pyi"]
     for model in project.models:
         generated += [f"{pkg}/_{model.name}{target.library_suffix}", f"{pkg}/{model.name}.h"]
@@ -89,6 +92,7 @@ def build_package_files(
         signature.check_expressions(f"models[{i}]")
     files[f"{pkg}/_models.json"] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
     files[f"{pkg}/{RUNTIME_MODULE}.py"] = LOADER_SOURCE.read_bytes()
+    files[f"{pkg}/{SESSION_MODULE}.py"] = SESSION_SOURCE.read_bytes()
     if loader == pkg:
         files[f"{pkg}/__init__.py"] = render_init(pkg, signatures, target.name).encode()
         files[f"{pkg}/__init__.pyi"] = render_stub(signatures).encode()

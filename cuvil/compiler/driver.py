@@ -81,7 +81,36 @@ def signature_of(graph: Graph, name: str, library_file: str) -> dict[str, Any]:
             bounded = [graph.upper_bound(d) for d in v.type.shape]
             t["max_shape"] = [dim_str(d) for d in bounded]
             t["max_shape_expr"] = [to_python(d) for d in bounded]
+    if graph.metadata:  # a graph imported from ONNX (not one built in a test)
+        sig["metadata"] = graph.metadata
+        _add_onnx_shapes(graph, sig)
     return sig
+
+
+def _add_onnx_shapes(graph: Graph, sig: dict[str, Any]) -> None:
+    """Each input's and output's `onnx_shape`: its dims as onnxruntime reports them for the
+    source model, which the package's onnxruntime-style session reports too. A size stays a
+    size; otherwise the name the file declares for the dim, or the name of the input dim
+    it equals; None for a dim nothing names (an unnamed input dim, one the data decides, a
+    sum of dims)."""
+    named: dict[str, str] = {}  # cuvil's symbol -> the file's name for that dim
+
+    def onnx_shape(t: dict[str, Any], inputs: bool) -> list[int | str | None]:
+        declared = graph.declared_shapes.get(t["name"])
+        if declared is None or len(declared) != len(t["shape"]):
+            declared = (None,) * len(t["shape"])
+        dims: list[int | str | None] = []
+        for dim, name in zip(t["shape"], declared):
+            if isinstance(name, str) and inputs and isinstance(dim, str):
+                named.setdefault(dim, name)
+            dims.append(dim if isinstance(dim, int) else name if isinstance(name, str)
+                        else named.get(dim))
+        return dims
+
+    for t in sig["inputs"]:
+        t["onnx_shape"] = onnx_shape(t, inputs=True)
+    for t in sig["outputs"]:
+        t["onnx_shape"] = onnx_shape(t, inputs=False)
 
 
 def _node_profile(node: Node) -> dict[str, Any]:

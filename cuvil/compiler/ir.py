@@ -244,6 +244,11 @@ class Graph:
         #: where Winograd convolutions' transformed weights come from: "library" (computed by
         #: the compiler, stored) or "first-run" (derived at run time; passes/winograd_weights.py)
         self.transformed_weights = "library"
+        #: what the source ONNX model says of itself, for the package's onnxruntime-style
+        #: session (driver.signature_of): its metadata by onnxruntime's ModelMetadata names, and
+        #: each input's and output's dims as the file declares them (int, name, None: unnamed)
+        self.metadata: dict[str, Any] = {}
+        self.declared_shapes: dict[str, tuple[int | str | None, ...] | None] = {}
         self._names: set[str] = set()
         self._counter = itertools.count()
 

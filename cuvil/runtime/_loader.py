@@ -18,9 +18,12 @@ import time
 import types
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ._cuvil_session import Session
 
 ABI_VERSION = 4  # 2: run_profiled and the thread-pool exports (thread_pool, use_thread_pool,
 #    set_thread_limit); 3: cpu_check, and run's STATUS_CPU_UNSUPPORTED; 4: the checksum covers
@@ -186,15 +189,19 @@ class _Frozen(_Record):
 class TensorSignature(_Frozen):
     """An input or output: name, dtype name and shape (ints; dim names or expressions as
     text). Outputs also give `shape_expr` (how to compute each dim from the input dims) and,
-    where the data decides a dim, `max_shape` / `max_shape_expr` (its bound)."""
+    where the data decides a dim, `max_shape` / `max_shape_expr` (its bound). `onnx_shape`,
+    where the compiler knew the ONNX model, is the shape onnxruntime reports for it (None for
+    a dim nothing names), which `Model.session()` reports."""
 
-    __slots__ = ("dtype", "max_shape", "max_shape_expr", "name", "shape", "shape_expr")
+    __slots__ = ("dtype", "max_shape", "max_shape_expr", "name", "onnx_shape", "shape",
+                 "shape_expr")
     name: str
     dtype: str
     shape: tuple[int | str, ...]
     shape_expr: tuple[int | str, ...] | None
     max_shape: tuple[int | str, ...] | None
     max_shape_expr: tuple[int | str, ...] | None
+    onnx_shape: tuple[int | str | None, ...] | None
 
 
 class DataDimSignature(_Frozen):
@@ -229,7 +236,7 @@ class ModelSignature(_Frozen):
     """Everything the package knows of one model's library (a `models` entry)."""
 
     __slots__ = ("_node_profile", "checksum", "constraints", "cpu", "data_dims", "inputs",
-                 "library", "name", "nodes", "outputs", "symbols", "workspace")
+                 "library", "metadata", "name", "nodes", "outputs", "symbols", "workspace")
     name: str
     library: str
     checksum: str
@@ -241,6 +248,8 @@ class ModelSignature(_Frozen):
     data_dims: tuple[DataDimSignature, ...]
     workspace: int | str
     cpu: dict[str, CpuBaseline]
+    #: the ONNX model's metadata by onnxruntime's ModelMetadata names ({}: not recorded)
+    metadata: dict[str, Any]
     _node_profile: _Reader | tuple[NodeProfileEntry, ...]
 
     @classmethod
@@ -269,7 +278,8 @@ class ModelSignature(_Frozen):
             _node_profile=_Reader(*r._get("node_profile", True, []), list),
             data_dims=tuple(r.items("data_dims", _data_dim, optional=True)),
             workspace=r.expression_text("workspace"),
-            cpu={arch: _cpu_baseline(x) for arch, x in r.mapping("cpu", optional=True)})
+            cpu={arch: _cpu_baseline(x) for arch, x in r.mapping("cpu", optional=True)},
+            metadata=_metadata(_Reader(*r._get("metadata", True, {}))))
 
     @property
     def node_profile(self) -> tuple[NodeProfileEntry, ...]:
@@ -432,7 +442,13 @@ def _tensor(item: _Reader, output: bool) -> TensorSignature:
         if isinstance(d, int) and d < 0:
             raise ManifestError(f"{item.where}.shape[{axis}]: a dim cannot be negative ({d})")
     fields: dict[str, Any] = {"name": r.text("name"), "dtype": dtype, "shape": shape,
-                              "shape_expr": None, "max_shape": None, "max_shape_expr": None}
+                              "shape_expr": None, "max_shape": None, "max_shape_expr": None,
+                              "onnx_shape": None}
+    if "onnx_shape" in r.raw:
+        fields["onnx_shape"] = tuple(r.items("onnx_shape", _onnx_dim))
+        if len(fields["onnx_shape"]) != len(shape):
+            raise ManifestError(f"{item.where}.onnx_shape: {len(fields['onnx_shape'])} dims, but "
+                                f"shape has {len(shape)}")
     if output:
         fields.update(shape_expr=r.dims("shape_expr"), max_shape=r.dims("max_shape", True),
                       max_shape_expr=r.dims("max_shape_expr", True))
@@ -443,6 +459,34 @@ def _tensor(item: _Reader, output: bool) -> TensorSignature:
         if (fields["max_shape"] is None) != (fields["max_shape_expr"] is None):
             raise ManifestError(f"{item.where}: max_shape and max_shape_expr come together")
     return TensorSignature(**fields)
+
+
+def _onnx_dim(item: _Reader) -> int | str | None:
+    value = item.raw
+    if value is None or isinstance(value, str) or (type(value) is int and value >= 0):
+        return value
+    raise ManifestError(f"{item.where}: expected a size, a name or null, got {_json_kind(value)}")
+
+
+#: the text fields of a model's `metadata` (all optional), besides `version` (an integer) and
+#: `custom_metadata_map` (an object of strings)
+_METADATA_TEXTS = ("producer_name", "graph_name", "domain", "description", "graph_description")
+
+
+def _metadata(r: _Reader) -> dict[str, Any]:
+    meta: dict[str, Any] = {key: r.text(key) for key in _METADATA_TEXTS if key in r.raw}
+    version, where = r._get("version", True)
+    if version is not None:
+        if type(version) is not int:
+            raise ManifestError(f"{where}: expected an integer, got {_json_kind(version)}")
+        meta["version"] = version
+    if "custom_metadata_map" in r.raw:
+        entries, where = r._get("custom_metadata_map")
+        if not isinstance(entries, dict):
+            raise ManifestError(f"{where}: expected an object, got {_json_kind(entries)}")
+        meta["custom_metadata_map"] = {k: _Reader(v, f"{where}.{k}", None).text()
+                                       for k, v in entries.items()}
+    return meta
 
 
 def _data_dim(item: _Reader) -> DataDimSignature:
@@ -712,9 +756,9 @@ class Model:
         self._scratch = threading.local()  # .current: this thread's _Scratch
         self._out_is_input = any(t.name == "out" for t in self.inputs)
         # CUVIL_PROFILE=1: every call is profiled and the sum printed when the process exits
-        self._session: Profile | None = None
+        self._process_profile: Profile | None = None
         if os.environ.get("CUVIL_PROFILE", "0") not in ("", "0"):
-            self._session = self._new_profile()
+            self._process_profile = self._new_profile()
             atexit.register(self._print_session)
         self._set_thread_limit = _function(self._lib, self.name, "set_thread_limit")
         self._set_thread_limit.argtypes = [ctypes.c_int32]
@@ -730,11 +774,22 @@ class Model:
 
     @num_threads.setter
     def num_threads(self, value: int | None) -> None:
+        self._num_threads = self._checked_threads(value, f"{self.name}.num_threads")
+
+    def _checked_threads(self, value: int | None, what: str) -> int | None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < 1):
-            raise ValueError(f"{self.name}.num_threads must be None or an int >= 1, got "
-                             f"{value!r}")
-        self._num_threads = value
+            raise ValueError(f"{what} must be None or an int >= 1, got {value!r}")
+        return value
+
+    def session(self, num_threads: int | None = None) -> Session:
+        """The model as an onnxruntime InferenceSession: `run(output_names, input_feed)`,
+        `get_inputs()`, `get_outputs()`, `get_modelmeta()`, `get_providers()`, raising the
+        errors onnxruntime raises (docs/migrating.md). `num_threads` caps the threads of its
+        calls (None: the model's `num_threads`), as SessionOptions.intra_op_num_threads does."""
+        from ._cuvil_session import Session  # shipped beside this file; most callers never need it
+
+        return Session(self, self._checked_threads(num_threads, f"{self.name}.session(num_threads)"))
 
     def _load(self, signature: ModelSignature) -> ctypes.CDLL:
         try:
@@ -1035,12 +1090,13 @@ class Model:
                                    for i, p in enumerate(self.signature.node_profile)])
 
     def _print_session(self) -> None:
-        if self._session is not None and self._session.runs:
-            sys.stderr.write(f"{self._session}\n")
+        if self._process_profile is not None and self._process_profile.runs:
+            sys.stderr.write(f"{self._process_profile}\n")
 
     def _execute(self, values: Sequence[Any], profile: Profile | None = None,
-                 out: Sequence[Any] | None = None) -> list[np.ndarray]:
-        profile = profile or self._session
+                 out: Sequence[Any] | None = None,
+                 num_threads: int | None = None) -> list[np.ndarray]:
+        profile = profile or self._process_profile
         start = time.perf_counter_ns() if profile is not None else 0
         arrays, shapes = self._arrays(values)
         plan = self._plans.get(shapes) or self._plan(arrays, shapes)
@@ -1057,7 +1113,8 @@ class Model:
         in_ptrs, out_ptrs = scratch.inputs, scratch.outputs
         in_ptrs[:len(arrays)] = in_addresses
         out_ptrs[:len(outs)] = out_addresses
-        self._set_thread_limit(self._num_threads or 0)  # per calling thread, in the library
+        # per calling thread, in the library
+        self._set_thread_limit(num_threads or self._num_threads or 0)
         # the run writes the data-dependent dims into its dim array: one per call
         dims = (plan.dim_values if not self._data_dims
                 else type(plan.dim_values).from_buffer_copy(plan.dim_values))

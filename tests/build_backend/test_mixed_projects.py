@@ -173,6 +173,7 @@ def test_a_user_file_where_cuvil_generates_one_is_refused(
 
 @pytest.mark.parametrize(("model", "files", "shadowed"), [
     ("cuvil_runtime", {}, "tiny/_cuvil_runtime.py"),  # the loader cuvil generates
+    ("cuvil_session", {}, "tiny/_cuvil_session.py"),  # the session it imports
     ("cuvil_models", {"src/tiny/__init__.py": ""}, "tiny/_cuvil_models.py"),
     ("helpers", {"src/tiny/__init__.py": "", "src/tiny/_helpers.py": ""}, "tiny/_helpers.py"),
     ("utils", {"src/tiny/__init__.py": "", "src/tiny/_utils/__init__.py": ""},
@@ -221,7 +222,7 @@ def test_mixed_wheel_ships_the_package_unchanged_beside_the_generated_files(
         generated = archive.read("digit_reader/_cuvil_models.py").decode()
         entry_points = archive.read("digit_reader-1.1.0.dist-info/entry_points.txt").decode()
     assert {"digit_reader/_cuvil_models.pyi", "digit_reader/_classifier.so",
-            "digit_reader/_cuvil_runtime.py"} <= names
+            "digit_reader/_cuvil_runtime.py", "digit_reader/_cuvil_session.py"} <= names
     assert "digit_reader/__init__.pyi" not in names  # it would hide the user's __init__ from checkers
     assert "from ._cuvil_models import classifier" in generated
     assert "digit-reader = digit_reader.cli:main" in entry_points

@@ -256,6 +256,10 @@ def test_qdq_model_has_per_channel_symmetric_int8_weights_and_keeps_float_layers
     weights = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
     producers = {o: n for n in qdq.graph.node for o in n.output}
     float_model = onnx.load(CNN)
+    # what the package's session reports is the float model's, not the quantizer's
+    assert (qdq.producer_name, qdq.producer_version) == (float_model.producer_name,
+                                                         float_model.producer_version)
+    assert list(qdq.metadata_props) == list(float_model.metadata_props)
     channels = {n.name: numpy_helper.to_array(
         next(t for t in float_model.graph.initializer if t.name == n.input[1])).shape[0]
         for n in float_model.graph.node if n.op_type in ("Conv", "Gemm")}

@@ -120,7 +120,7 @@ def test_profiled_calls_give_onnxruntimes_results(compiled, monkeypatch: pytest.
     x = feeds(2)
     got = profiled.run(x)["y"]
     np.testing.assert_allclose(got, run_ort(conv_relu_matmul(), x)[0], rtol=1e-4, atol=1e-4)
-    assert profiled._session is not None and profiled._session.runs == 1
+    assert profiled._process_profile is not None and profiled._process_profile.runs == 1
 
 
 def test_flops_of_conv_transpose_gemm_einsum_and_lstm(tmp_path: Path) -> None:

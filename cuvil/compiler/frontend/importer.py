@@ -113,15 +113,39 @@ def _input_type(vi: onnx.ValueInfoProto, pins: Sequence[int | str] | None, label
     return TensorType(dtype, tuple(dims))
 
 
+def _metadata(model: onnx.ModelProto) -> dict[str, Any]:
+    """The model's metadata, named as onnxruntime's ModelMetadata names it."""
+    meta: dict[str, Any] = {
+        "producer_name": model.producer_name, "graph_name": model.graph.name,
+        "domain": model.domain, "description": model.doc_string,
+        "graph_description": model.graph.doc_string,
+        "custom_metadata_map": {p.key: p.value for p in model.metadata_props}}
+    if model.HasField("model_version"):
+        meta["version"] = model.model_version
+    return meta
+
+
+def _declared_shape(vi: onnx.ValueInfoProto) -> tuple[int | str | None, ...] | None:
+    """A graph input's or output's dims as the file declares them: a size, a name, or None
+    (no size nor name); None when it declares no shape."""
+    if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+        return None
+    return tuple(int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0
+                 else d.dim_param or None for d in vi.type.tensor_type.shape.dim)
+
+
 def import_model(source: str | Path | onnx.ModelProto,
                  pins: Mapping[str, Sequence[int | str]] | None = None, name: str = "model") -> Graph:
     """Read, check and type an ONNX model; raise one error listing every unsupported op."""
     load_entry_points()  # ops installed packages define (cuvil.register_op)
     model, label = load_onnx(source)
+    metadata = _metadata(model)  # before the version converter, which may not keep it all
     model = check_and_upgrade(model, label)
     opsets = _opsets(model.opset_import)
     g = model.graph
     graph = Graph(name)
+    graph.metadata = metadata
+    graph.declared_shapes = {vi.name: _declared_shape(vi) for vi in [*g.input, *g.output]}
     pins = dict(pins or {})
     values: dict[str, Value] = {}
 

@@ -128,7 +128,13 @@ def quantize_with_reference(source: str | Path | onnx.ModelProto, settings: Quan
         for line in printed.getvalue().splitlines():
             if line.strip():
                 say(f"cuvil: onnxruntime: {line.strip()}")
-        return Quantized(onnx.load(str(prepared)), onnx.load(str(output)), feeds)
+        prepared_model, qdq = onnx.load(str(prepared)), onnx.load(str(output))
+    # the package is the user's model: its session reports that model's producer and metadata
+    # (the quantizer writes its own: "onnx.quantize", {"onnx.infer": "onnxruntime.quant"})
+    qdq.producer_name, qdq.producer_version = model.producer_name, model.producer_version
+    del qdq.metadata_props[:]
+    qdq.metadata_props.extend(model.metadata_props)
+    return Quantized(prepared_model, qdq, feeds)
 
 
 def _pre_process(quantization: Any, original: Path, prepared: Path, large: bool, say: Log) -> None:
