@@ -3,7 +3,8 @@ graph optimizer write them: DynamicQuantizeMatMul and MatMulIntegerToFloat (what
 fuses quantize_dynamic's DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul chains into),
 QGemm, QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax,
 QLinearConcat and QLinearGlobalAveragePool (quantize_static's QOperator format), and
-QAttention and QEmbedLayerNormalization (quantize_dynamic of an optimized transformer), with
+QAttention and QEmbedLayerNormalization (quantize_dynamic of an optimized transformer) and
+DynamicQuantizeLSTM (quantize_dynamic of an LSTM), with
 the semantics of onnxruntime's operator documentation (ContribOperators.md).
 
 Each compiles as standard ops (`Op.expand`). The products stay on integers: MatMulInteger
@@ -193,6 +194,47 @@ class QEmbedLayerNormalization(Contrib):
         attrs = {"epsilon": float(attr(node, "epsilon", LAYER_NORM_EPSILON))}
         y, mask_index = b.outputs("EmbedLayerNormalization", 2, *inputs, domain=MS, **attrs)
         return _finish(b, y, mask_index)
+
+
+@register
+class DynamicQuantizeLSTM(Contrib):
+    """An LSTM whose W [directions, input, 4*hidden] and R [directions, hidden, 4*hidden] are
+    quantized (int8 or uint8, a scale and zero point per direction or per gate column), as
+    quantize_dynamic writes LSTMs: the LSTM of the dequantized weights, transposed to the
+    standard op's [directions, 4*hidden, ...] (constants, so once, at compile time).
+
+    onnxruntime also quantizes the input and the hidden state to 8 bits before each product,
+    so its outputs differ from the float model's by that rounding; cuvil's are the float
+    model's for the dequantized weights, nearer the model that was quantized."""
+
+    op_type = "DynamicQuantizeLSTM"
+    dtypes = ("float32",)
+    #: the standard LSTM's attributes, which this op shares
+    ATTRIBUTES = ("activation_alpha", "activation_beta", "activations", "clip", "direction",
+                  "hidden_size", "input_forget")
+
+    def expand(self, node: Node) -> onnx.FunctionProto:
+        self.check_dtypes(node)
+        for slot in (1, 2, 8, 10):
+            required_input(node, slot)
+        b = Body(node)
+
+        def gate_rows(weights: int, scale: int, zero: int) -> str:
+            # the scale and zero point, [directions] or [directions, 4*hidden], broadcast
+            # along the weights' middle axis
+            shape = b.const([0, 1, -1], np.int64)
+            w = b.cast(b.inputs[weights], np.float32)
+            if _given(node, zero):
+                w = b.op("Sub", w, b.op("Reshape", b.cast(b.inputs[zero], np.float32), shape))
+            w = b.op("Mul", w, b.op("Reshape", b.inputs[scale], shape))
+            return b.op("Transpose", w, perm=[0, 2, 1])
+
+        inputs = [b.inputs[0], gate_rows(1, 8, 9), gate_rows(2, 10, 11)]
+        inputs += [b.inputs[slot] if _given(node, slot) else "" for slot in range(3, 8)]
+        while inputs[-1] == "":
+            inputs.pop()
+        attrs = {name: node.attrs[name] for name in self.ATTRIBUTES if name in node.attrs}
+        return _finish(b, *b.outputs("LSTM", 3, *inputs, **attrs))
 
 
 # -- elementwise -----------------------------------------------------------------------------
