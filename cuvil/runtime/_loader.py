@@ -658,7 +658,7 @@ class _Plan:
         self.out_shapes = out_shapes
         self.workspace = workspace
         self.dim_values = dim_values
-        self.empty = empty  # a dim is 0: every output is empty and the library is not called
+        self.empty = empty  # every output is empty: the library is not called
 
 
 def _evaluated(shape: Sequence[Any], env: dict[str, Any]) -> tuple[int, ...]:
@@ -966,19 +966,21 @@ class Model:
                 else:
                     dims[want] = got
         env: dict[str, Any] = dict(dims)
-        empty = 0 in dims.values()
         try:
             for code, message in self._constraints:
                 if not _run(code, env):
                     raise ValueError(f"{self.name}: the input sizes break a constraint of the "
                                      f"model: {message} (with {self._dims_text(dims)}); feed "
                                      "inputs whose dims satisfy it")
-            out_shapes = (self._empty_shapes(dims, env) if empty
-                          else tuple(_evaluated(shape, env) for shape in self._out_shapes))
+            out_shapes = tuple(_evaluated(shape, env) for shape in self._out_shapes)
+            # a dim is 0 and so is some dim of every output: nothing to compute
+            empty = all(0 in shape for shape in out_shapes)
+            if empty:
+                out_shapes = self._empty_shapes(dims, env)
             ws = (1 if empty else self._workspace if isinstance(self._workspace, int)
                   else _run(self._workspace, env))
         except ZeroDivisionError:  # a size divided by a dim that is 0 here
-            if not empty:  # no input dim is 0: not the empty-input case this message is for
+            if 0 not in dims.values():  # not the empty-input case this message is for
                 raise
             raise self._not_empty(dims, "its output sizes divide by that dim") from None
         dim_values = (ctypes.c_int64 * max(len(self._symbols) + len(self._data_dims), 1))(
@@ -990,19 +992,14 @@ class Model:
         return plan
 
     def _empty_shapes(self, dims: dict[str, int], env: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
-        """The outputs' shapes when a dim is 0, as onnxruntime gives them: each has a 0 dim,
-        so there is nothing to compute. Refused where an output would still hold elements
-        (a reduction over the empty dim, a state passed through) or where the data would
-        decide its shape."""
+        """The outputs' shapes when every output is empty, as onnxruntime gives them. Refused
+        where the data would decide an output's shape."""
         # a dim the data decides is known only where its bound is 0
         known = {**env, **{name: 0 for name, bound in zip(self._data_dims, self._data_bounds)
                            if _evaluated([bound], env) == (0,)}}
         shapes = []
         for info, max_code, code in zip(self.outputs, self._out_shapes, self._actual_shapes):
             shape = _evaluated(max_code, env)
-            if 0 not in shape:
-                raise self._not_empty(dims, f"output {info.name!r} would have shape "
-                                            f"{list(shape)}")
             if code is not None:
                 try:
                     shape = _evaluated(code, known)
@@ -1015,9 +1012,8 @@ class Model:
     def _not_empty(self, dims: dict[str, int], why: str) -> ValueError:
         zero = {k: v for k, v in dims.items() if v == 0}
         return ValueError(
-            f"{self.name}: {self._dims_text(zero)}, and {why}: an empty input is answered "
-            "without running the model only where every output is empty too; feed at least "
-            "one element along that dim")
+            f"{self.name}: {self._dims_text(zero)}, and {why}; feed at least one element "
+            "along that dim")
 
     def _outputs(self, plan: _Plan, arrays: Sequence[np.ndarray], in_addresses: Sequence[int],
                  out: Sequence[Any] | None) -> tuple[list[np.ndarray], list[int]]:

@@ -40,6 +40,7 @@ from cuvil.compiler.kernels.emitter import (
     PARALLEL_THREADS,
     PTR,
     Emitter,
+    guard_divisions,
 )
 from cuvil.compiler.kernels.objects import KernelSet
 from cuvil.compiler.kernels.target import KernelTarget
@@ -128,6 +129,7 @@ def build_module(graph: Graph, plan: MemoryPlan, model: str, checksum: str,
         _run_function(module, target, fn_name, graph, plan, node_fns, weights, derived, symbols,
                       profiled=entry == "run_profiled")
 
+    guard_divisions(module)
     ir_text = hide_derived(hide_declarations(str(module), names["weights"], hidden,
                                              kernels.requests if kernels else ()), names)
     return dll_exports(ir_text, model) if "windows" in triple or "mingw" in triple else ir_text

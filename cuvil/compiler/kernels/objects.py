@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
+from cuvil.compiler.kernels.emitter import guard_divisions
 from cuvil.compiler.kernels.target import KernelTarget
 
 #: writes the kernel's attributes and body for a target into `fn`, which `module` holds
@@ -81,6 +82,7 @@ def kernel_module_ir(request: KernelRequest, triple: str, data_layout: str,
     module.data_layout = data_layout
     request.define(module, ir.Function(module, request.fn_type, request.symbol),
                    KernelTarget(triple, features))
+    guard_divisions(module)
     # llvmlite writes no visibility: the kernel and the runtime functions it calls (CPUID
     # queries in the thread pool's file) are the library's own
     text = _DEFINE_KERNEL.sub(r'define hidden \1@"\2"', str(module))
