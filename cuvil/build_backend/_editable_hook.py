@@ -89,26 +89,29 @@ def read_record(folder: str) -> dict[str, Any] | None:
         return None
 
 
-def changed_inputs(record: dict[str, Any]) -> tuple[list[str], bool]:
-    """What changed since `record`: "label (path)" texts, and whether any stat differs (then
-    the record is worth refreshing even when no content changed, e.g. after a touch)."""
-    changed, restat = [], False
+def changed_inputs(record: dict[str, Any]) -> tuple[list[str], dict[str, Any] | None]:
+    """What changed since `record`, as "label (path)" texts; and when nothing did but some
+    stats moved (a touch, a checkout of the same bytes), the record with the new stats, to
+    spare the next imports the hashing. A stat is taken before its file is hashed, so an edit
+    made meanwhile moves the mtime again."""
+    changed, entries, moved = [], [], False
     for label, path, mtime, size, digest in record["inputs"]:
         try:
             st = os.stat(path)
         except OSError:
             changed.append(f"{label} ({path}, now missing)")
             continue
+        entries.append([label, path, st.st_mtime_ns, st.st_size, digest])
         if (st.st_mtime_ns, st.st_size) == (mtime, size):
             continue
-        restat = True
+        moved = True
         try:
             now = _digest(label, path)
         except OSError:
             now = None
         if now != digest:
             changed.append(f"{label} ({path})")
-    return changed, restat
+    return changed, ({**record, "inputs": entries} if moved and not changed else None)
 
 
 def _stamp(tree: str) -> str | None:
@@ -162,12 +165,11 @@ class CuvilEditableFinder:
                               name=self.package)
         if mode == "off":
             return
-        changed, restat = changed_inputs(record)
+        changed, refreshed = changed_inputs(record)
         if not changed:
-            if restat:  # touched, not changed: spare the next imports the hashing
-                with contextlib.suppress(OSError):
-                    inputs = [entry[:2] for entry in record["inputs"]]
-                    write_record(self.tree, snapshot(inputs, record.get("mode", "auto")))
+            if refreshed is not None:
+                with contextlib.suppress(OSError):  # a read-only build folder: hash next time
+                    write_record(self.tree, refreshed)
             return
         what = "; ".join(changed)
         if mode == "error":

@@ -68,15 +68,18 @@ def finder(root: Path, tree: Path) -> hook.CuvilEditableFinder:
 def test_only_content_changes_count_and_a_touch_refreshes_the_record(tmp_path: Path) -> None:
     root, tree = project_with_record(tmp_path / "p")
     record = hook.read_record(str(tree))
-    assert record is not None and hook.changed_inputs(record) == ([], False)
+    assert record is not None and hook.changed_inputs(record) == ([], None)
 
     os.utime(root / "net.onnx", ns=(1, 1))  # touched: a new mtime, the same bytes
     pyproject = root / "pyproject.toml"  # edits outside [tool.cuvil] change nothing built
     pyproject.write_text(pyproject.read_text().replace('version = "0.1"', 'version = "0.2"  # x'))
-    assert hook.changed_inputs(record) == ([], True)
+    changed, new_stats = hook.changed_inputs(record)
+    assert changed == [] and new_stats is not None
+    assert [e[4] for e in new_stats["inputs"]] == [e[4] for e in record["inputs"]]
     finder(root, tree).check()  # nothing to do, and the record now has the new stats
     refreshed = hook.read_record(str(tree))
-    assert refreshed is not None and hook.changed_inputs(refreshed) == ([], False)
+    assert refreshed is not None and hook.changed_inputs(refreshed) == ([], None)
+    assert refreshed["inputs"][1][2] == 1
 
     write_model(root / "net.onnx", seed=1)
     pyproject.write_text(pyproject.read_text().replace("[2, 4]", '["batch", 4]'))
