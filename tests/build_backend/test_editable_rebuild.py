@@ -176,8 +176,9 @@ def test_the_finder_module_is_the_hook_with_its_install_call(tmp_path: Path) -> 
 def test_the_setting_is_checked_and_develop_needs_an_installer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cuvil.config import load_project
+    from cuvil.config import EDITABLE_REBUILD_MODES, load_project
 
+    assert hook.MODES == EDITABLE_REBUILD_MODES  # the hook cannot import config: kept in step
     root, _ = project_with_record(tmp_path / "p")
     assert load_project(root).settings.editable_rebuild == "auto"
     with pytest.raises(ConfigError, match="editable-rebuild"):
