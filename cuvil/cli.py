@@ -236,6 +236,45 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- develop
+
+
+def cmd_develop(args: argparse.Namespace) -> int:
+    """Compile into the editable build folder here (with progress), then let pip (or uv)
+    install the project editable into this interpreter's environment: its build finds the
+    folder up to date, so it only writes the editable wheel."""
+    import importlib.util
+
+    from cuvil.build_backend import rebuild_editable
+    from cuvil.progress import build_progress
+
+    root = Path(args.project_dir).resolve()
+    if not (root / "pyproject.toml").is_file():
+        raise ConfigError(f"{root}: no pyproject.toml; pass the model project's folder")
+    settings = _config_settings(args.config_setting)
+    options = [f"--config-settings={key}={value}" for key, value in settings.items()]
+    if importlib.util.find_spec("pip") is not None:
+        install = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check"]
+    elif shutil.which("uv"):
+        install = ["uv", "pip", "install", "--python", sys.executable]
+    else:
+        raise CuvilError(
+            f"cuvil develop installs with pip, which {sys.executable} does not have, nor is uv "
+            f"on PATH: run `{sys.executable} -m ensurepip`, or install uv"
+        )
+    start = time.perf_counter()
+    with build_progress(args.verbose):
+        rebuild_editable(str(root), settings)
+    # no build isolation: the build (and the rebuilds at import) use this environment's cuvil
+    command = [*install, "--no-build-isolation", *options, "-e", str(root)]
+    _say(f"cuvil: installing {root} editable into {sys.prefix}: {' '.join(command)}")
+    if subprocess.run(command).returncode != 0:
+        raise CuvilError(f"`{' '.join(command)}` failed (its output is above)")
+    print(f"installed {root} editable into {sys.prefix} ({time.perf_counter() - start:.1f} s); "
+          "a changed model or [tool.cuvil] is rebuilt at import (the editable-rebuild setting)")
+    return 0
+
+
 # ------------------------------------------------------------------------------- cache
 
 
@@ -816,6 +855,19 @@ def _parser() -> argparse.ArgumentParser:
         help="a build setting, as for pip -C (e.g. opt-level=2); repeatable",
     )
     p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser(
+        "develop", parents=[common],
+        help="build a project and install it editable into this environment, in one step",
+        description="Compile a model project's models and install it with `pip install "
+        "--no-build-isolation -e` into the environment cuvil runs in (uv when pip is "
+        "missing). Its Python files are read from the project, and a changed model or "
+        "[tool.cuvil] table is rebuilt at the next import (the editable-rebuild setting).",
+        epilog="example: cuvil develop examples/digit-reader -C cpu=native")
+    p.add_argument("project_dir", nargs="?", default=".", help="the project folder (default: .)")
+    p.add_argument("-C", "--config-setting", action="append", default=[], metavar="KEY=VALUE",
+                   help="a build setting, as for pip -C (e.g. opt-level=2); repeatable")
+    p.set_defaults(func=cmd_develop)
 
     p = sub.add_parser("cache", parents=[common],
                        help="show the compile cache's folder and size, or empty it")

@@ -34,6 +34,7 @@ __all__ = [
     "CUSTOM_OP_ATTRIBUTE_TYPES",
     "CUSTOM_OP_DTYPES",
     "DEFAULT_VERSION_REGEX",
+    "EDITABLE_REBUILD_MODES",
     "ENTRY_POINT",
     "OPT_LEVELS",
     "PRECISIONS",
@@ -65,6 +66,8 @@ CALIBRATION_METHODS = ("minmax", "percentile", "entropy")
 PRECISIONS = ("float32", "bf16")
 #: the transformed-weights values: Winograd's weights stored, or computed at the first run
 TRANSFORMED_WEIGHTS = ("library", "first-run")
+#: what importing a stale editable install does (build_backend/_editable_hook.py)
+EDITABLE_REBUILD_MODES = ("auto", "error", "off")
 #: the optimization levels LLVM takes
 OPT_LEVELS = (0, 1, 2, 3)
 # A calibration entry point: "package.module:function" (dotted names of identifiers).
@@ -512,6 +515,21 @@ class BuildSettings:
             "`pip wheel -v -C verbose=true .`.",
             True,
             default=False,
+            settable=True,
+        )
+    )
+    editable_rebuild: str = field(
+        metadata=_option(
+            "string",
+            "What importing an editable install (`pip install -e .`, `cuvil develop`) does when "
+            "a model file, a file it reads or the [tool.cuvil] table changed since it was built: "
+            '"auto" rebuilds it at import (cuvil must be installed where the package is '
+            'imported) with a message on stderr; "error" fails the import with an ImportError '
+            'naming the changed file and the command that rebuilds it; "off" does not look. '
+            "CUVIL_EDITABLE_REBUILD set when importing overrides it.",
+            "error",
+            default="auto",
+            choices=EDITABLE_REBUILD_MODES,
             settable=True,
         )
     )

@@ -35,6 +35,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
+# marks a folder as cuvil's editable install tree, so a refresh never deletes anything else
+from cuvil.build_backend._editable_hook import MARKER as _EDITABLE_MARKER
+
 if TYPE_CHECKING:
     from cuvil.build_backend._metadata import CoreMetadata
     from cuvil.build_backend._platform_env import BuildPlatform
@@ -50,6 +53,7 @@ __all__ = [
     "get_requires_for_build_wheel",
     "prepare_metadata_for_build_editable",
     "prepare_metadata_for_build_wheel",
+    "rebuild_editable",
 ]
 
 ConfigSettings = Mapping[str, Any]
@@ -58,9 +62,6 @@ _Hook = TypeVar("_Hook", bound=Callable[..., Any])
 #: the start of the line the build prints for each model once all are built (`cuvil build`
 #: keeps these on screen)
 SUMMARY_PREFIX = "cuvil: built model "
-
-# Marks a folder as cuvil's editable install tree, so a refresh never deletes anything else.
-_EDITABLE_MARKER = ".cuvil-editable"
 
 
 def _log(message: str) -> None:
@@ -197,10 +198,12 @@ def get_requires_for_build_editable(config_settings: ConfigSettings | None = Non
 # Metadata
 
 
-def _read(config_settings: ConfigSettings | None) -> tuple[ProjectConfig, CoreMetadata]:
+def _read(
+    config_settings: ConfigSettings | None, project: ProjectConfig | None = None
+) -> tuple[ProjectConfig, CoreMetadata]:
     from cuvil.build_backend._metadata import read_metadata
 
-    project = _load_project(config_settings)
+    project = project or _load_project(config_settings)
     metadata = read_metadata(
         project.project, project.root, project.pyproject, version=project.version
     )
@@ -315,19 +318,55 @@ def build_editable(
     the settings that shape the generated files changed, the folder is kept as it is. The
     package is checked as `build_wheel` checks its wheel before anything is written there.
 
-    A mixed project's Python files are not copied: an import hook makes the package read them
-    from the source folder (edits show at the next import) and the generated files from the
-    build folder.
+    The wheel holds an import hook (`_editable_hook.py`): at the package's first import it
+    rebuilds the folder, or refuses to import it, when a model or [tool.cuvil] changed (the
+    editable-rebuild setting). A mixed project's Python files are not copied: the hook makes
+    the package read them from the source folder (edits show at the next import) and the
+    generated files from the build folder.
     """
-    from cuvil.build_backend._editable import fingerprint, render_finder
+    from cuvil.build_backend._editable import render_finder
     from cuvil.build_backend._wheel import wheel_name, write_wheel
 
     project, metadata = _read(config_settings)
     chosen = _platform(project)
+    tree = _refresh_editable_tree(project, metadata, chosen)
+    hook = f"_cuvil_editable_{metadata.distribution}"
+    source = project.python_package
+    # a mixed project's Python files stay where they are; else the build folder is on sys.path
+    folders = None if source is None else [source, tree / project.package]
+    finder = render_finder(project.package, project.root, tree, folders, config_settings or {})
+    pth = ("" if source is not None else f"{tree}\n") + f"import {hook}\n"
+    extra = {f"{metadata.distribution}.pth": pth.encode(), f"{hook}.py": finder}
+    _log(f"writing editable wheel {wheel_name(metadata, chosen.platform_tag)}")
+    return write_wheel(Path(wheel_directory), metadata, extra, chosen.platform_tag)
+
+
+def rebuild_editable(project_dir: str, config_settings: ConfigSettings | None = None) -> str:
+    """Bring the editable install's build folder up to date (as `build_editable` does, with
+    no wheel); its import hook calls this when a model or [tool.cuvil] changed, and reports
+    its errors. Returns the folder, which stays as it was when the build fails."""
+    from cuvil.config import load_project
+
+    project = load_project(Path(project_dir), config_settings)
+    _, metadata = _read(config_settings, project)
+    return str(_refresh_editable_tree(project, metadata, _platform(project)))
+
+
+def _refresh_editable_tree(
+    project: ProjectConfig, metadata: CoreMetadata, chosen: BuildPlatform
+) -> Path:
+    """Compile the project into `<build_dir>/editable/` unless its fingerprint is unchanged;
+    either way, record the inputs the import hook watches."""
+    from cuvil.build_backend._editable import fingerprint, watched_inputs
+    from cuvil.build_backend._editable_hook import snapshot, write_record
+    from cuvil.build_backend._wheel import write_wheel
+
     target, tag = chosen.target, chosen.platform_tag
     verify = _wheel_check(project)
     user_files = _user_files(project, metadata)
-    tree = project.settings.build_dir / "editable"
+    tree = (project.settings.build_dir / "editable").resolve()
+    # before the fingerprint reads the files: an edit made meanwhile shows at the next import
+    record = snapshot(watched_inputs(project), project.settings.editable_rebuild)
     stamp = fingerprint(project, target.name, user_files)
     if _tree_stamp(tree) == stamp:
         from cuvil.build_backend._python import check_no_clash
@@ -335,22 +374,15 @@ def build_editable(
         kept = [p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file()]
         check_no_clash(project, user_files, kept)
         _log(f"the models and their settings are unchanged: keeping the compiled package in {tree}")
+        write_record(str(tree), record)
     else:
         files = _compile(project, metadata, target)
         with tempfile.TemporaryDirectory() as scratch:  # checked as the wheel it would be
             everything = {**files, **{n: p.read_bytes() for n, p in user_files.items()}}
             write_wheel(Path(scratch), metadata, everything, tag, verify=verify)
         _log(f"writing the editable package into {tree}")
-        _replace_tree(tree, files, stamp)
-    source = project.python_package
-    if source is not None:  # a mixed project: its Python files stay where they are
-        hook = f"_cuvil_editable_{metadata.distribution}"
-        finder = render_finder(project.package, source, tree / project.package)
-        extra = {f"{metadata.distribution}.pth": f"import {hook}\n".encode(), f"{hook}.py": finder}
-    else:
-        extra = {f"{metadata.distribution}.pth": f"{tree}\n".encode()}
-    _log(f"writing editable wheel {wheel_name(metadata, tag)}")
-    return write_wheel(Path(wheel_directory), metadata, extra, tag)
+        _replace_tree(tree, files, stamp, record)
+    return tree
 
 
 def _tree_stamp(tree: Path) -> str | None:
@@ -360,10 +392,14 @@ def _tree_stamp(tree: Path) -> str | None:
         return None
 
 
-def _replace_tree(tree: Path, files: Mapping[str, bytes], stamp: str = "") -> None:
+def _replace_tree(
+    tree: Path, files: Mapping[str, bytes], stamp: str = "", record: Mapping[str, Any] | None = None
+) -> None:
     """Make `tree` hold exactly `files`; the old content stays until the new one is complete.
-    The marker file holds `stamp`, what the tree was built from."""
+    The marker file holds `stamp`, what the tree was built from; `record` is the import hook's
+    record of the inputs."""
     from cuvil.build_backend import _reproducible
+    from cuvil.build_backend._editable_hook import write_record
     from cuvil.build_backend._wheel import check_archive_path
     from cuvil.errors import BuildError
 
@@ -382,6 +418,8 @@ def _replace_tree(tree: Path, files: Mapping[str, bytes], stamp: str = "") -> No
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         os.chmod(path, _reproducible.mode_for_name(name))
+    if record is not None:
+        write_record(str(staging), dict(record))
     # written last: a tree whose marker holds a stamp is complete
     (staging / _EDITABLE_MARKER).write_text(stamp, encoding="utf-8")
     try:

@@ -1,10 +1,13 @@
-"""Editable installs (PEP 660): what decides a recompile, and the import hook of mixed projects.
+"""Editable installs (PEP 660): what decides a recompile, and the import hook.
 
-An editable install of a mixed project holds no copy of the project's Python files: its `.pth`
-file imports a small module that puts a finder first on `sys.meta_path`. The finder gives the
-package two folders, as scikit-build-core's "redirect" mode does: the project's source folder
-(searched first) and the build folder with the compiled models and generated modules; the
-package's `__init__.py` is the user's when there is one, else the generated one.
+An editable install holds no copy of the project's files: its `.pth` file imports a small
+module (`_editable_hook.py`) that puts a finder first on `sys.meta_path`. At the package's
+first import the finder checks that the build is not stale (the models' files and the
+[tool.cuvil] table against the record of the build; `fingerprint` decides whether a rebuild
+compiles). For a mixed project it also gives the package two folders, as scikit-build-core's
+"redirect" mode does: the project's source folder (searched first) and the build folder with
+the compiled models and generated modules; the package's `__init__.py` is the user's when
+there is one, else the generated one. A models-only project's build folder is on sys.path.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import cuvil
-from cuvil.build_backend._custom_ops import ops_state
+from cuvil.build_backend import _editable_hook
+from cuvil.build_backend._custom_ops import custom_op_files, ops_state
+from cuvil.build_backend._editable_hook import TABLE
 from cuvil.build_backend._python import models_module
 from cuvil.build_backend._sdist import model_files
 from cuvil.build_backend.cache import sources_digest
@@ -24,7 +29,7 @@ from cuvil.build_backend.cache import sources_digest
 if TYPE_CHECKING:
     from cuvil.config import ProjectConfig
 
-__all__ = ["fingerprint", "render_finder"]
+__all__ = ["fingerprint", "render_finder", "watched_inputs"]
 
 
 def fingerprint(project: ProjectConfig, target: str, user_files: Mapping[str, Path]) -> str:
@@ -56,47 +61,38 @@ def fingerprint(project: ProjectConfig, target: str, user_files: Mapping[str, Pa
         ],
     }
     digest = hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
-    return f"cuvil editable install tree; rebuilt by pip install -e when this changes:\n{digest}\n"
+    return f"cuvil editable install tree; rebuilt when this changes:\n{digest}\n"
 
 
-def render_finder(package: str, source: Path, build: Path) -> bytes:
-    """The module the editable wheel's .pth file imports: it installs the package's finder."""
-    return f'''\
-"""Editable install of the package {package!r}, written by cuvil: `import {package}` reads its
-Python files from {str(source)!r} and its compiled models from {str(build)!r}."""
+def watched_inputs(project: ProjectConfig) -> list[tuple[str, str]]:
+    """(label, file) of what the import hook watches: the [tool.cuvil] table and every file
+    the models' builds read (models, external data, calibration data, native kernels)."""
+    def label(key: str) -> str:
+        kind, rest = key.removeprefix("tool.cuvil.").split(".", 1)
+        name, field = rest.rsplit(".", 1)  # e.g. "classifier", "source (external data)"
+        what = f"model {name}" if kind == "models" else f"custom op {name}"
+        return what if field == "source" else f"{what}'s {field}"
 
-import importlib.util
-import os
-import sys
-
-_PACKAGE = {package!r}
-_FOLDERS = [{str(source)!r}, {str(build)!r}]
-
-
-class _CuvilEditableFinder:
-    package = _PACKAGE
-
-    @classmethod
-    def find_spec(cls, fullname, path=None, target=None):
-        if fullname != _PACKAGE:
-            return None  # submodules are found in the package's __path__, the two folders
-        init = next(
-            (os.path.join(f, "__init__.py") for f in _FOLDERS
-             if os.path.isfile(os.path.join(f, "__init__.py"))),
-            None,
-        )
-        if init is None:
-            return None
-        return importlib.util.spec_from_file_location(
-            fullname, init, submodule_search_locations=list(_FOLDERS)
-        )
-
-    @classmethod
-    def invalidate_caches(cls):
-        pass
+    inputs = [(TABLE, str(project.pyproject.resolve()))]
+    for model in project.models:
+        inputs += [(label(k), str(p.resolve())) for k, p in model_files(project.root, model)]
+    inputs += [(label(k), str(p.resolve())) for k, p in custom_op_files(project)]
+    return inputs
 
 
-if not any(getattr(f, "__name__", None) == "_CuvilEditableFinder"
-           and getattr(f, "package", None) == _PACKAGE for f in sys.meta_path):
-    sys.meta_path.insert(0, _CuvilEditableFinder)
-'''.encode()
+def render_finder(
+    package: str, project: Path, tree: Path, folders: list[Path] | None,
+    config_settings: Mapping[str, Any],
+) -> bytes:
+    """The module the editable wheel's .pth file imports: the import hook's source
+    (`_editable_hook.py`) and the call that installs the package's finder. `folders` are the
+    package's folders of a mixed project (None: the build folder is on sys.path)."""
+    hook = Path(_editable_hook.__file__).read_text(encoding="utf-8")
+    paths = None if folders is None else [str(f) for f in folders]
+    return (
+        f'"""Editable install of the package {package!r}, written by cuvil from the project in\n'
+        f'{str(project)!r}; see the end of this file."""\n'
+        + hook.split('"""', 2)[2]  # the hook without its docstring
+        + f"\n\ninstall({package!r}, {str(project)!r}, {str(tree)!r}, {paths!r},\n"
+        f"        {dict(config_settings)!r})\n"
+    ).encode()

@@ -100,6 +100,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> types.SimpleName
                 cpu=None,
                 opt_level=3,
                 verbose=False,
+                editable_rebuild="auto",
             ),
             python_source=None,
             python_package=None,
@@ -380,10 +381,13 @@ def test_editable_wheel_points_at_compiled_tree(
         names = archive.namelist()
         pth = archive.read("digits_cuvil.pth").decode()
     assert [n for n in names if not n.startswith("digits_cuvil-1.0.0.dist-info/")] == [
-        "digits_cuvil.pth"
+        "_cuvil_editable_digits_cuvil.py", "digits_cuvil.pth"
     ]
-    tree = Path(pth.strip())
+    # the build folder on sys.path, and the import hook that checks it is not stale
+    folder, hook = pth.splitlines()
+    tree = Path(folder)
     assert tree == project.root / "build" / "cuvil" / "editable"
+    assert hook == "import _cuvil_editable_digits_cuvil"
     for file, data in PACKAGE_FILES.items():
         assert (tree / file).read_bytes() == data
     assert stat.S_IMODE((tree / "digits" / "_classifier.so").stat().st_mode) == 0o755
