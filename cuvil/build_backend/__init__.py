@@ -165,6 +165,10 @@ def _build_requirements(config_settings: ConfigSettings | None) -> list[str]:
         project = _load_project(config_settings)
     except CuvilError:
         return []  # the build hook that follows reports it, with the backend's context
+    return _project_requirements(project)
+
+
+def _project_requirements(project: ProjectConfig) -> list[str]:
     requires = []
     if any(model.quantize == "int8" for model in project.models):
         from cuvil.compiler.frontend.quantize import ONNXRUNTIME_REQUIREMENT
@@ -315,14 +319,27 @@ def build_editable(
     from the source folder (edits show at the next import) and the generated files from the
     build folder.
     """
-    from cuvil.build_backend._editable import fingerprint, render_finder
     from cuvil.build_backend._wheel import wheel_name, write_wheel
 
     project, metadata = _read(config_settings)
     chosen = _platform(project)
-    target, tag = chosen.target, chosen.platform_tag
     verify = _wheel_check(project)
-    user_files = _user_files(project, metadata)
+    extra = _editable_files(project, metadata, chosen.target, chosen.platform_tag, verify,
+                            _user_files(project, metadata))
+    _log(f"writing editable wheel {wheel_name(metadata, chosen.platform_tag)}")
+    return write_wheel(Path(wheel_directory), metadata, extra, chosen.platform_tag)
+
+
+def _editable_files(
+    project: ProjectConfig, metadata: CoreMetadata, target: Target, tag: str,
+    verify: Callable[[Path], None], user_files: Mapping[str, Path],
+) -> dict[str, bytes]:
+    """Refresh `<build_dir>/editable/` (compiling only when the models or their settings
+    changed; checked as a wheel first) and return the files an editable wheel carries to
+    import the package from there: a `.pth` file, and for a mixed project its import hook."""
+    from cuvil.build_backend._editable import fingerprint, render_finder
+    from cuvil.build_backend._wheel import write_wheel
+
     tree = project.settings.build_dir / "editable"
     stamp = fingerprint(project, target.name, user_files)
     if _tree_stamp(tree) == stamp:
@@ -345,8 +362,7 @@ def build_editable(
         extra = {f"{metadata.distribution}.pth": f"import {hook}\n".encode(), f"{hook}.py": finder}
     else:
         extra = {f"{metadata.distribution}.pth": f"{tree}\n".encode()}
-    _log(f"writing editable wheel {wheel_name(metadata, tag)}")
-    return write_wheel(Path(wheel_directory), metadata, extra, tag)
+    return extra
 
 
 def _tree_stamp(tree: Path) -> str | None:
