@@ -95,7 +95,7 @@ class CuvilBuildHook(BuildHookInterface):
         unknown = sorted(set(self.config) - _HATCH_KEYS)
         if unknown:
             raise ConfigError(
-                f"{Path(self.root) / 'pyproject.toml'}: tool.hatch.build hooks.cuvil: unknown "
+                f"{Path(self.root) / 'pyproject.toml'}: tool.hatch.build.hooks.cuvil: unknown "
                 f"key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; cuvil reads its "
                 "models and settings from [tool.cuvil] (docs/plugins.md), so move them there"
             )

@@ -3,7 +3,7 @@ into its own package, configured in pyproject.toml alone (no setup.py).
 
 ```toml
 [build-system]
-requires = ["setuptools>=70", "cuvil"]
+requires = ["setuptools>=70.1", "cuvil"]
 build-backend = "cuvil.build_backend.setuptools"
 ```
 
@@ -205,7 +205,7 @@ def finalize_distribution_options(dist: Distribution) -> None:
             f"{Path.cwd() / 'pyproject.toml'}: the project has a [tool.cuvil] table, but "
             "setuptools runs it without cuvil's backend, so its models would not be compiled; "
             'set build-backend = "cuvil.build_backend.setuptools" under [build-system] '
-            '(with requires = ["setuptools>=70", "cuvil"])'
+            '(with requires = ["setuptools>=70.1", "cuvil"])'
         )
     build = dist.get_command_class("build")
     bdist_wheel = dist.get_command_class("bdist_wheel")

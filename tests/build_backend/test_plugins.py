@@ -3,11 +3,11 @@
 Two projects with their own package (a module, a data file, a console script) and one model
 are built with isolated builds whose cuvil is this checkout's wheel: `pip wheel`, `python -m
 build --wheel` and `uv build` (sdist, then the wheel from it), for the host; one cross build
-each (aarch64-linux, named with -C). Every wheel is checked for its tag, the user's files and
-entry point, the compiled model and `cuvil check`; each is installed in turn into one fresh
-venv (numpy only) whose package and console script must give onnxruntime's outputs, and so
-must editable installs of both projects. The builds share one compile cache, so the model
-compiles once per target.
+each (aarch64-linux, named with -C: by uv for hatchling, by pip for setuptools). Every wheel
+is checked for its tag, the user's files and entry point, the compiled model and `cuvil
+check`; each is installed in turn into one fresh venv (numpy only) whose package and console
+script must give onnxruntime's outputs, and so must editable installs of both projects. The
+builds share one compile cache, so the model compiles once per target.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def test_plugin_projects_leave_the_version_and_sdist_to_their_backend(tmp_path: 
     root = write_project(tmp_path / "p", "hatchling", "dyn-model", dynamic='["version"]')
     text = (root / "pyproject.toml").read_text().replace('version = "0.2.0"\n', "")
     (root / "pyproject.toml").write_text(text)
-    with pytest.raises(ConfigError, match="tool.cuvil.metadata.version.regex"):
+    with pytest.raises(ConfigError, match=r"tool\.cuvil\.metadata\.version\.regex"):
         load_project(root)  # cuvil's own backend reads the version itself
     assert load_project(root, backend="hatchling").version is None
 
@@ -191,7 +191,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist),
                     str(ROOT)], check=True, capture_output=True)
     links = " ".join(filter(None, [os.environ.get("PIP_FIND_LINKS"), str(dist)]))
-    return {**{k: v for k, v in os.environ.items() if not k.startswith("CUVIL_")},
+    # no PYTHONPATH: the builds take cuvil from its wheel and the venv has no outer packages
+    kept = {k: v for k, v in os.environ.items() if not k.startswith("CUVIL_") and k != "PYTHONPATH"}
+    return {**kept,
             "PIP_FIND_LINKS": links, "UV_FIND_LINKS": str(dist), "CUVIL_CPU": "x86-64",
             "CUVIL_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}
 
@@ -208,7 +210,9 @@ def build_with(frontend: str, project: Path, out: Path, env: dict[str, str], *ar
         run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(out), *args, str(project)],
             env)
     elif frontend == "build":
-        run([sys.executable, "-m", "build", "--wheel", "-o", str(out), *args, str(project)], env)
+        # uv installs the isolated environment: the same build, in a third of the time
+        run([sys.executable, "-m", "build", "--wheel", "--installer", "uv", "-o", str(out), *args,
+             str(project)], env)
     else:  # uv builds the sdist, then the wheel from it
         run(["uv", "build", "-o", str(out), *args, str(project)], env)
     (wheel,) = out.glob("*.whl")
@@ -313,7 +317,8 @@ def test_a_cross_build_named_with_config_settings(
 ) -> None:
     from cuvil.check import check_wheel
 
-    wheel = build_with("pip", projects[host], tmp_path, env, "-C", "target=aarch64-linux")
+    frontend = "pip" if host == "setuptools" else "uv"
+    wheel = build_with(frontend, projects[host], tmp_path, env, "-C", "target=aarch64-linux")
     assert wheel.name.endswith(f"-{CROSS_TAG}.whl")
     report = check_wheel(wheel)
     assert not report.failures, report.summary()
