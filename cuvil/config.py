@@ -945,8 +945,15 @@ def load_project(
     root: str | os.PathLike[str],
     config_settings: Mapping[str, str | list[str]] | None = None,
     environ: Mapping[str, str] | None = None,
+    *,
+    backend: str | None = None,
 ) -> ProjectConfig:
-    """Read and check the project in `root`, with -C `config_settings` and `environ` on top."""
+    """Read and check the project in `root`, with -C `config_settings` and `environ` on top.
+
+    `backend` names another build backend whose plugin compiles the models (hatchling,
+    setuptools): that backend writes the metadata and the sdist, so [tool.cuvil.metadata]
+    and [tool.cuvil.sdist] are refused and a dynamic version is left to it.
+    """
     ctx = _Context(file=str(Path(root) / "pyproject.toml"), root=Path(root).resolve())
     data = read_pyproject(ctx.file)
     name, project = _check_project(data.get("project"), ctx)
@@ -991,8 +998,16 @@ def load_project(
                 f"{_toml(module)} is not a module name",
                 'Write dotted module names, e.g. op-modules = ["digits.ops"].',
             )
+    if backend is not None:
+        for key in ("metadata", "sdist"):
+            if key in tool:
+                _fail(f"{ctx.file}: tool.cuvil.{key}",
+                      f"is read by cuvil's own build backend only, but {backend} builds this project "
+                      f"and writes its {'metadata' if key == 'metadata' else 'sdist'}",
+                      f"Remove the table and configure it for {backend}.")
     sdist = SdistConfig(**_read(_SDIST_OPTIONS, _table(tool, "sdist", ctx), "tool.cuvil.sdist", ctx))
-    version, version_file = _dynamic_version(project, tool, values, ctx)
+    version, version_file = (None, None) if backend is not None else \
+        _dynamic_version(project, tool, values, ctx)
     settings = _settings(
         tool, config_settings or {}, os.environ if environ is None else environ, ctx
     )

@@ -32,7 +32,9 @@ Build settings can also be given to the build backend as `-C key=value` (for exa
 `pip wheel . -C target=aarch64-linux`) or as `CUVIL_*` environment variables. The first
 source that sets a value wins: `-C`, then the environment, then `pyproject.toml`, then the
 default. An empty `-C` value or variable counts as not set. Booleans given as text accept
-`true`/`false`, `yes`/`no`, `on`/`off` and `1`/`0`.
+`true`/`false`, `yes`/`no`, `on`/`off` and `1`/`0`. The same table and settings serve the
+hatchling and setuptools plugins, which compile the models into a package those backends
+build (docs/plugins.md); there `[tool.cuvil.metadata]` and `[tool.cuvil.sdist]` are refused.
 
 A project may also hold its own Python package `<package>/` (in `src/`, the root, or the
 folder `python-source` names), which the wheel ships with the compiled models; see "Mixed

@@ -170,6 +170,10 @@ def _build_requirements(config_settings: ConfigSettings | None) -> list[str]:
         project = _load_project(config_settings)
     except CuvilError:
         return []  # the build hook that follows reports it, with the backend's context
+    return _project_requirements(project)
+
+
+def _project_requirements(project: ProjectConfig) -> list[str]:
     requires = []
     if any(model.quantize == "int8" for model in project.models):
         from cuvil.compiler.frontend.quantize import ONNXRUNTIME_REQUIREMENT
@@ -324,21 +328,30 @@ def build_editable(
     the package read them from the source folder (edits show at the next import) and the
     generated files from the build folder.
     """
-    from cuvil.build_backend._editable import render_finder
     from cuvil.build_backend._wheel import wheel_name, write_wheel
 
     project, metadata = _read(config_settings)
     chosen = _platform(project)
-    tree = _refresh_editable_tree(project, metadata, chosen)
+    extra = _editable_files(project, metadata, chosen.target, chosen.platform_tag,
+                            config_settings or {})
+    _log(f"writing editable wheel {wheel_name(metadata, chosen.platform_tag)}")
+    return write_wheel(Path(wheel_directory), metadata, extra, chosen.platform_tag)
+
+
+def _editable_files(project: ProjectConfig, metadata: CoreMetadata, target: Target, tag: str,
+                    config_settings: ConfigSettings) -> dict[str, bytes]:
+    """Refresh `<build_dir>/editable/` and return the files an editable wheel carries to
+    import the package from there: a `.pth` file and the package's import hook."""
+    from cuvil.build_backend._editable import render_finder
+
+    tree = _refresh_editable_tree(project, metadata, target, tag)
     hook = f"_cuvil_editable_{metadata.distribution}"
     source = project.python_package
     # a mixed project's Python files stay where they are; else the build folder is on sys.path
     folders = None if source is None else [source, tree / project.package]
-    finder = render_finder(project.package, project.root, tree, folders, config_settings or {})
+    finder = render_finder(project.package, project.root, tree, folders, config_settings)
     pth = ("" if source is not None else f"{tree}\n") + f"import {hook}\n"
-    extra = {f"{metadata.distribution}.pth": pth.encode(), f"{hook}.py": finder}
-    _log(f"writing editable wheel {wheel_name(metadata, chosen.platform_tag)}")
-    return write_wheel(Path(wheel_directory), metadata, extra, chosen.platform_tag)
+    return {f"{metadata.distribution}.pth": pth.encode(), f"{hook}.py": finder}
 
 
 def rebuild_editable(project_dir: str, config_settings: ConfigSettings | None = None) -> str:
@@ -349,19 +362,18 @@ def rebuild_editable(project_dir: str, config_settings: ConfigSettings | None = 
 
     project = load_project(Path(project_dir), config_settings)
     _, metadata = _read(config_settings, project)
-    return str(_refresh_editable_tree(project, metadata, _platform(project)))
+    chosen = _platform(project)
+    return str(_refresh_editable_tree(project, metadata, chosen.target, chosen.platform_tag))
 
 
-def _refresh_editable_tree(
-    project: ProjectConfig, metadata: CoreMetadata, chosen: BuildPlatform
-) -> Path:
-    """Compile the project into `<build_dir>/editable/` unless its fingerprint is unchanged;
-    either way, record the inputs the import hook watches."""
+def _refresh_editable_tree(project: ProjectConfig, metadata: CoreMetadata, target: Target,
+                           tag: str) -> Path:
+    """Compile the project into `<build_dir>/editable/` unless its fingerprint is unchanged
+    (checked as a wheel first); either way, record the inputs the import hook watches."""
     from cuvil.build_backend._editable import fingerprint, watched_inputs
     from cuvil.build_backend._editable_hook import snapshot, write_record
     from cuvil.build_backend._wheel import write_wheel
 
-    target, tag = chosen.target, chosen.platform_tag
     verify = _wheel_check(project)
     user_files = _user_files(project, metadata)
     tree = (project.settings.build_dir / "editable").resolve()
