@@ -163,7 +163,7 @@ def test_a_wheel_failing_the_checks_is_removed(tmp_path: Path) -> None:
     root = write_project(tmp_path / "p", "hatchling", "bad-model")
     project = load_project(root, backend="hatchling")
     build = _plugins.PluginBuild(project, None, None, "manylinux_2_17_x86_64",  # type: ignore[arg-type]
-                                 wheel_verifier([], project.pyproject, lambda _: None))
+                                 wheel_verifier([], project.pyproject, lambda _: None), {})
     wheel = tmp_path / f"bad_model-0.2.0-{HOST_TAG}.whl"
     with zipfile.ZipFile(wheel, "w") as archive:  # what a host backend without cuvil writes
         archive.writestr("bad_model/__init__.py", "")
