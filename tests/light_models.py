@@ -116,13 +116,18 @@ def random_feeds(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
     return feeds
 
 
-def spread_problem(probabilities: np.ndarray) -> str | None:
-    """None when softmax outputs are far from flat, else what is wrong with them: not finite,
-    or the largest probability under 10 times the flat 1/n, or the entropy within 1 nat of the
-    flat log(n) (logits spread by LOGIT_STD take about LOGIT_STD**2 / 2 off it)."""
-    p = np.asarray(probabilities, np.float64).reshape(-1)
+def spread_problem(outputs: np.ndarray) -> str | None:
+    """None when a model's class outputs are far from flat, else what is wrong with them: not
+    finite, or the largest probability under 10 times the flat 1/n, or the entropy within 1
+    nat of the flat log(n) (logits spread by LOGIT_STD take about LOGIT_STD**2 / 2 off it).
+    Outputs that are no distribution are logits (DenseNet-121's graph ends before its
+    softmax), and are judged by their softmax."""
+    p = np.asarray(outputs, np.float64).reshape(-1)
     if not np.all(np.isfinite(p)):
         return "the outputs are not all finite"
+    if p.min() < 0 or abs(p.sum() - 1) > 1e-3:
+        p = np.exp(p - p.max())
+        p /= p.sum()
     entropy = float(-(p * np.log(np.maximum(p, 1e-300))).sum())
     if p.max() < 10 / p.size or entropy > np.log(p.size) - 1:
         return (f"the softmax is nearly flat: largest probability {p.max():.3g} over {p.size} "
@@ -163,8 +168,6 @@ def _scale_last_layer(model: onnx.ModelProto) -> None:
             name = producer[name].input[0]
         tensor = by_name[name]
         tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor) * np.float32(scale), name))
-    scaled = values * scale
-    probabilities = np.exp(scaled - scaled.max())
-    problem = spread_problem(probabilities / probabilities.sum())
+    problem = spread_problem(values * scale)  # judged as logits
     if problem:
         raise ValueError(f"dense weights for {graph.name!r}: {problem}")
