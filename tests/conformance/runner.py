@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import light_models
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-import light_models
 from conformance import scope
 
 __all__ = [

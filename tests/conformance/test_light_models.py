@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import light_models
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-import light_models
 from conformance import runner
 
 #: SqueezeNet (fire modules, concat) and ResNet-50 (50+ layers deep, residual BatchNorms)
