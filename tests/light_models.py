@@ -156,7 +156,11 @@ def _scale_last_layer(model: onnx.ModelProto) -> None:
     if logits != output:
         graph.output.append(onnx.ValueInfoProto(name=logits))
     try:
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        # a probe of one run: optimizing (and prepacking) VGG-19's weights would take longer
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
         values = session.run([logits], random_feeds(model, seed=1))[0].reshape(-1).astype(np.float64)
     finally:
         if logits != output:
