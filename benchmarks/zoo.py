@@ -2,7 +2,8 @@
 
 The nine `light_*` models come from the onnx package (fixed batch 1), whose weights are
 ConstantOfShape splats: the suite runs copies with dense seeded random weights in their place
-(cached under build/bench/models/). The others are made here with random, seeded weights,
+(tests/light_models.py makes them, for the conformance tests too; cached under
+build/bench/models/). The others are made here with random, seeded weights,
 exported by PyTorch's TorchScript exporter (opset 17, as tests/data/make_*.py do, whose
 module definitions they reuse), and cached there too. Without torch the older ones fall back
 to the small committed models in tests/data/ or to graphs built with onnx.helper, and
@@ -24,8 +25,6 @@ import onnx
 ROOT = Path(__file__).resolve().parent.parent
 TEST_DATA = ROOT / "tests" / "data"
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
-LIGHT_MODELS = ["alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
-                "shufflenet", "squeezenet", "vgg19", "zfnet512"]
 OPSET = 17
 
 
@@ -75,135 +74,17 @@ class Bench:
 
 # --- the onnx package's light models, with dense weights ---------------------------------------
 
-#: a weight reaches the op that reads it through these (Caffe2's exports reshape some)
-_PASS_THROUGH = ("Unsqueeze", "Reshape")
-#: ops between the last Conv/Gemm and the logits that commute with scaling (f(s x) = s f(x), s > 0)
-_HOMOGENEOUS = ("Relu", "GlobalAveragePool", "AveragePool", "MaxPool", "Reshape", "Flatten", "Dropout",
-                "Squeeze")
-#: spread of the logits the last layer is scaled to: over 1000 classes the largest softmax
-#: probability is then about 0.1, a hundred times a flat softmax's
-LOGIT_STD = 2.0
-
 
 def _light(name: str) -> Callable[[Path], Bench]:
-    file = "light_bvlc_alexnet" if name == "alexnet" else f"light_{name}"
-
     def make(cache: Path) -> Bench:
         path = cache / f"light_{name}_dense.onnx"
         source = "onnx package, dense random weights"
         if path.exists():
             return Bench(f"light_{name}", path, f"{source} (cached)")
-        _densify(LIGHT / f"{file}.onnx", path)
+        light_models = _test_module("light_models", ROOT / "tests")
+        light_models.dense_copy(LIGHT / f"{light_models.MODELS[name]}.onnx", path)
         return Bench(f"light_{name}", path, source)
     return make
-
-
-def _dense_value(node: onnx.NodeProto, slot: int, shape: tuple[int, ...], rng: np.random.Generator,
-                 residual: bool) -> np.ndarray:
-    """Random values of a sensible scale for input `slot` of `node`: He-scaled weights (a ReLU
-    network's activations then keep their size layer after layer), small biases,
-    normalizations near the identity; a BatchNormalization that ends a residual branch
-    (`residual`) scales by about 0.2, else each block would double the activations' variance
-    (ResNet-50's would reach 4e4, ShuffleNet's 1e6)."""
-    op = node.op_type
-    if op == "BatchNormalization" and slot == 1 and residual:
-        return rng.uniform(0.16, 0.24, shape).astype(np.float32)
-    if op in ("Conv", "Gemm") and slot == 1:
-        trans_b = any(a.name == "transB" and a.i for a in node.attribute)
-        fan_in = int(np.prod(shape[1:])) if op == "Conv" else shape[-1] if trans_b else shape[-2]
-        return rng.standard_normal(shape, np.float32) * np.float32(np.sqrt(2.0 / fan_in))
-    if (op in ("Conv", "Gemm") and slot == 2) or op == "Add" or (op == "BatchNormalization"
-                                                                  and slot in (2, 3)):
-        return rng.normal(0.0, 0.05, shape).astype(np.float32)  # biases, BN's shift and mean
-    if op in ("Mul", "BatchNormalization"):  # scales, BN's scale and variance
-        return rng.uniform(0.8, 1.2, shape).astype(np.float32)
-    raise ValueError(f"no rule for a weight read by {op} input {slot}")
-
-
-def _densify(source: Path, path: Path) -> None:
-    """`source` with every ConstantOfShape weight (a splat of 0.02, which makes every logit
-    equal) replaced by a dense seeded random initializer of the same name; the rest of the
-    graph as it is. The last Conv/Gemm is then scaled so that the logits spread by LOGIT_STD,
-    and the softmax is checked not to be flat. Weights are initializers only (IR version 4:
-    the old exporter's habit of listing them as graph inputs too would make them
-    overridable, so not constants, for onnxruntime)."""
-    from onnx import numpy_helper
-
-    model = onnx.load(str(source))
-    graph = model.graph
-    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-    for node in graph.node:
-        for slot, name in enumerate(node.input):
-            readers.setdefault(name, []).append((node, slot))
-    rng = np.random.default_rng(0)
-    values: dict[str, np.ndarray] = {}
-    for node in [n for n in graph.node if n.op_type == "ConstantOfShape"]:
-        name = node.output[0]
-        reader, slot = readers[name][0]
-        while reader.op_type in _PASS_THROUGH and slot == 0:
-            reader, slot = readers[reader.output[0]][0]
-        residual = any(r.op_type in ("Sum", "Add") for r, _ in readers.get(reader.output[0], []))
-        values[name] = _dense_value(reader, slot, tuple(int(d) for d in inits[node.input[0]]), rng,
-                                    residual)
-    kept = [n for n in graph.node if n.op_type != "ConstantOfShape"]
-    used = {i for n in kept for i in n.input}
-    weights = [t for t in graph.initializer if t.name in used]
-    weights += [numpy_helper.from_array(v, name) for name, v in values.items()]
-    data = [vi for vi in graph.input if vi.name not in inits and vi.name not in values]
-    del graph.node[:], graph.initializer[:], graph.input[:]
-    graph.node.extend(kept)
-    graph.initializer.extend(weights)
-    graph.input.extend(data)
-    model.ir_version = max(model.ir_version, 4)
-    _scale_last_layer(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    onnx.save(model, str(partial))
-    partial.replace(path)
-
-
-def _scale_last_layer(model: onnx.ModelProto) -> None:
-    """Scale the weight and bias of the Conv/Gemm the logits come from so that the logits of a
-    random input spread by LOGIT_STD; check the outputs are finite and the softmax not flat."""
-    import onnxruntime as ort
-    from onnx import numpy_helper
-
-    graph = model.graph
-    producer = {o: n for n in graph.node for o in n.output}
-    output = graph.output[0].name
-    last = producer[output]
-    logits = last.input[0] if last.op_type == "Softmax" else output
-    layer = producer[logits]
-    while layer.op_type in _HOMOGENEOUS:
-        layer = producer[layer.input[0]]
-    if layer.op_type not in ("Conv", "Gemm"):
-        raise ValueError(f"the logits {logits!r} come from {layer.op_type}, not a Conv or Gemm")
-
-    def run() -> tuple[np.ndarray, np.ndarray]:
-        probe = onnx.ModelProto()
-        probe.CopyFrom(model)
-        if logits != output:
-            probe.graph.output.append(onnx.ValueInfoProto(name=logits))
-        session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
-        feeds = Bench("probe", Path(), "").feeds(probe, 1, seed=1)
-        got = session.run([output, logits], feeds)
-        return got[0], got[1].reshape(-1).astype(np.float64)
-
-    _, values = run()
-    scale = LOGIT_STD / max(float(values.std()), 1e-30)
-    by_name = {t.name: t for t in graph.initializer}
-    for name in layer.input[1:3]:
-        while name not in by_name:  # a weight reshaped on its way
-            name = producer[name].input[0]
-        tensor = by_name[name]
-        tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor) * np.float32(scale), name))
-    out, values = run()
-    probabilities = np.exp(values - values.max())
-    probabilities /= probabilities.sum()
-    if not np.all(np.isfinite(out)) or probabilities.max() < 10 / values.size:
-        raise ValueError(f"dense weights: outputs finite {bool(np.all(np.isfinite(out)))}, largest "
-                         f"probability {probabilities.max():.3g} over {values.size} classes")
 
 
 def _digits(cache: Path) -> Bench:
@@ -224,10 +105,11 @@ def _has_torch() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def _test_module(name: str) -> Any:
-    """tests/data/<name>.py as a module (it defines the modules the tests' models use)."""
+def _test_module(name: str, folder: Path = TEST_DATA) -> Any:
+    """tests/data/<name>.py (it defines the modules the tests' models use), or another
+    folder's, as a module."""
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, TEST_DATA / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -690,7 +572,7 @@ def _committed(file: str) -> Callable[[Path], Path]:
 
 
 MODELS: dict[str, Callable[[Path], Bench]] = {
-    **{f"light_{name}": _light(name) for name in LIGHT_MODELS},
+    **{f"light_{name}": _light(name) for name in _test_module("light_models", ROOT / "tests").MODELS},
     "digits": _digits,
     "mobilenet_v3": _torch_or_fallback("mobilenet_v3", _export_mobilenet, {}, _committed(
         "mobilenet_block.onnx"), {"height": 224, "width": 224}, "tests/data/mobilenet_block.onnx"),

@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -129,7 +130,10 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     load_before = os.getloadavg()[1]
-    cases = runner.all_cases([k.strip() for k in args.kinds.split(",") if k.strip()])
+    # the light models' dense copies (about 1.2 GB), made by the workers, removed at the end
+    light_folder = tempfile.TemporaryDirectory(prefix="cuvil-light-")
+    cases = runner.all_cases([k.strip() for k in args.kinds.split(",") if k.strip()],
+                             Path(light_folder.name))
     collected = time.perf_counter() - start
     in_scope = sum(1 for c in cases if not c.scope)
     print(f"collected {len(cases)} cases ({in_scope} in scope) in {collected:.0f} s", file=sys.stderr)
@@ -146,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         kept = {r["id"]: r for r in previous["results"] if r["status"] == "pass"}
     again = [c for c in cases if c.id not in kept or c.scope]
     fresh = {r["id"]: r for r in runner.run_all(again, workers=args.workers, progress=progress)}
+    light_folder.cleanup()
     results = [fresh.get(c.id) or kept[c.id] for c in cases]
     wall = time.perf_counter() - start
     meta = report.run_meta(results, args.workers, wall, collected, load_before)

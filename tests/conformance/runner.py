@@ -4,7 +4,10 @@ Cases:
 - node: every case of `onnx.backend.test.case.node.collect_testcases(None)` (the data onnx
   writes to `onnx/backend/test/data/node/`), with each case's own rtol/atol;
 - light: the light_* models of `onnx/backend/test/data/light/` (the `real/` tests run on
-  local files): the input is onnx's dummy input (arange / n), the expected output is stored;
+  local files), as dense-weight copies (tests/light_models.py: the originals' splat weights
+  make every output 1/1000), made in the worker into the folder `light_cases` is given; the
+  input is seeded random, the expected output onnxruntime's on the same copy, and a copy
+  whose softmax comes out nearly flat fails;
 - pytorch-converted, pytorch-operator, simple: `<dir>/model.onnx` with
   `test_data_set_*/{input,output}_*.pb`.
 
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import light_models
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -68,7 +72,7 @@ class Case:
     model_bytes: bytes | None = None  # node cases
     model_path: str | None = None  # model cases
     data_sets: list[tuple[list[Any], list[Any]]] | None = None  # node cases
-    expected_path: str | None = None  # light: the stored output
+    source_path: str | None = None  # light: the original model, of which model_path is a copy
     #: graph inputs bound to their test values before compiling (scope.COMPILE_TIME_INPUTS);
     #: None: derived from the model
     bind: list[str] | None = None
@@ -76,6 +80,9 @@ class Case:
     timeout: int = NODE_TIMEOUT
 
     def model(self) -> onnx.ModelProto:
+        if self.source_path is not None:
+            assert self.model_path is not None
+            light_models.dense_copy(Path(self.source_path), Path(self.model_path))
         if self.model_bytes is not None:
             m = onnx.ModelProto()
             m.ParseFromString(self.model_bytes)
@@ -119,7 +126,8 @@ def node_cases() -> list[Case]:
     return cases
 
 
-def light_cases() -> list[Case]:
+def light_cases(folder: Path) -> list[Case]:
+    """The light models' cases; their dense copies are made (when a case runs) into `folder`."""
     cases = []
     for data_json in sorted((DATA_DIR / "real").glob("*/data.json")):
         info = json.loads(data_json.read_text())
@@ -127,15 +135,15 @@ def light_cases() -> list[Case]:
         if not url.startswith("onnx/backend/test/data/light/"):
             continue
         path = DATA_DIR / "light" / Path(url).name
-        expected = path.with_name(path.stem + "_output_0.pb")
         if not path.is_file():
             continue
         name = data_json.parent.name
         cat = scope.classify(onnx.load(str(path)), name)
         cases.append(Case(
             id=f"light/{name}", kind="light", name=name, rtol=info.get("rtol", 1e-3),
-            atol=info.get("atol", 1e-7), model_path=str(path), expected_path=str(expected),
-            scope=cat.key if cat else None, timeout=MODEL_TIMEOUT,
+            atol=info.get("atol", 1e-7), source_path=str(path),
+            model_path=str(folder / f"{path.stem}_dense.onnx"), scope=cat.key if cat else None,
+            timeout=MODEL_TIMEOUT,
         ))
     return cases
 
@@ -158,13 +166,17 @@ def model_cases(kind: str) -> list[Case]:
     return cases
 
 
-def all_cases(kinds: Iterable[str] = ("node", "light", *MODEL_KINDS)) -> list[Case]:
+def all_cases(kinds: Iterable[str] = ("node", "light", *MODEL_KINDS),
+              light_folder: Path | None = None) -> list[Case]:
+    """The cases of `kinds`; light ones need `light_folder`, where their copies go."""
     cases: list[Case] = []
     for kind in kinds:
         if kind == "node":
             cases += node_cases()
         elif kind == "light":
-            cases += light_cases()
+            if light_folder is None:
+                raise ValueError("the light cases need a folder for their dense copies")
+            cases += light_cases(light_folder)
         else:
             cases += model_cases(kind)
     return cases
@@ -189,13 +201,15 @@ def _data_sets(case: Case, model: onnx.ModelProto) -> list[tuple[list[Any], list
     if case.data_sets is not None:
         return case.data_sets
     if case.kind == "light":
-        from onnx.backend.test.runner import Runner
+        import onnxruntime as ort
 
-        inits = {i.name for i in model.graph.initializer}
-        inputs = [Runner.generate_dummy_data(vi, seed=0, name=case.name, random=False)
-                  for vi in model.graph.input if vi.name not in inits]
-        assert case.expected_path is not None
-        return [(inputs, [_read_pb(case.expected_path)])]
+        feeds = light_models.random_feeds(model, seed=0)
+        session = ort.InferenceSession(case.model_path, providers=["CPUExecutionProvider"])
+        expected = session.run(None, feeds)
+        problem = light_models.spread_problem(expected[0])
+        if problem:  # the copy would test as little as the splat original
+            raise ValueError(f"the dense copy of {case.name} is degenerate: {problem}")
+        return [(list(feeds.values()), expected)]
     folder = os.path.dirname(case.model_path or "")
     sets = []
     for ds in sorted(glob.glob(os.path.join(folder, "test_data_set_*"))):

@@ -15,9 +15,12 @@ local check. Per-case mode, to see failures one by one (and select them with -k)
 
 from __future__ import annotations
 
+import atexit
 import collections
 import functools
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,7 +38,9 @@ REPORT_DIR = Path(__file__).resolve().parents[2] / "build" / "conformance"
 
 @functools.cache
 def _cases() -> tuple[runner.Case, ...]:
-    return tuple(runner.all_cases())
+    light = tempfile.mkdtemp(prefix="cuvil-light-")  # the light models' dense copies
+    atexit.register(shutil.rmtree, light, True)
+    return tuple(runner.all_cases(light_folder=Path(light)))
 
 
 # -- the scope data itself -------------------------------------------------------------------
@@ -113,11 +118,13 @@ def _report(results, totals) -> str:
     return "\n".join(lines)
 
 
-def _gate(kinds: tuple[str, ...], groups: tuple[str, ...]) -> None:
+def _gate(kinds: tuple[str, ...], groups: tuple[str, ...], tmp_path: Path) -> None:
     start, load_before = time.perf_counter(), os.getloadavg()[1]
-    cases = runner.all_cases(kinds)
-    collected = time.perf_counter() - start
-    results = runner.run_all(cases)
+    # the workers make the light models' dense copies here (about 1.2 GB, not kept)
+    with tempfile.TemporaryDirectory(dir=tmp_path) as light:
+        cases = runner.all_cases(kinds, Path(light))
+        collected = time.perf_counter() - start
+        results = runner.run_all(cases)
     totals = runner.summarize(results)
     REPORT_DIR.mkdir(parents=True, exist_ok=True)
     meta = report.run_meta(results, os.cpu_count() or 1, time.perf_counter() - start, collected,
@@ -131,24 +138,24 @@ def _gate(kinds: tuple[str, ...], groups: tuple[str, ...]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(PER_CASE or MODELS_ONLY, reason="CUVIL_CONFORMANCE selects another gate")
-def test_conformance_meets_targets():
-    _gate(("node", "light", *runner.MODEL_KINDS), tuple(scope.TARGETS))
+def test_conformance_meets_targets(tmp_path):
+    _gate(("node", "light", *runner.MODEL_KINDS), tuple(scope.TARGETS), tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not MODELS_ONLY, reason="the full gate covers the models too; "
                     "CUVIL_CONFORMANCE=models runs only them")
-def test_model_conformance_meets_targets():
+def test_model_conformance_meets_targets(tmp_path):
     """The shipped models only (light_*, pytorch-converted, pytorch-operator)."""
-    _gate(("light", "pytorch-converted", "pytorch-operator"), ("light", "pytorch"))
+    _gate(("light", "pytorch-converted", "pytorch-operator"), ("light", "pytorch"), tmp_path)
 
 
 @pytest.mark.slow
-def test_a_case_that_ends_its_worker_fails_alone():
+def test_a_case_that_ends_its_worker_fails_alone(tmp_path):
     """A case whose worker dies (here: over its time limit) is reported; the others still run."""
     import dataclasses
 
-    light = [c for c in runner.light_cases() if c.name == "test_squeezenet"]
+    light = [c for c in runner.light_cases(tmp_path) if c.name == "test_squeezenet"]
     others = [c for c in runner.model_cases("pytorch-operator")
             if c.name in ("test_operator_basic", "test_operator_exp")]
     assert light and len(others) == 2

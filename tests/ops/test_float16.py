@@ -7,22 +7,20 @@ numpy in float64 where float16 arithmetic itself would overflow or lose the resu
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import cuvil
 from cuvil.compiler.frontend.importer import import_model
 from cuvil.compiler.passes import run_passes
+from tests import light_models
 from tests.oracle import make_model, run_ort
 
 float16 = pytest.importorskip("onnxconverter_common.float16")
-
-LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 
 
 def to_float16(model: onnx.ModelProto, keep_io_types: bool) -> onnx.ModelProto:
@@ -140,43 +138,10 @@ def test_float16_stability_where_float16_sums_overflow() -> None:
     np.testing.assert_allclose(got["n"].astype(np.float64), want, rtol=1e-2, atol=1e-2)
 
 
-def randomized_light_model(name: str, seed: int = 0) -> onnx.ModelProto:
-    """A light model of onnx's test data with its ConstantOfShape fills (every weight takes
-    one value there, so activations overflow float16 and the outputs are uniform) replaced by
-    random initializers of a trained net's scale (He-initialized convolutions)."""
-    model = onnx.load(os.path.join(LIGHT, f"{name}.onnx"))
-    rng = np.random.default_rng(seed)
-    g = model.graph
-    shapes = {t.name: numpy_helper.to_array(t) for t in g.initializer}
-    readers = {x: (n.op_type, k) for n in g.node for k, x in enumerate(n.input)}
-    weights, kept = [], []
-    for node in g.node:
-        if node.op_type != "ConstantOfShape":
-            kept.append(node)
-            continue
-        shape = [int(d) for d in shapes[node.input[0]]]
-        if readers.get(node.output[0]) == ("Conv", 1):
-            value = rng.standard_normal(shape) * np.sqrt(2.0 / np.prod(shape[1:]))
-        else:
-            value = rng.standard_normal(shape) * 0.1
-        weights.append(numpy_helper.from_array(value.astype(np.float32), node.output[0]))
-    del g.node[:], g.value_info[:]
-    g.node.extend(kept)
-    used = {x for n in kept for x in n.input}
-    initializers = [t for t in g.initializer if t.name in used] + weights
-    inputs = [i for i in g.input if i.name not in shapes]  # old exporters list weights too
-    del g.initializer[:]
-    g.initializer.extend(initializers)
-    del g.input[:]
-    g.input.extend(inputs)
-    model.ir_version = 8  # IR 3 lists initializers as inputs, which the converter mistypes
-    return model
-
-
 def test_light_squeezenet_mixed_float16() -> None:
     """SqueezeNet 1.0 (onnx's light model, random weights) converted with float32 I/O: the
     class probabilities agree with onnxruntime's on the same model and top-1 with float32."""
-    model32 = randomized_light_model("light_squeezenet")
+    model32 = light_models.dense_model(light_models.LIGHT / "light_squeezenet.onnx")
     model16 = to_float16(model32, keep_io_types=True)
     x = np.random.default_rng(3).standard_normal((1, 3, 224, 224), np.float32)
     got = cuvil.compile(model16)(x)
