@@ -56,17 +56,22 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
+#: kernel object code of this process: (symbol, machine) -> its job's (code, from the cache)
+_kernels: dict[tuple[Any, ...], Future[tuple[bytes, bool]]] = {}
+_kernels_lock = threading.Lock()
+
+
 def _forget_pool_after_fork() -> None:
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()  # the parent's threads are not the child's
+    # the parent's threads are not the child's: a job they were running never ends here
+    global _pool, _pool_lock, _kernels, _kernels_lock
+    _pool, _pool_lock = None, threading.Lock()
+    _kernels = {key: f for key, f in _kernels.items() if f.done()}
+    _kernels_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
-#: kernel object code of this process: (symbol, machine) -> its job's (code, from the cache)
-_kernels: dict[tuple[Any, ...], Future[tuple[bytes, bool]]] = {}
-_kernels_lock = threading.Lock()
 #: bytes of kernel code kept (a kernel object is some 10-100 KB)
 KERNEL_CACHE_BYTES = 256 << 20
 
