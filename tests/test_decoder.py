@@ -1,9 +1,10 @@
 """A decoder-only transformer with a KV cache, end to end: the GPT-style model torch exported
-(tests/data/gpt_kv.onnx, written by tests/data/make_gpt.py) and its copy after onnxruntime's
-transformer optimizer, each compiled once with its batch, sequence and past length symbolic,
-then driven by a greedy generation loop: a prompt from an empty past, then one token per step,
-the presents fed back as the next step's past. onnxruntime running the same file with the same
-loop is the oracle: the 32 tokens must be the same, and the logits close at every step.
+(tests/data/gpt_kv.onnx, written by tests/data/make_gpt.py), its copy after onnxruntime's
+transformer optimizer and its int4 weight-only copy (MatMulNBitsQuantizer), each compiled once
+with its batch, sequence and past length symbolic, then driven by a greedy generation loop: a
+prompt from an empty past, then one token per step, the presents fed back as the next step's
+past. onnxruntime running the same file with the same loop is the oracle: the 32 tokens must
+be the same, and the logits close at every step.
 """
 
 from __future__ import annotations
@@ -68,3 +69,16 @@ def test_gpt_after_onnxruntime_optimizer_matches_onnxruntime(tmp_path: Path) -> 
     assert ops == {"SkipLayerNormalization": 2 * LAYERS, "BiasGelu": LAYERS}, ops
     check_generation(optimized.model)
 
+
+
+def test_int4_weight_only_gpt_matches_onnxruntime() -> None:
+    """MatMulNBitsQuantizer's defaults but blocks of 32 (the model's K are 32 and 128):
+    onnxruntime, at accuracy_level 0, computes in float32 on the dequantized weights, as cuvil."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(onnx.load(GPT), block_size=32)
+    quantizer.process()
+    model = quantizer.model.model
+    ops = collections.Counter(n.op_type for n in model.graph.node if n.domain == "com.microsoft")
+    assert ops == {"MatMulNBits": 4 * LAYERS + 1}, ops  # every Linear: 4 per block and the head
+    check_generation(model)

@@ -96,7 +96,7 @@ def test_matmul_nbits_accuracy_level_4_within_activation_rounding(
 
 
 def nbits_cases() -> list[Case]:
-    """Forms the quantizer does not write: float zero points, a bias, 2-D input."""
+    """Forms the quantizer does not write: float zero points, a bias, 2-D input, 2 bits."""
     blocks, k, n = 3, 40, 5
     packed = rng.integers(0, 256, (n, blocks, 8)).astype(np.uint8)
     scales = rng.uniform(0.1, 0.3, (n, blocks)).astype(np.float32)
@@ -107,6 +107,9 @@ def nbits_cases() -> list[Case]:
         Case("MatMulNBits", ["x", "b", "s", "z", "", "bias"], attrs, {"x": f32(2, 3, k)},
              {"b": packed, "s": scales.ravel(), "z": rng.integers(0, 256, n * 2).astype(np.uint8),
               "bias": f32(n)}, label="bias, flat scales and zero points"),
+        Case("MatMulNBits", ["x", "b", "s", "z"], {**attrs, "bits": 2}, {"x": f32(4, k)},
+             {"b": packed[:, :, :4], "s": scales, "z": rng.integers(0, 256, (n, 1)).astype(np.uint8)},
+             label="2 bits"),
     ]
 
 
