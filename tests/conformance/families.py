@@ -67,8 +67,9 @@ FAMILIES: tuple[Family, ...] = (
         "models: MatMulNBits as MatMulNBitsQuantizer writes it, and onnxruntime-genai's "
         "GroupQueryAttention, RotaryEmbedding and SimplifiedLayerNormalization (the last in the "
         "default domain), compared with onnxruntime on single-node models; a GPT-style model "
-        "exported from torch, before and after the transformer optimizer, generates onnxruntime's "
-        "tokens (`tests/test_decoder.py`). What is refused is in `ops.md`.",
+        "exported from torch (as exported, after the transformer optimizer, int4) and a "
+        "Llama-style model in the builder's form (float32, int4) generate onnxruntime's tokens "
+        "(`tests/test_decoder.py`). What is refused is in `ops.md`.",
         ("tests/ops/test_contrib.py", "tests/ops/test_contrib_quantized.py",
          "tests/ops/test_contrib_decoder.py"),
         # onnxruntime's quantizers (quantize_dynamic, quantize_static in QOperator format)
