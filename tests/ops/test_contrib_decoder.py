@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 from oracle import run_ort
-from test_contrib import Case, check, f32, rng
+from test_contrib import Case, _model, _prefixed, check, f32, rng
 
 import cuvil
 from cuvil.errors import CuvilError
@@ -212,7 +212,6 @@ def test_decoder_nodes_match_onnxruntime() -> None:
 
 def test_refused_forms_name_the_node() -> None:
     case = gqa(1, 2, attrs={"smooth_softmax": 1})
-    from test_contrib import _model, _prefixed
     node, feeds, consts, _ = _prefixed([case])[0]
     outs = {f"c0_{n}": np.zeros(1, np.float32) for n, _ in GQA_OUT}
     with pytest.raises(CuvilError, match=r"case0.*smooth_softmax"):

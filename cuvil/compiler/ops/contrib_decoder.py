@@ -127,7 +127,7 @@ class SimplifiedLayerNormalization(Contrib):
 
 
 def _rotate(b: Body, x: str, cos: str, sin: str, head: int, rotary: int, interleaved: bool) -> str:
-    """x [..., head] with its first `rotary` values rotated by the angles whose cos and sin
+    """x [b, ., ., head] (4-D) with its first `rotary` values rotated by the angles whose cos and sin
     ([..., rotary / 2], broadcast) are given: pairs (i, i + rotary / 2), or (2i, 2i + 1) when
     interleaved; the values after them pass through."""
     half = rotary // 2
@@ -153,8 +153,10 @@ def _rotate(b: Body, x: str, cos: str, sin: str, head: int, rotary: int, interle
 def _angles(b: Body, positions: str, cos_slot: int, axis: int) -> tuple[str, str]:
     """cos and sin of the rotation at `positions` [b, s] (rows of the caches), with an axis of 1
     inserted at `axis` to broadcast over the heads."""
-    return tuple(b.op("Unsqueeze", b.op("Gather", b.inputs[slot], positions, axis=0), _ints(b, axis))
-                 for slot in (cos_slot, cos_slot + 1))  # type: ignore[return-value]
+    def rows(slot: int) -> str:
+        return b.op("Unsqueeze", b.op("Gather", b.inputs[slot], positions, axis=0), _ints(b, axis))
+
+    return rows(cos_slot), rows(cos_slot + 1)
 
 
 def _rotary_dim(node: Node, cos_slot: int, head: int) -> int:
@@ -180,7 +182,7 @@ class RotaryEmbedding(Contrib):
         _refuse(node, ("is_packed_batching",))
         if float(attr(node, "scale", 1.0)) != 1.0:
             raise UnsupportedOpError(f"{node.describe()}: attribute scale={attr(node, 'scale')} is not "
-                                     "compiled by cuvil (onnxruntime's CPU kernel ignores it)")
+                                     "compiled by cuvil (it compiles RotaryEmbedding with scale 1)")
         x, ids = required_input(node, 0), required_input(node, 1)
         if x.type.rank not in (3, 4) or ids.type.rank not in (1, 2):
             raise ModelError(f"{node.describe()}: input must be [b, s, hidden] or [b, n, s, head] and "
@@ -199,7 +201,11 @@ class RotaryEmbedding(Contrib):
         if last % head:
             raise ModelError(f"{node.describe()}: hidden size {last} is not a multiple of the head "
                              f"size {head}")
-        rotary = rotary or _rotary_dim(node, 2, head)
+        cached = _rotary_dim(node, 2, head)
+        if rotary and rotary != cached:
+            raise ModelError(f"{node.describe()}: rotary_embedding_dim {rotary} but the caches rotate "
+                             f"{cached} values (their last dim is half of it)")
+        rotary = cached
         b = Body(node)
         seq_axis = 1 if x.type.rank == 3 else 2
         positions = b.inputs[1]
@@ -251,10 +257,10 @@ class GroupQueryAttention(Contrib):
     length); do_rotary with cos_cache and sin_cache (rotary_interleaved), scale, softcap and
     local_window_size.
 
-    The kv-share-buffer mode is not compiled: a past that is a buffer of the maximum length,
-    longer than total_sequence_length, and a present in the same buffer. cuvil's present then
-    holds the same values, but past + s long (onnxruntime's: the buffer's length), and in a new
-    tensor: cuvil's output shapes follow from the input shapes, not from an input's value."""
+    The kv-share-buffer mode is not reproduced: given a past buffer of the maximum length,
+    longer than total_sequence_length, cuvil's present holds the same values but is past + s
+    long (onnxruntime's: the buffer's length), in a tensor of its own: cuvil's output shapes
+    follow from the input shapes, not from an input's value."""
 
     op_type = "GroupQueryAttention"
 
