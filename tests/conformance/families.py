@@ -63,8 +63,15 @@ FAMILIES: tuple[Family, ...] = (
         "CPU kernel in onnxruntime). The quantization ones that onnxruntime's quantizers and "
         "its session optimizer write (quantize_dynamic, quantize_static in QOperator format) "
         "are compiled the same way, their integer products on the int8 kernel, and compared "
-        "with onnxruntime on models those tools made. What is refused is in `ops.md`.",
-        ("tests/ops/test_contrib.py", "tests/ops/test_contrib_quantized.py"),
+        "with onnxruntime on models those tools made. So are the ops of decoder-only language "
+        "models: MatMulNBits as MatMulNBitsQuantizer writes it, and onnxruntime-genai's "
+        "GroupQueryAttention, RotaryEmbedding and SimplifiedLayerNormalization (the last in the "
+        "default domain), compared with onnxruntime on single-node models; a GPT-style model "
+        "exported from torch (as exported, after the transformer optimizer, int4) and a "
+        "Llama-style model in the builder's form (float32, int4) generate onnxruntime's tokens "
+        "(`tests/test_decoder.py`). What is refused is in `ops.md`.",
+        ("tests/ops/test_contrib.py", "tests/ops/test_contrib_quantized.py",
+         "tests/ops/test_contrib_decoder.py"),
         # onnxruntime's quantizers (quantize_dynamic, quantize_static in QOperator format)
         written=("DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention", "QGemm",
                  "QLinearAdd", "QLinearAveragePool", "QLinearConcat", "QLinearGlobalAveragePool",

@@ -92,6 +92,7 @@ class Case:
     outputs: Sequence[tuple[str, Any]] = (("y", np.float32),)
     numpy: Callable[..., list[np.ndarray]] | None = None
     label: str = ""
+    domain: str = MS
 
 
 def _model(nodes: list[onnx.NodeProto], feeds: Mapping[str, np.ndarray],
@@ -122,7 +123,7 @@ def _prefixed(cases: Sequence[Case]) -> list[tuple[onnx.NodeProto, dict, dict, d
         def p(n: str | None, i: int = i) -> str:
             return f"c{i}_{n}" if n else ""
         node = helper.make_node(c.op_type, [p(n) for n in c.inputs], [p(n) for n, _ in c.outputs],
-                                name=f"case{i}", domain=MS, **c.attrs)
+                                name=f"case{i}", domain=c.domain, **c.attrs)
         out.append((node, {p(n): a for n, a in c.feeds.items()}, {p(n): a for n, a in c.consts.items()},
                     {p(n): t for n, t in c.outputs if n}))
     return out

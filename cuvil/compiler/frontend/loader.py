@@ -269,9 +269,30 @@ def _external_extent(t: onnx.TensorProto, info: dict[str, str], what: str
     return numbers["offset"] or 0, expected if length is None else length
 
 
+#: ops onnxruntime registers in the default domain as its own (contrib) kernels, which its
+#: tools write there (onnxruntime-genai's model builder) and onnx's checker does not know
+ONNXRUNTIME_DEFAULT_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization"})
+
+
+def _checkable(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model, or a copy with onnxruntime's default-domain ops in com.microsoft, where the
+    checker accepts ops it does not define."""
+    nodes = [i for i, n in enumerate(model.graph.node)
+             if n.domain in ("", "ai.onnx") and n.op_type in ONNXRUNTIME_DEFAULT_DOMAIN_OPS]
+    if not nodes:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for i in nodes:
+        copy.graph.node[i].domain = "com.microsoft"
+    if all(imp.domain != "com.microsoft" for imp in copy.opset_import):
+        copy.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return copy
+
+
 def check_and_upgrade(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(_checkable(model))
     except Exception as exc:
         raise ModelError(f"{label}: the ONNX checker rejects the model: {exc}") from None
     opset = default_opset(model)

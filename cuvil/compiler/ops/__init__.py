@@ -494,6 +494,7 @@ def _import_families() -> None:
     from cuvil.compiler.ops import (  # noqa: F401
         attention,
         contrib,
+        contrib_decoder,
         contrib_quantized,
         control,
         conv,
