@@ -410,7 +410,7 @@ def _dim_text(dim: Any) -> str:
 def _inspect_model(path: Path) -> int:
     import onnx
 
-    from cuvil.compiler.frontend.loader import load_onnx
+    from cuvil.compiler.frontend import load_onnx, unsupported_ops_advice
     from cuvil.compiler.ops import lookup
 
     model, _label = load_onnx(path)
@@ -446,20 +446,22 @@ def _inspect_model(path: Path) -> int:
     for node in graph.node:
         key = (node.domain or "", node.op_type)
         counts[key] = counts.get(key, 0) + 1
-    unsupported = []
+    unsupported: list[tuple[str, str, int]] = []
     print("  operators:")
     for (domain, op_type), count in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         opset = opsets.get(domain, 0)
         supported = lookup(domain, op_type, opset) is not None
         label = f"{domain + '.' if domain else ''}{op_type}"
         if not supported:
-            unsupported.append(label)
+            unsupported.append((domain or "ai.onnx", op_type, opset))
         print(f"    {label:<28} x{count:<5} opset {opset:<3} {'supported' if supported else 'NOT SUPPORTED'}")
     if unsupported:
+        labels = [f"{d + '.' if d != 'ai.onnx' else ''}{op}" for d, op, _ in unsupported]
         print(
-            f"  cuvil cannot compile {len(unsupported)} operator type(s): {', '.join(unsupported)} "
+            f"  cuvil cannot compile {len(unsupported)} operator type(s): {', '.join(labels)} "
             "(unless they only compute constants, which are folded at compile time)"
         )
+        print("  " + unsupported_ops_advice(unsupported).replace("\n", "\n  "))
     else:
         print(f"  all {len(counts)} operator types are supported")
     return 0

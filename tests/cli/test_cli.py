@@ -118,6 +118,7 @@ def test_inspect_model_lists_tensors_and_operator_support(
     assert relu.rstrip().endswith("supported") and "NOT" not in relu
     assert "com.example.Frobnicate" in frob and frob.rstrip().endswith("NOT SUPPORTED")
     assert "cannot compile 1 operator type(s): com.example.Frobnicate" in out
+    assert '@cuvil.register_op("com.example", "Frobnicate")' in out and "docs/custom-ops.md" in out
 
 
 def test_inspect_types_of_a_mixed_float16_model(
