@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from cuvil.config import (
     CALIBRATION_METHODS,
@@ -504,30 +504,59 @@ def _inspect_quantization(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inspect_types(path: Path, args: argparse.Namespace) -> int:
+Pins = Optional[Mapping[str, Sequence[Union[int, str]]]]
+
+
+def _inspect_types(path: Path, pins: Pins) -> int:
     """Every value's dtype and the places precision changes (passes/type_report.py); exit
     status 1 when typing stops at a node."""
     from cuvil.compiler.passes.type_report import type_report
 
-    report = type_report(path, dict(_parse_dims(text, "--input") for text in args.input) or None,
-                         label=str(path))
+    report = type_report(path, pins, label=str(path))
     print(report.text())
     return 1 if report.broken else 0
 
 
-def _inspect_ir(path: Path, args: argparse.Namespace) -> int:
-    """The compiler's graph as text after the stage `--after` names, or after every pass with
+def _inspect_ir(path: Path, pins: Pins, after: str | None, name: str | None = None) -> int:
+    """The compiler's graph as text after the stage `after` names, or after every pass with
     each value's memory placement (passes/ir_text.py)."""
     from cuvil.compiler.frontend import import_model
     from cuvil.compiler.passes import run_passes
     from cuvil.compiler.passes.ir_text import graph_text
     from cuvil.compiler.passes.plan_memory import plan_memory
 
-    pins = dict(_parse_dims(text, "--input") for text in args.input) or None
-    name = re.sub(r"\W", "_", path.stem) if path.stem.isascii() else "model"
-    graph = run_passes(import_model(str(path), pins, name), until=args.after)
-    print(graph_text(graph, plan_memory(graph) if args.after is None else None))
+    name = name or (re.sub(r"\W", "_", path.stem) if path.stem.isascii() else "model")
+    graph = run_passes(import_model(str(path), pins, name), until=after)
+    print(graph_text(graph, plan_memory(graph) if after is None else None))
     return 0
+
+
+def _inspect_project(path: Path, args: argparse.Namespace) -> int:
+    """Each model of a project (a folder with pyproject.toml, or that file), as `inspect` of
+    its model file shows it, with --types and --ir typed by the model's `inputs` pins."""
+    from cuvil.config import load_project
+
+    if args.input:
+        raise ConfigError(f"{path}: --input is for a model file; a project pins its models' inputs "
+                          "with `inputs` in its [tool.cuvil.models.<name>] tables")
+    if path.is_dir() and not (path / "pyproject.toml").is_file():
+        raise ConfigError(f"{path}: a folder without pyproject.toml; pass an .onnx model, a .whl "
+                          "wheel or a model project's folder (`cuvil init` creates one)")
+    project = load_project(path if path.is_dir() else path.parent)
+    print(f"{project.pyproject}: project {project.name}, package {project.package}, "
+          f"{len(project.models)} model(s)")
+    status = 0
+    for model in project.models:
+        pins = ", ".join(f"{k}={_shape(v)}" for k, v in model.inputs.items())
+        print(f"\nmodel {model.name}: {model.source}" + (f" (inputs {pins})" if pins else ""))
+        if args.ir or args.after:
+            code = _inspect_ir(model.source, model.inputs or None, args.after, model.name)
+        elif args.types:
+            code = _inspect_types(model.source, model.inputs or None)
+        else:
+            code = _inspect_model(model.source)
+        status = max(status, code)
+    return status
 
 
 def _need_file(path: Path, expected: str) -> None:
@@ -540,19 +569,22 @@ def _need_file(path: Path, expected: str) -> None:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     path = Path(args.path)
-    if args.ir or args.after:
-        _need_file(path, "an .onnx model: --ir reads one")
-        if path.suffix == ".whl":
-            raise ConfigError(f"{path}: --ir needs an .onnx model file")
-        return _inspect_ir(path, args)
     if args.quantization:
         return _inspect_quantization(args)
+    if path.is_dir() or path.name == "pyproject.toml":
+        return _inspect_project(path, args)
+    pins = dict(_parse_dims(text, "--input") for text in args.input) or None
+    if args.ir or args.after:
+        _need_file(path, "an .onnx model or a project: --ir reads one")
+        if path.suffix == ".whl":
+            raise ConfigError(f"{path}: --ir needs an .onnx model file")
+        return _inspect_ir(path, pins, args.after)
     if args.types:
-        _need_file(path, "an .onnx model: --types reads one")
+        _need_file(path, "an .onnx model or a project: --types reads one")
         if path.suffix == ".whl":
             raise ConfigError(f"{path}: --types needs an .onnx model file")
-        return _inspect_types(path, args)
-    _need_file(path, "an .onnx model or a .whl wheel")
+        return _inspect_types(path, pins)
+    _need_file(path, "an .onnx model, a .whl wheel or a project folder")
     if path.suffix == ".whl":
         return _inspect_wheel(path)
     return _inspect_model(path)

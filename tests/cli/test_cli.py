@@ -180,6 +180,36 @@ def test_inspect_digits_model(capsys: pytest.CaptureFixture[str]) -> None:
     assert "image: float32[" in out
 
 
+def test_inspect_a_project_shows_each_of_its_models(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    project = tmp_path / "two-models"
+    (project / "models").mkdir(parents=True)
+    (project / "models" / "digits.onnx").write_bytes(DIGITS_MODEL.read_bytes())
+    _model_with_an_unknown_op(project / "models" / "odd.onnx")
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["cuvil"]\nbuild-backend = "cuvil.build_backend"\n'
+        '[project]\nname = "two-models"\nversion = "1.0"\n'
+        '[tool.cuvil.models.digits]\nsource = "models/digits.onnx"\ninputs = { image = [3, 1, 8, 8] }\n'
+        '[tool.cuvil.models.odd]\nsource = "models/odd.onnx"\n')
+    for path in (project, project / "pyproject.toml"):
+        code, out, _ = run(capsys, "inspect", str(path))
+        assert code == 0, out
+        assert "project two-models, package two_models, 2 model(s)" in out
+        digits, odd = out.split("\nmodel odd: ")
+        assert "model digits: " in digits and "(inputs image=[3, 1, 8, 8])" in digits
+        for op in {n.op_type for n in onnx.load(str(DIGITS_MODEL)).graph.node}:
+            assert op in digits
+        assert "Conv" not in odd
+        assert "com.example.Frobnicate" in odd and "NOT SUPPORTED" in odd and "NOT" not in digits
+    # --types types each model with its pins from the project: the pinned batch of 3
+    code, out, _ = run(capsys, "inspect", str(project), "--types")
+    digits, odd = out.split("\nmodel odd: ")
+    assert any(line.split()[:3] == ["image", "float32", "[3,"] for line in digits.splitlines())
+    assert code == 1 and "Frobnicate" in odd  # typing stops at the op cuvil lacks
+    assert_user_error(*run(capsys, "inspect", str(project), "--input", "image=1,1,8,8")[::2],
+                      "--input is for a model file")
+    assert_user_error(*run(capsys, "inspect", str(tmp_path))[::2], "without pyproject.toml")
+
+
 def test_user_errors_exit_2_without_traceback(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert_user_error(*run(capsys, "inspect", str(tmp_path / "missing.onnx"))[::2], "no such file")
     garbage = tmp_path / "garbage.onnx"
