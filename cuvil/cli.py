@@ -141,8 +141,10 @@ def compile_options(args: argparse.Namespace) -> CompileOptions:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from cuvil.build_backend.cache import file_key, open_cache
     from cuvil.compiler.codegen.header import render_header
     from cuvil.compiler.driver import compile_model
+    from cuvil.config import load_settings
     from cuvil.toolchains import get_target
 
     source = Path(args.model)
@@ -159,20 +161,31 @@ def cmd_compile(args: argparse.Namespace) -> int:
         )
     log = _progress(args)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="cuvil-compile-") as tmp:
-        compiled = compile_model(source, name, Path(tmp), compile_options(args),
-                                 target=target.name, log=log, library_file=output.name)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        staged = output.with_name(f".{output.name}.{os.getpid()}.part")
-        shutil.copyfile(compiled.library, staged)
-        os.chmod(staged, 0o755)
-        os.replace(staged, output)
-    header.write_text(render_header(compiled.signature, output.name), encoding="utf-8")
-    sig = compiled.signature
-    print(
-        f"{output}: model {name} for {target.name} ({output.stat().st_size} bytes), "
-        f"compiled in {time.perf_counter() - start:.1f} s"
-    )
+    options = compile_options(args)
+    options.check(name)
+    _need_file(source, "an .onnx model")
+    cache = None if args.no_cache else open_cache(load_settings(Path.cwd()))
+    key = file_key(source, name, options, target, output.name) if cache is not None else None
+    # the cache's warnings (a damaged entry, a folder it cannot write) show without --verbose too
+    found = cache.load(key, log or _say) if cache is not None and key is not None else None
+    if found is not None:
+        library, sig = found
+    else:
+        with tempfile.TemporaryDirectory(prefix="cuvil-compile-") as tmp:
+            compiled = compile_model(source, name, Path(tmp), options, target=target.name, log=log,
+                                     library_file=output.name)
+            library, sig = compiled.library.read_bytes(), compiled.signature
+        if cache is not None and key is not None:
+            cache.store(key, library, sig, log or _say)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staged = output.with_name(f".{output.name}.{os.getpid()}.part")
+    staged.write_bytes(library)
+    os.chmod(staged, 0o755)
+    os.replace(staged, output)
+    header.write_text(render_header(sig, output.name), encoding="utf-8")
+    how = (f"from the compile cache {cache.folder}" if found is not None and cache is not None
+           else f"compiled in {time.perf_counter() - start:.1f} s")
+    print(f"{output}: model {name} for {target.name} ({output.stat().st_size} bytes), {how}")
     print(f"{header}: C header")
     for line in _signature_lines(sig):
         print(line)
@@ -869,6 +882,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     _quantization_options(p, "compile")
     _weights_options(p)
+    p.add_argument("--no-cache", action="store_true",
+                   help="compile even when the compile cache holds this library, and store nothing "
+                        "(CUVIL_CACHE=0 turns the cache off too; CUVIL_CACHE_DIR moves it)")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("build", parents=[common], help="build the wheel(s) of a model project")

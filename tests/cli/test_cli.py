@@ -180,7 +180,8 @@ def test_inspect_digits_model(capsys: pytest.CaptureFixture[str]) -> None:
     assert "image: float32[" in out
 
 
-def test_inspect_a_project_shows_each_of_its_models(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_inspect_a_project_shows_each_of_its_models(capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path) -> None:
     project = tmp_path / "two-models"
     (project / "models").mkdir(parents=True)
     (project / "models" / "digits.onnx").write_bytes(DIGITS_MODEL.read_bytes())
@@ -359,6 +360,38 @@ def test_compile_writes_a_library_and_header_callable_through_the_c_abi(
         None, {"image": images}
     )[0]
     np.testing.assert_allclose(probabilities, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_reuses_the_compile_cache(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import cuvil.compiler.driver as driver
+    from cuvil.build_backend.cache import CompileCache, default_cache_dir
+    from cuvil.errors import CuvilError
+
+    monkeypatch.chdir(tmp_path)  # no pyproject.toml here: the cache settings come from the environment
+    first = tmp_path / "a" / "digits.so"
+    code, out, err = run(capsys, "compile", str(DIGITS_MODEL), "-o", str(first), "--target", "x86_64-linux")
+    assert code == 0 and "compiled in" in out, err
+    assert CompileCache(default_cache_dir(), 10**9).stats().entries == 1
+
+    def compiles(*args: object, **kwargs: object) -> None:
+        raise CuvilError("the model was compiled")
+
+    monkeypatch.setattr(driver, "compile_model", compiles)
+    again = tmp_path / "b" / "digits.so"
+    code, out, err = run(capsys, "compile", str(DIGITS_MODEL), "-o", str(again), "--target", "x86_64-linux")
+    assert code == 0 and "from the compile cache" in out, err
+    assert again.read_bytes() == first.read_bytes()
+    assert again.with_suffix(".h").read_text() == first.with_suffix(".h").read_text()
+    # another file name is another SONAME; other options, another library; --no-cache and
+    # CUVIL_CACHE=0 skip the cache: each compiles
+    for extra in (["-o", str(tmp_path / "c" / "other.so")], ["-o", str(again), "-O", "2"],
+                  ["-o", str(again), "--no-cache"]):
+        code, _, err = run(capsys, "compile", str(DIGITS_MODEL), "--target", "x86_64-linux", *extra)
+        assert_user_error(code, err, "the model was compiled")
+    monkeypatch.setenv("CUVIL_CACHE", "0")
+    assert_user_error(*run(capsys, "compile", str(DIGITS_MODEL), "-o", str(again), "--target",
+                           "x86_64-linux")[::2], "the model was compiled")
 
 
 @pytest.mark.slow
