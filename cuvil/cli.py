@@ -836,6 +836,96 @@ def _weights_options(p: argparse.ArgumentParser) -> None:
                         "a slower first run)")
 
 
+#: each subcommand's one-line help (in `cuvil --help`), description and examples (in its own --help)
+_COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "compile": (
+        "compile one model into a library and C header",
+        ("Compile one ONNX model ahead of time into a shared library with a C ABI and its C header,\n"
+         "for this machine or another target. The library is taken from the compile cache when it\n"
+         "holds the same model compiled the same way (see `cuvil cache`)."),
+        ("cuvil compile model.onnx -o build/model.so --input image=batch,3,224,224",
+         "cuvil compile model.onnx --target aarch64-linux -O 2"),
+    ),
+    "build": (
+        "build the wheel(s) of a model project",
+        ("Build the wheels of a model project (a folder with pyproject.toml and [tool.cuvil]), as\n"
+         "`pip wheel .` would, in this Python: no build environment and no package index needed."),
+        ("cuvil build", "cuvil build my-project --all-targets --sdist -o dist",
+         "cuvil build -C opt-level=2 --target aarch64-linux"),
+    ),
+    "develop": (
+        "build a project and install it editable into this environment, in one step",
+        ("Compile a model project's models and install it with `pip install --no-build-isolation -e`\n"
+         "into the environment cuvil runs in (uv when pip is missing). Its Python files are read\n"
+         "from the project, and a changed model or [tool.cuvil] table is rebuilt at the next\n"
+         "import (the editable-rebuild setting)."),
+        ("cuvil develop", "cuvil develop examples/digit-reader -C cpu=native"),
+    ),
+    "cache": (
+        "show the compile cache's folder and size, or empty it",
+        ("Show where the compile cache is and how much it holds, or empty it. The cache keeps each\n"
+         "compiled model's library so that a rebuild of an unchanged model takes seconds."),
+        ("cuvil cache info", "cuvil cache clear -C cache-dir=/tmp/cuvil-cache"),
+    ),
+    "check": (
+        "validate built wheels (exit 1 on any failure)",
+        ("Validate built wheels before publishing: tags, metadata, RECORD, the libraries' symbols,\n"
+         "SONAME and ABI checksum, for any target, without loading them (docs/check.md)."),
+        ("cuvil check dist/*.whl", "cuvil check --load --no-auditwheel dist/digits_cuvil-1.0.0-*.whl"),
+    ),
+    "doctor": (
+        "say whether this machine can run a wheel or installed package, and if not why",
+        ("Say whether this machine can run a wheel or an installed package and, if not, why and what\n"
+         "to do: damaged files, another OS or architecture, a libc too old, missing CPU features."),
+        ("cuvil doctor dist/digits_cuvil-1.0.0-py3-none-manylinux_2_17_x86_64.whl", "cuvil doctor digits"),
+    ),
+    "publish": (
+        "check wheels, then upload them with twine",
+        ("Run every check of `cuvil check` on the wheels, then upload them with twine; nothing is\n"
+         "uploaded when a check fails."),
+        ("cuvil publish --dry-run dist/*.whl",
+         "cuvil publish --repository-url https://test.pypi.org/legacy/ dist/*.whl"),
+    ),
+    "inspect": (
+        "show a model's tensors and operators, or a wheel's or project's models",
+        ("Show a model file's inputs, outputs and operators (and whether cuvil supports each), a\n"
+         "wheel's compiled models, or every model of a project; --types, --ir and --quantization\n"
+         "look inside the compiler."),
+        ("cuvil inspect model.onnx", "cuvil inspect dist/digits_cuvil-1.0.0-*.whl", "cuvil inspect .",
+         "cuvil inspect model.onnx --ir --after fold_batchnorm"),
+    ),
+    "targets": (
+        "list the known targets (* marks this machine)",
+        ("List the targets cuvil builds wheels for from this machine, with each one's wheel platform\n"
+         "tag and architectures; -v adds the CPU each needs."),
+        ("cuvil targets", "cuvil targets -v"),
+    ),
+    "init": (
+        "create a model project around an ONNX file",
+        ("Create a model project around an ONNX file: pyproject.toml, README, a test against\n"
+         "onnxruntime and a CI workflow that builds, tests and publishes every wheel."),
+        ("cuvil init my-model --model model.onnx", "cuvil init . --model resnet.onnx --ci cibuildwheel"),
+    ),
+    "bench": (
+        "time a model compiled by cuvil against onnxruntime",
+        ("Compile a model for this machine and time it against onnxruntime on random inputs, with\n"
+         "the largest difference between their outputs; --profile adds the time per op and node."),
+        ("cuvil bench model.onnx --batch 8 --threads 1", "cuvil bench model.onnx --dim seq=128 --profile"),
+    ),
+}
+
+
+def _command(sub: Any, common: argparse.ArgumentParser, name: str,
+             func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    summary, description, examples = _COMMANDS[name]
+    p: argparse.ArgumentParser = sub.add_parser(
+        name, parents=[common], help=summary, description=description,
+        epilog="examples:\n" + "\n".join(f"  {example}" for example in examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=func)
+    return p
+
+
 def _parser() -> argparse.ArgumentParser:
     from cuvil import __version__
 
@@ -850,6 +940,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cuvil",
         description="Compile ONNX models ahead of time into native, pip-installable Python wheels.",
+        epilog="examples:\n  cuvil init my-model --model model.onnx\n  cuvil build my-model\n"
+               "  cuvil check my-model/dist/*.whl\n\n`cuvil COMMAND --help` describes each command.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"cuvil {__version__}")
     parser.add_argument(
@@ -857,7 +950,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("compile", parents=[common], help="compile one model into a library and C header")
+    p = _command(sub, common, "compile", cmd_compile)
     p.add_argument("model", help="the ONNX model file")
     p.add_argument(
         "-o",
@@ -885,9 +978,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true",
                    help="compile even when the compile cache holds this library, and store nothing "
                         "(CUVIL_CACHE=0 turns the cache off too; CUVIL_CACHE_DIR moves it)")
-    p.set_defaults(func=cmd_compile)
 
-    p = sub.add_parser("build", parents=[common], help="build the wheel(s) of a model project")
+    p = _command(sub, common, "build", cmd_build)
     p.add_argument("project_dir", nargs="?", default=".", help="the project folder (default: .)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--target", help="target to build for (default: this machine)")
@@ -904,53 +996,36 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a build setting, as for pip -C (e.g. opt-level=2); repeatable",
     )
-    p.set_defaults(func=cmd_build)
 
-    p = sub.add_parser(
-        "develop", parents=[common],
-        help="build a project and install it editable into this environment, in one step",
-        description="Compile a model project's models and install it with `pip install "
-        "--no-build-isolation -e` into the environment cuvil runs in (uv when pip is "
-        "missing). Its Python files are read from the project, and a changed model or "
-        "[tool.cuvil] table is rebuilt at the next import (the editable-rebuild setting).",
-        epilog="example: cuvil develop examples/digit-reader -C cpu=native")
+    p = _command(sub, common, "develop", cmd_develop)
     p.add_argument("project_dir", nargs="?", default=".", help="the project folder (default: .)")
     p.add_argument("-C", "--config-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a build setting, as for pip -C (e.g. opt-level=2); repeatable")
-    p.set_defaults(func=cmd_develop)
 
-    p = sub.add_parser("cache", parents=[common],
-                       help="show the compile cache's folder and size, or empty it")
+    p = _command(sub, common, "cache", cmd_cache)
     p.add_argument("action", choices=("info", "clear"))
     p.add_argument("--project", dest="project_dir", default=".",
                    help="read the cache settings of this project too (default: .)")
     p.add_argument("-C", "--config-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a build setting, e.g. cache-dir=/tmp/cache; repeatable")
-    p.set_defaults(func=cmd_cache)
 
-    p = sub.add_parser("check", parents=[common], help="validate built wheels (exit 1 on any failure)")
+    p = _command(sub, common, "check", cmd_check)
     p.add_argument("wheels", nargs="+", metavar="WHEEL")
     p.add_argument("--no-auditwheel", action="store_true", help="skip the auditwheel policy check")
     p.add_argument("--load", action="store_true",
                    help="also import each wheel this machine can run in a fresh interpreter and call "
                         "its models once (the build backend always does)")
-    p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("doctor", parents=[common],
-                       help="say whether this machine can run a wheel or installed package, and if not why")
+    p = _command(sub, common, "doctor", cmd_doctor)
     p.add_argument("targets", nargs="+", metavar="WHEEL_OR_PACKAGE",
                    help="a .whl file, a generated package's folder, or an installed package's name")
-    p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser("publish", parents=[common], help="check wheels, then upload them with twine")
+    p = _command(sub, common, "publish", cmd_publish)
     p.add_argument("wheels", nargs="+", metavar="WHEEL")
     p.add_argument("--repository-url", help="upload to this package index instead of twine's default")
     p.add_argument("--dry-run", action="store_true", help="run the checks and show the upload command only")
-    p.set_defaults(func=cmd_publish)
 
-    p = sub.add_parser(
-        "inspect", parents=[common], help="show a model's tensors and operators, or a wheel's models"
-    )
+    p = _command(sub, common, "inspect", cmd_inspect)
     p.add_argument("path", metavar="MODEL.onnx|WHEEL|PROJECT")
     p.add_argument("--quantization", action="store_true",
                    help="quantize to int8 and print each layer's error against float on the "
@@ -968,12 +1043,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--input", action="append", default=[], metavar="NAME=DIM,...",
                    help="pin or name an input's dims for --quantization, --types or --ir of a "
                         "model file")
-    p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("targets", parents=[common], help="list the known targets (* marks this machine)")
-    p.set_defaults(func=cmd_targets)
+    _command(sub, common, "targets", cmd_targets)
 
-    p = sub.add_parser("init", parents=[common], help="create a model project around an ONNX file")
+    p = _command(sub, common, "init", cmd_init)
     p.add_argument(
         "directory", nargs="?", default=".", help="project folder (created if missing; default: .)"
     )
@@ -984,9 +1057,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ci", choices=("cuvil", "cibuildwheel"), default="cuvil",
                    help="the wheels workflow: cross-build every target from one Linux job matrix "
                         "(cuvil, the default) or build on each platform with cibuildwheel")
-    p.set_defaults(func=cmd_init)
 
-    p = sub.add_parser("bench", parents=[common], help="time a model compiled by cuvil against onnxruntime")
+    p = _command(sub, common, "bench", cmd_bench)
     p.add_argument("model", help="the ONNX model file")
     p.add_argument("--batch", type=int, default=1, help="value of every symbolic dim (default: 1)")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=N", help="value of one symbolic dim")
@@ -997,7 +1069,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="also time every node (--runs more runs) and print time per op type and node")
     _weights_options(p)
-    p.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -9,9 +9,11 @@ its wheels, and run `bench`. Nothing is ever uploaded.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import os
 import platform
+import shlex
 import sys
 import zipfile
 from pathlib import Path
@@ -61,6 +63,30 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["--version"])
     assert exit_info.value.code == 0
     assert cuvil.__version__ in capsys.readouterr().out
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = cli._parser()
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
+@pytest.mark.parametrize("command", sorted(_subcommands()))
+def test_every_subcommand_has_a_description_and_examples_that_parse(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    description = out.split("\n\n")[1]  # after the usage lines
+    assert not description.startswith(("positional arguments:", "options:")), out
+    assert len(description.split()) >= 8, description
+    examples = out.split("\nexamples:\n", 1)[1].splitlines()
+    assert examples and all(line.startswith(f"  cuvil {command}") for line in examples), out
+    for example in examples:  # each example is a valid command line for this subcommand
+        args = cli._parser().parse_args(shlex.split(example)[1:])
+        assert args.func.__name__ == f"cmd_{command}", example
 
 
 def test_targets_lists_every_toolchain_file_and_marks_the_host(capsys: pytest.CaptureFixture[str]) -> None:
