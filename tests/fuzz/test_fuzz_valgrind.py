@@ -28,7 +28,7 @@ from cuvil.compiler.driver import compile_model
 from cuvil.runtime import Model
 
 ERROR_EXIT = 99
-pytestmark = needs("valgrind")  # before `libraries` compiles anything
+pytestmark = [pytest.mark.slow, needs("valgrind")]  # needs: before `libraries` compiles anything
 
 
 @pytest.fixture(scope="module")

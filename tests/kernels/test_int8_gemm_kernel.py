@@ -306,6 +306,7 @@ def arm(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, bytes], Pat
     return objects, program
 
 
+@pytest.mark.slow  # the AArch64 kernels compiled for each extension
 @pytest.mark.parametrize("kind", list(ARM_KINDS))
 def test_aarch64_kernels_use_their_instructions(arm, kind: str) -> None:
     words = np.frombuffer(arm[0][kind][: len(arm[0][kind]) // 4 * 4], "<u4")
@@ -320,6 +321,7 @@ ARM_SHAPES = [(1, 1, 1), (3, 17, 5), (17, 63, 100), (100, 3, 63), (13, 70, 64), 
               (25, 40, 13), (2, 33, 7)]
 
 
+@pytest.mark.slow
 @needs(*QEMU_AARCH64)
 @pytest.mark.parametrize("cpu", list(ARM_CPUS))
 def test_aarch64_kernels_under_qemu(arm, cpu: str) -> None:

@@ -43,9 +43,10 @@ from oracle import run_ort
 
 from cuvil.toolchains import Arch, bundled_toolchain_dir, get_target, list_targets, zig
 
-pytestmark = pytest.mark.skipif(
-    platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"),
-    reason="cross-runs from an x86-64 Linux host (as CI is)")
+pytestmark = [
+    pytest.mark.slow,  # a wheel built for each target, run under emulators
+    pytest.mark.skipif(platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"),
+                       reason="cross-runs from an x86-64 Linux host (as CI is)")]
 
 HARNESS = Path(__file__).parents[1] / "harness" / "run_model.c"
 #: x86-64-v2's flags that a Core 2 (Conroe) lacks: SSE4.1, SSE4.2, POPCNT (Intel SDM). qemu's
