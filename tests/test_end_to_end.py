@@ -194,7 +194,8 @@ def test_a_cuvil_init_project_builds_as_its_readme_says(
     for how, (command, command_env) in commands.items():
         run(["sh", "-c", command], cwd=project, env=command_env)
         (wheel,) = (project / "dist").glob("*.whl")
-        wheels[how] = wheel.rename(tmp_path / f"{how}-{wheel.name}")
+        (tmp_path / how).mkdir()
+        wheels[how] = wheel.rename(tmp_path / how / wheel.name)
     assert len({w.read_bytes() for w in wheels.values()}) == 1, wheels
 
     pip("install", "--no-deps", str(wheels["isolated"]), python=venv)

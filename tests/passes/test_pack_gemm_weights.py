@@ -137,7 +137,9 @@ def test_packed_model_matches_onnxruntime() -> None:
 LEVELS = ["host", "x86-64-v3", "x86-64-v2"]
 
 
-@pytest.fixture(params=LEVELS)
+# the fast test run (-m "not slow") builds for this machine only: each x86 level compiles its kernels
+@pytest.fixture(params=[level if level == "host" else pytest.param(level, marks=pytest.mark.slow)
+                        for level in LEVELS])
 def level(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Makes cuvil.compile's "native" build one for the given x86 level (its features size the
     kernel's tiles); the x86 levels run only on an x86 host that has them."""
