@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from cuvil.config import (
     CALIBRATION_METHODS,
@@ -141,8 +141,10 @@ def compile_options(args: argparse.Namespace) -> CompileOptions:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from cuvil.build_backend.cache import file_key, open_cache
     from cuvil.compiler.codegen.header import render_header
     from cuvil.compiler.driver import compile_model
+    from cuvil.config import load_settings
     from cuvil.toolchains import get_target
 
     source = Path(args.model)
@@ -159,20 +161,31 @@ def cmd_compile(args: argparse.Namespace) -> int:
         )
     log = _progress(args)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="cuvil-compile-") as tmp:
-        compiled = compile_model(source, name, Path(tmp), compile_options(args),
-                                 target=target.name, log=log, library_file=output.name)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        staged = output.with_name(f".{output.name}.{os.getpid()}.part")
-        shutil.copyfile(compiled.library, staged)
-        os.chmod(staged, 0o755)
-        os.replace(staged, output)
-    header.write_text(render_header(compiled.signature, output.name), encoding="utf-8")
-    sig = compiled.signature
-    print(
-        f"{output}: model {name} for {target.name} ({output.stat().st_size} bytes), "
-        f"compiled in {time.perf_counter() - start:.1f} s"
-    )
+    options = compile_options(args)
+    options.check(name)
+    _need_file(source, "an .onnx model")
+    cache = None if args.no_cache else open_cache(load_settings(Path.cwd()))
+    key = file_key(source, name, options, target, output.name) if cache is not None else None
+    # the cache's warnings (a damaged entry, a folder it cannot write) show without --verbose too
+    found = cache.load(key, log or _say) if cache is not None and key is not None else None
+    if found is not None:
+        library, sig = found
+    else:
+        with tempfile.TemporaryDirectory(prefix="cuvil-compile-") as tmp:
+            compiled = compile_model(source, name, Path(tmp), options, target=target.name, log=log,
+                                     library_file=output.name)
+            library, sig = compiled.library.read_bytes(), compiled.signature
+        if cache is not None and key is not None:
+            cache.store(key, library, sig, log or _say)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staged = output.with_name(f".{output.name}.{os.getpid()}.part")
+    staged.write_bytes(library)
+    os.chmod(staged, 0o755)
+    os.replace(staged, output)
+    header.write_text(render_header(sig, output.name), encoding="utf-8")
+    how = (f"from the compile cache {cache.folder}" if found is not None and cache is not None
+           else f"compiled in {time.perf_counter() - start:.1f} s")
+    print(f"{output}: model {name} for {target.name} ({output.stat().st_size} bytes), {how}")
     print(f"{header}: C header")
     for line in _signature_lines(sig):
         print(line)
@@ -410,7 +423,7 @@ def _dim_text(dim: Any) -> str:
 def _inspect_model(path: Path) -> int:
     import onnx
 
-    from cuvil.compiler.frontend.loader import load_onnx
+    from cuvil.compiler.frontend import load_onnx, unsupported_ops_advice
     from cuvil.compiler.ops import lookup
 
     model, _label = load_onnx(path)
@@ -446,20 +459,22 @@ def _inspect_model(path: Path) -> int:
     for node in graph.node:
         key = (node.domain or "", node.op_type)
         counts[key] = counts.get(key, 0) + 1
-    unsupported = []
+    unsupported: list[tuple[str, str, int]] = []
     print("  operators:")
     for (domain, op_type), count in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         opset = opsets.get(domain, 0)
         supported = lookup(domain, op_type, opset) is not None
         label = f"{domain + '.' if domain else ''}{op_type}"
         if not supported:
-            unsupported.append(label)
+            unsupported.append((domain or "ai.onnx", op_type, opset))
         print(f"    {label:<28} x{count:<5} opset {opset:<3} {'supported' if supported else 'NOT SUPPORTED'}")
     if unsupported:
+        labels = [f"{d + '.' if d != 'ai.onnx' else ''}{op}" for d, op, _ in unsupported]
         print(
-            f"  cuvil cannot compile {len(unsupported)} operator type(s): {', '.join(unsupported)} "
+            f"  cuvil cannot compile {len(unsupported)} operator type(s): {', '.join(labels)} "
             "(unless they only compute constants, which are folded at compile time)"
         )
+        print("  " + unsupported_ops_advice(unsupported).replace("\n", "\n  "))
     else:
         print(f"  all {len(counts)} operator types are supported")
     return 0
@@ -502,30 +517,59 @@ def _inspect_quantization(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inspect_types(path: Path, args: argparse.Namespace) -> int:
+Pins = Optional[Mapping[str, Sequence[Union[int, str]]]]
+
+
+def _inspect_types(path: Path, pins: Pins) -> int:
     """Every value's dtype and the places precision changes (passes/type_report.py); exit
     status 1 when typing stops at a node."""
     from cuvil.compiler.passes.type_report import type_report
 
-    report = type_report(path, dict(_parse_dims(text, "--input") for text in args.input) or None,
-                         label=str(path))
+    report = type_report(path, pins, label=str(path))
     print(report.text())
     return 1 if report.broken else 0
 
 
-def _inspect_ir(path: Path, args: argparse.Namespace) -> int:
-    """The compiler's graph as text after the stage `--after` names, or after every pass with
+def _inspect_ir(path: Path, pins: Pins, after: str | None, name: str | None = None) -> int:
+    """The compiler's graph as text after the stage `after` names, or after every pass with
     each value's memory placement (passes/ir_text.py)."""
     from cuvil.compiler.frontend import import_model
     from cuvil.compiler.passes import run_passes
     from cuvil.compiler.passes.ir_text import graph_text
     from cuvil.compiler.passes.plan_memory import plan_memory
 
-    pins = dict(_parse_dims(text, "--input") for text in args.input) or None
-    name = re.sub(r"\W", "_", path.stem) if path.stem.isascii() else "model"
-    graph = run_passes(import_model(str(path), pins, name), until=args.after)
-    print(graph_text(graph, plan_memory(graph) if args.after is None else None))
+    name = name or (re.sub(r"\W", "_", path.stem) if path.stem.isascii() else "model")
+    graph = run_passes(import_model(str(path), pins, name), until=after)
+    print(graph_text(graph, plan_memory(graph) if after is None else None))
     return 0
+
+
+def _inspect_project(path: Path, args: argparse.Namespace) -> int:
+    """Each model of a project (a folder with pyproject.toml, or that file), as `inspect` of
+    its model file shows it, with --types and --ir typed by the model's `inputs` pins."""
+    from cuvil.config import load_project
+
+    if args.input:
+        raise ConfigError(f"{path}: --input is for a model file; a project pins its models' inputs "
+                          "with `inputs` in its [tool.cuvil.models.<name>] tables")
+    if path.is_dir() and not (path / "pyproject.toml").is_file():
+        raise ConfigError(f"{path}: a folder without pyproject.toml; pass an .onnx model, a .whl "
+                          "wheel or a model project's folder (`cuvil init` creates one)")
+    project = load_project(path if path.is_dir() else path.parent)
+    print(f"{project.pyproject}: project {project.name}, package {project.package}, "
+          f"{len(project.models)} model(s)")
+    status = 0
+    for model in project.models:
+        pins = ", ".join(f"{k}={_shape(v)}" for k, v in model.inputs.items())
+        print(f"\nmodel {model.name}: {model.source}" + (f" (inputs {pins})" if pins else ""))
+        if args.ir or args.after:
+            code = _inspect_ir(model.source, model.inputs or None, args.after, model.name)
+        elif args.types:
+            code = _inspect_types(model.source, model.inputs or None)
+        else:
+            code = _inspect_model(model.source)
+        status = max(status, code)
+    return status
 
 
 def _need_file(path: Path, expected: str) -> None:
@@ -538,19 +582,22 @@ def _need_file(path: Path, expected: str) -> None:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     path = Path(args.path)
-    if args.ir or args.after:
-        _need_file(path, "an .onnx model: --ir reads one")
-        if path.suffix == ".whl":
-            raise ConfigError(f"{path}: --ir needs an .onnx model file")
-        return _inspect_ir(path, args)
     if args.quantization:
         return _inspect_quantization(args)
+    if path.is_dir() or path.name == "pyproject.toml":
+        return _inspect_project(path, args)
+    pins = dict(_parse_dims(text, "--input") for text in args.input) or None
+    if args.ir or args.after:
+        _need_file(path, "an .onnx model or a project: --ir reads one")
+        if path.suffix == ".whl":
+            raise ConfigError(f"{path}: --ir needs an .onnx model file")
+        return _inspect_ir(path, pins, args.after)
     if args.types:
-        _need_file(path, "an .onnx model: --types reads one")
+        _need_file(path, "an .onnx model or a project: --types reads one")
         if path.suffix == ".whl":
             raise ConfigError(f"{path}: --types needs an .onnx model file")
-        return _inspect_types(path, args)
-    _need_file(path, "an .onnx model or a .whl wheel")
+        return _inspect_types(path, pins)
+    _need_file(path, "an .onnx model, a .whl wheel or a project folder")
     if path.suffix == ".whl":
         return _inspect_wheel(path)
     return _inspect_model(path)
@@ -789,6 +836,96 @@ def _weights_options(p: argparse.ArgumentParser) -> None:
                         "a slower first run)")
 
 
+#: each subcommand's one-line help (in `cuvil --help`), description and examples (in its own --help)
+_COMMANDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "compile": (
+        "compile one model into a library and C header",
+        ("Compile one ONNX model ahead of time into a shared library with a C ABI and its C header,\n"
+         "for this machine or another target. The library is taken from the compile cache when it\n"
+         "holds the same model compiled the same way (see `cuvil cache`)."),
+        ("cuvil compile model.onnx -o build/model.so --input image=batch,3,224,224",
+         "cuvil compile model.onnx --target aarch64-linux -O 2"),
+    ),
+    "build": (
+        "build the wheel(s) of a model project",
+        ("Build the wheels of a model project (a folder with pyproject.toml and [tool.cuvil]), as\n"
+         "`pip wheel .` would, in this Python: no build environment and no package index needed."),
+        ("cuvil build", "cuvil build my-project --all-targets --sdist -o dist",
+         "cuvil build -C opt-level=2 --target aarch64-linux"),
+    ),
+    "develop": (
+        "build a project and install it editable into this environment, in one step",
+        ("Compile a model project's models and install it with `pip install --no-build-isolation -e`\n"
+         "into the environment cuvil runs in (uv when pip is missing). Its Python files are read\n"
+         "from the project, and a changed model or [tool.cuvil] table is rebuilt at the next\n"
+         "import (the editable-rebuild setting)."),
+        ("cuvil develop", "cuvil develop examples/digit-reader -C cpu=native"),
+    ),
+    "cache": (
+        "show the compile cache's folder and size, or empty it",
+        ("Show where the compile cache is and how much it holds, or empty it. The cache keeps each\n"
+         "compiled model's library so that a rebuild of an unchanged model takes seconds."),
+        ("cuvil cache info", "cuvil cache clear -C cache-dir=/tmp/cuvil-cache"),
+    ),
+    "check": (
+        "validate built wheels (exit 1 on any failure)",
+        ("Validate built wheels before publishing: tags, metadata, RECORD, the libraries' symbols,\n"
+         "SONAME and ABI checksum, for any target, without loading them (docs/check.md)."),
+        ("cuvil check dist/*.whl", "cuvil check --load --no-auditwheel dist/digits_cuvil-1.0.0-*.whl"),
+    ),
+    "doctor": (
+        "say whether this machine can run a wheel or installed package, and if not why",
+        ("Say whether this machine can run a wheel or an installed package and, if not, why and what\n"
+         "to do: damaged files, another OS or architecture, a libc too old, missing CPU features."),
+        ("cuvil doctor dist/digits_cuvil-1.0.0-py3-none-manylinux_2_17_x86_64.whl", "cuvil doctor digits"),
+    ),
+    "publish": (
+        "check wheels, then upload them with twine",
+        ("Run every check of `cuvil check` on the wheels, then upload them with twine; nothing is\n"
+         "uploaded when a check fails."),
+        ("cuvil publish --dry-run dist/*.whl",
+         "cuvil publish --repository-url https://test.pypi.org/legacy/ dist/*.whl"),
+    ),
+    "inspect": (
+        "show a model's tensors and operators, or a wheel's or project's models",
+        ("Show a model file's inputs, outputs and operators (and whether cuvil supports each), a\n"
+         "wheel's compiled models, or every model of a project; --types, --ir and --quantization\n"
+         "look inside the compiler."),
+        ("cuvil inspect model.onnx", "cuvil inspect dist/digits_cuvil-1.0.0-*.whl", "cuvil inspect .",
+         "cuvil inspect model.onnx --ir --after fold_batchnorm"),
+    ),
+    "targets": (
+        "list the known targets (* marks this machine)",
+        ("List the targets cuvil builds wheels for from this machine, with each one's wheel platform\n"
+         "tag and architectures; -v adds the CPU each needs."),
+        ("cuvil targets", "cuvil targets -v"),
+    ),
+    "init": (
+        "create a model project around an ONNX file",
+        ("Create a model project around an ONNX file: pyproject.toml, README, a test against\n"
+         "onnxruntime and a CI workflow that builds, tests and publishes every wheel."),
+        ("cuvil init my-model --model model.onnx", "cuvil init . --model resnet.onnx --ci cibuildwheel"),
+    ),
+    "bench": (
+        "time a model compiled by cuvil against onnxruntime",
+        ("Compile a model for this machine and time it against onnxruntime on random inputs, with\n"
+         "the largest difference between their outputs; --profile adds the time per op and node."),
+        ("cuvil bench model.onnx --batch 8 --threads 1", "cuvil bench model.onnx --dim seq=128 --profile"),
+    ),
+}
+
+
+def _command(sub: Any, common: argparse.ArgumentParser, name: str,
+             func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    summary, description, examples = _COMMANDS[name]
+    p: argparse.ArgumentParser = sub.add_parser(
+        name, parents=[common], help=summary, description=description,
+        epilog="examples:\n" + "\n".join(f"  {example}" for example in examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=func)
+    return p
+
+
 def _parser() -> argparse.ArgumentParser:
     from cuvil import __version__
 
@@ -803,6 +940,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cuvil",
         description="Compile ONNX models ahead of time into native, pip-installable Python wheels.",
+        epilog="examples:\n  cuvil init my-model --model model.onnx\n  cuvil build my-model\n"
+               "  cuvil check my-model/dist/*.whl\n\n`cuvil COMMAND --help` describes each command.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"cuvil {__version__}")
     parser.add_argument(
@@ -810,7 +950,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("compile", parents=[common], help="compile one model into a library and C header")
+    p = _command(sub, common, "compile", cmd_compile)
     p.add_argument("model", help="the ONNX model file")
     p.add_argument(
         "-o",
@@ -835,9 +975,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     _quantization_options(p, "compile")
     _weights_options(p)
-    p.set_defaults(func=cmd_compile)
+    p.add_argument("--no-cache", action="store_true",
+                   help="compile even when the compile cache holds this library, and store nothing "
+                        "(CUVIL_CACHE=0 turns the cache off too; CUVIL_CACHE_DIR moves it)")
 
-    p = sub.add_parser("build", parents=[common], help="build the wheel(s) of a model project")
+    p = _command(sub, common, "build", cmd_build)
     p.add_argument("project_dir", nargs="?", default=".", help="the project folder (default: .)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--target", help="target to build for (default: this machine)")
@@ -854,53 +996,36 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a build setting, as for pip -C (e.g. opt-level=2); repeatable",
     )
-    p.set_defaults(func=cmd_build)
 
-    p = sub.add_parser(
-        "develop", parents=[common],
-        help="build a project and install it editable into this environment, in one step",
-        description="Compile a model project's models and install it with `pip install "
-        "--no-build-isolation -e` into the environment cuvil runs in (uv when pip is "
-        "missing). Its Python files are read from the project, and a changed model or "
-        "[tool.cuvil] table is rebuilt at the next import (the editable-rebuild setting).",
-        epilog="example: cuvil develop examples/digit-reader -C cpu=native")
+    p = _command(sub, common, "develop", cmd_develop)
     p.add_argument("project_dir", nargs="?", default=".", help="the project folder (default: .)")
     p.add_argument("-C", "--config-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a build setting, as for pip -C (e.g. opt-level=2); repeatable")
-    p.set_defaults(func=cmd_develop)
 
-    p = sub.add_parser("cache", parents=[common],
-                       help="show the compile cache's folder and size, or empty it")
+    p = _command(sub, common, "cache", cmd_cache)
     p.add_argument("action", choices=("info", "clear"))
     p.add_argument("--project", dest="project_dir", default=".",
                    help="read the cache settings of this project too (default: .)")
     p.add_argument("-C", "--config-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a build setting, e.g. cache-dir=/tmp/cache; repeatable")
-    p.set_defaults(func=cmd_cache)
 
-    p = sub.add_parser("check", parents=[common], help="validate built wheels (exit 1 on any failure)")
+    p = _command(sub, common, "check", cmd_check)
     p.add_argument("wheels", nargs="+", metavar="WHEEL")
     p.add_argument("--no-auditwheel", action="store_true", help="skip the auditwheel policy check")
     p.add_argument("--load", action="store_true",
                    help="also import each wheel this machine can run in a fresh interpreter and call "
                         "its models once (the build backend always does)")
-    p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("doctor", parents=[common],
-                       help="say whether this machine can run a wheel or installed package, and if not why")
+    p = _command(sub, common, "doctor", cmd_doctor)
     p.add_argument("targets", nargs="+", metavar="WHEEL_OR_PACKAGE",
                    help="a .whl file, a generated package's folder, or an installed package's name")
-    p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser("publish", parents=[common], help="check wheels, then upload them with twine")
+    p = _command(sub, common, "publish", cmd_publish)
     p.add_argument("wheels", nargs="+", metavar="WHEEL")
     p.add_argument("--repository-url", help="upload to this package index instead of twine's default")
     p.add_argument("--dry-run", action="store_true", help="run the checks and show the upload command only")
-    p.set_defaults(func=cmd_publish)
 
-    p = sub.add_parser(
-        "inspect", parents=[common], help="show a model's tensors and operators, or a wheel's models"
-    )
+    p = _command(sub, common, "inspect", cmd_inspect)
     p.add_argument("path", metavar="MODEL.onnx|WHEEL|PROJECT")
     p.add_argument("--quantization", action="store_true",
                    help="quantize to int8 and print each layer's error against float on the "
@@ -918,12 +1043,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--input", action="append", default=[], metavar="NAME=DIM,...",
                    help="pin or name an input's dims for --quantization, --types or --ir of a "
                         "model file")
-    p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("targets", parents=[common], help="list the known targets (* marks this machine)")
-    p.set_defaults(func=cmd_targets)
+    _command(sub, common, "targets", cmd_targets)
 
-    p = sub.add_parser("init", parents=[common], help="create a model project around an ONNX file")
+    p = _command(sub, common, "init", cmd_init)
     p.add_argument(
         "directory", nargs="?", default=".", help="project folder (created if missing; default: .)"
     )
@@ -934,9 +1057,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ci", choices=("cuvil", "cibuildwheel"), default="cuvil",
                    help="the wheels workflow: cross-build every target from one Linux job matrix "
                         "(cuvil, the default) or build on each platform with cibuildwheel")
-    p.set_defaults(func=cmd_init)
 
-    p = sub.add_parser("bench", parents=[common], help="time a model compiled by cuvil against onnxruntime")
+    p = _command(sub, common, "bench", cmd_bench)
     p.add_argument("model", help="the ONNX model file")
     p.add_argument("--batch", type=int, default=1, help="value of every symbolic dim (default: 1)")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=N", help="value of one symbolic dim")
@@ -947,7 +1069,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="also time every node (--runs more runs) and print time per op type and node")
     _weights_options(p)
-    p.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -151,12 +151,28 @@ print({p.package}.{p.model}.inputs, {p.package}.{p.model}.outputs)
 ## Build and test
 
 ```sh
-python -m pip install cuvil
+python -m pip install cuvil      # or a cuvil wheel: python -m pip install path/to/cuvil-*.whl
 cuvil build                      # a wheel for this machine, in dist/
 cuvil build --all-targets        # every target below
 cuvil check dist/*.whl
 python -m pip install dist/*.whl pytest onnxruntime && python -m pytest tests
 ```
+
+`cuvil build` builds in the Python where cuvil is installed: it needs no package index.
+
+`pip wheel .`, `pip install .` and `python -m build` build in an isolated environment, into
+which they install the build requirement, `cuvil` (with its dependencies), from the package
+index. Where cuvil is not on your index, point them at a folder holding its wheel; the other
+requirements still come from the index:
+
+```sh
+PIP_FIND_LINKS=path/to/wheels python -m pip wheel . --no-deps -w dist   # pip; python -m build too
+UV_FIND_LINKS=path/to/wheels uv build --wheel                           # uv
+```
+
+or build in the current environment, where cuvil is installed, with no index at all:
+`python -m pip wheel . --no-deps --no-build-isolation -w dist` (`python -m build --no-isolation`,
+`uv build --no-build-isolation`).
 
 `tests/test_{p.model}.py` compares the installed package with onnxruntime on the same inputs.
 Where onnxruntime has no wheel (musllinux), it compares with `tests/reference.npz`, which

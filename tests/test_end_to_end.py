@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -158,6 +159,52 @@ def test_isolated_build_installs_and_matches_onnxruntime(
     onnx_accuracy = float((held_out["ort"].argmax(1) == held_out["y"]).mean())
     assert accuracy == onnx_accuracy
     assert accuracy > 0.9
+
+
+def _readme_command(readme: str, pattern: str) -> str:
+    found = re.search(pattern, readme)
+    assert found, f"the README cuvil init writes has no command matching {pattern!r}:\n{readme}"
+    return found.group(1)
+
+
+def test_a_cuvil_init_project_builds_as_its_readme_says(
+    tmp_path: Path, cuvil_dist: Path, held_out: dict[str, np.ndarray]
+) -> None:
+    """In a fresh venv holding cuvil's wheel (cuvil on no index): `cuvil init`, then the three
+    builds its README gives: `cuvil build` and pip without isolation, with no index at all,
+    and pip's isolated build finding cuvil through PIP_FIND_LINKS. Each gives the same wheel."""
+    venv = make_venv(tmp_path / "venv")
+    (cuvil_wheel,) = cuvil_dist.glob("cuvil-*.whl")
+    pip("install", str(cuvil_wheel), python=venv)  # its dependencies come from the registry
+    env = {**os.environ, "PATH": f"{Path(venv).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("PYTHONPATH", None)  # the venv's cuvil, not this checkout
+    run(["cuvil", "init", "proj", "--model", str(EXAMPLE / "models" / "classifier.onnx")],
+        cwd=tmp_path, env=env)
+    project = tmp_path / "proj"
+    readme = (project / "README.md").read_text()
+    no_index = {**env, "PIP_NO_INDEX": "1"}
+    commands = {
+        "cuvil": (_readme_command(readme, r"\n(cuvil build) +#"), no_index),
+        "no isolation": (_readme_command(readme, r"`(python -m pip wheel [^`]*--no-build-isolation[^`]*)`"),
+                         no_index),
+        "isolated": (_readme_command(readme, r"\n(PIP_FIND_LINKS=\S+ python -m pip wheel [^#\n]*?) +#")
+                     .replace("path/to/wheels", str(cuvil_dist)), env),
+    }
+    wheels = {}
+    for how, (command, command_env) in commands.items():
+        run(["sh", "-c", command], cwd=project, env=command_env)
+        (wheel,) = (project / "dist").glob("*.whl")
+        (tmp_path / how).mkdir()
+        wheels[how] = wheel.rename(tmp_path / how / wheel.name)
+    assert len({w.read_bytes() for w in wheels.values()}) == 1, wheels
+
+    pip("install", "--no-deps", str(wheels["isolated"]), python=venv)
+    work = tmp_path / "work"  # not beside the project's folder, which is named like the package
+    work.mkdir()
+    np.save(work / "x.npy", held_out["x"])
+    code = "import sys, numpy as np, proj; np.save(sys.argv[2], proj.classifier(np.load(sys.argv[1])))"
+    run([venv, "-c", code, "x.npy", "y.npy"], cwd=work, env=env)
+    np.testing.assert_allclose(np.load(work / "y.npy"), held_out["ort"], rtol=1e-4, atol=1e-6)
 
 
 def test_wheel_contents_and_manylinux_policy(isolated_wheel: Path) -> None:

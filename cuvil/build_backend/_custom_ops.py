@@ -86,22 +86,25 @@ def _file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def ops_state(project: ProjectConfig) -> dict[str, Any]:
+def ops_state(project: ProjectConfig | None) -> dict[str, Any]:
     """What the project's ops are made of, for the compile cache and the editable stamp: each
     registered decomposition with the digest of its module's source; each native kernel's
-    table, the digests of its files and of its shape function's module."""
+    table, the digests of its files and of its shape function's module. Without a project
+    (`cuvil compile`), the decompositions of installed packages' entry points."""
     state: dict[str, Any] = {}
-    if project.custom_ops:
+    if project is not None and project.custom_ops:
         state["native"] = [
             {**dataclasses.asdict(op), "sources": None,
              "shape_module": _module_digest(project, op.shape_function)}
             for op in project.custom_ops]
         state["native_files"] = [[Path(os.path.relpath(p, project.root)).as_posix(),
                                   _file_digest(p)] for _, p in custom_op_files(project)]
-    if project.op_modules or _has_entry_points() or _REGISTRY_MODULE in sys.modules:
+    if (project is not None and project.op_modules) or _has_entry_points() \
+            or _REGISTRY_MODULE in sys.modules:
         from cuvil.compiler.ops.registered import load_entry_points, registrations
 
-        load_op_modules(project)
+        if project is not None:
+            load_op_modules(project)
         state["entry_points"] = list(load_entry_points())
         state["decompositions"] = registrations()
     return state

@@ -48,11 +48,11 @@ from typing import TYPE_CHECKING, Any, Callable
 import cuvil
 
 if TYPE_CHECKING:
-    from cuvil.config import BuildSettings, ModelConfig, ProjectConfig
+    from cuvil.config import BuildSettings, CompileOptions, ModelConfig, ProjectConfig
     from cuvil.toolchains import Target
 
 __all__ = ["CacheStats", "CompileCache", "KernelObjects", "cache_dir", "default_cache_dir",
-           "model_key", "open_cache", "sources_digest"]
+           "file_key", "model_key", "open_cache", "sources_digest"]
 
 Log = Callable[[str], None]
 
@@ -120,7 +120,34 @@ def model_key(project: ProjectConfig, model: ModelConfig, target: Target, *,
     from cuvil.build_backend._custom_ops import ops_state
     from cuvil.build_backend._sdist import model_files
 
-    options = project.compile_options(model).key_state()
+    files = [[role, Path(os.path.relpath(path, project.root)).as_posix(), _file_digest(path)]
+             for role, path in model_files(project.root, model)]
+    return _key(model.name, files, project.compile_options(model), target, ops_state(project),
+                feeds_digest)
+
+
+def file_key(source: Path, name: str, options: CompileOptions, target: Target,
+             library_file: str) -> str | None:
+    """The key of `cuvil compile`'s library of the model file `source`: as `model_key`'s, with
+    the library's file name (its SONAME or install name), and the ops of installed packages
+    alone (there is no project). None for a calibration entry point, whose feeds only the
+    compile reads: that compile is not cached."""
+    from cuvil.build_backend._custom_ops import ops_state
+    from cuvil.build_backend._sdist import _external_data
+
+    if options.quantize != "none" and not Path(options.calibration).is_file():
+        return None
+    files = [["source", source.name, _file_digest(source)]]
+    files += [["external data", Path(os.path.relpath(path, source.parent)).as_posix(),
+               _file_digest(path)] for path in _external_data(source)]
+    if options.quantize != "none":
+        files.append(["calibration", "", _file_digest(Path(options.calibration))])
+    return _key(name, files, options, target, ops_state(None), None, library_file)
+
+
+def _key(name: str, files: list[list[str]], compile_options: CompileOptions, target: Target,
+         ops: dict[str, Any], feeds_digest: str | None, library_file: str | None = None) -> str:
+    options = compile_options.key_state()
     if options["cpu"] == "native":
         from cuvil.toolchains import host_cpu
 
@@ -132,13 +159,14 @@ def model_key(project: ProjectConfig, model: ModelConfig, target: Target, *,
         "compiler": {"cuvil": cuvil.__version__, "sources": sources_digest(),
                      "llvmlite": _version("llvmlite"), "ziglang": _version("ziglang")},
         "target": shape,
-        "ops": ops_state(project),
-        "model": model.name,
-        "files": [[role, Path(os.path.relpath(path, project.root)).as_posix(), _file_digest(path)]
-                  for role, path in model_files(project.root, model)],
+        "ops": ops,
+        "model": name,
+        "files": files,
         "options": options,
     }
-    if model.quantize != "none":
+    if library_file is not None:  # else the backend's name, "_<model><suffix>"
+        state["library file"] = library_file
+    if compile_options.quantize != "none":
         state["quantization"] = {"feeds": feeds_digest, "onnxruntime": _version("onnxruntime")}
     return hashlib.sha256(json.dumps(state, sort_keys=True, default=str).encode()).hexdigest()
 

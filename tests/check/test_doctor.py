@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from host_tools import needs, tool
 from onnx import TensorProto, helper, numpy_helper
 from wheel_files import read_entries, write_wheel
 
@@ -148,13 +149,13 @@ def test_a_macos_library_whose_code_signature_no_longer_matches(wheels: dict[str
     assert "modified after it was signed" in what and "rebuild the wheel" in fix
 
 
+@pytest.mark.slow  # calls the models under qemu
+@needs("qemu-x86_64-static")
 def test_a_cpu_without_the_features_the_library_needs(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     # the models are called under qemu's Nehalem (x86-64-v2: what Python and numpy need) and
     # the library is built for x86-64-v3
-    qemu = shutil.which("qemu-x86_64-static")
-    if qemu is None:
-        pytest.skip("qemu-x86_64-static is not installed (Debian: qemu-user-static)")
+    qemu = tool("qemu-x86_64-static")
     root = _project(tmp_path / "project")
     pyproject = root / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace(

@@ -9,9 +9,11 @@ its wheels, and run `bench`. Nothing is ever uploaded.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import os
 import platform
+import shlex
 import sys
 import zipfile
 from pathlib import Path
@@ -61,6 +63,30 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["--version"])
     assert exit_info.value.code == 0
     assert cuvil.__version__ in capsys.readouterr().out
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = cli._parser()
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
+@pytest.mark.parametrize("command", sorted(_subcommands()))
+def test_every_subcommand_has_a_description_and_examples_that_parse(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    description = out.split("\n\n")[1]  # after the usage lines
+    assert not description.startswith(("positional arguments:", "options:")), out
+    assert len(description.split()) >= 8, description
+    examples = out.split("\nexamples:\n", 1)[1].splitlines()
+    assert examples and all(line.startswith(f"  cuvil {command}") for line in examples), out
+    for example in examples:  # each example is a valid command line for this subcommand
+        args = cli._parser().parse_args(shlex.split(example)[1:])
+        assert args.func.__name__ == f"cmd_{command}", example
 
 
 def test_targets_lists_every_toolchain_file_and_marks_the_host(capsys: pytest.CaptureFixture[str]) -> None:
@@ -118,6 +144,7 @@ def test_inspect_model_lists_tensors_and_operator_support(
     assert relu.rstrip().endswith("supported") and "NOT" not in relu
     assert "com.example.Frobnicate" in frob and frob.rstrip().endswith("NOT SUPPORTED")
     assert "cannot compile 1 operator type(s): com.example.Frobnicate" in out
+    assert '@cuvil.register_op("com.example", "Frobnicate")' in out and "docs/custom-ops.md" in out
 
 
 def test_inspect_types_of_a_mixed_float16_model(
@@ -177,6 +204,37 @@ def test_inspect_digits_model(capsys: pytest.CaptureFixture[str]) -> None:
     for op in {n.op_type for n in model.graph.node}:
         assert op in out
     assert "image: float32[" in out
+
+
+def test_inspect_a_project_shows_each_of_its_models(capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path) -> None:
+    project = tmp_path / "two-models"
+    (project / "models").mkdir(parents=True)
+    (project / "models" / "digits.onnx").write_bytes(DIGITS_MODEL.read_bytes())
+    _model_with_an_unknown_op(project / "models" / "odd.onnx")
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["cuvil"]\nbuild-backend = "cuvil.build_backend"\n'
+        '[project]\nname = "two-models"\nversion = "1.0"\n'
+        '[tool.cuvil.models.digits]\nsource = "models/digits.onnx"\ninputs = { image = [3, 1, 8, 8] }\n'
+        '[tool.cuvil.models.odd]\nsource = "models/odd.onnx"\n')
+    for path in (project, project / "pyproject.toml"):
+        code, out, _ = run(capsys, "inspect", str(path))
+        assert code == 0, out
+        assert "project two-models, package two_models, 2 model(s)" in out
+        digits, odd = out.split("\nmodel odd: ")
+        assert "model digits: " in digits and "(inputs image=[3, 1, 8, 8])" in digits
+        for op in {n.op_type for n in onnx.load(str(DIGITS_MODEL)).graph.node}:
+            assert op in digits
+        assert "Conv" not in odd
+        assert "com.example.Frobnicate" in odd and "NOT SUPPORTED" in odd and "NOT" not in digits
+    # --types types each model with its pins from the project: the pinned batch of 3
+    code, out, _ = run(capsys, "inspect", str(project), "--types")
+    digits, odd = out.split("\nmodel odd: ")
+    assert any(line.split()[:3] == ["image", "float32", "[3,"] for line in digits.splitlines())
+    assert code == 1 and "Frobnicate" in odd  # typing stops at the op cuvil lacks
+    assert_user_error(*run(capsys, "inspect", str(project), "--input", "image=1,1,8,8")[::2],
+                      "--input is for a model file")
+    assert_user_error(*run(capsys, "inspect", str(tmp_path))[::2], "without pyproject.toml")
 
 
 def test_user_errors_exit_2_without_traceback(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -328,6 +386,38 @@ def test_compile_writes_a_library_and_header_callable_through_the_c_abi(
         None, {"image": images}
     )[0]
     np.testing.assert_allclose(probabilities, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_reuses_the_compile_cache(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import cuvil.compiler.driver as driver
+    from cuvil.build_backend.cache import CompileCache, default_cache_dir
+    from cuvil.errors import CuvilError
+
+    monkeypatch.chdir(tmp_path)  # no pyproject.toml here: the cache settings come from the environment
+    first = tmp_path / "a" / "digits.so"
+    code, out, err = run(capsys, "compile", str(DIGITS_MODEL), "-o", str(first), "--target", "x86_64-linux")
+    assert code == 0 and "compiled in" in out, err
+    assert CompileCache(default_cache_dir(), 10**9).stats().entries == 1
+
+    def compiles(*args: object, **kwargs: object) -> None:
+        raise CuvilError("the model was compiled")
+
+    monkeypatch.setattr(driver, "compile_model", compiles)
+    again = tmp_path / "b" / "digits.so"
+    code, out, err = run(capsys, "compile", str(DIGITS_MODEL), "-o", str(again), "--target", "x86_64-linux")
+    assert code == 0 and "from the compile cache" in out, err
+    assert again.read_bytes() == first.read_bytes()
+    assert again.with_suffix(".h").read_text() == first.with_suffix(".h").read_text()
+    # another file name is another SONAME; other options, another library; --no-cache and
+    # CUVIL_CACHE=0 skip the cache: each compiles
+    for extra in (["-o", str(tmp_path / "c" / "other.so")], ["-o", str(again), "-O", "2"],
+                  ["-o", str(again), "--no-cache"]):
+        code, _, err = run(capsys, "compile", str(DIGITS_MODEL), "--target", "x86_64-linux", *extra)
+        assert_user_error(code, err, "the model was compiled")
+    monkeypatch.setenv("CUVIL_CACHE", "0")
+    assert_user_error(*run(capsys, "compile", str(DIGITS_MODEL), "-o", str(again), "--target",
+                           "x86_64-linux")[::2], "the model was compiled")
 
 
 @pytest.mark.slow

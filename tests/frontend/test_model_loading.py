@@ -283,7 +283,24 @@ def test_every_unsupported_op_is_reported_at_once_before_code_generation(monkeyp
                      "ai.onnx ImageDecoder (opset 20)", "'decode'"):
         assert expected in msg, (expected, msg)
     assert "'relu'" not in msg and "'add'" not in msg
+    # the standard op: another export opset; the custom-domain ones: how to define them
+    assert "docs/ops.md" in msg and "export opset" in msg
+    assert "com.example Frobnicate, com.example Twiddle: custom-domain op(s)" in msg
+    assert '@cuvil.register_op("com.example", "Frobnicate")' in msg
+    assert "[tool.cuvil.custom-ops.<name>]" in msg and "docs/custom-ops.md" in msg
     assert issubclass(UnsupportedOpError, CuvilError)
+
+
+def test_a_model_whose_only_unsupported_op_is_custom_is_pointed_to_custom_ops_not_opsets():
+    graph = helper.make_graph(
+        [helper.make_node("Frobnicate", ["x"], ["y"], name="frob", domain="com.example")], "custom",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 1)])
+    msg = _compile_error(model, UnsupportedOpError)
+    assert "docs/custom-ops.md" in msg and "tool.cuvil.op-modules" in msg
+    assert "export opset" not in msg  # no exporter setting removes an op of one's own domain
 
 
 def test_external_data_round_trip_keeps_the_weights(tmp_path):

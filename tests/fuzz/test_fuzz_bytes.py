@@ -4,6 +4,7 @@ CuvilError; compiles run in a child process, so a crash fails the example, not t
 
 from __future__ import annotations
 
+import pytest
 from conftest import budget
 from fuzz_check import check
 from fuzz_seeds import BYTE_MUTATIONS, SEEDS, mutated, mutated_bytes
@@ -14,6 +15,7 @@ SEED_BYTES = {name: mutated(name, []) for name in SEEDS}
 edit = st.tuples(st.sampled_from(BYTE_MUTATIONS), st.integers(0, 2**20), st.integers(0, 2**16 - 1))
 
 
+@pytest.mark.slow
 # found by the fuzzer: a name that is not UTF-8 (a dim's, an input's) gave a TypeError
 @example(seed="elementwise", edits=[("flip", 967428, 25799)])
 @example(seed="elementwise", edits=[("flip", 9, 7)])

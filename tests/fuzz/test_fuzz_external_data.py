@@ -36,6 +36,7 @@ def test_every_seed_compiles_and_matches_onnxruntime(worker, seed: str) -> None:
     assert check(worker, "compile_folder_and_compare", mutated_folder(seed, []))[0] == want
 
 
+@pytest.mark.slow
 # found by the fuzzer: a data file replaced by a symlink to itself gave a raw RuntimeError
 @example(seed="constant/one-file", mutations=[("replace", 0, 199)])
 # an absolute location of a file inside the model's folder: compiled (onnxruntime and onnx's

@@ -41,6 +41,7 @@ def test_findings_are_refused(worker, seed: str, mutations: list) -> None:
     assert (outcome, detail.split(":")[0]) == ("refused", "ModelError")
 
 
+@pytest.mark.slow
 @settings(max_examples=budget(200))
 @given(seed=st.sampled_from(sorted(SEEDS)), mutations=st.lists(mutation, min_size=1, max_size=3))
 def test_mutated_graphs_compile_and_match_or_raise_cuvil_errors(worker, seed: str,

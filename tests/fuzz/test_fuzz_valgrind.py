@@ -11,8 +11,6 @@ same inputs as converted for the call. The last test ends the child: valgrind's 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,19 +21,14 @@ from fuzz_calls import MODELS, build_call
 from fuzz_strategies import call_spec, valid_spec
 from fuzz_tasks import _compare, _session
 from fuzz_worker import HERE, Worker, WorkerDied
+from host_tools import needs, tool
 from hypothesis import given, settings
 
 from cuvil.compiler.driver import compile_model
 from cuvil.runtime import Model
 
-VALGRIND = shutil.which("valgrind")
 ERROR_EXIT = 99
-
-if VALGRIND is None:
-    # CI installs valgrind (.ci/run): there, its absence is a failure, not a skip
-    if os.environ.get("CI"):
-        raise RuntimeError("valgrind is not installed: install it (apt-get install valgrind)")
-    pytest.skip("valgrind is not installed", allow_module_level=True)
+pytestmark = [pytest.mark.slow, needs("valgrind")]  # needs: before `libraries` compiles anything
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +44,7 @@ def libraries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, 
 
 @pytest.fixture(scope="module")
 def memcheck() -> Iterator[Worker]:
-    assert VALGRIND is not None
-    worker = Worker(prefix=[VALGRIND, "--quiet", f"--error-exitcode={ERROR_EXIT}",
+    worker = Worker(prefix=[tool("valgrind"), "--quiet", f"--error-exitcode={ERROR_EXIT}",
                             f"--suppressions={HERE / 'valgrind-python.supp'}", "--num-callers=30"],
                     env={"PYTHONMALLOC": "malloc"})  # malloc for every object: memcheck sees them
     yield worker

@@ -55,8 +55,9 @@ x = np.random.default_rng(0).standard_normal((3, 1, 8, 8)).astype(np.float32)
 np.save(sys.argv[2], digits.classifier(x))
 """
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",
-                                reason="runs the x86_64 Linux wheel it mutates")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",
+                                 reason="runs the x86_64 Linux wheel it mutates")]
 
 
 class Original:

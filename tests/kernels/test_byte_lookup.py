@@ -6,13 +6,13 @@ indexing, for lengths around the vectors and both index types."""
 from __future__ import annotations
 
 import ctypes
-import shutil
 import subprocess
 from pathlib import Path
 
 import llvmlite.binding as llvm
 import numpy as np
 import pytest
+from host_tools import AARCH64_LOADER, AARCH64_SYSROOT, tool
 from kernel_library import FEATURES, host_module, link_modules
 from llvmlite import ir
 
@@ -66,7 +66,6 @@ def test_every_kind_looks_up_every_byte(lib, signed: bool) -> None:
             assert (dst[n:] == 7).all(), f"{name} n={n} wrote past the end"
 
 
-AARCH64_SYSROOT = Path("/usr/aarch64-linux-gnu")
 ARM_HARNESS = Path(__file__).parents[1] / "harness" / "run_byte_lookup.c"
 #: A64 encodings (Arm ARM): TBL and TBX Vd.16B, {4 registers}, Vm.16B
 TBL4, TBX4 = 0x4E006000, 0x4E007000
@@ -86,9 +85,8 @@ def test_aarch64_tbl_kernel_under_qemu(tmp_path: Path) -> None:
     words = np.frombuffer(code[: len(code) // 4 * 4], "<u4")
     for name, value in (("tbl", TBL4), ("tbx", TBX4)):
         assert np.count_nonzero(words & 0xFFE0FC00 == value), f"no four-register {name}"
-    qemu = shutil.which("qemu-aarch64-static")
-    if qemu is None or not (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").is_file():
-        pytest.skip("needs qemu-user-static and libc6-arm64-cross (tests/toolchains/test_harness.py)")
+    qemu = tool("qemu-aarch64-static")
+    tool(str(AARCH64_LOADER))
     (tmp_path / "lookup.o").write_bytes(code)
     program = tmp_path / "run_byte_lookup"
     proc = subprocess.run([*zig.zig_command(), "cc", "-target", arch.zig_target, "-O2",

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import math
-import shutil
 import subprocess
 from pathlib import Path
 
 import llvmlite.binding as llvm
 import numpy as np
 import pytest
+from host_tools import AARCH64_LOADER, AARCH64_SYSROOT, QEMU_AARCH64, needs, tool
 from kernel_library import FEATURES, host_module, link_modules
 from llvmlite import ir
 
@@ -112,8 +112,8 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> tuple[ctypes.CDLL, set[str]
     """One library holding every kind the host can run (one link for all)."""
     flags = _host_flags()
     modules, built = [], set()
-    for name, (features, needs, kind) in KINDS.items():
-        if needs is not None and needs not in flags:
+    for name, (features, flag, kind) in KINDS.items():
+        if flag is not None and flag not in flags:
             continue
         module, tm, target = host_module(features)
         assert int8_isa(target).kind == kind
@@ -269,7 +269,6 @@ ARM_USES = {"neon": ("smlal",), "dot": ("sdot", "udot"), "i8mm": ("smmla", "usmm
 #: product only, cortex-a72 (Armv8.0-A) neither; (HWCAP_ASIMDDP, HWCAP2_I8MM) as the OS says
 ARM_CPUS = {"max": (1, 1), "neoverse-n1": (1, 0), "cortex-a72": (0, 0)}
 ARM_HARNESS = Path(__file__).parents[1] / "harness" / "run_int8_gemm.c"
-AARCH64_SYSROOT = Path("/usr/aarch64-linux-gnu")
 
 
 def _arm_names() -> list[str]:
@@ -307,6 +306,7 @@ def arm(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, bytes], Pat
     return objects, program
 
 
+@pytest.mark.slow  # the AArch64 kernels compiled for each extension
 @pytest.mark.parametrize("kind", list(ARM_KINDS))
 def test_aarch64_kernels_use_their_instructions(arm, kind: str) -> None:
     words = np.frombuffer(arm[0][kind][: len(arm[0][kind]) // 4 * 4], "<u4")
@@ -321,13 +321,14 @@ ARM_SHAPES = [(1, 1, 1), (3, 17, 5), (17, 63, 100), (100, 3, 63), (13, 70, 64), 
               (25, 40, 13), (2, 33, 7)]
 
 
+@pytest.mark.slow
+@needs(*QEMU_AARCH64)
 @pytest.mark.parametrize("cpu", list(ARM_CPUS))
 def test_aarch64_kernels_under_qemu(arm, cpu: str) -> None:
     # every kind the CPU model can run (the gated one takes I8MM on max, the dot product on
     # neoverse-n1, NEON on cortex-a72: the harness reports the OS's answers first)
-    qemu = shutil.which("qemu-aarch64-static")
-    if qemu is None or not (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").is_file():
-        pytest.skip("needs qemu-user-static and libc6-arm64-cross (tests/toolchains/test_harness.py)")
+    qemu = tool("qemu-aarch64-static")
+    tool(str(AARCH64_LOADER))
     dotprod, i8mm = ARM_CPUS[cpu]
     kinds = ["neon", "gated", *(["dot"] if dotprod else []), *(["i8mm"] if i8mm else [])]
     rng = np.random.default_rng(15)

@@ -48,9 +48,10 @@ def _bert_feeds(rng: np.random.Generator, batch: int, seq: int, mask: bool) -> d
     (True, {}, {"EmbedLayerNormalization": 1, "Attention": 2, "SkipLayerNormalization": 4,
                 "BiasGelu": 1, "FastGelu": 1}),
     # the raw 2-D mask, MultiHeadAttention after the projections, Gelu without its bias
-    (True, {"attention_mask_format": 1, "use_multi_head_attention": True, "enable_bias_gelu": False},
-     {"EmbedLayerNormalization": 1, "MultiHeadAttention": 2, "SkipLayerNormalization": 4,
-      "Gelu": 1, "FastGelu": 1}),
+    pytest.param(True, {"attention_mask_format": 1, "use_multi_head_attention": True,
+                        "enable_bias_gelu": False},
+                 {"EmbedLayerNormalization": 1, "MultiHeadAttention": 2, "SkipLayerNormalization": 4,
+                  "Gelu": 1, "FastGelu": 1}, marks=pytest.mark.slow),
     # one layer (compiles faster): the Gelu forms are covered above
     (False, {}, {"EmbedLayerNormalization": 1, "Attention": 1, "SkipLayerNormalization": 2,
                  "BiasGelu": 1}),

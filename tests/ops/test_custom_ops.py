@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from host_tools import AARCH64_LOADER, AARCH64_SYSROOT, QEMU_AARCH64, needs, tool
 from onnx import TensorProto, helper
 
 import cuvil
@@ -340,11 +341,12 @@ def test_the_example_builds_and_check_py_passes(host_build: Path) -> None:
 
 
 @linux_x86
+@needs(*QEMU_AARCH64)
 def test_the_aarch64_build_runs_under_qemu(tmp_path: Path) -> None:
-    from test_harness import AARCH64_SYSROOT, _tool, compile_harness
+    from test_harness import compile_harness
 
-    qemu = _tool("qemu-aarch64-static")
-    _tool(str(AARCH64_SYSROOT))
+    qemu = tool("qemu-aarch64-static")
+    tool(str(AARCH64_LOADER))
     root = tmp_path / "custom-op"
     shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("build", "dist", "__pycache__"))
     pyproject = root / "pyproject.toml"  # the harness runs models without symbolic dims

@@ -123,6 +123,7 @@ def test_regressor_every_mode_and_missing_track(aggregate, base):
     _compare(_v3_regressor(nodes, leaves, 3, aggregate, base), _inputs(rng, thresholds))
 
 
+@pytest.mark.slow  # a compile of 300 trees per case
 @pytest.mark.parametrize("aggregate", ["SUM", "AVERAGE", "MIN", "MAX"])
 @pytest.mark.parametrize("rows", [1, 5, 70])
 def test_large_forests(aggregate, rows):

@@ -162,7 +162,7 @@ def test_depthwise_integer_convs():
     check_cases(_exact(cases), sizes=[{"m": 1, "_h": 6}, {"m": 2, "_h": 9}], opset=13)
 
 
-@pytest.mark.parametrize("cpu", ["native", "x86-64-v3"])
+@pytest.mark.parametrize("cpu", ["native", pytest.param("x86-64-v3", marks=pytest.mark.slow)])
 def test_integer_convs_on_the_int8_kernel(cpu):
     """The kernel's conv path (one group, packed weights): odd channel counts, strides,
     uneven padding, a dilated last axis (no runs of adjacent taps), pointwise 1x1 convs

@@ -241,7 +241,7 @@ def compare(cases: list[Case], got: dict[str, np.ndarray], want: dict[str, np.nd
 # -- random cases against onnxruntime ----------------------------------------------------
 
 
-@pytest.mark.parametrize("opset", [22, 14, 7])
+@pytest.mark.parametrize("opset", [22, *(pytest.param(o, marks=pytest.mark.slow) for o in (14, 7))])
 def test_random_symbolic(opset: int) -> None:
     """One compiled model, many random nodes, checked at several (seq, batch) sizes."""
     rng = np.random.default_rng(opset)

@@ -67,7 +67,8 @@ SIZES = [{"b": 2, "s": 37, "t": 37}, {"b": 1, "s": 1, "t": 5},
 
 
 @pytest.mark.parametrize("scale", [None, ("Div", 4.89898, False), ("Mul", 0.2, True)])
-@pytest.mark.parametrize("mask,mask_first", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("mask,mask_first", [(False, False), (True, False),
+                                             pytest.param(True, True, marks=pytest.mark.slow)])
 def test_scaled_masked_attention(scale, mask: bool, mask_first: bool) -> None:
     model = attention(scale, mask, mask_first)
     assert op_labels(model) == ["Attention"]

@@ -84,8 +84,13 @@ FUSED_CONV = [
 ]
 
 
-@pytest.mark.parametrize("tail,inits,opset,fused", [c[1:] for c in FUSED_CONV],
-                         ids=[c[0] for c in FUSED_CONV])
+#: the cases the fast test run (-m "not slow") keeps: an activation, SiLU's two orders, residuals
+FAST_FUSED_CONV = ("relu", "silu", "silu-swapped", "residual-relu", "sum-residual-relu")
+
+
+@pytest.mark.parametrize("tail,inits,opset,fused", [
+    pytest.param(*c[1:], id=c[0], marks=() if c[0] in FAST_FUSED_CONV else pytest.mark.slow)
+    for c in FUSED_CONV])
 def test_conv_epilogue_is_fused(tail, inits, opset, fused) -> None:
     model = conv_model(tail, inits=inits, opset=opset)
     assert ops(model) == [fused]

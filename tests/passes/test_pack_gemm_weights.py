@@ -137,7 +137,9 @@ def test_packed_model_matches_onnxruntime() -> None:
 LEVELS = ["host", "x86-64-v3", "x86-64-v2"]
 
 
-@pytest.fixture(params=LEVELS)
+# the fast test run (-m "not slow") builds for this machine only: each x86 level compiles its kernels
+@pytest.fixture(params=[level if level == "host" else pytest.param(level, marks=pytest.mark.slow)
+                        for level in LEVELS])
 def level(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Makes cuvil.compile's "native" build one for the given x86 level (its features size the
     kernel's tiles); the x86 levels run only on an x86 host that has them."""
@@ -183,12 +185,14 @@ def _conv_model(cin: int, cout: int, kernel: int, size: int, group: int = 1, str
 
 # output channels around the 12-row panels (and the AVX2/baseline tiles), groups, positions
 # around the 32-column panels, pointwise, chunked and whole unfolds, K over several blocks
+# (the fast test run keeps the first three)
 CONVS = [(3, 5, 3, 9, 1, 1, False), (16, 64, 1, 14, 1, 1, True), (8, 30, 3, 10, 2, 1, False),
          (40, 25, 3, 7, 1, 1, True), (300, 13, 1, 7, 1, 1, False), (6, 44, 3, 33, 1, 2, True),
          (64, 100, 3, 16, 1, 1, False)]
 
 
-@pytest.mark.parametrize("conv", CONVS, ids=str)
+@pytest.mark.parametrize("conv", [pytest.param(c, id=str(c), marks=() if i < 3 else pytest.mark.slow)
+                                  for i, c in enumerate(CONVS)])
 def test_packed_conv_matches_onnxruntime(level: str, conv) -> None:
     cin, cout, kernel, size, group, stride, residual = conv
     model, out = _conv_model(cin, cout, kernel, size, group, stride, residual)
@@ -200,8 +204,9 @@ def test_packed_conv_matches_onnxruntime(level: str, conv) -> None:
         compiled = assert_matches_ort(model, feeds, rtol=1e-4, atol=1e-4, compiled=compiled)
 
 
-@pytest.mark.parametrize("shape", [(3, 33, 70), (7, 300, 32), (25, 9, 100), (130, 64, 33)],
-                         ids=str)
+@pytest.mark.parametrize("shape", [(3, 33, 70), (25, 9, 100),
+                                   *(pytest.param(s, id=str(s), marks=pytest.mark.slow)
+                                     for s in [(7, 300, 32), (130, 64, 33)])], ids=str)
 def test_packed_linear_layers_match_onnxruntime(level: str, shape) -> None:
     rows, kk, n = shape
     w = rng.standard_normal((kk, n)).astype(np.float32)

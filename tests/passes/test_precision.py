@@ -124,6 +124,7 @@ def test_bf16_model_matches_onnxruntime_within_the_bound(mixed) -> None:
         assert 1e-5 < err < BOUND, err
 
 
+@pytest.mark.slow  # a compile per CPU level
 @pytest.mark.parametrize("cpu", ["x86-64-v3", "x86-64-v2"])
 def test_copies_without_bf16_kernels_compute_float32(cpu: str) -> None:
     # the AVX2 and SSE copies (what Haswell and Nehalem run): float32 on the bf16 weights
@@ -134,6 +135,7 @@ def test_copies_without_bf16_kernels_compute_float32(cpu: str) -> None:
         assert err_rounded < F32_RTOL and 1e-5 < err < BOUND, (batch, err, err_rounded)
 
 
+@pytest.mark.slow  # a library with every CPU copy
 def test_every_copy_takes_this_cpus_path(tmp_path: Path) -> None:
     # the library a wheel holds (a copy per CPU level, picked at load): bf16 here only if the
     # CPU has AVX-512 BF16 or AMX-BF16 (every AMX CPU has the former)
@@ -193,6 +195,7 @@ def _fresh(compiled, tmp_path: Path) -> Model:
     return Model(path, compiled.signature)
 
 
+@pytest.mark.slow  # compiles the x86-64-v4 copy on its own
 def test_avx512_copy_computes_float32_when_told(avx512_copy, monkeypatch, tmp_path) -> None:
     # CUVIL_BF16=0: the path of an AVX-512 CPU without bf16 (Skylake-X, Ice Lake), here
     model, compiled = avx512_copy
@@ -203,6 +206,7 @@ def test_avx512_copy_computes_float32_when_told(avx512_copy, monkeypatch, tmp_pa
         assert err_rounded < F32_RTOL and 1e-5 < err < BOUND, (batch, err, err_rounded)
 
 
+@pytest.mark.slow  # compiles the x86-64-v4 copy on its own
 def test_avx512_copy_runs_bf16_where_the_cpu_has_it(avx512_copy, tmp_path) -> None:
     model, compiled = avx512_copy
     if not _host_flags() & {"avx512bf16", "amx-bf16"}:

@@ -146,6 +146,7 @@ def test_compiles_release_their_libraries_and_files() -> None:
     assert grown / count < 1536, f"RSS grew by {grown / count:.0f} KB per compile"
 
 
+@pytest.mark.slow  # many compiles in a row
 def test_a_long_loop_of_compiles_keeps_memory_flat() -> None:
     # LLVM's new pass manager keeps ~90 KB per pipeline run that nothing frees: in this
     # process, 30 compiles grew by ~2.8 MB; LLVM now runs in a worker process

@@ -19,14 +19,13 @@ so aarch64-linux-musl is checked structurally, as aarch64-windows is (no runner 
 on Arm): `cuvil check` passes and the harness builds for them.
 
 Needs Debian's qemu-user-static, libc6-arm64-cross, musl and wine64 (CI installs them:
-.ci/run); skips with the reason when one is missing, except in CI (CI=true), where a missing
-tool fails the test."""
+.ci/run); a test skips before building anything, naming the package, when one it needs is
+missing, except in CI (CI=true), where a missing tool fails the test (tests/host_tools.py)."""
 
 from __future__ import annotations
 
 import os
 import platform
-import shutil
 import struct
 import subprocess
 import sys
@@ -38,23 +37,18 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from host_tools import AARCH64_LOADER, AARCH64_SYSROOT, MUSL_LOADER, QEMU_AARCH64, WINE, needs, tool
 from onnx import TensorProto, helper, numpy_helper
 from oracle import run_ort
 
 from cuvil.toolchains import Arch, bundled_toolchain_dir, get_target, list_targets, zig
 
-pytestmark = pytest.mark.skipif(
-    platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"),
-    reason="cross-runs from an x86-64 Linux host (as CI is)")
+pytestmark = [
+    pytest.mark.slow,  # a wheel built for each target, run under emulators
+    pytest.mark.skipif(platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"),
+                       reason="cross-runs from an x86-64 Linux host (as CI is)")]
 
 HARNESS = Path(__file__).parents[1] / "harness" / "run_model.c"
-AARCH64_SYSROOT = Path("/usr/aarch64-linux-gnu")
-MUSL_LOADER = {"x86_64": Path("/lib/ld-musl-x86_64.so.1"), "aarch64": Path("/lib/ld-musl-aarch64.so.1")}
-WINE = Path("/usr/lib/wine/wine64")
-#: Debian package of each tool the tests run
-PACKAGES = {"qemu-x86_64-static": "qemu-user-static", "qemu-aarch64-static": "qemu-user-static",
-            str(AARCH64_SYSROOT): "libc6-arm64-cross", str(MUSL_LOADER["x86_64"]): "musl",
-            str(WINE): "wine64"}
 #: x86-64-v2's flags that a Core 2 (Conroe) lacks: SSE4.1, SSE4.2, POPCNT (Intel SDM). qemu's
 #: Conroe model also leaves out CMPXCHG16B, which real ones have: "Conroe,+cx16" is the real one
 CONROE_LACKS = {"sse4.1", "sse4.2", "popcnt"}
@@ -66,22 +60,6 @@ AVX512 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
 #: with CRC32 and the crypto extension), per Arm's technical reference manuals: LSE atomics,
 #: half-precision arithmetic, RDM, LRCPC and the dot product
 A76_OVER_A53 = {"lse", "fullfp16", "rdm", "rcpc", "dotprod"}
-
-
-def _missing(what: str) -> None:
-    """Skip for want of a tool, or fail in CI, which must run every test (.ci/run installs it)."""
-    reason = f"{what} is not installed (Debian: apt-get install {PACKAGES.get(what, what)})"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason}; CI must run this test: install it in .ci/run")
-    pytest.skip(reason)
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name) or (name if os.path.isabs(name) and os.path.exists(name) else None)
-    if path is None:
-        _missing(name)
-    assert path is not None
-    return path
 
 
 def _tiny_model() -> onnx.ModelProto:
@@ -258,15 +236,17 @@ def test_x86_64_on_the_host(x86: Built, feeds: tuple[Path, np.ndarray]) -> None:
     assert _outputs(_run(x86, feeds), feeds[1]) == _expected_host_copy()
 
 
+@needs("qemu-x86_64-static")
 @pytest.mark.parametrize(("model", "copy"), [("Nehalem", 0), ("Haswell", 1),
                                              # qemu 7.2 emulates no AVX-512: the AVX2 copy
                                              ("Skylake-Server", 1)])
 def test_x86_64_under_qemu_runs_each_copy(x86: Built, feeds: tuple[Path, np.ndarray],
                                           model: str, copy: int) -> None:
-    qemu = _tool("qemu-x86_64-static")
+    qemu = tool("qemu-x86_64-static")
     assert _outputs(_run(x86, feeds, qemu, "-cpu", model), feeds[1]) == copy
 
 
+@needs("qemu-x86_64-static")
 @pytest.mark.parametrize(("model", "lacks"), [
     # the first x86-64 CPUs (AMD K8 rev. C/D): none of v2's extensions, so the check and all
     # that runs before it use plain x86-64 code only (qemu's model adds SSE3, "pni": removed)
@@ -276,7 +256,7 @@ def test_x86_64_under_qemu_runs_each_copy(x86: Built, feeds: tuple[Path, np.ndar
                                               ("Penryn", CONROE_LACKS - {"sse4.1"})])
 def test_x86_64_below_the_baseline_is_refused_cleanly(x86: Built, feeds: tuple[Path, np.ndarray],
                                                       model: str, lacks: set[str]) -> None:
-    proc = _run(x86, feeds, _tool("qemu-x86_64-static"), "-cpu", model)
+    proc = _run(x86, feeds, tool("qemu-x86_64-static"), "-cpu", model)
     # 3: cpu_check named the flags and run() returned CPU_UNSUPPORTED; a SIGILL would be -4
     assert proc.returncode == 3, f"exit {proc.returncode}: {proc.stderr}"
     missing = proc.stderr.split("lacks ", 1)[1].split(";", 1)[0].split()
@@ -284,29 +264,31 @@ def test_x86_64_below_the_baseline_is_refused_cleanly(x86: Built, feeds: tuple[P
     assert "run() returned -1" in proc.stderr and proc.stdout == ""
 
 
+@needs("qemu-x86_64-static")
 def test_core2_build_runs_on_a_core2(tmp_path: Path, feeds: tuple[Path, np.ndarray]) -> None:
     # the macOS x86-64 baseline (core2) on the oldest x86-64 Mac CPU: runs, never SIGILL
-    qemu = _tool("qemu-x86_64-static")
+    qemu = tool("qemu-x86_64-static")
     built = Built(tmp_path, "x86_64-linux", cpu="core2")
     assert _outputs(_run(built, feeds, qemu, "-cpu", "Conroe,+cx16"), feeds[1]) == 0
 
 
+@needs(*QEMU_AARCH64)
 @pytest.mark.parametrize("model", ["cortex-a53", "cortex-a72", "max"])
 def test_aarch64_under_qemu(arm: Built, feeds: tuple[Path, np.ndarray], model: str) -> None:
-    qemu = _tool("qemu-aarch64-static")
-    if not (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").is_file():
-        _missing(str(AARCH64_SYSROOT))
+    qemu = tool("qemu-aarch64-static")
+    tool(str(AARCH64_LOADER))
     proc = _run(arm, feeds, qemu, "-L", str(AARCH64_SYSROOT), "-cpu", model)
     assert _outputs(proc, feeds[1]) == 0
 
 
+@needs(*QEMU_AARCH64)
 @pytest.mark.parametrize(("model", "lacks"), [("cortex-a53", A76_OVER_A53),
                                              ("cortex-a72", A76_OVER_A53), ("max", set())])
 def test_aarch64_pinned_cpu_is_checked(arm_a76: Built, feeds: tuple[Path, np.ndarray], model: str,
                                        lacks: set[str]) -> None:
     # a library pinned to a newer cpu (-C cpu=cortex-a76) asks the OS (getauxval) what the
     # CPU has: an older one gets the missing flags named and run() refused, never SIGILL
-    qemu = _tool("qemu-aarch64-static")
+    qemu = tool("qemu-aarch64-static")
     proc = _run(arm_a76, feeds, qemu, "-L", str(AARCH64_SYSROOT), "-cpu", model)
     if not lacks:
         assert _outputs(proc, feeds[1]) == 0
@@ -316,11 +298,12 @@ def test_aarch64_pinned_cpu_is_checked(arm_a76: Built, feeds: tuple[Path, np.nda
     assert "run() returned -1" in proc.stderr and proc.stdout == ""
 
 
+@needs(*QEMU_AARCH64)
 @pytest.mark.parametrize(("model", "copy"), [("cortex-a72", 0), ("max", 1)])
 def test_aarch64_variant_runs_where_the_cpu_has_its_flags(arm_dotprod: Built,
                                                           feeds: tuple[Path, np.ndarray],
                                                           model: str, copy: int) -> None:
-    qemu = _tool("qemu-aarch64-static")
+    qemu = tool("qemu-aarch64-static")
     proc = _run(arm_dotprod, feeds, qemu, "-L", str(AARCH64_SYSROOT), "-cpu", model)
     assert _outputs(proc, feeds[1]) == copy
 
@@ -385,6 +368,7 @@ def arm_qdq(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     return Built(root, "aarch64-linux", model=model), (path, want), float(inits[last.input[1]])
 
 
+@needs(*QEMU_AARCH64)
 @pytest.mark.parametrize("model", ["max", "neoverse-n1", "cortex-a72"])
 def test_aarch64_int8_model_under_qemu(arm_qdq: tuple[Built, tuple[Path, np.ndarray], float],
                                        model: str) -> None:
@@ -392,9 +376,8 @@ def test_aarch64_int8_model_under_qemu(arm_qdq: tuple[Built, tuple[Path, np.ndar
     # (tests/kernels/test_int8_gemm_kernel.py checks each kernel exactly): each within one
     # step of the output's quantization of onnxruntime's result on the host
     built, feeds, step = arm_qdq
-    qemu = _tool("qemu-aarch64-static")
-    if not (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").is_file():
-        _missing(str(AARCH64_SYSROOT))
+    qemu = tool("qemu-aarch64-static")
+    tool(str(AARCH64_LOADER))
     proc = _run(built, feeds, qemu, "-L", str(AARCH64_SYSROOT), "-cpu", model)
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr}"
     lines = proc.stdout.splitlines()
@@ -404,10 +387,11 @@ def test_aarch64_int8_model_under_qemu(arm_qdq: tuple[Built, tuple[Path, np.ndar
     assert np.abs(got - want).max() <= step * 1.001, (np.abs(got - want).max(), step)
 
 
+@needs("qemu-x86_64-static")
 def test_python_import_below_the_baseline_raises_import_error(tmp_path: Path) -> None:
     # Python and numpy 2.4 need x86-64-v2 themselves, so the CPU below the library's
     # baseline is a v2 one (Nehalem) and the library is pinned to x86-64-v3
-    qemu = _tool("qemu-x86_64-static")
+    qemu = tool("qemu-x86_64-static")
     built = Built(tmp_path, "x86_64-linux", cpu="x86-64-v3")
     script = "import tiny\nprint('imported')\n"
     proc = subprocess.run([qemu, "-cpu", "Nehalem", sys.executable, "-c", script],
@@ -428,27 +412,27 @@ def _expected_host_copy() -> int:
 
 
 def _musl_loader(arch: str) -> str:
-    loader = MUSL_LOADER[arch]
-    if not loader.is_file():
-        _missing(str(loader))
-    return str(loader)
+    return tool(str(MUSL_LOADER[arch]))
 
 
+@needs(str(MUSL_LOADER["x86_64"]))
 def test_x86_64_musl_under_the_musl_loader(musl_x86: Built, feeds: tuple[Path, np.ndarray]) -> None:
     loader = _musl_loader("x86_64")
     assert _outputs(_run(musl_x86, feeds, loader), feeds[1]) == _expected_host_copy()
 
 
+@needs("qemu-x86_64-static", str(MUSL_LOADER["x86_64"]))
 @pytest.mark.parametrize(("model", "copy"), [("Nehalem", 0), ("Haswell", 1)])
 def test_x86_64_musl_under_qemu_runs_each_copy(musl_x86: Built, feeds: tuple[Path, np.ndarray],
                                                model: str, copy: int) -> None:
-    qemu, loader = _tool("qemu-x86_64-static"), _musl_loader("x86_64")
+    qemu, loader = tool("qemu-x86_64-static"), _musl_loader("x86_64")
     assert _outputs(_run(musl_x86, feeds, qemu, "-cpu", model, loader), feeds[1]) == copy
 
 
+@needs("qemu-x86_64-static", str(MUSL_LOADER["x86_64"]))
 def test_x86_64_musl_below_the_baseline_is_refused_cleanly(musl_x86: Built,
                                                            feeds: tuple[Path, np.ndarray]) -> None:
-    qemu, loader = _tool("qemu-x86_64-static"), _musl_loader("x86_64")
+    qemu, loader = tool("qemu-x86_64-static"), _musl_loader("x86_64")
     proc = _run(musl_x86, feeds, qemu, "-cpu", "Conroe,+cx16", loader)
     assert proc.returncode == 3, f"exit {proc.returncode}: {proc.stderr}"
     assert set(proc.stderr.split("lacks ", 1)[1].split(";", 1)[0].split()) == CONROE_LACKS
@@ -470,19 +454,19 @@ def test_aarch64_musl_structurally(musl_arm: Built, feeds: tuple[Path, np.ndarra
     assert (elf.arch, elf.needed, elf.interpreter) == ("aarch64", ["libc.so"], None)
     assert _elf_interpreter(musl_arm.harness) == str(MUSL_LOADER["aarch64"])
     if MUSL_LOADER["aarch64"].is_file():  # a multiarch musl:arm64: run it too
-        proc = _run(musl_arm, feeds, _tool("qemu-aarch64-static"), "-cpu", "cortex-a53")
+        proc = _run(musl_arm, feeds, tool("qemu-aarch64-static"), "-cpu", "cortex-a53")
         assert _outputs(proc, feeds[1]) == 0
 
 
 @pytest.fixture(scope="module")
 def wine_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """wine64 with a fresh prefix of its own, quiet, without the Mono/Gecko installers."""
-    if not WINE.is_file():
-        _missing(str(WINE))
+    tool(str(WINE))
     return {**os.environ, "WINEPREFIX": str(tmp_path_factory.mktemp("wineprefix")),
             "WINEDEBUG": "-all", "WINEDLLOVERRIDES": "mscoree,mshtml="}
 
 
+@needs(str(WINE))
 def test_x86_64_windows_dll_under_wine(win_x86: Built, feeds: tuple[Path, np.ndarray],
                                        wine_env: dict[str, str]) -> None:
     proc = _run(win_x86, feeds, str(WINE), env=wine_env)

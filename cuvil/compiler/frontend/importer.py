@@ -7,7 +7,7 @@ from __future__ import annotations
 import keyword
 import re
 from collections import ChainMap
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -177,9 +177,7 @@ def import_model(source: str | Path | onnx.ModelProto,
                  for (domain, op, ver), names in sorted(importer.unsupported.items())]
         raise UnsupportedOpError(
             f"{label}: cuvil cannot compile {len(importer.unsupported)} operator(s) used by this "
-            "model:\n" + "\n".join(lines)
-            + "\nSee docs/ops.md for the supported operators; an older or newer export opset "
-            "may avoid them."
+            "model:\n" + "\n".join(lines) + "\n" + unsupported_ops_advice(importer.unsupported)
         )
 
     if not g.output:
@@ -194,6 +192,29 @@ def import_model(source: str | Path | onnx.ModelProto,
     _check_symbols_known(graph, label)
     _check_sizes(graph, label)
     return graph
+
+
+#: the ONNX standard's domains; an op of any other domain is a custom op (a project defines it)
+STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training")
+
+
+def unsupported_ops_advice(ops: Iterable[tuple[str, str, int]]) -> str:
+    """What to do about unsupported (domain, op type, opset) ops: for a standard op, another
+    export opset or a definition of one's own; for a custom-domain op, how to define it."""
+    ops = list(ops)
+    custom = sorted({(d, op) for d, op, _ in ops if d not in STANDARD_DOMAINS})
+    lines = []
+    if any(d in STANDARD_DOMAINS for d, _, _ in ops):
+        lines.append("See docs/ops.md for the supported operators; an older or newer export opset "
+                     "may avoid them, or the project can define them (docs/custom-ops.md).")
+    if custom:
+        domain, op = custom[0]
+        lines.append(
+            f"{', '.join(f'{d} {o}' for d, o in custom)}: custom-domain op(s); define them in the "
+            f'project as ONNX ops (@cuvil.register_op("{domain}", "{op}") in a module listed in '
+            "tool.cuvil.op-modules) or as C/C++ kernels ([tool.cuvil.custom-ops.<name>]): see "
+            "docs/custom-ops.md.")
+    return "\n".join(lines)
 
 
 #: names in scope: ONNX names -> values; a subgraph's scope is a child of its node's scope, so
