@@ -3,8 +3,8 @@ calls (kernels/objects.py), compiled to object files.
 
 LLVM runs in worker processes (toolchains/llvm.py); here a pool of threads, one per CPU this
 process may use, keeps that many workers busy at once, while the compile goes on generating
-the next copy's IR. The pool is shared by every compile of the process, so concurrent builds
-do not multiply it.
+the next copy's IR. The pool lives as long as the compile: a process that compiled once keeps
+no threads.
 
 A kernel's object code depends only on its symbol (which carries a digest of its target, see
 driver.kernel_tag) and on cuvil's code, so each is compiled once per process and, with a
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,33 +44,20 @@ def parallel_jobs() -> int:
         return os.cpu_count() or 1
 
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(parallel_jobs(), thread_name_prefix="cuvil-llvm")
-        return _pool
-
-
 #: kernel object code of this process: (symbol, machine) -> its job's (code, from the cache)
 _kernels: dict[tuple[Any, ...], Future[tuple[bytes, bool]]] = {}
 _kernels_lock = threading.Lock()
 
 
-def _forget_pool_after_fork() -> None:
+def _forget_jobs_after_fork() -> None:
     # the parent's threads are not the child's: a job they were running never ends here
-    global _pool, _pool_lock, _kernels, _kernels_lock
-    _pool, _pool_lock = None, threading.Lock()
+    global _kernels, _kernels_lock
     _kernels = {key: f for key, f in _kernels.items() if f.done()}
     _kernels_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool_after_fork)
+    os.register_at_fork(after_in_child=_forget_jobs_after_fork)
 
 #: bytes of kernel code kept (a kernel object is some 10-100 KB)
 KERNEL_CACHE_BYTES = 256 << 20
@@ -88,10 +75,16 @@ class ObjectJobs:
     reused: int = 0  # kernels this process had compiled (or was compiling) already
     _pending: list[tuple[str, Path, Future[tuple[bytes, bool]]]] = field(default_factory=list)
     _started: list[Future[tuple[bytes, bool]]] = field(default_factory=list)  # by this compile
+    _pool: ThreadPoolExecutor | None = None
+
+    def _submit(self, job: Callable[..., tuple[bytes, bool]],
+                *args: Any) -> Future[tuple[bytes, bool]]:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(parallel_jobs(), thread_name_prefix="cuvil-llvm")
+        return self._pool.submit(job, *args)
 
     def model(self, group: str, path: Path, ir_text: str, machine: Mapping[str, Any]) -> None:
-        future = _executor().submit(lambda: (llvm.emit_object_isolated(ir_text, dict(machine)),
-                                             False))
+        future = self._submit(lambda: (llvm.emit_object_isolated(ir_text, dict(machine)), False))
         self._pending.append((group, path, future))
         self._started.append(future)
 
@@ -102,7 +95,7 @@ class ObjectJobs:
             future = _kernels.get(key)
             if future is None or (future.done() and future.exception() is not None):
                 _trim()
-                future = _kernels[key] = _executor().submit(
+                future = _kernels[key] = self._submit(
                     _kernel_code, request, triple, data_layout, features, dict(machine),
                     self.kernel_cache)
                 self._started.append(future)
@@ -115,6 +108,9 @@ class ObjectJobs:
         job's error raised once all have ended."""
         for _, _, future in self._pending:
             future.exception()  # all finished before any file is written or error raised
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
         paths: dict[str, list[Path]] = {}
         for group, path, future in self._pending:
             path.write_bytes(future.result()[0])
